@@ -1,0 +1,48 @@
+# tvcert: two commands matter — `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test proofs coq venv bench fuzz clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Coq 8.16 + MathComp from Debian when coqc is missing (CI machines start without it).
+coq:
+	@command -v coqc >/dev/null 2>&1 || { \
+	  echo "installing Coq from Debian (apt-get install -y coq)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq coq libcoq-mathcomp-ssreflect libcoq-mathcomp-algebra >/dev/null; }
+
+## The main job on a bundled example: verify the Megatron TP MLP and write its certificate.
+demo: $(STAMP)
+	$(VENV)/bin/tvcert verify examples/mlp_tp2.json --emit-cert build/mlp_tp2.cert.json; \
+	  rc=$$?; [ $$rc -le 2 ] || exit $$rc
+	$(VENV)/bin/tvcert check build/mlp_tp2.cert.json --plan examples/mlp_tp2.json
+
+## Everything: install what is needed, recheck the proofs, run the test suite.
+test: $(STAMP) coq
+	$(PY) -m tvcert.proofkit check --coqchk
+	$(PY) -m pytest tests
+
+proofs: $(STAMP) coq
+	$(VENV)/bin/tvcert proofs
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+N ?= 100000
+fuzz: $(STAMP)
+	$(PY) -m tvcert.fuzz --pairs $(N)
+
+clean:
+	rm -rf build $(VENV) Rules/*.vo Rules/*.glob

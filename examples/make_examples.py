@@ -1,0 +1,202 @@
+"""Regenerate the bundled example plans (python examples/make_examples.py).
+
+The JSON files are committed; this script is how they were written, so a change to one
+example is a reviewed change here.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def n(name, op, *inputs, src=None, **attrs):
+    d = {"name": name, "op": op, "inputs": list(inputs)}
+    if attrs:
+        d["attrs"] = attrs
+    if src:
+        d["src"] = src
+    return d
+
+
+def t(name, shape, dtype="float", **kw):
+    return {"name": name, "shape": shape, "dtype": dtype, **kw}
+
+
+def write(name, plan):
+    (HERE / f"{name}.json").write_text(json.dumps(plan, indent=1) + "\n")
+
+
+# ----------------------------------------------------------------- Megatron TP MLP
+def mlp_logical():
+    return {
+        "inputs": [t("x", ["b", "h"]), t("w1", ["h", "f"]), t("b1", ["f"]), t("w2", ["f", "h"]),
+                   t("b2", ["h"]), t("target", ["b", "h"])],
+        "nodes": [
+            n("a", "matmul", "x", "w1", src="mlp.py:10"),
+            n("a1", "add", "a", "b1", src="mlp.py:10"),
+            n("hid", "tanh", "a1", src="mlp.py:11"),
+            n("o", "matmul", "hid", "w2", src="mlp.py:12"),
+            n("y", "add", "o", "b2", src="mlp.py:12"),
+            n("diff", "sub", "y", "target", src="mlp.py:15"),
+            n("sq", "square", "diff", src="mlp.py:15"),
+            n("ssum", "sum", "sq", dims=[0, 1], src="mlp.py:15"),
+            n("loss", "scale", "ssum", value=0.5, src="mlp.py:15"),
+            # backward (dloss/dy = diff)
+            n("hT", "transpose", "hid", dim0=0, dim1=1),
+            n("gw2", "matmul", "hT", "diff"),
+            n("gb2", "sum", "diff", dims=[0]),
+            n("w2T", "transpose", "w2", dim0=0, dim1=1),
+            n("dh", "matmul", "diff", "w2T"),
+            n("hsq", "square", "hid"),
+            n("one", "const", value=1),
+            n("dtanh", "sub", "one", "hsq"),
+            n("da", "mul", "dh", "dtanh"),
+            n("xT", "transpose", "x", dim0=0, dim1=1),
+            n("gw1", "matmul", "xT", "da"),
+            n("gb1", "sum", "da", dims=[0]),
+        ],
+        "outputs": ["loss", "gw1", "gb1", "gw2", "gb2"],
+    }
+
+
+def mlp_parallel(bug=None):
+    nodes = [
+        n("a", "matmul", "x", "w1", src="mlp_tp.py:20"),
+        n("a1", "add", "a", "b1", src="mlp_tp.py:20"),
+        n("hid", "tanh", "a1", src="mlp_tp.py:21"),
+        n("o_part", "matmul", "hid", "w2", src="mlp_tp.py:22"),
+    ]
+    if bug == "no_allreduce":
+        nodes.append(n("y", "add", "o_part", "b2", src="mlp_tp.py:23"))
+    elif bug == "bias_before_allreduce":
+        nodes += [n("o_b", "add", "o_part", "b2", src="mlp_tp.py:23"),
+                  n("y", "all_reduce", "o_b", axis="tp", reduce="sum", src="mlp_tp.py:24")]
+    else:
+        nodes += [n("o", "all_reduce", "o_part", axis="tp", reduce="sum", src="mlp_tp.py:23"),
+                  n("y", "add", "o", "b2", src="mlp_tp.py:24")]
+    nodes += [
+        n("diff", "sub", "y", "target", src="mlp_tp.py:27"),
+        n("sq", "square", "diff", src="mlp_tp.py:27"),
+        n("ssum", "sum", "sq", dims=[0, 1], src="mlp_tp.py:27"),
+        n("loss", "scale", "ssum", value=0.5, src="mlp_tp.py:27"),
+        n("hT", "transpose", "hid", dim0=0, dim1=1),
+        n("gw2", "matmul", "hT", "diff"),
+        n("gb2", "sum", "diff", dims=[0]),
+        n("w2T", "transpose", "w2", dim0=0, dim1=1),
+        n("dh", "matmul", "diff", "w2T"),
+        n("hsq", "square", "hid"),
+        n("one", "const", value=1),
+        n("dtanh", "sub", "one", "hsq"),
+        n("da", "mul", "dh", "dtanh"),
+        n("xT", "transpose", "x", dim0=0, dim1=1),
+        n("gw1", "matmul", "xT", "da"),
+        n("gb1", "sum", "da", dims=[0]),
+    ]
+    return {
+        "name": "tp",
+        "inputs": [t("x", ["b", "h"]), t("w1", ["h", "f/tp"]), t("b1", ["f/tp"]), t("w2", ["f/tp", "h"]),
+                   t("b2", ["h"]), t("target", ["b", "h"])],
+        "nodes": nodes,
+        "outputs": ["loss", "gw1", "gb1", "gw2", "gb2"],
+    }
+
+
+def mlp_plan(name, desc, bug=None):
+    R, S0, S1 = "Replicate", "Shard(0)", "Shard(1)"
+    return {
+        "tvcert_plan": 1,
+        "name": name,
+        "description": desc,
+        "dims": {"b": 4, "h": 8, "f": 16, "tp": 2},
+        "mesh": {"tp": "tp"},
+        "logical": mlp_logical(),
+        "parallel": [mlp_parallel(bug)],
+        "inputs": {
+            "x": {"local": "x", "placement": {"tp": R}},
+            "w1": {"local": "w1", "placement": {"tp": S1}},
+            "b1": {"local": "b1", "placement": {"tp": S0}},
+            "w2": {"local": "w2", "placement": {"tp": S0}},
+            "b2": {"local": "b2", "placement": {"tp": R}},
+            "target": {"local": "target", "placement": {"tp": R}},
+        },
+        "outputs": {
+            "loss": {"local": "loss", "placement": {"tp": R}},
+            "gw1": {"local": "gw1", "placement": {"tp": S1}},
+            "gb1": {"local": "gb1", "placement": {"tp": S0}},
+            "gw2": {"local": "gw2", "placement": {"tp": S0}},
+            "gb2": {"local": "gb2", "placement": {"tp": R}},
+        },
+    }
+
+
+# ----------------------------------------------------------------- TrainVerify C.12 pair
+def c12_plan():
+    return {
+        "tvcert_plan": 1,
+        "name": "trainverify_c12",
+        "description": "TrainVerify Theorem C.12 counterexample: f(x)=[[1,1],[1,1]]x (logical) vs "
+                       "g(x)=[[1,1],[2,0]]x (parallel, one output row per rank). They agree at index 0 "
+                       "for every x and differ at index 1.",
+        "dims": {"n": 2, "tp": 2},
+        "mesh": {"tp": "tp"},
+        "logical": {
+            "inputs": [t("x", ["n"])],
+            "nodes": [n("A", "const", value=[[1, 1], [1, 1]], shape=["n", "n"]),
+                      n("y", "matmul", "A", "x", src="f.py:1")],
+            "outputs": ["y"],
+        },
+        "parallel": [{
+            "name": "rows",
+            "inputs": [t("x", ["n"])],
+            "nodes": [n("B", "const", value=[[1, 1], [2, 0]], shape=["n", "n"], src="g.py:1"),
+                      n("Brow", "slice", "B", dim=0, start="rank.tp*(n/tp)", end="(rank.tp+1)*(n/tp)", src="g.py:2"),
+                      n("y", "matmul", "Brow", "x", src="g.py:3")],
+            "outputs": ["y"],
+        }],
+        "inputs": {"x": {"local": "x", "placement": {"tp": "Replicate"}}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": "Shard(0)"}}},
+    }
+
+
+# ----------------------------------------------------------------- reshape/transpose swap
+def heads_plan(bug):
+    par_nodes = (
+        [n("xt", "transpose", "x", dim0=1, dim1=2, src="attn_tp.py:30"),
+         n("xh", "reshape", "xt", shape=["b", "nh", "s", "hd"], src="attn_tp.py:31")]
+        if bug else
+        [n("xr", "reshape", "x", shape=["b", "s", "nh", "hd"], src="attn_tp.py:30"),
+         n("xh", "transpose", "xr", dim0=1, dim1=2, src="attn_tp.py:31")])
+    par_nodes.append(n("mine", "slice", "xh", dim=1, start="rank.tp*(nh/tp)", end="(rank.tp+1)*(nh/tp)", src="attn_tp.py:32"))
+    return {
+        "tvcert_plan": 1,
+        "name": "heads_swap" if bug else "heads_ok",
+        "description": ("Split [b, s, hidden] into heads [b, heads, s, head_dim], each tp rank keeping its heads. "
+                        + ("BUG: the parallel side transposes before reshaping, without the compensating transpose."
+                           if bug else "Correct: reshape, then transpose, then take this rank's heads.")),
+        "dims": {"b": 2, "s": 3, "nh": 4, "hd": 2, "tp": 2},
+        "mesh": {"tp": "tp"},
+        "logical": {
+            "inputs": [t("x", ["b", "s", "nh*hd"])],
+            "nodes": [n("xr", "reshape", "x", shape=["b", "s", "nh", "hd"], src="attn.py:30"),
+                      n("xh", "transpose", "xr", dim0=1, dim1=2, src="attn.py:31")],
+            "outputs": ["xh"],
+        },
+        "parallel": [{"name": "tp", "inputs": [t("x", ["b", "s", "nh*hd"])], "nodes": par_nodes, "outputs": ["mine"]}],
+        "inputs": {"x": {"local": "x", "placement": {"tp": "Replicate"}}},
+        "outputs": {"xh": {"local": "mine", "placement": {"tp": "Shard(1)"}}},
+    }
+
+
+if __name__ == "__main__":
+    write("mlp_tp2", mlp_plan("mlp_tp2", "Two-layer MLP, Megatron tensor parallel over tp=2 (column- then "
+                                          "row-parallel linear, all_reduce), forward and backward. Correct."))
+    write("mlp_tp2_no_allreduce", mlp_plan("mlp_tp2_no_allreduce", "BUG: the all_reduce after the row-parallel "
+                                                                   "linear is missing.", "no_allreduce"))
+    write("mlp_tp2_bias_before_allreduce", mlp_plan("mlp_tp2_bias_before_allreduce",
+                                                    "BUG: the row-parallel bias is added on every rank before the "
+                                                    "all_reduce, so the output carries tp*bias.", "bias_before_allreduce"))
+    write("trainverify_c12", c12_plan())
+    write("heads_reshape_transpose_swap", heads_plan(True))
+    write("heads_ok", heads_plan(False))

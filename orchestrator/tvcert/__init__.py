@@ -1,0 +1,2 @@
+"""tvcert: certified verification of distributed LLM training plans."""
+__version__ = "0.1.0"

@@ -1,0 +1,172 @@
+"""Command line: ``tvcert verify | check | run | proofs | schema``.
+
+Exit codes follow the verdict: 0 verified / equal / valid, 1 refuted / differ / invalid,
+2 unknown, 3 bad input.  Human output goes to stdout, progress to stderr, ``--json`` prints
+one JSON object for machines.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_OK, EXIT_DIFF, EXIT_UNKNOWN, EXIT_BAD = 0, 1, 2, 3
+
+
+def _fail_bad(msg: str, as_json: bool = False) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": msg}))
+    else:
+        click.echo(f"error: {msg}", err=True)
+    sys.exit(EXIT_BAD)
+
+
+def _parse_dims(text: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    if not text:
+        return out
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise click.BadParameter(f"{part!r} is not NAME=VALUE", param_hint="--dims")
+        k, v = part.split("=", 1)
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"{v!r} is not an integer", param_hint="--dims") from None
+    return out
+
+
+def _load(path: str, as_json: bool):
+    from .plan import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        _fail_bad(f"{path}: {exc}", as_json)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write to a temp file beside ``path`` and rename, so nothing is ever half-written."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tvcert")
+def main() -> None:
+    """tvcert: prove that a parallel training plan computes what its logical model computes.
+
+    \b
+    Typical use:
+      tvcert verify plan.json --emit-cert plan.cert.json   # prove it, write a certificate
+      tvcert check plan.cert.json --plan plan.json          # replay the certificate offline
+      tvcert run plan.json                                  # execute both sides at small sizes
+      tvcert proofs                                         # recheck the Coq rule kernel
+
+    Exit codes: 0 verified/equal/valid, 1 refuted/differ/invalid, 2 unknown, 3 bad input.
+    """
+
+
+@main.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--dims", "dims_text", metavar="NAME=V,...", help="override run dims, e.g. hidden=8,seq=4")
+@click.option("--seed", default=0, show_default=True, help="seed for the random inputs")
+@click.option("--exact", is_flag=True, help="exact rational arithmetic with function tables instead of float64")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: bool) -> None:
+    """Execute the logical graph and the parallel program on random inputs and compare.
+
+    Runs at the plan's run_dims (override with --dims), distributes the logical inputs by their
+    placements, simulates every rank and collective, reassembles the outputs and reports the
+    largest difference per output and the first rank-local tensor that no longer matches the
+    logical computation. This is testing, not proof: use `tvcert verify` for a proof.
+    Exit 0 if every output matches, 1 if one differs, 3 on bad input.
+    """
+    from .interp import RunError, run_plan
+    from .localize import first_divergence
+    from .plan import PlanError, check_shapes
+
+    plan = _load(plan_path, as_json)
+    try:
+        dims = dict(plan.run_dims)
+        over = _parse_dims(dims_text)
+        for k in over:
+            if k not in plan.dims:
+                raise PlanError("--dims", f"{k!r} is not one of the plan's dims ({', '.join(plan.dims)})")
+        dims.update(over)
+        if over:
+            check_shapes(plan, dims, "--dims")
+        res = run_plan(plan, dims, seed=seed, exact=exact)
+    except PlanError as exc:
+        _fail_bad(str(exc), as_json)
+    except RunError as exc:
+        _fail_bad(f"cannot execute the plan: {exc}", as_json)
+    div = None if res.equal else first_divergence(plan, res)
+    if as_json:
+        click.echo(json.dumps({
+            "plan": plan.name, "equal": res.equal, "mode": res.mode, "seed": seed, "dims": res.dims,
+            "outputs": [{"name": o.name, "equal": o.equal, "max_diff": o.max_diff, "problem": o.problem} for o in res.outputs],
+            "first_divergence": None if div is None else {
+                "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
+                "inputs": div.inputs, "sample": div.sample},
+        }, indent=2))
+    else:
+        click.echo(f"plan {plan.name}: ran at {', '.join(f'{k}={v}' for k, v in res.dims.items())} ({res.mode}, seed {seed})")
+        for o in res.outputs:
+            status = "equal" if o.equal else "DIFFERS"
+            extra = f" ({o.problem})" if o.problem else ""
+            click.echo(f"  {o.name:24s} {status:8s} max |diff| = {o.max_diff:.3g}{extra}")
+        if div is not None:
+            click.echo(div.describe())
+            for r, vals in div.sample.items():
+                click.echo(f"    rank {r}: {vals}")
+        click.echo("outputs equal" if res.equal else "outputs DIFFER")
+    sys.exit(EXIT_OK if res.equal else EXIT_DIFF)
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of plan.json."""
+    from .plan import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
+
+
+@main.command()
+@click.option("--coqchk", is_flag=True, help="also run coqchk over the compiled kernel (slower)")
+@click.option("--root", default=None, type=click.Path(file_okay=False), help="repository root holding Rules/ and proofs/")
+def proofs(coqchk: bool, root: str | None) -> None:
+    """Rebuild and recheck the Coq rule kernel, then print the manifest.
+
+    Builds Rules/ with coqc, checks that every manifest theorem exists with its pinned
+    statement, that no proof is Admitted, and that every theorem rests only on the standard
+    real-number axioms.  Exit 0 when all holds, 1 otherwise.
+    """
+    from . import proofkit
+
+    r = Path(root) if root else proofkit.default_root()
+    argv = ["check", "--root", str(r)] + (["--coqchk"] if coqchk else [])
+    rc = proofkit.main(argv)
+    if rc == 0:
+        proofkit.main(["table", "--root", str(r)])
+    sys.exit(rc)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,172 @@
+"""The tensor IR: a graph of op nodes over named tensors, in the spirit of torch.fx.
+
+A :class:`Graph` is an ordered list of :class:`Node` s (each computes one or more named
+tensors from named inputs) plus declared inputs and outputs.  Shapes are written as dim
+expressions; :meth:`Graph.infer` binds them to numbers and runs every op's shape inference,
+leaving results in ``node.meta`` the way fx analyses leave theirs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .ops import REGISTRY, AttrError, ShapeError, resolve_attrs
+from .ops.collectives import axes_of
+from .shapes import DimError, dim_value
+
+
+class GraphError(ValueError):
+    """A graph is malformed; ``path`` locates the problem in the plan JSON."""
+
+    def __init__(self, path: str, msg: str):
+        super().__init__(f"{path}: {msg}")
+        self.path = path
+        self.msg = msg
+
+
+@dataclass
+class TensorDecl:
+    name: str
+    shape: list  # dim expressions
+    dtype: str = "float"
+    range: Any = None  # for int inputs: values lie in [0, range)
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    src: str | None = None
+    path: str = ""  # JSON path of this node, for messages
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.outputs[0] if self.outputs else f"<{self.op}@{self.path}>"
+
+    @property
+    def spec(self):
+        return REGISTRY[self.op]
+
+    def __repr__(self) -> str:
+        outs = ", ".join(self.outputs) or "()"
+        return f"{outs} = {self.op}({', '.join(self.inputs)}){' ' + str(self.attrs) if self.attrs else ''}"
+
+
+@dataclass
+class Graph:
+    name: str
+    inputs: list[TensorDecl]
+    nodes: list[Node]
+    outputs: list[str]
+    path: str = "$"
+    stage: dict[str, int] = field(default_factory=dict)  # mesh coordinates this program runs on
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.name}({', '.join(t.name for t in self.inputs)}):"]
+        lines += [f"  {n!r}" for n in self.nodes]
+        lines.append(f"  return {', '.join(self.outputs)}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------ structure checks
+    def check_structure(self) -> None:
+        """Names defined once, used after definition (so no cycles), ops known, arity right."""
+        defined: dict[str, str] = {}
+        for i, t in enumerate(self.inputs):
+            p = f"{self.path}.inputs[{i}]"
+            if t.name in defined:
+                raise GraphError(p, f"tensor {t.name!r} is defined twice (first at {defined[t.name]})")
+            defined[t.name] = p
+        later = {o: n.path for n in self.nodes for o in n.outputs}
+        for n in self.nodes:
+            spec = REGISTRY.get(n.op)
+            if spec is None:
+                raise GraphError(f"{n.path}.op", f"unknown op {n.op!r}")
+            lo, hi = spec.arity
+            if len(n.inputs) < lo or (hi is not None and len(n.inputs) > hi):
+                want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
+                raise GraphError(f"{n.path}.inputs", f"op {n.op!r} takes {want} inputs, got {len(n.inputs)}")
+            for j, x in enumerate(n.inputs):
+                if x not in defined:
+                    if x in later:
+                        raise GraphError(f"{n.path}.inputs[{j}]",
+                                         f"tensor {x!r} is used before it is defined at {later[x]} (a cycle or wrong order)")
+                    raise GraphError(f"{n.path}.inputs[{j}]", f"undefined tensor {x!r}")
+            for o in n.outputs:
+                if o in defined:
+                    raise GraphError(n.path, f"tensor {o!r} is defined twice (first at {defined[o]})")
+                defined[o] = n.path
+        for j, o in enumerate(self.outputs):
+            if o not in defined:
+                raise GraphError(f"{self.path}.outputs[{j}]", f"undefined tensor {o!r}")
+
+    # ------------------------------------------------------------ shape inference
+    def infer(self, env: Mapping[str, int], mesh: Mapping[str, int] | None = None,
+              key: str = "shape") -> dict[str, tuple[tuple[int, ...], str]]:
+        """Bind dims, infer every tensor's (shape, dtype); store in ``node.meta[key]``.
+
+        ``env`` maps dim names (and ``rank.<axis>`` coordinates) to ints; ``mesh`` gives the
+        axis sizes that collectives need.
+        """
+        mesh = mesh or {}
+        types: dict[str, tuple[tuple[int, ...], str]] = {}
+        for i, t in enumerate(self.inputs):
+            p = f"{self.path}.inputs[{i}].shape"
+            types[t.name] = (bind_shape(t.shape, env, p), t.dtype)
+        for n in self.nodes:
+            spec = REGISTRY[n.op]
+            try:
+                ra = resolve_attrs(spec, n.attrs, env)
+            except AttrError as exc:
+                raise GraphError(f"{n.path}.attrs", str(exc)) from None
+            if spec.category == "collective":
+                axes = axes_of(ra)
+                p = 1
+                for a in axes:
+                    if a not in mesh:
+                        raise GraphError(f"{n.path}.attrs.axis",
+                                         f"collective over axis {a!r}, which the mesh does not have (mesh axes: {sorted(mesh)})")
+                    p *= mesh[a]
+                ra["_p"] = p
+            if spec.category == "p2p" and ra["axis"] not in mesh:
+                raise GraphError(f"{n.path}.attrs.axis",
+                                 f"{n.op} over axis {ra['axis']!r}, which the mesh does not have (mesh axes: {sorted(mesh)})")
+            in_types = [types[x] for x in n.inputs]
+            try:
+                shapes = spec.infer([t[0] for t in in_types], ra)
+                dtypes = spec.out_dtypes([t[1] for t in in_types], ra)
+            except (ShapeError, AttrError, DimError, ValueError) as exc:
+                desc = ", ".join(f"{x}:{list(t[0])}" for x, t in zip(n.inputs, in_types))
+                raise GraphError(n.path, f"op {n.op!r} on ({desc}): {exc}") from None
+            if len(shapes) != len(n.outputs):
+                raise GraphError(f"{n.path}", f"op {n.op!r} produces {len(shapes)} outputs but the node names {len(n.outputs)}")
+            for o, s, dt in zip(n.outputs, shapes, dtypes):
+                if any(d < 0 for d in s):
+                    raise GraphError(n.path, f"op {n.op!r} infers a negative size {list(s)} for {o!r}")
+                types[o] = (tuple(s), dt)
+            n.meta[key] = [types[o] for o in n.outputs]
+            n.meta["attrs"] = ra
+        return types
+
+
+def bind_shape(shape: list, env: Mapping[str, int], path: str) -> tuple[int, ...]:
+    if not isinstance(shape, list):
+        raise GraphError(path, f"a shape must be a list, got {type(shape).__name__}")
+    out = []
+    for j, d in enumerate(shape):
+        try:
+            v = dim_value(d, env)
+        except DimError as exc:
+            raise GraphError(f"{path}[{j}]", str(exc)) from None
+        if v < 0:
+            raise GraphError(f"{path}[{j}]", f"size {d!r} evaluates to {v}, which is negative")
+        out.append(v)
+    return tuple(out)

@@ -1,0 +1,427 @@
+"""The plan format (``plan.json``): schema, loader and semantic validation.
+
+A plan pairs a logical (single-device) graph with parallel SPMD program(s) over a named
+device mesh, and says where every logical input lives on the mesh and how every logical
+output is read back, in DTensor's vocabulary (Replicate, Shard(d), Partial(sum|avg|max)),
+optionally after a layout transform (reshape / permute / pad ...) of the logical tensor.
+
+The schema is a pydantic model (``tvcert schema`` prints its JSON Schema); everything the
+schema cannot say (names defined once, shapes agree, shard dims divide) is checked by
+:func:`load_plan`, which raises :class:`PlanError` naming the JSON path and the problem.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .graph import Graph, GraphError, Node, TensorDecl, bind_shape
+from .ops import REGISTRY, AttrError, resolve_attrs
+from .shapes import MAX_DIM, DimError, dim_value, parse
+
+PLAN_VERSION = 1
+MAX_PLAN_BYTES = 256 * 1024 * 1024
+MAX_RANKS_FOR_RUN = 4096
+
+
+class PlanError(ValueError):
+    """Bad input: ``path`` is a JSON path into the plan."""
+
+    def __init__(self, path: str, msg: str):
+        super().__init__(f"{path}: {msg}")
+        self.path = path
+        self.msg = msg
+
+
+# ============================================================== JSON schema (pydantic)
+DimT = Union[int, str]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorSpec(_Strict):
+    name: str = Field(description="tensor name, unique in its graph")
+    shape: list[DimT] = Field(description="dims: integers or expressions over named dims")
+    dtype: Literal["float", "int"] = "float"
+    range: Optional[DimT] = Field(None, description="int inputs: values lie in [0, range)")
+
+
+class NodeSpec(_Strict):
+    op: str = Field(description="op kind, e.g. matmul, add, all_reduce")
+    name: Optional[str] = Field(None, description="output tensor (single-output ops)")
+    outputs: Optional[list[str]] = Field(None, description="output tensors (multi-output ops)")
+    inputs: list[str] = []
+    attrs: dict[str, Any] = {}
+    src: Optional[str] = Field(None, description="source location, e.g. model.py:42")
+
+
+class GraphSpec(_Strict):
+    inputs: list[TensorSpec]
+    nodes: list[NodeSpec]
+    outputs: list[str]
+
+
+class ProgramSpec(GraphSpec):
+    name: str = "main"
+    stage: dict[str, int] = Field({}, description="mesh coordinates this program runs on, e.g. {'pp': 0}")
+
+
+class LayoutStep(_Strict):
+    op: str = Field(description="a layout op: reshape, view, permute, transpose, pad, flatten, squeeze, unsqueeze, slice")
+    attrs: dict[str, Any] = {}
+
+
+class PlacementSpec(_Strict):
+    local: str = Field(description="the rank-local tensor in the parallel program")
+    program: Optional[str] = Field(None, description="program holding it (default: the only one)")
+    placement: dict[str, str] = Field({}, description="per mesh axis: Replicate | Shard(d) | Partial(sum|avg|max); missing axes are Replicate")
+    layout: list[LayoutStep] = Field([], description="layout transform applied to the logical tensor before placement")
+
+
+class PlanSpec(_Strict):
+    tvcert_plan: Literal[1] = Field(description="plan format version")
+    name: str
+    description: Optional[str] = None
+    dims: dict[str, int] = Field(description="values of the named dims (full size)")
+    run_dims: Optional[dict[str, int]] = Field(None, description="small values used to execute the plan (defaults to dims)")
+    mesh: dict[str, DimT] = Field(description="mesh axes in order, with sizes")
+    logical: GraphSpec
+    parallel: list[ProgramSpec]
+    inputs: dict[str, PlacementSpec] = Field(description="logical input -> where it lives on the mesh")
+    outputs: dict[str, PlacementSpec] = Field(description="logical output -> where it is read back")
+
+
+def json_schema() -> dict:
+    s = PlanSpec.model_json_schema()
+    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    s["$id"] = "https://tvcert.dev/schema/plan-v1.json"
+    return s
+
+
+# ============================================================== placements
+@dataclass(frozen=True)
+class Placement:
+    kind: str  # "R" | "S" | "P"
+    dim: int = -1  # for S
+    reduce: str = ""  # for P: sum | avg | max
+
+    def __str__(self) -> str:
+        if self.kind == "R":
+            return "Replicate"
+        if self.kind == "S":
+            return f"Shard({self.dim})"
+        return f"Partial({self.reduce})"
+
+
+REPLICATE = Placement("R")
+_PLACEMENT_RE = re.compile(r"^\s*(Replicate|R|Shard|S|Partial|P)\s*(?:\(\s*([A-Za-z0-9_\-]*)\s*\))?\s*$")
+
+
+def parse_placement(text: str) -> Placement:
+    m = _PLACEMENT_RE.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"placement {text!r} is not Replicate, Shard(d) or Partial(sum|avg|max)")
+    kind, arg = m.group(1)[0], m.group(2)
+    if kind == "R":
+        if arg:
+            raise ValueError(f"Replicate takes no argument, got {text!r}")
+        return REPLICATE
+    if kind == "S":
+        if arg is None or not re.fullmatch(r"-?\d+", arg):
+            raise ValueError(f"Shard needs an integer dim, got {text!r}")
+        return Placement("S", int(arg))
+    arg = arg or "sum"
+    if arg not in ("sum", "avg", "max"):
+        raise ValueError(f"Partial reduction must be sum, avg or max, got {arg!r}")
+    return Placement("P", reduce=arg)
+
+
+LAYOUT_OPS = {"reshape", "view", "permute", "transpose", "pad", "flatten", "squeeze", "unsqueeze", "slice"}
+
+
+@dataclass
+class Binding:
+    """A logical tensor bound to a rank-local tensor of one program."""
+
+    logical: str
+    program: str
+    local: str
+    placement: dict[str, Placement]  # every mesh axis the program spans -> placement
+    layout: list[tuple[str, dict]]  # (op, raw attrs)
+    path: str
+
+
+# ============================================================== loaded plan
+@dataclass
+class Plan:
+    name: str
+    dims: dict[str, int]
+    run_dims: dict[str, int]
+    mesh_spec: dict[str, Any]
+    logical: Graph
+    programs: dict[str, Graph]
+    inputs: dict[str, Binding]
+    outputs: dict[str, Binding]
+    raw: dict = field(repr=False, default_factory=dict)
+    description: str | None = None
+
+    def mesh(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:
+        d = self.dims if dims is None else dims
+        return {a: dim_value(s, d) for a, s in self.mesh_spec.items()}
+
+    def program_axes(self, prog: str) -> list[str]:
+        """Mesh axes a program's ranks vary over (those not fixed by its stage)."""
+        g = self.programs[prog]
+        return [a for a in self.mesh_spec if a not in g.stage]
+
+    def digest(self) -> str:
+        return plan_digest(self.raw)
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def plan_digest(raw: dict) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(raw)).hexdigest()
+
+
+def _pyd_path(loc: tuple) -> str:
+    out = "$"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def read_plan_json(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise PlanError("$", f"cannot read {path}: {exc.strerror}") from None
+    if size > MAX_PLAN_BYTES:
+        raise PlanError("$", f"{path} is {size} bytes, larger than the {MAX_PLAN_BYTES}-byte limit")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError("$", f"cannot read {path}: {exc}") from None
+    return parse_plan_text(text)
+
+
+def parse_plan_text(text: str) -> dict:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError("$", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise PlanError("$", "JSON nested too deeply") from None
+    if not isinstance(raw, dict):
+        raise PlanError("$", f"a plan must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def load_plan(src: str | Path | dict) -> Plan:
+    """Load and validate a plan from a path or an already-parsed dict."""
+    raw = read_plan_json(src) if not isinstance(src, dict) else src
+    try:
+        spec = PlanSpec.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PlanError(_pyd_path(err["loc"]), err["msg"]) from None
+    except RecursionError:
+        raise PlanError("$", "plan nested too deeply") from None
+    try:
+        return _build(spec, raw)
+    except GraphError as exc:
+        raise PlanError(exc.path, exc.msg) from None
+
+
+def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = None) -> Graph:
+    nodes = []
+    for i, n in enumerate(g.nodes):
+        p = f"{path}.nodes[{i}]"
+        if (n.name is None) == (n.outputs is None):
+            if n.op in REGISTRY and REGISTRY[n.op].n_outputs({}) == 0 and n.name is None and n.outputs is None:
+                outs: list[str] = []
+            else:
+                raise GraphError(p, "a node needs exactly one of 'name' (one output) or 'outputs' (several)")
+        else:
+            outs = [n.name] if n.name is not None else list(n.outputs or [])
+        nodes.append(Node(op=n.op, inputs=list(n.inputs), outputs=outs, attrs=dict(n.attrs), src=n.src, path=p))
+    inputs = [TensorDecl(t.name, list(t.shape), t.dtype, t.range) for t in g.inputs]
+    gr = Graph(name=name, inputs=inputs, nodes=nodes, outputs=list(g.outputs), path=path, stage=dict(stage or {}))
+    gr.check_structure()
+    return gr
+
+
+def _build(spec: PlanSpec, raw: dict) -> Plan:
+    dims = dict(spec.dims)
+    for k, v in dims.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or k == "rank":
+            raise PlanError(f"$.dims.{k}", f"{k!r} is not a valid dim name")
+        if v <= 0 or v > MAX_DIM:
+            raise PlanError(f"$.dims.{k}", f"size {v} must be a positive integer below 2^62")
+    run_dims = dict(dims)
+    if spec.run_dims:
+        for k, v in spec.run_dims.items():
+            if k not in dims:
+                raise PlanError(f"$.run_dims.{k}", f"{k!r} is not one of the plan's dims")
+            if v <= 0 or v > MAX_DIM:
+                raise PlanError(f"$.run_dims.{k}", f"size {v} must be a positive integer")
+            run_dims[k] = v
+    mesh_spec = dict(spec.mesh)
+    if not mesh_spec:
+        raise PlanError("$.mesh", "the mesh needs at least one axis")
+    for a, s in mesh_spec.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a):
+            raise PlanError(f"$.mesh.{a}", f"{a!r} is not a valid axis name")
+        for which, d in (("dims", dims), ("run_dims", run_dims)):
+            try:
+                v = dim_value(s, d)
+            except DimError as exc:
+                raise PlanError(f"$.mesh.{a}", str(exc)) from None
+            if v <= 0:
+                raise PlanError(f"$.mesh.{a}", f"axis size {v} (with {which}) must be positive")
+    logical = _graph(spec.logical, "logical", "$.logical")
+    programs: dict[str, Graph] = {}
+    if not spec.parallel:
+        raise PlanError("$.parallel", "the plan needs at least one parallel program")
+    for i, p in enumerate(spec.parallel):
+        path = f"$.parallel[{i}]"
+        if p.name in programs:
+            raise PlanError(f"{path}.name", f"program name {p.name!r} is used twice")
+        for a in p.stage:
+            if a not in mesh_spec:
+                raise PlanError(f"{path}.stage.{a}", f"stage axis {a!r} is not a mesh axis")
+        programs[p.name] = _graph(p, p.name, path, p.stage)
+    plan = Plan(spec.name, dims, run_dims, mesh_spec, logical, programs, {}, {}, raw, spec.description)
+    plan.inputs = _bindings(plan, spec.inputs, "inputs", logical.input_names(), lambda g: g.input_names())
+    plan.outputs = _bindings(plan, spec.outputs, "outputs", logical.outputs, lambda g: list(g.producers()) + g.input_names())
+    for name in logical.input_names():
+        if name not in plan.inputs:
+            raise PlanError("$.inputs", f"logical input {name!r} has no placement")
+    for name in logical.outputs:
+        if name not in plan.outputs:
+            raise PlanError("$.outputs", f"logical output {name!r} has no placement")
+    bound_locals = {(b.program, b.local) for b in plan.inputs.values()}
+    for pname, g in programs.items():
+        for i, t in enumerate(g.inputs):
+            if (pname, t.name) not in bound_locals:
+                raise PlanError(f"{g.path}.inputs[{i}]", f"local input {t.name!r} is not bound to any logical input in $.inputs")
+    check_shapes(plan, dims, "dims")
+    if run_dims != dims:
+        check_shapes(plan, run_dims, "run_dims")
+    return plan
+
+
+def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allowed: list[str], locals_of) -> dict[str, Binding]:
+    out = {}
+    for name, b in specs.items():
+        path = f"$.{field_}.{name}"
+        if name not in allowed:
+            raise PlanError(path, f"{name!r} is not a logical {field_[:-1]}")
+        prog = b.program
+        if prog is None:
+            if len(plan.programs) != 1:
+                raise PlanError(f"{path}.program", "the plan has several programs: name the one holding this tensor")
+            prog = next(iter(plan.programs))
+        if prog not in plan.programs:
+            raise PlanError(f"{path}.program", f"unknown program {prog!r}")
+        if b.local not in locals_of(plan.programs[prog]):
+            raise PlanError(f"{path}.local", f"program {prog!r} has no tensor {b.local!r}")
+        axes = plan.program_axes(prog)
+        pl: dict[str, Placement] = {}
+        for a, text in b.placement.items():
+            if a not in plan.mesh_spec:
+                raise PlanError(f"{path}.placement.{a}", f"{a!r} is not a mesh axis (mesh axes: {list(plan.mesh_spec)})")
+            if a not in axes:
+                raise PlanError(f"{path}.placement.{a}", f"program {prog!r} is pinned to one coordinate of axis {a!r}")
+            try:
+                pl[a] = parse_placement(text)
+            except ValueError as exc:
+                raise PlanError(f"{path}.placement.{a}", str(exc)) from None
+        placement = {a: pl.get(a, REPLICATE) for a in axes}
+        layout = []
+        for j, st in enumerate(b.layout):
+            if st.op not in LAYOUT_OPS:
+                raise PlanError(f"{path}.layout[{j}].op", f"{st.op!r} is not a layout op (allowed: {sorted(LAYOUT_OPS)})")
+            layout.append((st.op, dict(st.attrs)))
+        out[name] = Binding(name, prog, b.local, placement, layout, path)
+    return out
+
+
+def layout_shape(b: Binding, shape: tuple[int, ...], env: Mapping[str, int]) -> tuple[int, ...]:
+    for j, (op, attrs) in enumerate(b.layout):
+        spec = REGISTRY[op]
+        try:
+            ra = resolve_attrs(spec, attrs, env)
+            shape = spec.infer([shape], ra)[0]
+        except (AttrError, ValueError) as exc:
+            raise PlanError(f"{b.path}.layout[{j}]", str(exc)) from None
+    return shape
+
+
+def local_shape(b: Binding, shape: tuple[int, ...], mesh: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape a rank holds of a (laid-out) logical tensor under ``b.placement``."""
+    s = list(shape)
+    for a, pl in b.placement.items():
+        if pl.kind == "S":
+            if not -len(s) <= pl.dim < len(s):
+                raise PlanError(f"{b.path}.placement.{a}", f"Shard({pl.dim}) but the tensor has rank {len(s)}")
+            d = pl.dim % len(s)
+            if s[d] % mesh[a]:
+                raise PlanError(f"{b.path}.placement.{a}",
+                                f"dim {d} of size {s[d]} is not divisible by mesh axis {a!r} of size {mesh[a]}")
+            s[d] //= mesh[a]
+    return tuple(s)
+
+
+def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
+    """Infer every shape at ``dims`` and check that bindings agree with declared local shapes."""
+    mesh = plan.mesh(dims)
+    try:
+        ltypes = plan.logical.infer(dims, mesh, key=f"shape@{which}")
+    except GraphError as exc:
+        raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
+    ptypes = {}
+    for pname, g in plan.programs.items():
+        for corner in (0, 1):  # rank-dependent sizes are rejected: check two rank corners
+            env = dict(dims)
+            for a in plan.program_axes(pname):
+                env[f"rank.{a}"] = 0 if corner == 0 else mesh[a] - 1
+            for a, c in g.stage.items():
+                if not 0 <= c < mesh[a]:
+                    raise PlanError(f"{g.path}.stage.{a}", f"coordinate {c} is outside axis {a!r} of size {mesh[a]}")
+                env[f"rank.{a}"] = c
+            try:
+                t = g.infer(env, mesh, key=f"shape@{which}")
+            except GraphError as exc:
+                raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
+            if corner == 1 and t != ptypes[pname]:
+                bad = next(k for k in t if t[k] != ptypes[pname][k])
+                raise PlanError(g.path, f"the shape of {bad!r} differs between ranks (with {which}); SPMD programs need rank-independent shapes")
+            ptypes[pname] = t
+    for group, names in (("inputs", plan.logical.input_names()), ("outputs", plan.logical.outputs)):
+        for name in names:
+            b = getattr(plan, group)[name]
+            lshape, ldt = ltypes[name]
+            shape = layout_shape(b, lshape, dims)
+            want = local_shape(b, shape, mesh)
+            have, pdt = ptypes[b.program][b.local]
+            if tuple(have) != tuple(want):
+                raise PlanError(f"{b.path}.local",
+                                f"local tensor {b.local!r} has shape {list(have)} but placing logical {name!r} {list(lshape)} "
+                                f"as {fmt_placement(b.placement)} gives {list(want)} (with {which})")
+            if ldt != pdt:
+                raise PlanError(f"{b.path}.local", f"dtype mismatch: logical {name!r} is {ldt}, local {b.local!r} is {pdt}")
+
+
+def fmt_placement(pl: Mapping[str, Placement]) -> str:
+    return "{" + ", ".join(f"{a}: {p}" for a, p in pl.items()) + "}"
