@@ -1,0 +1,85 @@
+(** * Collectives. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory.
+Local Open Scope ring_scope.
+
+Theorem allreduce_sum_partial {I : Type} {R : zmodType} (p : nat) (E : I -> R)
+  (L : nat -> I -> R) :
+  partial_sum p E L -> replicate p E (all_reduce_sum p L).
+Proof. by move=> h r x _; exact: h. Qed.
+
+Theorem allreduce_avg_partial_avg {I : Type} {R : fieldType} (p : nat) (E : I -> R)
+  (L : nat -> I -> R) :
+  partial_avg p E L -> replicate p E (all_reduce_avg p L).
+Proof. by move=> h r x _; exact: h. Qed.
+
+Theorem allreduce_max_partial_max {I : Type} {disp : unit} {T : bLatticeType disp}
+  (p : nat) (E : I -> T) (L : nat -> I -> T) :
+  partial_max p E L -> replicate p E (all_reduce_max p L).
+Proof. by move=> h r x _; exact: h. Qed.
+
+(** all_gather along the sharded dim of Shard gives the whole tensor on
+    every rank (on the [p*b] gathered positions). *)
+Theorem allgather_shard {I V : Type} (p b : nat) (E : nat -> I -> V)
+  (L : nat -> nat -> I -> V) :
+  (0 < b)%N -> shard p b E L ->
+  forall r k x, (r < p)%N -> (k < p * b)%N -> all_gather b L r k x = E k x.
+Proof.
+move=> b0 h r k x _ kpb; rewrite /all_gather h ?ltn_pmod ?block_rank_lt //.
+by rewrite -divn_eq.
+Qed.
+
+Theorem reduce_scatter_partial {I : Type} {R : zmodType} (p b : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  (forall k x, \sum_(0 <= s < p) L s k x = E k x) ->
+  shard p b E (reduce_scatter p b L).
+Proof. by move=> h r i x _ _; exact: h. Qed.
+
+(** all_to_all: rank [s] sends to rank [t] the columns of block [t] of its
+    rows; rank [t] stacks what it receives by source rank.  Shard(0) with
+    blocks [ba] becomes Shard(1) with blocks [bb]. *)
+Definition all_to_all {V : Type} (ba bb : nat) (L : nat -> nat -> nat -> V)
+  : nat -> nat -> nat -> V :=
+  fun t i j => L (i %/ ba)%N (i %% ba)%N (t * bb + j)%N.
+
+Theorem all_to_all_reshard {V : Type} (p ba bb : nat) (E : nat -> nat -> V)
+  (L : nat -> nat -> nat -> V) :
+  (0 < ba)%N -> shard p ba E L ->
+  forall t i j, (t < p)%N -> (i < p * ba)%N -> (j < bb)%N ->
+    all_to_all ba bb L t i j = E i (t * bb + j)%N.
+Proof.
+move=> b0 h t i j _ ipb _; rewrite /all_to_all h ?ltn_pmod ?block_rank_lt //.
+by rewrite -divn_eq.
+Qed.
+
+Theorem broadcast_replicate {I V : Type} (p src : nat) (E : I -> V)
+  (L : nat -> I -> V) :
+  (forall x, L src x = E x) -> replicate p E (broadcast src L).
+Proof. by move=> h r x _; exact: h. Qed.
+
+(** send/recv: every receiver gets exactly what its peer sent, and a
+    stage-to-stage transfer (rank [r] to rank [r]) preserves any placement. *)
+Theorem send_recv_preserves {I V : Type} (peer : nat -> nat) (L : nat -> I -> V) :
+  (forall r x, send_recv peer L r x = L (peer r) x) /\
+  (forall P : (nat -> I -> V) -> Prop, P L -> P (send_recv (fun r => r) L)).
+Proof. by split. Qed.
+
+(** Nested mesh axes: ranks [a*q + c] for axis sizes [p] (outer) and [q]
+    (inner).  Reducing over the inner axis and then the outer one, or in the
+    other order, equals reducing over the flattened product axis.  Holds for
+    any commutative monoid (sum, max, ...). *)
+Theorem allreduce_nested_axes {I V : Type} {idx : V} (op : Monoid.com_law idx)
+  (p q : nat) (L : nat -> I -> V) :
+  forall r x,
+    all_reduce_op op p (fun a => all_reduce_op op q (fun c => L (a * q + c)%N) r) r x
+      = all_reduce_op op (p * q) L r x /\
+    all_reduce_op op q (fun c => all_reduce_op op p (fun a => L (a * q + c)%N) r) r x
+      = all_reduce_op op (p * q) L r x.
+Proof.
+move=> r x; rewrite /all_reduce_op (big_blocks op p q (fun s => L s x)).
+by split=> //; rewrite exchange_big.
+Qed.
