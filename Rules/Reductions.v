@@ -1,0 +1,79 @@
+(** * Reductions and softmax. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory.
+Local Open Scope ring_scope.
+
+(** Reducing with any commutative monoid over the sharded dimension gives
+    [Partial(op)]. *)
+Lemma reduce_op_sharded_dim {I V : Type} {idx : V} (op : Monoid.com_law idx)
+  (p b : nat) (E : nat -> I -> V) (L : nat -> nat -> I -> V) :
+  shard p b E L ->
+  partial_op op p (fun x => \big[op/idx]_(0 <= k < p * b) E k x)
+                  (fun r x => \big[op/idx]_(0 <= i < b) L r i x).
+Proof.
+move=> h x; rewrite big_blocks; apply: eq_big_nat => r /andP[_ rp].
+by apply: eq_big_nat => i /andP[_ ib]; rewrite h.
+Qed.
+
+Theorem reduce_sum_sharded_dim {I : Type} {R : zmodType} (p b : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  shard p b E L ->
+  partial_sum p (fun x => \sum_(0 <= k < p * b) E k x)
+                (fun r x => \sum_(0 <= i < b) L r i x).
+Proof. exact: (reduce_op_sharded_dim (GRing.add_comoid R)). Qed.
+
+Theorem reduce_max_sharded_dim {I : Type} {disp : unit} {T : bLatticeType disp}
+  (p b : nat) (E : nat -> I -> T) (L : nat -> nat -> I -> T) :
+  shard p b E L ->
+  partial_max p (fun x => \big[Order.join/Order.bottom]_(0 <= k < p * b) E k x)
+                (fun r x => \big[Order.join/Order.bottom]_(0 <= i < b) L r i x).
+Proof. exact: (reduce_op_sharded_dim Order.BLatticeTheory.join_comoid). Qed.
+
+(** Mean over the sharded dimension with even shards: the local means are a
+    [Partial(avg)] of the global mean. *)
+Theorem reduce_mean_sharded_dim {I : Type} {R : fieldType} (p b : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  shard p b E L ->
+  partial_avg p (fun x => ((p * b)%N%:R)^-1 * \sum_(0 <= k < p * b) E k x)
+                (fun r x => (b%:R)^-1 * \sum_(0 <= i < b) L r i x).
+Proof.
+move=> h x; rewrite -mulr_sumr (reduce_sum_sharded_dim h) natrM invfM.
+by rewrite mulrA.
+Qed.
+
+(** Reducing (sum, max, any commutative monoid) over an unsharded dimension
+    and post-processing with any [g] (e.g. division by [n] for the mean)
+    keeps Shard on the sharded dimension. *)
+Theorem reduce_other_dim {I V W : Type} {idx : V} (op : Monoid.com_law idx)
+  (g : V -> W) (p b n : nat) (E : nat -> nat -> I -> V) (L : nat -> nat -> nat -> I -> V) :
+  shard p b E L ->
+  shard p b (fun i x => g (\big[op/idx]_(0 <= k < n) E i k x))
+            (fun r i x => g (\big[op/idx]_(0 <= k < n) L r i k x)).
+Proof.
+move=> h r i x rp ib; congr (g _); apply: eq_bigr => k _; by rewrite h.
+Qed.
+
+Definition softmax {R : fieldType} (exp : R -> R) (n : nat) (row : nat -> R) (k : nat) : R :=
+  exp (row k) / \sum_(0 <= j < n) exp (row j).
+
+Definition log_softmax {R : fieldType} (exp log : R -> R) (n : nat) (row : nat -> R)
+  (k : nat) : R :=
+  row k - log (\sum_(0 <= j < n) exp (row j)).
+
+(** Softmax and log-softmax along a dimension other than the sharded one
+    keep the Shard ([exp], [log] are arbitrary functions). *)
+Theorem softmax_other_dim {R : fieldType} (exp log : R -> R) (p b n : nat)
+  (E : nat -> nat -> R) (L : nat -> nat -> nat -> R) :
+  shard p b E L ->
+  shard p b (fun i => softmax exp n (E i)) (fun r i => softmax exp n (L r i)) /\
+  shard p b (fun i => log_softmax exp log n (E i))
+            (fun r i => log_softmax exp log n (L r i)).
+Proof.
+move=> h; split=> r i k rp ib.
+  by rewrite /softmax h //; congr (_ / _); apply: eq_bigr => j _; rewrite h.
+by rewrite /log_softmax h //; congr (_ - log _); apply: eq_bigr => j _; rewrite h.
+Qed.
