@@ -448,7 +448,7 @@ def _err(names, attrs, shapes, exc, msg):
 
 _UNARY = ("neg exp log sqrt rsqrt tanh sigmoid silu relu abs reciprocal square sin cos cast gelu "
           "logical_not")
-_err(_UNARY, {}, [(3,), (3,)], ShapeError, "takes 1 inputs, got 2")
+_err(_UNARY, {}, [(3,), (3,)], ShapeError, "takes 1 input(s), got 2")
 _err("cast", {"dtype": "double"}, [(3,)], AttrError, "must be one of")
 _err("gelu", {"approximate": True}, [(3,)], AttrError, "must be a string")
 _err("pow", {}, [(3,)], AttrError, "needs attribute 'exponent'")
@@ -712,3 +712,51 @@ def test_linearity_numerically(name):
         l2 = run(name, attrs, [a + a2, b], exact=True)[0]
         r2 = run(name, attrs, [a, b], exact=True)[0] + run(name, attrs, [a2, b], exact=True)[0]
         assert (l2 == r2).all()
+
+
+# ------------------------------------------------------------------ property tests
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+small_shape = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_shape, small_shape, st.integers(1, 3), st.integers(1, 3), st.integers(1, 3))
+def test_matmul_shapes_match_numpy(ba, bb, m, k, n):
+    a, b = RNG.standard_normal(ba + (m, k)), RNG.standard_normal(bb + (k, n))
+    try:
+        want = np.matmul(a, b)
+    except ValueError:
+        with pytest.raises(ShapeError):
+            infer("matmul", {}, [a.shape, b.shape])
+        return
+    assert infer("matmul", {}, [a.shape, b.shape]) == [want.shape]
+    np.testing.assert_allclose(run("matmul", {}, [a, b])[0], want, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_shape, small_shape)
+def test_broadcast_shapes_match_numpy(s1, s2):
+    a, b = np.ones(s1), np.ones(s2)
+    try:
+        want = (a + b).shape
+    except ValueError:
+        with pytest.raises(ShapeError):
+            infer("mul", {}, [s1, s2])
+        return
+    assert infer("mul", {}, [s1, s2]) == [want]
+    d = deps("mul", {}, [s1, s2])
+    assert all(dep.affine for dep in d)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4).map(tuple), st.data())
+def test_permute_roundtrip(shape, data):
+    perm = data.draw(st.permutations(range(len(shape))))
+    x = RNG.standard_normal(shape)
+    y = run("permute", {"dims": list(perm)}, [x])[0]
+    np.testing.assert_array_equal(y, np.transpose(x, perm))
+    inv = [perm.index(i) for i in range(len(perm))]
+    np.testing.assert_array_equal(run("permute", {"dims": inv}, [y])[0], x)

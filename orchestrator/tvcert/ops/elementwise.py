@@ -73,7 +73,7 @@ def check_arity(spec: OpSpec, shapes: Sequence[Shape]) -> None:
     n = len(shapes)
     if n < lo or (hi is not None and n > hi):
         want = f"{lo}" if lo == hi else f"{lo}..{'n' if hi is None else hi}"
-        raise ShapeError(f"{spec.name} takes {want} inputs, got {n}")
+        raise ShapeError(f"{spec.name} takes {want} input(s), got {n}")
 
 
 def _int_value(v: Any) -> bool:
