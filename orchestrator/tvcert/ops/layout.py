@@ -282,7 +282,8 @@ class Split(Layout):
     doc = "split along dim into pieces of the given sizes (which must sum to the dim)"
 
     def n_outputs(self, attrs):
-        return len(attrs["sizes"])
+        sizes = attrs.get("sizes")
+        return len(sizes) if isinstance(sizes, (list, tuple)) else 1
 
     def infer(self, shapes, attrs):
         check_arity(self, shapes)
@@ -301,7 +302,7 @@ class Split(Layout):
         return [s[:d] + (v,) + s[d + 1:] for v in sizes]
 
     def out_dtypes(self, in_dtypes, attrs):
-        return [in_dtypes[0]] * len(attrs["sizes"])
+        return [in_dtypes[0]] * self.n_outputs(attrs)
 
     def eval(self, xs, attrs, ctx):
         x = xs[0]
