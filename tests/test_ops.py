@@ -280,7 +280,11 @@ CASES: dict[str, list[Case]] = {
                        exact=True)],
     # ------------------------------------------------ sources
     "const": [Case({"value": 2.5, "shape": [2, 3]}, [], lambda: np.full((2, 3), 2.5), exact=True),
-              Case({"value": 3, "dtype": "int"}, [], lambda: np.array(3))],
+              Case({"value": 3, "dtype": "int"}, [], lambda: np.array(3)),
+              Case({"value": [[1, 0.5], ["n", 2]]}, [], lambda: np.array([[1, 0.5], [3, 2]]),
+                   exact=True),
+              Case({"value": [[1, 2]], "shape": [1, 2], "dtype": "int"}, [],
+                   lambda: np.array([[1, 2]]))],
     "iota": [Case({"size": 4, "start": 2, "step": 3}, [], lambda: np.array([2, 5, 8, 11])),
              Case({"size": "n", "dtype": "float"}, [], lambda: np.arange(3.0), exact=True)],
 }
@@ -519,6 +523,9 @@ _err("scatter_add", {"dim": 0}, [(3, 4), (2, 4), (1, 4)], ShapeError, "must be <
 _err("index_add", {"dim": 1}, [(3, 4), (2,), (3, 3)], ShapeError, "input 2 (src) has shape [3, 3]")
 _err("const", {"value": 1.5, "dtype": "int"}, [], ShapeError, "not an integer")
 _err("const", {"value": 1, "shape": 3}, [], AttrError, "must be a list of dims")
+_err("const", {"value": [[1, 2], [3]]}, [], ShapeError, "ragged")
+_err("const", {"value": [[1, 2]], "shape": [2, 1]}, [], ShapeError, "literal of shape [1, 2]")
+_err("const", {"value": [1, True]}, [], AttrError, "nested list of numbers")
 _err("iota", {"size": -1}, [], ShapeError, "negative")
 _err("iota", {"size": "undefined_dim"}, [], AttrError, "size")
 

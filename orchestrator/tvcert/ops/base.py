@@ -44,7 +44,8 @@ class AttrError(ValueError):
 #   "dims"   list of such expressions
 #   "num"    number (int/float) or "dim" expression string (evaluated to int)
 #   "str"    string; "strs" list of strings; "bool"; "any" JSON value
-ATTR_KINDS = {"int", "ints", "dim", "dims", "num", "str", "strs", "bool", "any"}
+#   "tensor" a "num" or a nested list of "num"s (a tensor literal, e.g. const's value)
+ATTR_KINDS = {"int", "ints", "dim", "dims", "num", "str", "strs", "bool", "any", "tensor"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> 
             if isinstance(v, str):
                 return dim_value(v, env)
             raise AttrError(f"{where} must be a number, got {v!r}")
+        if a.kind == "tensor":
+            return _resolve_tensor(where, v, env)
         if a.kind == "str":
             if not isinstance(v, str):
                 raise AttrError(f"{where} must be a string, got {v!r}")
@@ -114,6 +117,15 @@ def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> 
         return v
     except DimError as exc:
         raise AttrError(f"{where}: {exc}") from None
+
+
+def _resolve_tensor(where: str, v: Any, env: Mapping[str, int]) -> Any:
+    """A number, a dim expression, or a nested list of them (resolved element by element)."""
+    if isinstance(v, list):
+        return [_resolve_tensor(where, x, env) for x in v]
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise AttrError(f"{where} must be a number or a nested list of numbers, got {v!r}")
+    return dim_value(v, env) if isinstance(v, str) else v
 
 
 # ---------------------------------------------------------------- dependency maps

@@ -534,22 +534,52 @@ class Tril(_Tri):
 # ---------------------------------------------------------------- sources
 
 
+def _literal_shape(v) -> tuple[int, ...]:
+    """Shape of a nested-list literal; raises ShapeError if it is ragged."""
+    if not isinstance(v, list):
+        return ()
+    subs = [_literal_shape(x) for x in v]
+    if any(s != subs[0] for s in subs[1:]) or any(isinstance(x, list) != isinstance(v[0], list)
+                                                  for x in v):
+        raise ShapeError("const: value is a ragged nested list (rows of different shapes)")
+    return (len(v),) + (subs[0] if subs else ())
+
+
+def _flat(v):
+    if isinstance(v, list):
+        for x in v:
+            yield from _flat(x)
+    else:
+        yield v
+
+
 @register
 class Const(OpSpec):
     name = "const"
     category = "source"
     arity = (0, 0)
-    attrs = {"value": Attr("num"), "shape": Attr("dims", False, ()),
+    attrs = {"value": Attr("tensor"), "shape": Attr("dims", False, None),
              "dtype": Attr("str", False, "float", ("float", "int"))}
-    doc = "a tensor of the given shape filled with value"
+    doc = ("a tensor of the given shape filled with value (a number or dim expression), or a "
+           "tensor literal (nested list; shape, if given, must equal the literal's shape)")
 
     def infer(self, shapes, attrs):
         check_arity(self, shapes)
-        shape = tuple(attrs["shape"])
-        if any(v < 0 for v in shape):
+        v = attrs["value"]
+        shape = attrs["shape"]
+        if isinstance(v, list):
+            lit = _literal_shape(v)
+            if shape is not None and tuple(shape) != lit:
+                raise ShapeError(f"const: value is a literal of shape {list(lit)} but shape is "
+                                 f"{list(shape)}")
+            shape = lit
+        shape = tuple(shape) if shape is not None else ()
+        if any(n < 0 for n in shape):
             raise ShapeError(f"const: shape {list(shape)} has a negative size")
-        if attrs["dtype"] == "int" and not isinstance(attrs["value"], int):
-            raise ShapeError(f"const: value {attrs['value']!r} is not an integer but dtype is int")
+        if attrs["dtype"] == "int":
+            for x in _flat(v):
+                if not isinstance(x, int):
+                    raise ShapeError(f"const: value {x!r} is not an integer but dtype is int")
         return [shape]
 
     def out_dtypes(self, in_dtypes, attrs):
@@ -557,9 +587,13 @@ class Const(OpSpec):
 
     def eval(self, xs, attrs, ctx):
         shape = self.infer([], attrs)[0]
+        v = attrs["value"]
         if attrs["dtype"] == "int":
-            return [np.full(shape, attrs["value"], dtype=np.int64)]
-        return [fin(ctx.full(shape, attrs["value"]), ctx)]
+            return [np.array(v, dtype=np.int64).reshape(shape) if isinstance(v, list)
+                    else np.full(shape, v, dtype=np.int64)]
+        if isinstance(v, list):
+            return [fin(ctx.asarray(v).reshape(shape), ctx)]
+        return [fin(ctx.full(shape, v), ctx)]
 
     def deps(self, shapes, attrs):
         return []
