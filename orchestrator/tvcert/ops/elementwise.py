@@ -19,8 +19,7 @@ values; in exact mode that float64 value is converted exactly to a Fraction.  So
 from __future__ import annotations
 
 import math
-from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
