@@ -141,6 +141,56 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 
 
 @main.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--emit-cert", "cert_path", metavar="CERT.json", type=click.Path(dir_okay=False),
+              help="write a certificate when the verdict is VERIFIED")
+@click.option("--report", "report_path", metavar="REPORT.html", type=click.Path(dir_okay=False),
+              help="write a readable HTML report")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (verdict, reasons, stats)")
+@click.option("--no-refute", is_flag=True, help="do not search for a counterexample when no proof is found")
+@click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
+def verify(plan_path: str, cert_path: str | None, report_path: str | None, as_json: bool, no_refute: bool,
+           quiet: bool) -> None:
+    """Prove that the parallel program computes the logical graph, or refute it.
+
+    \b
+    VERIFIED  every logical output is proved to be read back correctly (exit 0);
+              with --emit-cert the proof is written for `tvcert check`.
+    REFUTED   the reference interpreter confirms a concrete counterexample; the report
+              names the first op where the plans part (exit 1).
+    UNKNOWN   no proof and no counterexample; the reasons say which op, which
+              placements and which rule premise failed (exit 2).
+    Bad input exits 3 with the JSON path of the problem.
+    """
+    from .engine.report import render_html, render_text, result_json
+    from .engine.verify import verify as run_verify
+
+    plan = _load(plan_path, as_json)
+    progress = None if (quiet or as_json) else (lambda s: click.echo(f"[tvcert] {s}", err=True))
+    res = run_verify(plan, refute=not no_refute, progress=progress)
+    cert_note = None
+    if cert_path:
+        if res.verdict == "VERIFIED":
+            from .certificate.emit import build_certificate, dump_certificate
+
+            write_atomic(cert_path, dump_certificate(build_certificate(res)))
+            cert_note = f"certificate written to {cert_path}"
+        else:
+            cert_note = f"no certificate written: the verdict is {res.verdict}, not VERIFIED"
+    if report_path:
+        write_atomic(report_path, render_html(res))
+    if as_json:
+        out = result_json(res)
+        out["certificate"] = cert_note
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(render_text(res))
+        if cert_note:
+            click.echo(cert_note)
+    sys.exit(res.exit_code)
+
+
+@main.command()
 def schema() -> None:
     """Print the JSON Schema of plan.json."""
     from .plan import json_schema

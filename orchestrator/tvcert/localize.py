@@ -86,7 +86,8 @@ def first_divergence(plan: Plan, res: RunResult) -> Divergence | None:
         if isinstance(v, np.ndarray) and v.dtype != np.int64:
             by_shape.setdefault(v.shape, []).append((name, v))
     for pname, g in plan.programs.items():
-        known: dict[str, str] = {t.name: "a placed input" for t in g.inputs}
+        known: dict[str, str] = {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items()
+                                 if b.program == pname}
         for n in g.nodes:
             if not n.outputs:
                 continue

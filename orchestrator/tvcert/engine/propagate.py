@@ -1,0 +1,122 @@
+"""Relation propagation: give every rank-local tensor a fact, through certified rules.
+
+Programs are walked in order, interleaved at recv the way the interpreter runs them.  Each op
+asks :func:`tvcert.kernel.rules.derive` for its conclusion; a failure is recorded with its
+reason and the op's outputs stay without a fact.  Ranks are symbolic: an SPMD program is
+walked once, whatever the mesh size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kernel.expr import Exprs
+from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
+from ..kernel.setup import input_facts, kctx, rank0_env
+from ..ops import REGISTRY, resolve_attrs
+from ..plan import Plan
+
+
+@dataclass
+class Failure:
+    program: str
+    node: int
+    path: str
+    op: str
+    src: str | None
+    reason: str
+    inputs: list[str]
+
+
+@dataclass
+class Step:
+    program: str
+    node: int
+    rules: list[str]
+    facts: list[Fact]
+    peer: list | None = None  # for recv: [sending program, node index]
+
+
+@dataclass
+class Propagation:
+    facts: dict[str, dict[str, Fact]]
+    steps: list[Step] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    blocked: str | None = None
+
+
+def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
+    facts = input_facts(plan, exprs, lexpr)
+    prop = Propagation(facts)
+    ctxs = {p: kctx(plan, p, exprs) for p in plan.programs}
+    envs = {p: rank0_env(plan, p) for p in plan.programs}
+    pc = {p: 0 for p in plan.programs}
+    mailbox: dict[tuple, tuple[str, int, Any]] = {}  # key -> (program, node, fact or None)
+    while True:
+        progressed = False
+        for p, g in plan.programs.items():
+            while pc[p] < len(g.nodes):
+                i = pc[p]
+                n = g.nodes[i]
+                if not _visit(plan, prop, p, i, n, ctxs[p], envs[p], mailbox, exprs):
+                    break
+                pc[p] += 1
+                progressed = True
+        if all(pc[p] == len(g.nodes) for p, g in plan.programs.items()):
+            return prop
+        if not progressed:
+            stuck = [f"{p} at {plan.programs[p].nodes[pc[p]].path}" for p in plan.programs if pc[p] < len(plan.programs[p].nodes)]
+            prop.blocked = "recv with no matching send: " + "; ".join(stuck)
+            return prop
+
+
+def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
+    facts = prop.facts[p]
+    spec = REGISTRY[n.op]
+    ra = resolve_attrs(spec, n.attrs, env)
+
+    def fail(reason: str) -> None:
+        ins = [f"{x} = {exprs.show(facts[x].expr)} as {fmt_pl(kc.axes, facts[x].pl)}" for x in n.inputs if x in facts]
+        prop.failures.append(Failure(p, i, n.path, n.op, n.src, reason, ins))
+
+    if n.op == "recv":
+        try:
+            key = recv_key(plan, p, ra)
+        except RuleFailure as exc:
+            fail(str(exc))
+            return True
+        if key not in mailbox:
+            return False
+        sender, snode, fact = mailbox.pop(key)
+        if fact is None:
+            return True
+        try:
+            check_transfer(plan, sender, p)
+        except RuleFailure as exc:
+            fail(str(exc))
+            return True
+        facts[n.outputs[0]] = fact
+        prop.steps.append(Step(p, i, ["send_recv_preserves"], [fact], [sender, snode]))
+        return True
+    missing = [x for x in n.inputs if x not in facts]
+    if n.op == "send":
+        try:
+            key = send_key(plan, p, ra)
+        except RuleFailure as exc:
+            fail(str(exc))
+            return True
+        mailbox[key] = (p, i, None if missing else facts[n.inputs[0]])
+        return True
+    if missing:
+        return True  # downstream of an earlier failure: nothing new to report
+    local_out = [s for s, _ in n.meta["shape@dims"]]
+    try:
+        d = derive(kc, n.op, ra, n.attrs, [facts[x] for x in n.inputs], local_out)
+    except RuleFailure as exc:
+        fail(str(exc))
+        return True
+    for o, f in zip(n.outputs, d.facts):
+        facts[o] = f
+    prop.steps.append(Step(p, i, d.rules, d.facts))
+    return True

@@ -1,0 +1,68 @@
+"""Reports of a verification result: text for people, JSON for machines, HTML for a browser."""
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from .verify import REFUTED, UNKNOWN, VERIFIED, Result
+
+
+def result_json(res: Result) -> dict[str, Any]:
+    return {
+        "plan": res.plan.name,
+        "verdict": res.verdict,
+        "outputs": [{"name": m.name, "proved": m.ok, "problem": m.problem} for m in res.matches],
+        "reasons": res.reasons if res.verdict != VERIFIED else [],
+        "counterexample": res.counterexample,
+        "stats": res.stats,
+    }
+
+
+def render_text(res: Result) -> str:
+    lines = []
+    st = res.stats
+    if res.verdict == VERIFIED:
+        lines.append(f"VERIFIED: plan {res.plan.name!r} computes its logical graph")
+        lines.append(f"  {len(res.matches)} outputs proved; {st['rules_applied']} rule applications, "
+                     f"{st['obligations']} SMT obligations, {st['wall_seconds']:.3f} s")
+        for m in res.matches:
+            lines.append(f"  ok  {m.name}")
+        return "\n".join(lines)
+    if res.verdict == REFUTED:
+        cx = res.counterexample or {}
+        lines.append(f"REFUTED: plan {res.plan.name!r} does not compute its logical graph")
+        dims = ", ".join(f"{k}={v}" for k, v in cx.get("dims", {}).items())
+        lines.append(f"counterexample at {dims} ({cx.get('mode')}, seed {cx.get('seed')}), confirmed by the reference interpreter:")
+        for o in cx.get("outputs", []):
+            status = "equal" if o["equal"] else "DIFFERS"
+            extra = f" ({o['problem']})" if o.get("problem") else ""
+            lines.append(f"  output {o['name']:20s} {status:8s} max |diff| = {o['max_diff']:.3g}{extra}")
+        div = cx.get("first_divergence")
+        if div:
+            lines.append(div["text"])
+            for r, vals in div["sample"].items():
+                lines.append(f"    rank {r}: {vals}")
+        for s in cx.get("engine_stuck_at", []):
+            src = f" ({s['src']})" if s.get("src") else ""
+            lines.append(f"  prover stopped at {s['op']!r} {s['node']}{src}: {s['reason']}")
+        lines.append("inputs of the counterexample:")
+        for k, v in cx.get("inputs", {}).items():
+            more = " ..." if v["truncated"] else ""
+            lines.append(f"  {k} {v['shape']}: {v['values']}{more}")
+        return "\n".join(lines)
+    lines.append(f"UNKNOWN: plan {res.plan.name!r} is neither proved nor refuted (this is not a success)")
+    for r in res.reasons:
+        lines.append(f"  - {r}")
+    return "\n".join(lines)
+
+
+def render_html(res: Result) -> str:
+    color = {VERIFIED: "#1a7f37", REFUTED: "#cf222e", UNKNOWN: "#9a6700"}[res.verdict]
+    body = html.escape(render_text(res))
+    data = html.escape(json.dumps(result_json(res), indent=2, default=str))
+    return (f"<!doctype html><meta charset='utf-8'><title>tvcert: {html.escape(res.plan.name)}</title>"
+            f"<style>body{{font-family:sans-serif;margin:2em}} pre{{background:#f6f8fa;padding:1em;overflow:auto}}</style>"
+            f"<h1 style='color:{color}'>{res.verdict}</h1><h2>{html.escape(res.plan.name)}</h2>"
+            f"<p>{html.escape(res.plan.description or '')}</p><pre>{body}</pre>"
+            f"<details><summary>machine-readable result</summary><pre>{data}</pre></details>")

@@ -1,0 +1,169 @@
+"""Verdicts: VERIFIED (with the proof), REFUTED (with a confirmed counterexample), UNKNOWN (why).
+
+The proof attempt is relation propagation plus output matching.  When it fails, the reference
+interpreter looks for a counterexample at the plan's small run dims, in float64 and in exact
+arithmetic, over a few seeds; only an interpreter-confirmed difference is a refutation.
+"""
+from __future__ import annotations
+
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..interp import RunError, run_plan
+from ..kernel.equality import Prover
+from ..kernel.expr import Exprs
+from ..kernel.rules import fmt_pl
+from ..kernel.setup import logical_exprs, output_targets
+from ..kernel.smt import solve_z3
+from ..localize import first_divergence
+from ..plan import Plan
+from .propagate import Failure, Propagation, propagate
+
+VERIFIED, REFUTED, UNKNOWN = "VERIFIED", "REFUTED", "UNKNOWN"
+
+
+@dataclass
+class OutputMatch:
+    name: str
+    ok: bool
+    problem: str | None = None
+    local: str = ""
+    program: str = ""
+
+
+@dataclass
+class Result:
+    verdict: str
+    plan: Plan
+    exprs: Exprs
+    lexpr: dict[str, int]
+    prop: Propagation
+    matches: list[OutputMatch]
+    prover: Prover
+    reasons: list[str] = field(default_factory=list)
+    counterexample: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return {VERIFIED: 0, REFUTED: 1, UNKNOWN: 2}[self.verdict]
+
+
+def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str], str] = solve_z3,
+           progress: Callable[[str], None] | None = None) -> Result:
+    say = progress or (lambda s: None)
+    t0 = time.perf_counter()
+    tracemalloc.start()
+    exprs = Exprs()
+    lexpr = logical_exprs(plan, exprs)
+    say(f"logical graph: {len(plan.logical.nodes)} ops")
+    prop = propagate(plan, exprs, lexpr)
+    say(f"propagation: {len(prop.steps)} steps, {len(prop.failures)} ops without a rule")
+    targets = output_targets(plan, exprs, lexpr)
+    prover = Prover(exprs, solve=solve)
+    t_smt = time.perf_counter()
+    matches = [_match(plan, prop, prover, exprs, name, targets[name]) for name in plan.logical.outputs]
+    t_smt = time.perf_counter() - t_smt
+    verdict = VERIFIED if all(m.ok for m in matches) and prop.blocked is None else UNKNOWN
+    res = Result(verdict, plan, exprs, lexpr, prop, matches, prover)
+    if verdict != VERIFIED:
+        res.reasons = _reasons(res)
+        if refute:
+            say("no proof; searching for a counterexample with the reference interpreter")
+            _refute(res, seeds)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    res.stats = {
+        "wall_seconds": round(time.perf_counter() - t0, 4),
+        "peak_traced_mb": round(peak / 2**20, 2),
+        "programs": len(plan.programs),
+        "parallel_ops": sum(len(g.nodes) for g in plan.programs.values()),
+        "logical_ops": len(plan.logical.nodes),
+        "stages": len(plan.programs),
+        "distinct_stages": len(plan.programs),
+        "rules_applied": len(prop.steps),
+        "expressions": len(exprs),
+        "obligations": len(prover.obligations),
+        "equality_seconds": round(t_smt, 4),
+    }
+    return res
+
+
+def _match(plan, prop: Propagation, prover: Prover, exprs: Exprs, name: str, target) -> OutputMatch:
+    b = plan.outputs[name]
+    axes = plan.program_axes(b.program)
+    f = prop.facts[b.program].get(b.local)
+    m = OutputMatch(name, False, local=b.local, program=b.program)
+    if f is None:
+        m.problem = f"local tensor {b.local!r} has no fact (an op before it has no applicable rule)"
+    elif f.pl != target.pl:
+        m.problem = (f"{b.local!r} holds {exprs.show(f.expr)} as {fmt_pl(axes, f.pl)}, but the plan reads it back as "
+                     f"{fmt_pl(axes, target.pl)}")
+    elif not prover.equal(f.expr, target.expr):
+        m.problem = (f"{b.local!r} holds {exprs.show(f.expr)}, which is not proved equal to the logical "
+                     f"{exprs.show(target.expr)}")
+    else:
+        m.ok = True
+    return m
+
+
+def _reasons(res: Result) -> list[str]:
+    out = []
+    for f in res.prop.failures:
+        where = f" ({f.src})" if f.src else ""
+        ins = "; ".join(f.inputs) if f.inputs else "no tensor inputs with facts"
+        out.append(f"no rule for {f.op!r} at {f.path}{where} in program {f.program!r}: {f.reason} [inputs: {ins}]")
+    if res.prop.blocked:
+        out.append(res.prop.blocked)
+    for m in res.matches:
+        if not m.ok:
+            out.append(f"output {m.name!r}: {m.problem}")
+    out += [f"solver: {x}" for x in res.prover.failures]
+    return out
+
+
+def _refute(res: Result, seeds: int) -> None:
+    plan = res.plan
+    attempts = [(s, False) for s in range(seeds)] + [(0, True)]
+    for seed, exact in attempts:
+        try:
+            run = run_plan(plan, seed=seed, exact=exact)
+        except RunError as exc:
+            res.reasons.append(f"interpreter could not run the plan ({'exact' if exact else 'float64'}): {exc}")
+            if exact:
+                continue
+            break
+        except (ValueError, ArithmeticError) as exc:
+            res.reasons.append(f"interpreter failed: {exc}")
+            continue
+        if run.equal:
+            continue
+        div = first_divergence(plan, run)
+        res.verdict = REFUTED
+        res.counterexample = {
+            "dims": run.dims,
+            "mode": run.mode,
+            "seed": seed,
+            "inputs": {k: _small(v) for k, v in run.inputs.items()},
+            "outputs": [{"name": o.name, "equal": o.equal, "max_diff": o.max_diff, "problem": o.problem}
+                        for o in run.outputs],
+            "first_divergence": None if div is None else {
+                "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
+                "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
+            "engine_stuck_at": [{"program": f.program, "node": f.path, "op": f.op, "src": f.src, "reason": f.reason}
+                                for f in res.prop.failures[:3]],
+        }
+        return
+    res.reasons.append(f"the interpreter found no difference at run dims {plan.run_dims} over {seeds} float64 seeds "
+                       f"and one exact run")
+
+
+def _small(v, k: int = 16) -> dict:
+    import numpy as np
+
+    flat = list(v.flat)
+    vals = [int(x) if isinstance(x, (int, np.integer)) else float(x) if isinstance(x, (float, np.floating)) else str(x)
+            for x in flat[:k]]
+    return {"shape": list(v.shape), "values": vals, "truncated": len(flat) > k}

@@ -1,0 +1,160 @@
+"""Deciding that two logical expressions denote the same tensor.
+
+Three certified steps, tried in order, each sound on its own:
+
+* ``congruence``: same op, same attributes, pairwise-equal arguments;
+* ``scale_commutes_linear``: pull rational scalar factors out through linear ops
+  (matmul, einsum, reductions, layout ops, ...) and compare factors and cores;
+* ``elementwise_smt``: an elementwise region, with every non-elementwise subterm as a leaf,
+  checked by an SMT solver over the reals (see :mod:`.smt` for why one index suffices).
+
+Everything proved is recorded in ``obligations`` so a certificate can replay the solver calls.
+A ``False`` answer means "not proved", never "proved different".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+from .expr import Exprs
+from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
+
+LINEAR_FIRST = {"reshape", "permute", "slice", "sum", "mean", "expand", "triu", "tril", "cast", "concat_dummy",
+                "embedding_backward", "softmax_backward", "log_softmax_backward"}
+MULTILINEAR = {"matmul", "einsum"}
+MAX_SMT_LEAVES = 64
+
+
+@dataclass
+class Obligation:
+    lhs: int
+    rhs: int
+    smt: str
+    answer: str
+
+
+@dataclass
+class Prover:
+    exprs: Exprs
+    solve: Callable[[str], str] = solve_z3
+    obligations: list[Obligation] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._memo: dict[tuple[int, int], bool] = {}
+        self._norm: dict[int, tuple[Fraction, int]] = {}
+
+    # ------------------------------------------------------------------ public
+    def equal(self, a: int, b: int) -> bool:
+        if a == b:
+            return True
+        key = (a, b) if a < b else (b, a)
+        got = self._memo.get(key)
+        if got is not None:
+            return got
+        self._memo[key] = False  # cycle guard (expressions are acyclic; this only bounds work)
+        res = self._equal(a, b)
+        self._memo[key] = res
+        return res
+
+    # ------------------------------------------------------------------ steps
+    def _equal(self, a: int, b: int) -> bool:
+        X = self.exprs
+        ea, eb = X[a], X[b]
+        if ea.shape != eb.shape:
+            return False
+        if (ea.op == eb.op and ea.attrs == eb.attrs and len(ea.args) == len(eb.args) and ea.op != "input"
+                and all(self.equal(x, y) for x, y in zip(ea.args, eb.args))):
+            return True
+        ca, na = self.norm(a)
+        cb, nb = self.norm(b)
+        if (na, ca) != (a, 1) or (nb, cb) != (b, 1):
+            if ca == cb and self.equal(na, nb):
+                return True
+        if is_region_op(X, a) or is_region_op(X, b):
+            return self._smt(a, b)
+        return False
+
+    def norm(self, i: int) -> tuple[Fraction, int]:
+        """(c, core) with i = c * core, the scalar pulled out through linear ops."""
+        got = self._norm.get(i)
+        if got is not None:
+            return got
+        self._norm[i] = (Fraction(1), i)
+        res = self._normalize(i)
+        self._norm[i] = res
+        return res
+
+    def _normalize(self, i: int) -> tuple[Fraction, int]:
+        X = self.exprs
+        e = X[i]
+        one = Fraction(1)
+        at = e.attr_dict()
+        if e.op == "scale":
+            c, core = self.norm(e.args[0])
+            return c * Fraction(str(at["value"])), core
+        if e.op == "neg":
+            c, core = self.norm(e.args[0])
+            return -c, core
+        if e.op in ("mul", "div") and len(e.args) == 2:
+            k = scalar_const(X, e.args[1])
+            if k is not None and X[e.args[1]].shape == () and X[e.args[0]].shape == e.shape:
+                c, core = self.norm(e.args[0])
+                k = Fraction(str(k))
+                if e.op == "div" and k == 0:
+                    return one, i
+                return (c * k if e.op == "mul" else c / k), core
+            k = scalar_const(X, e.args[0])
+            if e.op == "mul" and k is not None and X[e.args[0]].shape == () and X[e.args[1]].shape == e.shape:
+                c, core = self.norm(e.args[1])
+                return c * Fraction(str(k)), core
+            return one, i
+        if e.op in LINEAR_FIRST and e.args:
+            if e.op == "pad" and at.get("value", 0) != 0:
+                return one, i
+            c, core = self.norm(e.args[0])
+            if core == e.args[0] and c == 1:
+                return one, i
+            return c, X.mk(e.op, at, [core, *e.args[1:]])
+        if e.op in MULTILINEAR:
+            cs, cores = one, []
+            for x in e.args:
+                c, core = self.norm(x)
+                cs *= c
+                cores.append(core)
+            if cs == 1 and cores == list(e.args):
+                return one, i
+            return cs, X.mk(e.op, at, cores)
+        if e.op in ("add", "sub") and all(X[x].shape == e.shape for x in e.args):
+            ns = [self.norm(x) for x in e.args]
+            if len({c for c, _ in ns}) == 1 and ns[0][0] != 1:
+                return ns[0][0], X.mk(e.op, at, [core for _, core in ns])
+        return one, i
+
+    def _smt(self, a: int, b: int) -> bool:
+        X = self.exprs
+        la, lb = region_leaves(X, a), region_leaves(X, b)
+        if len(la) + len(lb) > MAX_SMT_LEAVES:
+            self.failures.append(f"elementwise region too large for SMT ({len(la) + len(lb)} leaves)")
+            return False
+        reps: list[int] = []
+        var: dict[int, str] = {}
+        for leaf in la + lb:
+            if leaf in var:
+                continue
+            for r in reps:
+                if X[r].shape == X[leaf].shape and X[r].dtype == X[leaf].dtype and self.equal(r, leaf):
+                    var[leaf] = var[r]
+                    break
+            else:
+                reps.append(leaf)
+                var[leaf] = f"v{leaf}"
+        text = encode_equality(X, a, b, var)
+        answer = self.solve(text)
+        if answer == "unsat":
+            self.obligations.append(Obligation(a, b, text, answer))
+            return True
+        if answer != "sat":
+            self.failures.append(f"solver answered {answer} on an elementwise obligation")
+        return False

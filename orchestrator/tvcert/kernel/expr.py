@@ -1,0 +1,150 @@
+"""Hash-consed logical expressions.
+
+Every tensor of the logical graph, and every logical value a parallel tensor is a piece of,
+is an expression over the logical inputs: ``(op, attrs, args)``.  Interning makes "the
+parallel side computed the same thing" an integer comparison.  Shapes are checked on
+construction with the op's own shape inference, so an ill-formed expression cannot exist.
+
+Layout ops are canonicalized on construction (transpose -> permute; view / flatten / squeeze /
+unsqueeze -> reshape to the inferred shape): these are definitional equalities (the same
+function), not rewrites.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..ops import REGISTRY
+
+Shape = tuple[int, ...]
+RESHAPE_LIKE = {"reshape", "view", "flatten", "squeeze", "unsqueeze"}
+
+
+class ExprError(ValueError):
+    """An expression would be ill-formed (its op's shape inference failed)."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    op: str
+    attrs: str  # canonical JSON of the (logical) attributes
+    args: tuple[int, ...]
+    shape: Shape
+    dtype: str
+
+    def attr_dict(self) -> dict:
+        return json.loads(self.attrs)
+
+
+def canon_attrs(attrs: Mapping[str, Any]) -> str:
+    def norm(v):
+        if isinstance(v, tuple):
+            return [norm(x) for x in v]
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        return v
+
+    return json.dumps({k: norm(v) for k, v in attrs.items() if not k.startswith("_")}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+class Exprs:
+    """The expression table: ``mk`` returns the id of an interned expression."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Expr] = []
+        self._index: dict[tuple, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i: int) -> Expr:
+        return self.nodes[i]
+
+    def _intern(self, e: Expr) -> int:
+        key = (e.op, e.attrs, e.args)
+        got = self._index.get(key)
+        if got is not None:
+            return got
+        self.nodes.append(e)
+        self._index[key] = len(self.nodes) - 1
+        return len(self.nodes) - 1
+
+    def leaf(self, name: str, shape: Shape, dtype: str) -> int:
+        return self._intern(Expr("input", canon_attrs({"name": name}), (), tuple(shape), dtype))
+
+    def mk(self, op: str, attrs: Mapping[str, Any], args: Sequence[int]) -> int:
+        """Intern ``op(args)`` with resolved attrs, inferring its shape (raises ExprError)."""
+        spec = REGISTRY[op]
+        shapes = [self.nodes[a].shape for a in args]
+        dtypes = [self.nodes[a].dtype for a in args]
+        attrs = dict(attrs)
+        try:
+            out_shapes = spec.infer(shapes, attrs)
+            out_dtypes = spec.out_dtypes(dtypes, attrs)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise ExprError(f"{op} on {[list(s) for s in shapes]}: {exc}") from None
+        if len(out_shapes) != 1:
+            raise ExprError(f"{op} has {len(out_shapes)} outputs; use mk_multi")
+        return self._mk_one(op, attrs, args, shapes, out_shapes[0], out_dtypes[0])
+
+    def mk_multi(self, op: str, attrs: Mapping[str, Any], args: Sequence[int]) -> list[int]:
+        """Multi-output ops (split, topk): output i is ``getitem(op(args), i)``."""
+        spec = REGISTRY[op]
+        shapes = [self.nodes[a].shape for a in args]
+        dtypes = [self.nodes[a].dtype for a in args]
+        try:
+            out_shapes = spec.infer(shapes, dict(attrs))
+            out_dtypes = spec.out_dtypes(dtypes, dict(attrs))
+        except (ValueError, KeyError, IndexError) as exc:
+            raise ExprError(f"{op} on {[list(s) for s in shapes]}: {exc}") from None
+        base = canon_attrs(attrs)
+        return [self._intern(Expr(op, canon_attrs({"attrs": json.loads(base), "output": i}), tuple(args),
+                                  tuple(s), dt)) for i, (s, dt) in enumerate(zip(out_shapes, out_dtypes))]
+
+    def _mk_one(self, op, attrs, args, in_shapes, out_shape, out_dtype) -> int:
+        if op in RESHAPE_LIKE:
+            if tuple(out_shape) == tuple(in_shapes[0]):
+                return args[0]
+            op, attrs = "reshape", {"shape": tuple(out_shape)}
+        elif op == "transpose":
+            n = len(in_shapes[0])
+            perm = list(range(n))
+            d0, d1 = attrs["dim0"] % n, attrs["dim1"] % n
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+            op, attrs = "permute", {"dims": tuple(perm)}
+        if op == "permute" and tuple(attrs["dims"]) == tuple(range(len(in_shapes[0]))):
+            return args[0]
+        if op == "cast" and in_shapes and attrs.get("dtype", "float") == self.nodes[args[0]].dtype:
+            return args[0]  # cast to the same type is the identity
+        return self._intern(Expr(op, canon_attrs(attrs), tuple(args), tuple(out_shape), out_dtype))
+
+    # ------------------------------------------------------------ printing / export
+    def show(self, i: int, depth: int = 3) -> str:
+        e = self.nodes[i]
+        if e.op == "input":
+            return json.loads(e.attrs)["name"]
+        if depth == 0:
+            return f"#{i}"
+        a = json.loads(e.attrs)
+        astr = "" if not a else "[" + ",".join(f"{k}={v}" for k, v in a.items()) + "]"
+        return f"{e.op}{astr}(" + ", ".join(self.show(x, depth - 1) for x in e.args) + ")"
+
+    def export(self, ids: Sequence[int] | None = None) -> list[list]:
+        """Serialize (all, or the closure of ``ids``) as [id, op, attrs, args] rows in id order."""
+        keep = set(range(len(self.nodes))) if ids is None else self.closure(ids)
+        return [[i, e.op, json.loads(e.attrs), list(e.args)] for i, e in enumerate(self.nodes) if i in keep]
+
+    def closure(self, ids: Sequence[int]) -> set[int]:
+        seen: set[int] = set()
+        stack = list(ids)
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            stack.extend(self.nodes[i].args)
+        return seen

@@ -1,0 +1,885 @@
+"""The certified rules: how a placement fact flows through one op.
+
+A *fact* says: on every rank, this local tensor is that rank's piece of logical expression
+``expr`` under ``pl`` (one placement per mesh axis the program spans, in mesh order).
+:func:`derive` is the only way to make a new fact from an op and its input facts.  It picks,
+per mesh axis, the one rule whose premises match, checks that rule's side conditions on this
+use (dims, divisibility, axis, block structure), and returns the conclusion together with
+the rule ids it used.  Every rule id is bound to a Coq theorem in ``proofs/manifest.json``;
+``RULES`` lists them with the statement each one relies on.
+
+This module is part of the trusted base: the certificate checker replays certificates by
+calling :func:`derive` again.  It must stay deterministic and free of search.
+
+Multi-axis facts are handled one axis at a time (nested placements, mesh order = nesting
+order, as in DTensor).  Rules that change the logical expression (not just the placement)
+are allowed on at most one axis of a step, and only when no other axis of any operand is
+Partial, which is the setting their theorems state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Mapping, Sequence
+
+from ..ops import REGISTRY
+from ..ops.collectives import axes_of
+from ..plan import Placement
+from ..shapes import affine_in_rank, parse
+from .expr import RESHAPE_LIKE, ExprError, Exprs
+
+R = Placement("R")
+
+
+def S(d: int) -> Placement:
+    return Placement("S", d)
+
+
+def P(r: str = "sum") -> Placement:
+    return Placement("P", reduce=r)
+
+
+# rule id -> the statement it relies on (the Coq theorem's content, in words)
+RULES: dict[str, str] = {
+    "replicate_any": "any op applied to replicated operands gives the replicated result",
+    "ew_unary_replicate": "a pointwise function of a replicated tensor is replicated",
+    "ew_unary_shard": "a pointwise function commutes with Shard(d)",
+    "ew_binary_replicate": "a pointwise function of replicated tensors is replicated",
+    "ew_binary_shard": "a pointwise function of operands sharded on the same dim is sharded on it",
+    "ew_binary_shard_broadcast": "a sharded operand combined pointwise with a replicated operand broadcast along the shard dim stays sharded",
+    "partial_neg": "negation is linear: -Partial(E) = Partial(-E)",
+    "partial_scale": "multiplying a Partial(sum|avg) by a replicated factor gives Partial of the product",
+    "partial_div": "dividing a Partial(sum|avg) by a replicated value gives Partial of the quotient",
+    "partial_add": "Partial(E) + Partial(F) = Partial(E + F)",
+    "partial_sub": "Partial(E) - Partial(F) = Partial(E - F)",
+    "partial_linear_map": "an additive map applied locally to Partial(sum|avg) gives Partial of the mapped value",
+    "partial_plus_replicate_not_partial": "adding replicated F on every rank to Partial(sum) E gives Partial(sum) of E + p*F",
+    "partial_avg_div_p_to_sum": "Partial(avg) E with every local divided by p is Partial(sum) E",
+    "matmul_replicate": "matmul of replicated operands is replicated",
+    "matmul_col_parallel": "Replicate x Shard(last) -> Shard(last)",
+    "matmul_row_parallel": "Shard(contraction) x Shard(contraction) -> Partial(sum)",
+    "matmul_batch_shard": "sharding a row / batch dim of one operand shards the same dim of the product",
+    "matmul_partial_lhs": "Partial x Replicate -> Partial",
+    "matmul_partial_rhs": "Replicate x Partial -> Partial",
+    "einsum_shard_free_index": "sharding an output index in every operand that has it shards the output",
+    "einsum_shard_contracted_index": "sharding a summed index in every operand that has it gives Partial(sum)",
+    "einsum_partial_operand": "an einsum is linear in each operand: one Partial operand, others replicated -> Partial",
+    "allreduce_sum_partial": "all_reduce(sum) of Partial(sum) is Replicate",
+    "allreduce_avg_partial_avg": "all_reduce(avg) of Partial(avg) is Replicate",
+    "allreduce_max_partial_max": "all_reduce(max) of Partial(max) is Replicate",
+    "allreduce_nested_axes": "an all_reduce over several axes equals all_reduces over each in turn",
+    "allgather_shard": "all_gather along d of Shard(d) is Replicate",
+    "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
+    "all_to_all_reshard": "all_to_all(split a, concat b) turns Shard(b) into Shard(a)",
+    "broadcast_replicate": "broadcasting a replicated tensor leaves it replicated",
+    "send_recv_preserves": "a received tensor equals the sent one, with its placement",
+    "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
+    "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
+    "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
+    "reduce_other_dim": "reducing over an unsharded dim keeps the shard",
+    "softmax_other_dim": "softmax / log-softmax along an unsharded dim keeps the shard",
+    "rowwise_shard": "an op computed independently for each index of a dim commutes with sharding that dim",
+    "permute_shard": "permuting dims moves Shard(d) to Shard(perm^-1(d))",
+    "reshape_shard_block": "a reshape keeps Shard when the sharded dim leads its reshape group and the group's leading output dim is divisible",
+    "slice_other_dim": "slicing an unsharded dim keeps the shard",
+    "slice_block_to_shard": "rank r slicing block r of a replicated tensor yields Shard",
+    "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
+    "scale_commutes_linear": "a scalar factor moves across any linear op",
+    "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
+    "congruence": "equal arguments give equal results",
+}
+
+
+class RuleFailure(Exception):
+    """No rule applies; the message says which premise or side condition failed."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    expr: int
+    pl: tuple[Placement, ...]
+
+
+@dataclass
+class KCtx:
+    """What rules may look at: the expression table, the program's axes and sizes, the dims."""
+
+    exprs: Exprs
+    axes: tuple[str, ...]
+    sizes: Mapping[str, int]
+    dims: Mapping[str, int]
+
+
+@dataclass
+class Derivation:
+    facts: list[Fact]
+    rules: list[str]  # one rule id per axis (or per step for collectives), in axis order
+
+
+def fmt_pl(axes: Sequence[str], pl: Sequence[Placement]) -> str:
+    return "{" + ", ".join(f"{a}: {p}" for a, p in zip(axes, pl)) + "}"
+
+
+def local_shape(shape: Sequence[int], axes: Sequence[str], pl: Sequence[Placement], sizes: Mapping[str, int]) -> tuple[int, ...] | None:
+    s = list(shape)
+    for a, p in zip(axes, pl):
+        if p.kind == "S":
+            if not 0 <= p.dim < len(s) or s[p.dim] % sizes[a]:
+                return None
+            s[p.dim] //= sizes[a]
+    return tuple(s)
+
+
+def shard_factor(axes: Sequence[str], pl: Sequence[Placement], dim: int, sizes: Mapping[str, int]) -> int:
+    f = 1
+    for a, p in zip(axes, pl):
+        if p.kind == "S" and p.dim == dim:
+            f *= sizes[a]
+    return f
+
+
+# ====================================================================== entry point
+def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], facts: Sequence[Fact],
+           local_out: Sequence[tuple[int, ...]]) -> Derivation:
+    """Conclude the output fact(s) of ``op`` from the input facts, or raise RuleFailure.
+
+    ``ra`` are the op's attributes resolved at full dims (rank coordinates 0), ``raw`` the
+    attributes as written (for rank-dependent offsets), ``local_out`` the inferred local
+    shapes of the outputs, against which every conclusion is checked.
+    """
+    spec = REGISTRY.get(op)
+    if spec is None:
+        raise RuleFailure(f"unknown op {op!r}")
+    fam = _family(op, spec.category)
+    if fam is None:
+        raise RuleFailure(f"no rule covers op {op!r}")
+    for f in facts:
+        if len(f.pl) != len(kc.axes):
+            raise RuleFailure("input fact does not cover the program's axes")
+    _check_rank_free(op, raw, kc)
+    try:
+        d = fam(kc, op, ra, raw, list(facts))
+    except ExprError as exc:
+        raise RuleFailure(f"the concluded logical expression is ill-formed: {exc}") from None
+    if len(d.facts) != len(local_out):
+        raise RuleFailure(f"{op}: rule gives {len(d.facts)} outputs, the op has {len(local_out)}")
+    for f, ls in zip(d.facts, local_out):
+        e = kc.exprs[f.expr]
+        want = local_shape(e.shape, kc.axes, f.pl, kc.sizes)
+        if want != tuple(ls):
+            raise RuleFailure(f"{op}: concluded {fmt_pl(kc.axes, f.pl)} of a {list(e.shape)} tensor, which gives local "
+                              f"shape {list(want) if want else '(not divisible)'}, but the op's local shape is {list(ls)}")
+    return d
+
+
+def _check_rank_free(op: str, raw: Mapping[str, Any], kc: KCtx) -> None:
+    """Only slice may have rank-dependent attributes (checked by slice_block_to_shard)."""
+    if op == "slice":
+        return
+    for k, v in raw.items():
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, str) and any(n.startswith("rank.") for n in _names(x)):
+                raise RuleFailure(f"attribute {k!r} = {x!r} depends on the rank; no rule covers rank-dependent {op}")
+
+
+def _names(text: str) -> frozenset[str]:
+    try:
+        return parse(text).names()
+    except ValueError:
+        return frozenset()
+
+
+def _family(op: str, category: str) -> Callable | None:
+    if op in ("matmul",):
+        return _matmul
+    if op == "einsum":
+        return _einsum
+    if op in ("sum", "mean", "amax", "amin"):
+        return _reduce
+    if op in ROWWISE:
+        return _rowwise
+    if op in ("permute", "transpose") or op in RESHAPE_LIKE:
+        return _layout
+    if op in ("slice", "split"):
+        return _slice
+    if op == "concat":
+        return _concat
+    if op in ("const", "iota"):
+        return _source
+    if op == "embedding_backward":
+        return _embedding_backward
+    if category == "elementwise":
+        return _elementwise
+    if category == "collective":
+        return _collective
+    if op in ("gather", "index_select", "scatter_add", "index_add"):
+        return _replicated_only
+    return None
+
+
+def _combine(kc: KCtx, per_axis: list[tuple[Placement, str]], expr: int) -> Derivation:
+    return Derivation([Fact(expr, tuple(p for p, _ in per_axis))], [r for _, r in per_axis])
+
+
+# ====================================================================== elementwise
+def _elementwise(kc, op, ra, raw, facts):
+    X = kc.exprs
+    shapes = [X[f.expr].shape for f in facts]
+    n = max((len(s) for s in shapes), default=0)
+    unary = len(facts) == 1
+    spec = REGISTRY[op]
+    base_expr = X.mk(op, ra, [f.expr for f in facts])
+    out_shape = X[base_expr].shape
+    per_axis: list[tuple[Placement, str]] = []
+    change: tuple[int, str, int] | None = None  # (axis index, rule, new expr)
+    for ai, a in enumerate(kc.axes):
+        pls = [f.pl[ai] for f in facts]
+        kinds = {p.kind for p in pls}
+        if kinds == {"R"}:
+            per_axis.append((R, "ew_unary_replicate" if unary else "ew_binary_replicate"))
+            continue
+        if "P" in kinds:
+            res = _ew_partial(kc, op, ra, facts, ai, a, pls, spec)
+            if len(res) == 3:
+                if change is not None:
+                    raise RuleFailure(f"{op}: expression-changing rules on two axes at once")
+                change = (ai, res[1], res[2])
+                per_axis.append((res[0], res[1]))
+            else:
+                per_axis.append(res)
+            continue
+        # Shard on this axis: all sharded operands agree on one output dim
+        target = None
+        for f, p, s in zip(facts, pls, shapes):
+            if p.kind != "S":
+                continue
+            D = p.dim + (n - len(s))
+            if target is None:
+                target = D
+            elif target != D:
+                raise RuleFailure(f"{op} on axis {a!r}: operands are sharded on different dims ({fmt_pl(kc.axes, f.pl)})")
+            if s[p.dim] != out_shape[D]:
+                raise RuleFailure(f"{op} on axis {a!r}: a sharded operand is broadcast along its shard dim {p.dim}")
+        assert target is not None
+        bcast = False
+        for p, s in zip(pls, shapes):
+            if p.kind == "R":
+                j = target - (n - len(s))
+                if j >= 0 and s[j] != 1:
+                    raise RuleFailure(f"{op} on axis {a!r}: operand sharded on dim {target} is combined with a replicated "
+                                      f"operand that is not broadcast along that dim (size {s[j]}), so ranks would pair "
+                                      f"mismatched blocks")
+                bcast = True
+        rule = "ew_unary_shard" if unary else ("ew_binary_shard_broadcast" if bcast else "ew_binary_shard")
+        per_axis.append((S(target), rule))
+    expr = base_expr
+    if change is not None:
+        ai = change[0]
+        for aj, a in enumerate(kc.axes):
+            if aj != ai and any(f.pl[aj].kind == "P" for f in facts):
+                raise RuleFailure(f"{op}: {change[1]} on axis {kc.axes[ai]!r} needs no Partial operand on other axes")
+        expr = change[2]
+    return _combine(kc, per_axis, expr)
+
+
+def _ew_partial(kc, op, ra, facts, ai, a, pls, spec):
+    """Partial operands on one axis: linear cases only."""
+    X = kc.exprs
+    p_axis = kc.sizes[a]
+    parts = [i for i, p in enumerate(pls) if p.kind == "P"]
+    reps = [i for i, p in enumerate(pls) if p.kind == "R"]
+    if len(parts) + len(reps) != len(pls):
+        raise RuleFailure(f"{op} on axis {a!r}: mixes Partial and Shard operands")
+    red = {pls[i].reduce for i in parts}
+    if len(red) != 1:
+        raise RuleFailure(f"{op} on axis {a!r}: operands are Partial with different reductions")
+    r = red.pop()
+    if r == "max":
+        raise RuleFailure(f"{op} on axis {a!r}: Partial(max) only passes through all_reduce(max)")
+    if len(facts) == 1:
+        # special: Partial(avg) divided by the axis size is Partial(sum) of the same value
+        if op == "scale" and r == "avg" and Fraction(str(ra["value"])) == Fraction(1, p_axis):
+            return (P("sum"), "partial_avg_div_p_to_sum", facts[0].expr)
+        if spec.linear:
+            rule = {"neg": "partial_neg", "scale": "partial_scale"}.get(op, "partial_linear_map")
+            return (P(r), rule)
+        raise RuleFailure(f"{op} is not linear, so it does not commute with Partial({r}) on axis {a!r}")
+    if op in ("add", "sub") and len(parts) == 2 and facts[0].pl[ai] == facts[1].pl[ai]:
+        if X[facts[0].expr].shape != X[facts[1].expr].shape:
+            raise RuleFailure(f"{op} on axis {a!r}: Partial operands of different shapes")
+        return (P(r), "partial_add" if op == "add" else "partial_sub")
+    if op in ("add", "sub") and len(parts) == 1 and r == "sum":
+        # sum over ranks of (E_r + F) = E + p*F: the expression changes
+        i, j = parts[0], reps[0]
+        pf = X.mk("scale", {"value": p_axis}, [facts[j].expr])
+        args = [facts[i].expr, pf] if i == 0 else [pf, facts[i].expr]
+        return (P("sum"), "partial_plus_replicate_not_partial", X.mk(op, ra, args))
+    if op == "mul" and len(parts) == 1:
+        return (P(r), "partial_scale")
+    if op == "div" and parts == [0]:
+        if r == "avg" and _is_const_value(X, facts[1].expr, p_axis):
+            return (P("sum"), "partial_avg_div_p_to_sum", facts[0].expr)
+        return (P(r), "partial_div")
+    if op == "masked_fill" and parts == [0] and Fraction(str(ra["value"])) == 0:
+        return (P(r), "partial_linear_map")
+    if op == "where" and parts == [1] and _is_const_value(X, facts[2].expr, 0):
+        return (P(r), "partial_linear_map")
+    raise RuleFailure(f"{op} on axis {a!r}: no rule for operands {[str(p) for p in pls]} "
+                      f"(only linear combinations of Partial values stay Partial)")
+
+
+def _is_const_value(X: Exprs, e: int, v) -> bool:
+    ex = X[e]
+    if ex.op != "const" or ex.shape != ():
+        return False
+    val = ex.attr_dict().get("value")
+    return isinstance(val, (int, float)) and Fraction(str(val)) == Fraction(v)
+
+
+# ====================================================================== matmul / einsum
+def _matmul(kc, op, ra, raw, facts):
+    X = kc.exprs
+    sa, sb = X[facts[0].expr].shape, X[facts[1].expr].shape
+    expr = X.mk("matmul", {}, [facts[0].expr, facts[1].expr])
+    if len(sa) < 2 or len(sb) < 2:
+        return _matvec(kc, facts, sa, sb, expr)
+    out = X[expr].shape
+    nb = len(out) - 2
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pa, pb = facts[0].pl[ai], facts[1].pl[ai]
+        if pa.kind == "R" and pb.kind == "R":
+            per_axis.append((R, "matmul_replicate"))
+        elif pa.kind == "P" and pb.kind == "R" and pa.reduce in ("sum", "avg"):
+            per_axis.append((pa, "matmul_partial_lhs"))
+        elif pa.kind == "R" and pb.kind == "P" and pb.reduce in ("sum", "avg"):
+            per_axis.append((pb, "matmul_partial_rhs"))
+        elif pa.kind == "S" and pb.kind == "S" and pa.dim == len(sa) - 1 and pb.dim == len(sb) - 2:
+            per_axis.append((P("sum"), "matmul_row_parallel"))
+        elif pa.kind == "S" and pb.kind == "R" and pa.dim == len(sa) - 2:
+            per_axis.append((S(nb), "matmul_batch_shard"))
+        elif pa.kind == "R" and pb.kind == "S" and pb.dim == len(sb) - 1:
+            per_axis.append((S(nb + 1), "matmul_col_parallel"))
+        elif "S" in (pa.kind, pb.kind) and all(p.kind in ("S", "R") for p in (pa, pb)):
+            per_axis.append((_matmul_batch(a, sa, sb, pa, pb, nb), "matmul_batch_shard"))
+        else:
+            raise RuleFailure(f"matmul on axis {a!r}: no rule for {pa} x {pb}")
+    return _combine(kc, per_axis, expr)
+
+
+def _matvec(kc, facts, sa, sb, expr):
+    """matmul with a rank-1 operand: matrix-vector (sb rank 1) or vector-matrix (sa rank 1), no batch dims."""
+    if len(sa) + len(sb) != 3:
+        raise RuleFailure("matmul with rank-1 operands and batch dims: no rule")
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pa, pb = facts[0].pl[ai], facts[1].pl[ai]
+        if pa.kind == "R" and pb.kind == "R":
+            per_axis.append((R, "matmul_replicate"))
+        elif pa.kind == "P" and pb.kind == "R" and pa.reduce in ("sum", "avg"):
+            per_axis.append((pa, "matmul_partial_lhs"))
+        elif pa.kind == "R" and pb.kind == "P" and pb.reduce in ("sum", "avg"):
+            per_axis.append((pb, "matmul_partial_rhs"))
+        elif len(sb) == 1 and pa == S(0) and pb.kind == "R":
+            per_axis.append((S(0), "matmul_batch_shard"))
+        elif len(sb) == 1 and pa == S(1) and pb == S(0):
+            per_axis.append((P("sum"), "matmul_row_parallel"))
+        elif len(sa) == 1 and pa.kind == "R" and pb == S(1):
+            per_axis.append((S(0), "matmul_col_parallel"))
+        elif len(sa) == 1 and pa == S(0) and pb == S(0):
+            per_axis.append((P("sum"), "matmul_row_parallel"))
+        else:
+            raise RuleFailure(f"matmul on axis {a!r}: no rule for {pa} x {pb} with a rank-1 operand")
+    return _combine(kc, per_axis, expr)
+
+
+def _matmul_batch(a, sa, sb, pa, pb, nb):
+    """Both operands sharded on the same (aligned) batch dim, or one sharded and the other broadcast."""
+    def out_dim(p, s):
+        if p.kind != "S" or p.dim >= len(s) - 2:
+            return None
+        return p.dim + (nb - (len(s) - 2))
+
+    da, db = out_dim(pa, sa), out_dim(pb, sb)
+    for p, d, s in ((pa, da, sa), (pb, db, sb)):
+        if p.kind == "S" and d is None:
+            raise RuleFailure(f"matmul on axis {a!r}: no rule for {pa} x {pb}")
+    D = da if da is not None else db
+    if da is not None and db is not None and da != db:
+        raise RuleFailure(f"matmul on axis {a!r}: operands sharded on different batch dims")
+    for p, d, s in ((pa, da, sa), (pb, db, sb)):
+        if p.kind == "R":
+            j = D - (nb - (len(s) - 2))
+            if j >= 0 and s[j] != 1:
+                raise RuleFailure(f"matmul on axis {a!r}: batch dim {D} is sharded in one operand and replicated "
+                                  f"(not broadcast) in the other")
+    return S(D)
+
+
+def _einsum(kc, op, ra, raw, facts):
+    X = kc.exprs
+    eq = ra["equation"].replace(" ", "")
+    lhs, rhs = eq.split("->")
+    ins = lhs.split(",")
+    expr = X.mk("einsum", ra, [f.expr for f in facts])
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pls = [f.pl[ai] for f in facts]
+        kinds = [p.kind for p in pls]
+        if all(k == "R" for k in kinds):
+            per_axis.append((R, "replicate_any"))
+            continue
+        if "P" in kinds:
+            pi = [i for i, k in enumerate(kinds) if k == "P"]
+            if len(pi) == 1 and all(k in ("R", "P") for k in kinds) and pls[pi[0]].reduce in ("sum", "avg"):
+                per_axis.append((pls[pi[0]], "einsum_partial_operand"))
+                continue
+            raise RuleFailure(f"einsum on axis {a!r}: no rule for {[str(p) for p in pls]}")
+        letters = {ins[i][p.dim] for i, p in enumerate(pls) if p.kind == "S"}
+        if len(letters) != 1:
+            raise RuleFailure(f"einsum on axis {a!r}: operands sharded on different indices {sorted(letters)}")
+        l = letters.pop()
+        for i, (term, p) in enumerate(zip(ins, pls)):
+            if term.count(l) > 1:
+                raise RuleFailure(f"einsum on axis {a!r}: sharded index {l!r} repeats in operand {i}")
+            if l in term and not (p.kind == "S" and term[p.dim] == l):
+                raise RuleFailure(f"einsum on axis {a!r}: operand {i} has index {l!r} but is not sharded on it")
+            if l not in term and p.kind != "R":
+                raise RuleFailure(f"einsum on axis {a!r}: operand {i} lacks index {l!r} but is not replicated")
+        if l in rhs:
+            per_axis.append((S(rhs.index(l)), "einsum_shard_free_index"))
+        else:
+            per_axis.append((P("sum"), "einsum_shard_contracted_index"))
+    return _combine(kc, per_axis, expr)
+
+
+def _embedding_backward(kc, op, ra, raw, facts):
+    """grad [..., H], ids [...]: sum over tokens of one_hot(ids)^T grad."""
+    X = kc.exprs
+    expr = X.mk(op, ra, [f.expr for f in facts])
+    gshape = X[facts[0].expr].shape
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pg, pi = facts[0].pl[ai], facts[1].pl[ai]
+        if pg.kind == "R" and pi.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif pg.kind == "P" and pi.kind == "R" and pg.reduce in ("sum", "avg"):
+            per_axis.append((pg, "partial_linear_map"))
+        elif pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < len(gshape) - 1:
+            per_axis.append((P("sum"), "einsum_shard_contracted_index"))
+        elif pg.kind == "S" and pg.dim == len(gshape) - 1 and pi.kind == "R":
+            per_axis.append((S(1), "einsum_shard_free_index"))
+        else:
+            raise RuleFailure(f"embedding_backward on axis {a!r}: no rule for grad {pg}, ids {pi}")
+    return _combine(kc, per_axis, expr)
+
+
+# ====================================================================== reductions
+def _reduce(kc, op, ra, raw, facts):
+    X = kc.exprs
+    shape = X[facts[0].expr].shape
+    dims = sorted({d % len(shape) for d in ra["dims"]}) if shape else []
+    attrs = {"dims": tuple(dims), "keepdim": bool(ra["keepdim"])}
+    expr = X.mk(op, attrs, [facts[0].expr])
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        p = facts[0].pl[ai]
+        if p.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif p.kind == "S" and p.dim not in dims:
+            nd = p.dim if attrs["keepdim"] else p.dim - sum(1 for d in dims if d < p.dim)
+            per_axis.append((S(nd), "reduce_other_dim"))
+        elif p.kind == "S":
+            r = {"sum": ("sum", "reduce_sum_sharded_dim"), "mean": ("avg", "reduce_mean_sharded_dim"),
+                 "amax": ("max", "reduce_max_sharded_dim")}.get(op)
+            if r is None:
+                raise RuleFailure(f"{op} over the sharded dim {p.dim} on axis {a!r}: no rule")
+            per_axis.append((P(r[0]), r[1]))
+        elif p.kind == "P" and op in ("sum", "mean") and p.reduce in ("sum", "avg"):
+            per_axis.append((p, "partial_linear_map"))
+        else:
+            raise RuleFailure(f"{op} of {p} on axis {a!r}: no rule")
+    return _combine(kc, per_axis, expr)
+
+
+# ====================================================================== row-wise ops
+def _rw_softmax(ra, shapes):
+    d = ra["dim"] % len(shapes[0])
+    return [{i: i for i in range(len(shapes[0])) if i != d}] * len(shapes), "softmax_other_dim", [0]
+
+
+def _rw_softmax_bwd(ra, shapes):
+    d = ra["dim"] % len(shapes[0])
+    m = {i: i for i in range(len(shapes[0])) if i != d}
+    return [m, m], "softmax_other_dim", [0]  # linear in grad_out
+
+
+def _rw_ce(ra, shapes):
+    n = len(shapes[0])
+    m = {i: i for i in range(n - 1)}
+    return [m, m], "rowwise_shard", []
+
+
+def _rw_ce_bwd(ra, shapes):
+    n = len(shapes[1])
+    m = {i: i for i in range(n - 1)}
+    g = m if len(shapes[0]) == n - 1 else {}
+    return [g, m, m], "rowwise_shard", []
+
+
+def _rw_one_hot(ra, shapes):
+    return [{i: i for i in range(len(shapes[0]))}], "rowwise_shard", []
+
+
+def _rw_topk(ra, shapes):
+    d = ra["dim"] % len(shapes[0])
+    return [{i: i for i in range(len(shapes[0])) if i != d}], "rowwise_shard", []
+
+
+def _rw_embedding(ra, shapes):
+    nid = len(shapes[1])
+    return [{1: nid}, {i: i for i in range(nid)}], "rowwise_shard", []
+
+
+def _rw_tri(ra, shapes):
+    n = len(shapes[0])
+    return [{i: i for i in range(n - 2)}], "rowwise_shard", [0]
+
+
+def _rw_pad(ra, shapes):
+    pads = ra["pads"]
+    n = len(shapes[0])
+    m = {i: i for i in range(n) if 2 * i + 1 >= len(pads) or (pads[2 * i] == 0 and pads[2 * i + 1] == 0)}
+    return [m], "rowwise_shard", [0] if ra.get("value", 0) == 0 else []
+
+
+ROWWISE: dict[str, Callable] = {
+    "softmax": _rw_softmax, "log_softmax": _rw_softmax,
+    "softmax_backward": _rw_softmax_bwd, "log_softmax_backward": _rw_softmax_bwd,
+    "cross_entropy": _rw_ce, "cross_entropy_backward": _rw_ce_bwd, "one_hot": _rw_one_hot,
+    "topk": _rw_topk, "embedding": _rw_embedding, "triu": _rw_tri, "tril": _rw_tri,
+    "pad": _rw_pad, "expand": None,
+}
+
+
+def _rowwise(kc, op, ra, raw, facts):
+    """Ops computed independently along some dims: a shard on such a dim passes through."""
+    X = kc.exprs
+    shapes = [X[f.expr].shape for f in facts]
+    if op == "expand":
+        return _expand(kc, ra, facts[0])
+    maps, rule, linear_in = ROWWISE[op](ra, shapes)
+    attrs = dict(ra)
+    multi = REGISTRY[op].n_outputs(ra) > 1
+    exprs = X.mk_multi(op, attrs, [f.expr for f in facts]) if multi else [X.mk(op, attrs, [f.expr for f in facts])]
+    out_rank = len(X[exprs[0]].shape)
+    red = ra.get("reduction")
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pls = [f.pl[ai] for f in facts]
+        if all(p.kind == "R" for p in pls):
+            per_axis.append((R, "replicate_any"))
+            continue
+        if any(p.kind == "P" for p in pls):
+            pi = [i for i, p in enumerate(pls) if p.kind == "P"]
+            if (len(pi) == 1 and pi[0] in linear_in and pls[pi[0]].reduce in ("sum", "avg")
+                    and all(p.kind == "R" for i, p in enumerate(pls) if i != pi[0])):
+                per_axis.append((pls[pi[0]], "partial_linear_map"))
+                continue
+            raise RuleFailure(f"{op} on axis {a!r}: no rule for {[str(p) for p in pls]}")
+        outd = set()
+        for i, p in enumerate(pls):
+            if p.kind == "S":
+                if p.dim not in maps[i]:
+                    raise RuleFailure(f"{op} on axis {a!r}: operand {i} is sharded on dim {p.dim}, along which {op} "
+                                      f"does not act independently")
+                outd.add(maps[i][p.dim])
+        if len(outd) != 1:
+            raise RuleFailure(f"{op} on axis {a!r}: operands sharded on different dims")
+        D = outd.pop()
+        for i, p in enumerate(pls):
+            inv = {v: k for k, v in maps[i].items()}
+            if p.kind == "R" and D in inv and shapes[i][inv[D]] != 1:
+                raise RuleFailure(f"{op} on axis {a!r}: operand {i} is replicated but has the sharded dim {D}")
+        if op in ("cross_entropy",) and red in ("sum", "mean"):
+            per_axis.append((P("sum" if red == "sum" else "avg"),
+                             "reduce_sum_sharded_dim" if red == "sum" else "reduce_mean_sharded_dim"))
+            continue
+        if op == "cross_entropy_backward" and red == "mean":
+            raise RuleFailure("cross_entropy_backward(mean) with sharded rows: each rank divides by its local count")
+        per_axis.append((S(D), rule))
+    facts_out = [Fact(e, tuple(p for p, _ in per_axis)) for e in exprs]
+    return Derivation(facts_out, [r for _, r in per_axis])
+
+
+def _expand(kc, ra, f):
+    """expand keeps a shard on a dim it does not broadcast; the logical target keeps that dim's full size."""
+    X = kc.exprs
+    s = X[f.expr].shape
+    loc = local_shape(s, kc.axes, f.pl, kc.sizes)
+    out = list(ra["shape"])
+    off = len(out) - len(s)
+    full = list(out)
+    for i in range(len(s)):
+        if out[i + off] == -1 or (out[i + off] == loc[i] and loc[i] != s[i]):
+            full[i + off] = s[i]
+    expr = X.mk("expand", {"shape": tuple(full)}, [f.expr])
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        p = f.pl[ai]
+        if p.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif p.kind == "P" and p.reduce in ("sum", "avg"):
+            per_axis.append((p, "partial_linear_map"))
+        elif p.kind == "S" and full[p.dim + off] == s[p.dim] and s[p.dim] != 1:
+            per_axis.append((S(p.dim + off), "rowwise_shard"))
+        else:
+            raise RuleFailure(f"expand on axis {a!r}: no rule for {p}")
+    return _combine(kc, per_axis, expr)
+
+
+# ====================================================================== layout
+def _layout(kc, op, ra, raw, facts):
+    X = kc.exprs
+    f = facts[0]
+    shape = X[f.expr].shape
+    if op in ("permute", "transpose"):
+        if op == "transpose":
+            perm = list(range(len(shape)))
+            d0, d1 = ra["dim0"] % len(shape), ra["dim1"] % len(shape)
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+        else:
+            perm = [d % len(shape) for d in ra["dims"]]
+        expr = X.mk("permute", {"dims": tuple(perm)}, [f.expr])
+        per_axis = []
+        for ai, a in enumerate(kc.axes):
+            p = f.pl[ai]
+            if p.kind == "S":
+                per_axis.append((S(perm.index(p.dim)), "permute_shard"))
+            elif p.kind == "P":
+                per_axis.append((p, "partial_linear_map"))
+            else:
+                per_axis.append((R, "replicate_any"))
+        return _combine(kc, per_axis, expr)
+    # reshape family: the local op's output shape tells the intended logical shape
+    spec = REGISTRY[op]
+    local_in = local_shape(shape, kc.axes, f.pl, kc.sizes)
+    local_out = spec.infer([local_in], ra)[0]
+    sharded = {p.dim for p in f.pl if p.kind == "S"}
+    out_logical = list(local_out)
+    per_axis = []
+    mapping = {}
+    for d in sharded:
+        fac = shard_factor(kc.axes, f.pl, d, kc.sizes)
+        e = _reshape_lead(shape, local_in, local_out, d, fac)
+        mapping[d] = e
+        out_logical[e] *= fac
+    expr = X.mk("reshape", {"shape": tuple(out_logical)}, [f.expr])
+    for ai, a in enumerate(kc.axes):
+        p = f.pl[ai]
+        if p.kind == "S":
+            per_axis.append((S(mapping[p.dim]), "reshape_shard_block"))
+        elif p.kind == "P":
+            per_axis.append((p, "partial_linear_map"))
+        else:
+            per_axis.append((R, "replicate_any"))
+    return _combine(kc, per_axis, expr)
+
+
+def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Split two shapes of equal element count into minimal groups with equal products."""
+    out = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        ga, gb = [], []
+        pa = pb = 1
+        if i < len(a):
+            ga.append(i); pa *= a[i]; i += 1
+        if j < len(b):
+            gb.append(j); pb *= b[j]; j += 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                ga.append(i); pa *= a[i]; i += 1
+            elif pb < pa and j < len(b):
+                gb.append(j); pb *= b[j]; j += 1
+            else:
+                break
+        out.append((ga, gb))
+    return out
+
+
+def _reshape_lead(logical_in, local_in, local_out, d, fac) -> int:
+    """Output dim carrying the shard of input dim d (reshape_shard_block's side condition)."""
+    for ga, gb in _groups(list(local_in), list(local_out)):
+        if d not in ga:
+            continue
+        lead_in = [x for x in ga if local_in[x] != 1 or x == d]
+        if lead_in[0] != d:
+            raise RuleFailure(f"reshape: sharded dim {d} is not the leading dim of its reshape group {ga}, so shards "
+                              f"are not contiguous blocks of the result")
+        lead_out = [y for y in gb if local_out[y] != 1]
+        if not lead_out:
+            raise RuleFailure(f"reshape: sharded dim {d} maps to size-1 dims only")
+        return lead_out[0]
+    raise RuleFailure(f"reshape: cannot place sharded dim {d}")
+
+
+def _slice(kc, op, ra, raw, facts):
+    X = kc.exprs
+    f = facts[0]
+    shape = X[f.expr].shape
+    dim = ra["dim"] % len(shape)
+    if op == "slice":
+        rank_axes = set()
+        for k in ("start", "end"):
+            v = raw.get(k)
+            if isinstance(v, str):
+                rank_axes |= {n[5:] for n in _names(v) if n.startswith("rank.")}
+        if rank_axes:
+            return _slice_block(kc, ra, raw, f, dim, rank_axes)
+    multi = op == "split"
+    exprs = X.mk_multi(op, ra, [f.expr]) if multi else [X.mk(op, ra, [f.expr])]
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        p = f.pl[ai]
+        if p.kind == "S" and p.dim != dim:
+            per_axis.append((p, "slice_other_dim"))
+        elif p.kind == "P":
+            per_axis.append((p, "partial_linear_map"))
+        elif p.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        else:
+            raise RuleFailure(f"{op} along dim {dim}, which is sharded on axis {a!r}: no rule")
+    return Derivation([Fact(e, tuple(p for p, _ in per_axis)) for e in exprs], [r for _, r in per_axis])
+
+
+def _slice_block(kc, ra, raw, f, dim, rank_axes):
+    """slice_block_to_shard: start = rank.a * L, end = start + L, L = size / p, from a replicated tensor."""
+    if len(rank_axes) != 1:
+        raise RuleFailure(f"slice bounds depend on several rank axes {sorted(rank_axes)}")
+    a = rank_axes.pop()
+    if a not in kc.axes:
+        raise RuleFailure(f"slice bounds depend on rank.{a}, but the program does not span axis {a!r}")
+    ai = kc.axes.index(a)
+    size = kc.exprs[f.expr].shape[dim]
+    p = kc.sizes[a]
+    if ra["step"] != 1:
+        raise RuleFailure("rank-dependent slice with step != 1")
+    env = dict(kc.dims)
+    for b in kc.axes:
+        env[f"rank.{b}"] = 0
+    st = affine_in_rank(raw["start"], env, a)
+    en = affine_in_rank(raw.get("end"), env, a) if isinstance(raw.get("end"), (str, int)) else None
+    if st is None or en is None:
+        raise RuleFailure("slice bounds are not affine in the rank coordinate")
+    if size % p:
+        raise RuleFailure(f"slice_block_to_shard: dim {dim} of size {size} is not divisible by axis {a!r} of size {p}")
+    L = size // p
+    if st != (0, L) or en != (L, L):
+        raise RuleFailure(f"slice_block_to_shard: rank r takes [{st[0]}+{st[1]}r, {en[0]}+{en[1]}r) of dim {dim}, "
+                          f"not block r = [{L}r, {L}r+{L}) of a size-{size} dim split {p} ways")
+    if f.pl[ai].kind != "R":
+        raise RuleFailure(f"slice_block_to_shard needs a replicated input on axis {a!r}, got {f.pl[ai]}")
+    for aj, b in enumerate(kc.axes):
+        q = f.pl[aj]
+        if aj != ai and (q.kind == "P" or (q.kind == "S" and q.dim == dim)):
+            raise RuleFailure(f"slice_block_to_shard: axis {b!r} holds {q} on the same tensor")
+    per_axis = [(f.pl[aj], "replicate_any" if f.pl[aj].kind == "R" else "slice_other_dim") for aj in range(len(kc.axes))]
+    per_axis[ai] = (S(dim), "slice_block_to_shard")
+    return _combine(kc, per_axis, f.expr)
+
+
+def _concat(kc, op, ra, raw, facts):
+    X = kc.exprs
+    shape = X[facts[0].expr].shape
+    dim = ra["dim"] % len(shape)
+    expr = X.mk("concat", {"dim": dim}, [f.expr for f in facts])
+    per_axis = []
+    for ai, a in enumerate(kc.axes):
+        pls = {f.pl[ai] for f in facts}
+        if len(pls) != 1:
+            raise RuleFailure(f"concat on axis {a!r}: operands placed differently {sorted(map(str, pls))}")
+        p = pls.pop()
+        if p.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif p.kind == "S" and p.dim != dim:
+            per_axis.append((p, "concat_other_dim"))
+        elif p.kind == "P" and p.reduce in ("sum", "avg"):
+            per_axis.append((p, "partial_linear_map"))
+        else:
+            raise RuleFailure(f"concat along dim {dim} of operands placed {p} on axis {a!r}: no rule")
+    return _combine(kc, per_axis, expr)
+
+
+def _source(kc, op, ra, raw, facts):
+    return _combine(kc, [(R, "replicate_any") for _ in kc.axes], kc.exprs.mk(op, ra, []))
+
+
+def _replicated_only(kc, op, ra, raw, facts):
+    for ai, a in enumerate(kc.axes):
+        if any(f.pl[ai].kind != "R" for f in facts):
+            raise RuleFailure(f"{op} on axis {a!r}: only replicated operands are covered")
+    return _combine(kc, [(R, "replicate_any") for _ in kc.axes], kc.exprs.mk(op, ra, [f.expr for f in facts]))
+
+
+# ====================================================================== collectives
+def _collective(kc, op, ra, raw, facts):
+    f = facts[0]
+    axes = list(axes_of(ra))
+    for a in axes:
+        if a not in kc.axes:
+            raise RuleFailure(f"{op} over axis {a!r}, which this program does not span")
+    idx = [kc.axes.index(a) for a in axes]
+    pl = list(f.pl)
+    rules: list[str] = []
+    shape = kc.exprs[f.expr].shape
+    if op == "all_reduce":
+        r = ra["reduce"]
+        want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
+        for i in idx:
+            if pl[i].kind != "P" or pl[i].reduce != want:
+                raise RuleFailure(f"all_reduce({r}) over {kc.axes[i]!r} needs Partial({want}) there, got {pl[i]}")
+            pl[i] = R
+        rules.append({"sum": "allreduce_sum_partial", "avg": "allreduce_avg_partial_avg",
+                      "max": "allreduce_max_partial_max"}[r])
+        if len(idx) > 1:
+            rules.append("allreduce_nested_axes")
+    elif len(idx) != 1:
+        raise RuleFailure(f"{op} over several axes at once: no rule")
+    elif op == "all_gather":
+        i = idx[0]
+        d = ra["dim"] % len(shape)
+        if pl[i] != S(d):
+            raise RuleFailure(f"all_gather along dim {d} over {axes[0]!r} needs Shard({d}) there, got {pl[i]}")
+        if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):
+            raise RuleFailure(f"all_gather over {axes[0]!r}: dim {d} is also sharded on an inner axis")
+        pl[i] = R
+        rules.append("allgather_shard")
+    elif op == "reduce_scatter":
+        i = idx[0]
+        d = ra["dim"] % len(shape)
+        if ra["reduce"] != "sum" or pl[i] != P("sum"):
+            raise RuleFailure(f"reduce_scatter({ra['reduce']}) over {axes[0]!r} needs sum of Partial(sum), got {pl[i]}")
+        if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):
+            raise RuleFailure(f"reduce_scatter over {axes[0]!r}: dim {d} is already sharded on an inner axis")
+        if shape[d] % (kc.sizes[axes[0]] * shard_factor(kc.axes, pl, d, kc.sizes)):
+            raise RuleFailure(f"reduce_scatter: dim {d} of size {shape[d]} does not split evenly")
+        pl[i] = S(d)
+        rules.append("reduce_scatter_partial")
+    elif op == "all_to_all":
+        i = idx[0]
+        sd, cd = ra["split_dim"] % len(shape), ra["concat_dim"] % len(shape)
+        if pl[i] != S(cd) or sd == cd:
+            raise RuleFailure(f"all_to_all(split {sd}, concat {cd}) over {axes[0]!r} needs Shard({cd}) there, got {pl[i]}")
+        if any(pl[j].kind in ("S", "P") and (pl[j].kind == "P" or pl[j].dim in (sd, cd)) for j in range(len(pl)) if j != i):
+            raise RuleFailure(f"all_to_all over {axes[0]!r}: dims {sd}/{cd} are also sharded, or Partial, on another axis")
+        pl[i] = S(sd)
+        rules.append("all_to_all_reshard")
+    elif op == "broadcast":
+        i = idx[0]
+        if pl[i].kind != "R":
+            raise RuleFailure(f"broadcast over {axes[0]!r} of a {pl[i]} tensor: only replicated tensors are covered")
+        rules.append("broadcast_replicate")
+    else:
+        raise RuleFailure(f"no rule for collective {op!r}")
+    return Derivation([Fact(f.expr, tuple(pl))], rules)

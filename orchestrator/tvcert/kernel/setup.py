@@ -1,0 +1,78 @@
+"""The fixed points of every proof: logical expressions, input facts, output obligations.
+
+Both the engine and the certificate checker start here, so both build the same expression
+table in the same order (ids are assigned by construction order).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..ops import REGISTRY, resolve_attrs
+from ..plan import Binding, Plan
+from .expr import Exprs
+from .rules import Fact, KCtx
+
+
+def rank0_env(plan: Plan, program: str | None = None) -> dict[str, int]:
+    env = dict(plan.dims)
+    for a in plan.mesh_spec:
+        env[f"rank.{a}"] = 0
+    if program is not None:
+        for a, c in plan.programs[program].stage.items():
+            env[f"rank.{a}"] = c
+    return env
+
+
+def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
+    """Intern the logical graph: every logical tensor name -> expression id."""
+    env = rank0_env(plan)
+    out: dict[str, int] = {}
+    for t in plan.logical.inputs:
+        shape, dtype = _types(plan)[t.name]
+        out[t.name] = exprs.leaf(t.name, shape, dtype)
+    for n in plan.logical.nodes:
+        ra = resolve_attrs(REGISTRY[n.op], n.attrs, env)
+        args = [out[x] for x in n.inputs]
+        if len(n.outputs) == 1:
+            out[n.outputs[0]] = exprs.mk(n.op, ra, args)
+        else:
+            for o, e in zip(n.outputs, exprs.mk_multi(n.op, ra, args)):
+                out[o] = e
+    return out
+
+
+def _types(plan: Plan) -> dict[str, tuple[tuple[int, ...], str]]:
+    cached = getattr(plan, "_logical_types", None)
+    if cached is None:
+        cached = plan.logical.infer(plan.dims, plan.mesh(), key="shape@dims")
+        plan._logical_types = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
+    return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims)
+
+
+def laid_out(plan: Plan, b: Binding, exprs: Exprs, e: int) -> int:
+    """The logical expression a binding places: its layout ops applied to ``e``."""
+    env = rank0_env(plan)
+    for op, attrs in b.layout:
+        e = exprs.mk(op, resolve_attrs(REGISTRY[op], attrs, env), [e])
+    return e
+
+
+def input_facts(plan: Plan, exprs: Exprs, lexpr: Mapping[str, int]) -> dict[str, dict[str, Fact]]:
+    """program -> local input name -> its fact, from the input placements."""
+    out: dict[str, dict[str, Fact]] = {p: {} for p in plan.programs}
+    for name in plan.logical.input_names():
+        b = plan.inputs[name]
+        e = laid_out(plan, b, exprs, lexpr[name])
+        out[b.program][b.local] = Fact(e, tuple(b.placement[a] for a in plan.program_axes(b.program)))
+    return out
+
+
+def output_targets(plan: Plan, exprs: Exprs, lexpr: Mapping[str, int]) -> dict[str, Fact]:
+    """logical output -> the fact its local tensor must have."""
+    return {name: Fact(laid_out(plan, plan.outputs[name], exprs, lexpr[name]),
+                       tuple(plan.outputs[name].placement[a] for a in plan.program_axes(plan.outputs[name].program)))
+            for name in plan.logical.outputs}

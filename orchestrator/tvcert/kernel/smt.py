@@ -1,0 +1,199 @@
+"""SMT obligations for elementwise regions, and the solvers that discharge them.
+
+An *elementwise region* is the part of an expression reachable from its root through
+elementwise ops.  Everything below it (matmuls, reductions, inputs, ...) is a *leaf*.  At
+every output index both sides read each leaf at the same (broadcast) position, so the
+dependency maps of the two sides agree (argument map = identity on leaves) and, with one
+variable per distinct leaf, the witness index gathers pairwise distinct inputs: exactly the
+hypotheses of the corrected shape-reduction theorem (``shape_reduction_corrected`` in
+Rules/).  The scalar identity "left = right for all real leaf values" is then asked of an
+SMT solver over the reals, with nonlinear functions uninterpreted.
+
+The SMT-LIB2 text is generated here as a string, deterministically, so the certificate
+checker can regenerate it and compare before re-solving with z3 and/or cvc5.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Mapping
+
+from ..ops import REGISTRY
+from .expr import Exprs
+
+UF = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos"}
+ENCODABLE = UF | {"neg", "add", "sub", "mul", "div", "scale", "add_scalar", "square", "reciprocal", "pow", "abs",
+                  "relu", "maximum", "minimum", "where", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge",
+                  "logical_and", "logical_or", "logical_not", "cast", "silu", "gelu"}
+
+
+def is_region_op(exprs: Exprs, i: int) -> bool:
+    e = exprs[i]
+    return e.op in ENCODABLE and REGISTRY[e.op].category == "elementwise"
+
+
+def num(v) -> str:
+    q = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+    s = f"{abs(q.numerator)}.0" if q.denominator == 1 else f"(/ {abs(q.numerator)}.0 {q.denominator}.0)"
+    return f"(- {s})" if q < 0 else s
+
+
+def scalar_const(exprs: Exprs, i: int):
+    """The value of a constant with one value everywhere (broadcast fill), else None."""
+    e = exprs[i]
+    if e.op != "const":
+        return None
+    v = e.attr_dict().get("value")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v
+
+
+def region_leaves(exprs: Exprs, root: int) -> list[int]:
+    """Leaves of the elementwise region under ``root``, in first-visit order."""
+    out: list[int] = []
+    seen: set[int] = set()
+
+    def walk(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        if is_region_op(exprs, i):
+            for a in exprs[i].args:
+                walk(a)
+        elif scalar_const(exprs, i) is None:
+            out.append(i)
+
+    walk(root)
+    return out
+
+
+def encode_equality(exprs: Exprs, a: int, b: int, leaf_var: Mapping[int, str]) -> str:
+    """SMT-LIB2 text asserting that regions a and b differ; unsat means they are equal."""
+    defs: list[str] = []
+    names: dict[int, str] = {}
+    fns: set[str] = set()
+
+    def term(i: int) -> str:
+        if i in names:
+            return names[i]
+        c = scalar_const(exprs, i)
+        if c is not None:
+            return num(c)
+        if not is_region_op(exprs, i):
+            return leaf_var[i]
+        e = exprs[i]
+        args = [term(x) for x in e.args]
+        at = e.attr_dict()
+        t = _op_term(e.op, args, at, fns)
+        name = f"t{len(defs)}"
+        defs.append(f"(define-fun {name} () Real {t})")
+        names[i] = name
+        return name
+
+    ta, tb = term(a), term(b)
+    lines = ["(set-logic QF_UFNRA)"]
+    for v in sorted(set(leaf_var.values()), key=lambda s: int(s[1:])):
+        lines.append(f"(declare-fun {v} () Real)")
+    for f in sorted(fns):
+        lines.append(f"(declare-fun {f} (Real) Real)")
+    lines += defs
+    lines.append(f"(assert (not (= {ta} {tb})))")
+    lines.append("(check-sat)")
+    return "\n".join(lines) + "\n"
+
+
+def _op_term(op: str, x: list[str], at: Mapping, fns: set[str]) -> str:
+    def uf(name: str, arg: str) -> str:
+        fns.add(f"f_{name}")
+        return f"(f_{name} {arg})"
+
+    def b(t: str) -> str:  # boolean of a 0/1 real
+        return f"(not (= {t} 0.0))"
+
+    if op in UF:
+        return uf(op, x[0])
+    if op == "neg":
+        return f"(- {x[0]})"
+    if op in ("add", "sub", "mul"):
+        return f"({ {'add': '+', 'sub': '-', 'mul': '*'}[op]} {x[0]} {x[1]})"
+    if op == "div":
+        return f"(/ {x[0]} {x[1]})"
+    if op == "scale":
+        return f"(* {num(at['value'])} {x[0]})"
+    if op == "add_scalar":
+        return f"(+ {x[0]} {num(at['value'])})"
+    if op == "square":
+        return f"(* {x[0]} {x[0]})"
+    if op == "reciprocal":
+        return f"(/ 1.0 {x[0]})"
+    if op == "pow":
+        e = Fraction(str(at["exponent"]))
+        if e.denominator == 1 and 0 <= e.numerator <= 8:
+            return "(* " + " ".join([x[0]] * e.numerator) + " 1.0)" if e.numerator else "1.0"
+        if e == Fraction(1, 2):
+            return uf("sqrt", x[0])
+        if e == Fraction(-1, 2):
+            return uf("rsqrt", x[0])
+        return uf(f"pow_{e.numerator}_{e.denominator}".replace("-", "m"), x[0])
+    if op == "abs":
+        return f"(ite (>= {x[0]} 0.0) {x[0]} (- {x[0]}))"
+    if op == "relu":
+        return f"(ite (> {x[0]} 0.0) {x[0]} 0.0)"
+    if op == "maximum":
+        return f"(ite (>= {x[0]} {x[1]}) {x[0]} {x[1]})"
+    if op == "minimum":
+        return f"(ite (<= {x[0]} {x[1]}) {x[0]} {x[1]})"
+    if op == "where":
+        return f"(ite {b(x[0])} {x[1]} {x[2]})"
+    if op == "masked_fill":
+        return f"(ite {b(x[1])} {num(at['value'])} {x[0]})"
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        rel = {"eq": "=", "ne": "distinct", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[op]
+        return f"(ite ({rel} {x[0]} {x[1]}) 1.0 0.0)"
+    if op == "logical_and":
+        return f"(ite (and {b(x[0])} {b(x[1])}) 1.0 0.0)"
+    if op == "logical_or":
+        return f"(ite (or {b(x[0])} {b(x[1])}) 1.0 0.0)"
+    if op == "logical_not":
+        return f"(ite {b(x[0])} 0.0 1.0)"
+    if op == "cast":
+        return x[0] if at.get("dtype", "float") == "float" else uf("cast_int", x[0])
+    if op == "silu":
+        return f"(* {x[0]} {uf('sigmoid', x[0])})"
+    if op == "gelu":
+        return uf("gelu_" + at.get("approximate", "none"), x[0])
+    raise ValueError(f"no SMT encoding for {op}")
+
+
+# ------------------------------------------------------------------ solvers
+def solve_z3(text: str, timeout_ms: int = 10000) -> str:
+    import z3
+
+    s = z3.Solver()
+    s.set("timeout", timeout_ms)
+    s.from_string(text)
+    r = str(s.check())
+    return r if r in ("sat", "unsat") else "unknown"
+
+
+def solve_cvc5(text: str, timeout_ms: int = 10000) -> str:
+    import cvc5
+
+    tm = cvc5.TermManager()
+    s = cvc5.Solver(tm)
+    s.setOption("tlimit-per", str(timeout_ms))
+    sm = cvc5.SymbolManager(tm)
+    p = cvc5.InputParser(s, sm)
+    p.setStringInput(cvc5.InputLanguage.SMT_LIB_2_6, text, "obligation")
+    answer = "unknown"
+    while True:
+        cmd = p.nextCommand()
+        if cmd.isNull():
+            break
+        out = cmd.invoke(s, sm)
+        if out and out.strip() in ("sat", "unsat", "unknown"):
+            answer = out.strip()
+    return answer
+
+
+SOLVERS: dict[str, Callable[[str], str]] = {"z3": solve_z3, "cvc5": solve_cvc5}
