@@ -547,16 +547,18 @@ def run_coqchk(root: Path) -> list[str]:
     probs = []
     if p.returncode != 0:
         probs.append("coqchk failed:\n" + "\n".join(out.strip().splitlines()[-30:]))
-    # coqchk -o lists axioms fully qualified: "* Axioms:" followed by indented names
+    # coqchk -o prints a context summary: "* Axioms:" followed by indented fully
+    # qualified names, then "* Constants/Inductives relying on ...: <none>" lines.
     in_ax = False
     for line in out.splitlines():
         s = line.strip()
-        if s.startswith("* Axioms"):
-            in_ax = True
-            continue
         if s.startswith("*"):
-            in_ax = False
-        if in_ax and s:
+            in_ax = s.startswith("* Axioms")
+            if "relying on" in s or "positivity is assumed" in s:
+                if not s.endswith("<none>"):
+                    probs.append(f"coqchk reports: {s}")
+            continue
+        if in_ax and s and s != "<none>":
             name = s.split()[0]
             if name not in ALLOWED_AXIOMS:
                 probs.append(f"coqchk reports axiom {name}, which is not allowed")
