@@ -64,7 +64,8 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
         return float("inf")
     if a.size == 0:
         return 0.0
-    d = np.abs(np.asarray(a - b, dtype=np.float64)) if a.dtype != object else np.abs(np.array([float(x) for x in (a - b).flat]))
+    diff = np.asarray(a - b, dtype=object if object in (a.dtype, b.dtype) else np.float64).reshape(-1)
+    d = np.abs(np.array([float(x) for x in diff], dtype=np.float64))
     return float(np.max(d))
 
 
@@ -73,7 +74,9 @@ def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[s
     spec = REGISTRY[n.op]
     ra = resolve_attrs(spec, n.attrs, env_dims)
     try:
-        return spec.eval([env_values[x] for x in n.inputs], ra, ctx)
+        outs = spec.eval([env_values[x] for x in n.inputs], ra, ctx)
+        return [v if isinstance(v, np.ndarray) else np.array(v, dtype=object if ctx.exact else np.float64)
+                for v in outs]
     except (ValueError, IndexError, ZeroDivisionError, ArithmeticError) as exc:
         raise RunError(f"{n.path} ({n.op} -> {n.name}): {exc}") from None
 

@@ -6,8 +6,9 @@ arithmetic, over a few seeds; only an interpreter-confirmed difference is a refu
 """
 from __future__ import annotations
 
+import json
 import time
-import tracemalloc
+import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,7 +56,6 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
            progress: Callable[[str], None] | None = None) -> Result:
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
-    tracemalloc.start()
     exprs = Exprs()
     lexpr = logical_exprs(plan, exprs)
     say(f"logical graph: {len(plan.logical.nodes)} ops")
@@ -68,16 +68,40 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
     t_smt = time.perf_counter() - t_smt
     verdict = VERIFIED if all(m.ok for m in matches) and prop.blocked is None else UNKNOWN
     res = Result(verdict, plan, exprs, lexpr, prop, matches, prover)
+    if verdict == VERIFIED:
+        unproved = _unproved_rules(res)
+        if unproved:
+            res.verdict = UNKNOWN
+            res.reasons.append(f"the proof uses rules with no proved theorem in proofs/manifest.json: {unproved}")
+            return _finish(res, t0)
     if verdict != VERIFIED:
         res.reasons = _reasons(res)
         if refute:
             say("no proof; searching for a counterexample with the reference interpreter")
             _refute(res, seeds)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    return _finish(res, t0, t_smt)
+
+
+def used_rules(res: Result) -> set[str]:
+    return {r for s in res.prop.steps for r in s.rules} | set(res.prover.used)
+
+
+def _unproved_rules(res: Result) -> list[str]:
+    from ..certificate.format import manifest_path
+
+    try:
+        manifest = json.loads(manifest_path().read_text())
+    except (OSError, ValueError):
+        return sorted(used_rules(res))
+    known = set(manifest.get("rules", {})) | set(manifest.get("theorems", {}))
+    return sorted(used_rules(res) - known)
+
+
+def _finish(res: Result, t0: float, t_smt: float = 0.0) -> Result:
+    plan, prop, exprs, prover = res.plan, res.prop, res.exprs, res.prover
     res.stats = {
         "wall_seconds": round(time.perf_counter() - t0, 4),
-        "peak_traced_mb": round(peak / 2**20, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "programs": len(plan.programs),
         "parallel_ops": sum(len(g.nodes) for g in plan.programs.values()),
         "logical_ops": len(plan.logical.nodes),

@@ -32,6 +32,7 @@ class Obligation:
     rhs: int
     smt: str
     answer: str
+    leaf_vars: list[tuple[int, str]] = field(default_factory=list)  # the reduction witness
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Prover:
     solve: Callable[[str], str] = solve_z3
     obligations: list[Obligation] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    used: set[str] = field(default_factory=set)  # equality rules that contributed
 
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}
@@ -66,11 +68,13 @@ class Prover:
             return False
         if (ea.op == eb.op and ea.attrs == eb.attrs and len(ea.args) == len(eb.args) and ea.op != "input"
                 and all(self.equal(x, y) for x, y in zip(ea.args, eb.args))):
+            self.used.add("congruence")
             return True
         ca, na = self.norm(a)
         cb, nb = self.norm(b)
         if (na, ca) != (a, 1) or (nb, cb) != (b, 1):
             if ca == cb and self.equal(na, nb):
+                self.used.add("scale_commutes_linear")
                 return True
         if is_region_op(X, a) or is_region_op(X, b):
             return self._smt(a, b)
@@ -153,7 +157,8 @@ class Prover:
         text = encode_equality(X, a, b, var)
         answer = self.solve(text)
         if answer == "unsat":
-            self.obligations.append(Obligation(a, b, text, answer))
+            self.obligations.append(Obligation(a, b, text, answer, sorted(var.items())))
+            self.used.add("elementwise_smt")
             return True
         if answer != "sat":
             self.failures.append(f"solver answered {answer} on an elementwise obligation")

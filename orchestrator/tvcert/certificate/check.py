@@ -1,0 +1,240 @@
+"""The certificate checker: replays a certificate without the engine.
+
+It trusts only the plan loader, the op definitions, and the rule kernel (``tvcert.kernel``),
+the same way a HOL kernel trusts its few inference rules.  It re-derives every step from the
+plan, re-generates and re-solves every SMT obligation, and checks every binding to the proof
+manifest.  It never imports ``tvcert.engine`` (a test enforces that).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pydantic import ValidationError
+
+from ..kernel.equality import Prover
+from ..kernel.expr import Exprs
+from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.rules import RULES, Fact, RuleFailure, derive
+from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
+from ..kernel.smt import SOLVERS
+from ..ops import REGISTRY, resolve_attrs
+from ..plan import PlanError, load_plan, plan_digest
+from .format import CERT_VERSION, Certificate, manifest_path, parse_placements
+
+
+class Invalid(Exception):
+    """The certificate does not prove what it claims; the message says the first failing check."""
+
+
+class Unreadable(Exception):
+    """The certificate or plan cannot be read at all (exit 3)."""
+
+
+@dataclass
+class CheckResult:
+    steps: int
+    obligations: int
+    outputs: int
+    solvers: list[str]
+
+
+def read_certificate(path: str | Path) -> Certificate:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise Unreadable(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise Unreadable(f"{path}: JSON nested too deeply") from None
+    if not isinstance(raw, dict) or "tvcert_certificate" not in raw:
+        raise Unreadable(f"{path} is not a tvcert certificate (no 'tvcert_certificate' field)")
+    try:
+        return Certificate.model_validate(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        raise Unreadable(f"{path}: {loc}: {e['msg']}") from None
+
+
+def check_certificate(cert: Certificate, plan_path: str | Path | None = None, manifest: str | Path | None = None,
+                      solvers: tuple[str, ...] = ("z3",)) -> CheckResult:
+    if cert.tvcert_certificate != CERT_VERSION:
+        raise Invalid(f"certificate version {cert.tvcert_certificate} is not supported (expected {CERT_VERSION})")
+    # 1. the plan, bound by its hash
+    raw = cert.plan.content
+    if plan_path is not None:
+        try:
+            raw = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise Unreadable(f"cannot read plan {plan_path}: {exc}") from None
+    if plan_digest(raw) != cert.plan.digest:
+        raise Invalid(f"plan hash mismatch: the plan hashes to {plan_digest(raw)}, the certificate was made for "
+                      f"{cert.plan.digest} (the plan changed after certification)")
+    try:
+        plan = load_plan(raw)
+    except PlanError as exc:
+        raise Unreadable(f"plan: {exc}") from None
+    # 2. the proof manifest, bound by its hash; every rule used has its proved theorem
+    mpath = Path(manifest) if manifest else manifest_path()
+    try:
+        mbytes = mpath.read_bytes()
+        mjson = json.loads(mbytes)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise Unreadable(f"cannot read the proof manifest {mpath}: {exc}") from None
+    mdigest = "sha256:" + hashlib.sha256(mbytes).hexdigest()
+    if mdigest != cert.manifest.digest:
+        raise Invalid(f"manifest digest mismatch: {mpath} hashes to {mdigest}, the certificate cites {cert.manifest.digest}")
+    table = {**mjson.get("theorems", {}), **mjson.get("rules", {})}
+    for rid, ref in cert.manifest.rules.items():
+        if rid not in table or rid not in RULES:
+            raise Invalid(f"rule {rid!r} is unknown: not in the proof manifest or not a kernel rule")
+        if table[rid]["digest"] != ref.digest or table[rid]["theorem"] != ref.theorem:
+            raise Invalid(f"rule {rid!r}: the certificate cites {ref.theorem} {ref.digest}, the manifest has "
+                          f"{table[rid]['theorem']} {table[rid]['digest']}")
+    # 3. replay every step
+    exprs = Exprs()
+    lexpr = logical_exprs(plan, exprs)
+    facts = input_facts(plan, exprs, lexpr)
+    done: set[tuple[str, int]] = set()
+    sent = _sends(plan)
+    for k, st in enumerate(cert.steps):
+        _replay(plan, exprs, facts, done, sent, k, st, cert.manifest.rules)
+    # 4. outputs: placement and expression, with re-solved obligations
+    recorded = {o.smt: o for o in cert.obligations}
+    used_obl: set[str] = set()
+    solve = _resolver(recorded, used_obl, solvers)
+    prover = Prover(exprs, solve=solve)
+    targets = output_targets(plan, exprs, lexpr)
+    names = [o.name for o in cert.outputs]
+    if sorted(names) != sorted(plan.logical.outputs):
+        raise Invalid(f"output matching covers {sorted(names)}, the plan's outputs are {sorted(plan.logical.outputs)}")
+    for o in cert.outputs:
+        b = plan.outputs[o.name]
+        f = facts[b.program].get(b.local)
+        if (o.program, o.local) != (b.program, b.local):
+            raise Invalid(f"output {o.name!r}: certificate reads {o.program}.{o.local}, the plan says {b.program}.{b.local}")
+        if f is None:
+            raise Invalid(f"output {o.name!r}: local tensor {b.local!r} has no fact after replay (a step is missing)")
+        if f.expr != o.expr or list(map(str, f.pl)) != o.placement:
+            raise Invalid(f"output {o.name!r}: replay gives expression #{f.expr} as {list(map(str, f.pl))}, the "
+                          f"certificate says #{o.expr} as {o.placement}")
+        t = targets[o.name]
+        if f.pl != t.pl:
+            raise Invalid(f"output {o.name!r}: placement {list(map(str, f.pl))} is not the declared {list(map(str, t.pl))}")
+        if not prover.equal(f.expr, t.expr):
+            raise Invalid(f"output {o.name!r}: expression #{f.expr} is not proved equal to the logical #{t.expr}"
+                          + (f" ({'; '.join(prover.failures)})" if prover.failures else ""))
+    for o in cert.obligations:
+        if o.smt not in used_obl:
+            raise Invalid(f"obligation {o.lhs} = {o.rhs} is not one the proof needs (tampered or stale)")
+    for ob in prover.obligations:
+        rec = recorded[ob.smt]
+        if [tuple(x) for x in rec.reduction.witness] != [tuple(x) for x in ob.leaf_vars]:
+            raise Invalid(f"obligation {ob.lhs} = {ob.rhs}: the reduction witness differs from the one the checker "
+                          f"derives (leaves mapped to one variable must be proved equal: the map must be injective)")
+        if (rec.lhs, rec.rhs) != (ob.lhs, ob.rhs):
+            raise Invalid(f"obligation {rec.lhs} = {rec.rhs}: the checker derives it for {ob.lhs} = {ob.rhs}")
+    used_rules = {r for st in cert.steps for r in st.rules} | prover.used
+    missing = used_rules - set(cert.manifest.rules)
+    if missing:
+        raise Invalid(f"rules {sorted(missing)} are used but not cited with their manifest digest")
+    # 5. the expression table the certificate shows is the one replay built
+    if [list(r) for r in exprs.export()] != [[i, op, at, list(args)] for i, op, at, args in cert.expressions]:
+        raise Invalid("the certificate's expression table differs from the one replay builds")
+    return CheckResult(len(cert.steps), len(prover.obligations), len(cert.outputs), list(solvers))
+
+
+def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
+    where = f"step {k} ({st.program} node {st.node})"
+    if st.program not in plan.programs or not 0 <= st.node < len(plan.programs[st.program].nodes):
+        raise Invalid(f"{where}: no such node in the plan")
+    if (st.program, st.node) in done:
+        raise Invalid(f"{where}: the node is derived twice")
+    n = plan.programs[st.program].nodes[st.node]
+    if n.op != st.op:
+        raise Invalid(f"{where}: the node is {n.op!r}, the certificate says {st.op!r}")
+    for r in st.rules:
+        if r not in cited:
+            raise Invalid(f"{where}: rule {r!r} is not cited from the proof manifest (unknown rule id)")
+    pf = facts[st.program]
+    env = rank0_env(plan, st.program)
+    ra = resolve_attrs(REGISTRY[n.op], n.attrs, env)
+    try:
+        out_pl = [parse_placements(p) for _, p in st.out]
+    except ValueError as exc:
+        raise Invalid(f"{where}: {exc}") from None
+    if n.op == "recv":
+        if st.rules != ["send_recv_preserves"] or st.peer is None:
+            raise Invalid(f"{where}: a recv is justified only by send_recv_preserves with its peer send")
+        sp, si = st.peer
+        key = _safe(where, lambda: recv_key(plan, st.program, ra))
+        if sent.get(key) != (sp, si):
+            raise Invalid(f"{where}: the send in {sp} node {si} does not match this recv")
+        _safe(where, lambda: check_transfer(plan, sp, st.program))
+        sn = plan.programs[sp].nodes[si]
+        f = facts[sp].get(sn.inputs[0])
+        if f is None:
+            raise Invalid(f"{where}: the sent tensor {sn.inputs[0]!r} has no fact yet (steps out of order)")
+        got = [f]
+        rules = ["send_recv_preserves"]
+    else:
+        for x in n.inputs:
+            if x not in pf:
+                raise Invalid(f"{where}: premise {x!r} has no fact yet (a step is missing or out of order)")
+        local_out = [s for s, _ in n.meta["shape@dims"]]
+        try:
+            d = derive(kctx(plan, st.program, exprs), n.op, ra, n.attrs, [pf[x] for x in n.inputs], local_out)
+        except RuleFailure as exc:
+            raise Invalid(f"{where}: rule {st.rules} does not apply: {exc}") from None
+        got, rules = d.facts, d.rules
+    if rules != st.rules:
+        raise Invalid(f"{where}: the applicable rules are {rules}, the certificate says {st.rules}")
+    claimed = [Fact(e, pl) for (e, _), pl in zip(st.out, out_pl)]
+    if claimed != got:
+        show = [(f.expr, list(map(str, f.pl))) for f in got]
+        raise Invalid(f"{where}: {rules} conclude {show}, the certificate says {[(e, p) for e, p in st.out]}")
+    for o, f in zip(n.outputs, got):
+        pf[o] = f
+    done.add((st.program, st.node))
+
+
+def _sends(plan) -> dict[tuple, tuple[str, int]]:
+    """Every fixed stage-to-stage send of the plan by message key (sends need no rule of their own)."""
+    out: dict[tuple, tuple[str, int]] = {}
+    for p, g in plan.programs.items():
+        for i, n in enumerate(g.nodes):
+            if n.op == "send":
+                ra = resolve_attrs(REGISTRY["send"], n.attrs, rank0_env(plan, p))
+                try:
+                    out.setdefault(send_key(plan, p, ra), (p, i))
+                except RuleFailure:
+                    pass
+    return out
+
+
+def _safe(where: str, fn):
+    try:
+        return fn()
+    except RuleFailure as exc:
+        raise Invalid(f"{where}: {exc}") from None
+
+
+def _resolver(recorded, used: set[str], solvers: tuple[str, ...]) -> Callable[[str], str]:
+    def solve(text: str) -> str:
+        if text not in recorded:
+            raise Invalid("an SMT obligation the proof needs is not in the certificate (or its text was altered)")
+        if recorded[text].answer != "unsat":
+            raise Invalid(f"obligation recorded with answer {recorded[text].answer!r}, not unsat")
+        for s in solvers:
+            ans = SOLVERS[s](text)
+            if ans != "unsat":
+                raise Invalid(f"{s} answers {ans!r} on obligation {recorded[text].lhs} = {recorded[text].rhs}, not unsat")
+        used.add(text)
+        return "unsat"
+
+    return solve

@@ -1,0 +1,69 @@
+"""Writing certificates from a VERIFIED result (untrusted side: it only records)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..engine.verify import VERIFIED, Result
+from ..plan import fmt_placement, plan_digest
+from .format import CERT_VERSION, manifest_path, placement_texts, rule_digests
+
+
+def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, Any]:
+    if res.verdict != VERIFIED:
+        raise ValueError("certificates are only written for VERIFIED results")
+    plan = res.plan
+    mpath = manifest or manifest_path()
+    mtext = mpath.read_bytes()
+    manifest_json = json.loads(mtext)
+    used = sorted({r for s in res.prop.steps for r in s.rules} | _equality_rules(res))
+    steps = []
+    for s in res.prop.steps:
+        axes = plan.program_axes(s.program)
+        row = {"program": s.program, "node": s.node, "op": plan.programs[s.program].nodes[s.node].op,
+               "rules": s.rules, "out": [[f.expr, placement_texts(f.pl)] for f in s.facts]}
+        if s.peer:
+            row["peer"] = s.peer
+        steps.append(row)
+    outputs = []
+    for m in res.matches:
+        b = plan.outputs[m.name]
+        f = res.prop.facts[b.program][b.local]
+        outputs.append({"name": m.name, "program": b.program, "local": b.local, "expr": f.expr,
+                        "placement": placement_texts(f.pl)})
+    obligations = [{"lhs": o.lhs, "rhs": o.rhs, "answer": o.answer, "smt": o.smt,
+                    "reduction": {"theorem": "shape_reduction_corrected", "kind": "elementwise",
+                                  "dependency_map": "broadcast identity on both sides",
+                                  "argument_map": "identity on leaves",
+                                  "witness": [[leaf, v] for leaf, v in o.leaf_vars]}}
+                   for o in res.prover.obligations]
+    return {
+        "tvcert_certificate": CERT_VERSION,
+        "tool": f"tvcert {__version__}",
+        "plan": {"name": plan.name, "digest": plan_digest(plan.raw), "content": plan.raw},
+        "manifest": {"digest": "sha256:" + hashlib.sha256(mtext).hexdigest(),
+                     "rules": rule_digests(manifest_json, used)},
+        "stages": [{"id": p, "program": p, "hash": _stage_hash(plan.raw, p), "instance_of": None}
+                   for p in plan.programs],
+        "expressions": res.exprs.export(),
+        "steps": steps,
+        "obligations": obligations,
+        "outputs": outputs,
+    }
+
+
+def _equality_rules(res: Result) -> set[str]:
+    return set(res.prover.used)
+
+
+def _stage_hash(raw: dict, program: str) -> str:
+    progs = [p for p in raw.get("parallel", []) if p.get("name", "main") == program]
+    body = json.dumps(progs[0] if progs else {}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def dump_certificate(cert: dict) -> str:
+    return json.dumps(cert, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
