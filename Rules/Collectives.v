@@ -83,3 +83,20 @@ Proof.
 move=> r x; rewrite /all_reduce_op (big_blocks op p q (fun s => L s x)).
 by split=> //; rewrite exchange_big.
 Qed.
+
+(** Nested placements: Shard over an outer axis of [p] ranks (blocks [q*c])
+    whose local tensors are again Shard over an inner axis of [q] ranks
+    (blocks [c]) is Shard over the flattened [p*q] ranks, rank [r1*q + r2]. *)
+Theorem shard_nested_axes {I V : Type} (p q c : nat) (E : nat -> I -> V)
+  (L1 : nat -> nat -> I -> V) (L2 : nat -> nat -> nat -> I -> V) :
+  (0 < q)%N -> shard p (q * c) E L1 -> (forall r1, (r1 < p)%N -> shard q c (L1 r1) (L2 r1)) ->
+  shard (p * q) c E (fun s => L2 (s %/ q)%N (s %% q)%N).
+Proof.
+move=> q0 h1 h2 s i x spq ic.
+have sp : (s %/ q < p)%N by rewrite ltn_divLR.
+have iqc : (s %% q * c + i < q * c)%N.
+  apply: (@leq_trans ((s %% q).+1 * c)); first by rewrite mulSn addnC ltn_add2r.
+  by rewrite leq_mul2r ltn_pmod ?orbT.
+rewrite h2 ?ltn_pmod // h1 //; congr E.
+by rewrite [in RHS](divn_eq s q) mulnDl -mulnA addnA.
+Qed.

@@ -65,15 +65,17 @@ Definition log_softmax {R : fieldType} (exp log : R -> R) (n : nat) (row : nat -
   row k - log (\sum_(0 <= j < n) exp (row j)).
 
 (** Softmax and log-softmax along a dimension other than the sharded one
-    keep the Shard ([exp], [log] are arbitrary functions). *)
-Theorem softmax_other_dim {R : fieldType} (exp log : R -> R) (p b n : nat)
-  (E : nat -> nat -> R) (L : nat -> nat -> nat -> R) :
-  shard p b E L ->
-  shard p b (fun i => softmax exp n (E i)) (fun r i => softmax exp n (L r i)) /\
-  shard p b (fun i => log_softmax exp log n (E i))
-            (fun r i => log_softmax exp log n (L r i)).
+    keep the Shard ([exp], [log] are arbitrary functions).  The tensor is
+    [E i x k]: sharded dim [i] first, any other dims [x : I], softmax dim [k]
+    (size [n]) last. *)
+Theorem softmax_other_dim {I : Type} {R : fieldType} (exp log : R -> R) (p b n : nat)
+  (E : nat -> I -> nat -> R) (L : nat -> nat -> I -> nat -> R) :
+  (forall r i x k, (r < p)%N -> (i < b)%N -> L r i x k = E (r * b + i)%N x k) ->
+  forall r i x k, (r < p)%N -> (i < b)%N ->
+    softmax exp n (L r i x) k = softmax exp n (E (r * b + i)%N x) k /\
+    log_softmax exp log n (L r i x) k = log_softmax exp log n (E (r * b + i)%N x) k.
 Proof.
-move=> h; split=> r i k rp ib.
+move=> h r i x k rp ib; split.
   by rewrite /softmax h //; congr (_ / _); apply: eq_bigr => j _; rewrite h.
 by rewrite /log_softmax h //; congr (_ - log _); apply: eq_bigr => j _; rewrite h.
 Qed.

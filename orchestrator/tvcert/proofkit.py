@@ -124,6 +124,7 @@ THEOREMS: dict[str, str] = {
     "c12_original_false": f"{_T}.C12Counterexample.c12_original_false",
     "c12_without_H1_false": f"{_T}.C12Counterexample.c12_without_H1_false",
     "c12_without_H2_false": f"{_T}.C12Counterexample.c12_without_H2_false",
+    "shard_nested_axes": f"{_T}.Collectives.shard_nested_axes",
     "stage_compose": f"{_T}.Stage.stage_compose",
     "stage_repeat": f"{_T}.Stage.stage_repeat",
 }
