@@ -108,9 +108,6 @@ Lemma sum_blocks {R : zmodType} (p b : nat) (F : nat -> R) :
 Proof. exact: (big_blocks (GRing.add_comoid R)). Qed.
 
 (** Index arithmetic of contiguous blocks. *)
-Lemma block_decomp (b k : nat) : (0 < b)%N -> k = (k %/ b * b + k %% b)%N.
-Proof. by move=> _; rewrite -divn_eq. Qed.
-
 Lemma block_rank_lt (p b k : nat) : (0 < b)%N -> (k < p * b)%N -> (k %/ b < p)%N.
 Proof. by move=> b0 kpb; rewrite ltn_divLR. Qed.
 

@@ -137,6 +137,23 @@ def test_rejects_spoofed_axiom(copy_root):
 
 
 @needs_coq
+def test_accepts_standard_real_axioms(copy_root):
+    _add_file(copy_root, "RealsOk",
+              "From Coq Require Import Reals Classical.\n"
+              "Theorem real_em : (forall x : R, x + 0 = x)%R /\\ (forall P : Prop, P \\/ ~ P).\n"
+              "Proof. split; [intros; ring | exact classic]. Qed.\n")
+    mp = _add_manifest_theorem(copy_root, "real_em", "TVCert.RealsOk.real_em")
+    rep = proofkit.check(copy_root, mp)
+    entry = [e for e in rep.entries if e.key == "real_em"][0]
+    assert entry.ok, rep.format()
+    assert "Coq.Logic.Classical_Prop.classic" in entry.axioms
+    assert "Coq.Reals.ClassicalDedekindReals.sig_forall_dec" in entry.axioms
+    assert set(entry.axioms) <= proofkit.ALLOWED_AXIOMS
+    # the only problem is the entry unknown to the proofkit tables
+    assert rep.problems == ["manifest theorems has unknown entry 'real_em' (not in proofkit tables)"]
+
+
+@needs_coq
 def test_rejects_statement_mismatch(copy_root):
     mp = copy_root / "proofs" / "manifest.json"
     m = json.loads(mp.read_text())
