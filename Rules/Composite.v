@@ -111,17 +111,35 @@ Definition softmax_attention (n : nat) (s v : nat -> R) : R :=
 Lemma div_cancel_l (c a d : R) : c != 0 -> (c * a) / (c * d) = a / d.
 Proof. by move=> c0; rewrite invfM mulrACA divff // mul1r. Qed.
 
+(** The same merge when each block ships its *normalised* output
+    [acc_r / l_r] (flash / ring attention): the output is rescaled by the
+    corrected block sum. *)
+Definition online_merge_normalized (p b : nat) (s v : nat -> R) (mloc : nat -> R) (m : R) : R :=
+  (\sum_(0 <= r < p) exp (mloc r - m) * block_lsum b s mloc r *
+       (block_acc b s v mloc r / block_lsum b s mloc r)) /
+  (\sum_(0 <= r < p) exp (mloc r - m) * block_lsum b s mloc r).
+
 Theorem online_softmax_merge (p b : nat) (s v : nat -> R) (mloc : nat -> R) (m : R) :
-  (forall a c, exp (a + c) = exp a * exp c) -> (forall a, exp a != 0) ->
-  online_merge p b s v mloc m = softmax_attention (p * b) s v.
+  (forall a c, exp (a + c) = exp a * exp c) -> (forall a, 0 < exp a) ->
+  online_merge p b s v mloc m = softmax_attention (p * b) s v /\
+  ((0 < b)%N -> online_merge_normalized p b s v mloc m = softmax_attention (p * b) s v).
 Proof.
-move=> expD nz; rewrite /online_merge /softmax_attention.
-have corr : forall r k, exp (mloc r - m) * exp (s k - mloc r) = exp (- m) * exp (s k).
-  by move=> r k; rewrite -!expD addrC addrA subrK addrC.
-rewrite -[RHS](div_cancel_l _ _ (nz (- m))) !mulr_sumr !sum_blocks.
-congr (_ / _); apply: eq_bigr => r _; rewrite ?mulr_sumr; apply: eq_bigr => i _.
-  by rewrite mulrA corr mulrA.
-by rewrite corr.
+move=> expD pos.
+have nz : forall a, exp a != 0 by move=> a; apply: lt0r_neq0.
+have merge : online_merge p b s v mloc m = softmax_attention (p * b) s v.
+  rewrite /online_merge /softmax_attention.
+  have corr : forall r k, exp (mloc r - m) * exp (s k - mloc r) = exp (- m) * exp (s k).
+    by move=> r k; rewrite -!expD addrC addrA subrK addrC.
+  rewrite -[RHS](div_cancel_l _ _ (nz (- m))) !mulr_sumr !sum_blocks.
+  congr (_ / _); apply: eq_bigr => r _; rewrite ?mulr_sumr; apply: eq_bigr => i _.
+    by rewrite mulrA corr mulrA.
+  by rewrite corr.
+split=> // b0; rewrite -merge /online_merge_normalized /online_merge.
+congr (_ / _); apply: eq_bigr => r _.
+have l0 : block_lsum b s mloc r != 0.
+  by apply: lt0r_neq0; rewrite /block_lsum sum_exp_gt0.
+move: l0; set l := block_lsum b s mloc r => l0.
+by rewrite -mulrA [l * _]mulrC divfK.
 Qed.
 End CrossEntropy.
 
