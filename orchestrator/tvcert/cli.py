@@ -259,5 +259,24 @@ def proofs(coqchk: bool, root: str | None) -> None:
     sys.exit(rc)
 
 
+def _register_extensions() -> None:
+    """Commands that live in their own modules (front ends, generators, fuzzing)."""
+    import importlib
+
+    for mod, names in (("tvcert.frontends.cli_trace", ("trace",)), ("tvcert.generators.cli_plan", ("plan", "mutate")),
+                       ("tvcert.fuzz.cli_fuzz", ("fuzz",))):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("tvcert"):
+                continue
+            raise
+        for n in names:
+            if hasattr(m, n):
+                main.add_command(getattr(m, n))
+
+
+_register_extensions()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
