@@ -159,20 +159,29 @@ Theorem grad_accumulation {I : Type} {R : ringType} (M b : nat) (c : R)
             = (c * \sum_(0 <= k < M * b) g k x)%R.
 Proof. by move=> x; rewrite sum_blocks. Qed.
 
-(** ** ZeRO: an elementwise update (AdamW: each parameter's new value,
-    moments, from its own parameter, gradient and moments and the replicated
-    hyper-parameters) applied on each rank's slice of a flattened, padded
-    buffer, then all_gather and un-padding, is the update of the whole
-    buffer. *)
-Theorem zero_sharded_adamw {V W : Type} (upd : V -> W) (p b n : nat) (pad : V)
-  (E : nat -> V) (L : nat -> nat -> V) :
-  (0 < b)%N -> (n <= p * b)%N -> shard_padded p b n pad E L ->
+(** ** ZeRO-1/2.  Every rank holds the full (flattened, padded) gradient
+    partial [G s]; reduce_scatter gives rank [r] the summed gradient of the
+    slice it owns; rank [r] applies an elementwise update [upd] (AdamW: new
+    parameter and moments from the parameter, its moments, its gradient and the
+    replicated step / hyper-parameters) to its slice of the flattened, padded
+    optimizer state [w]; all_gather and un-padding give the update of the whole
+    buffer with the full gradient [g = sum_s G s]. *)
+Theorem zero_sharded_adamw {P W : Type} {R : zmodType} (upd : P -> R -> W)
+  (p b n : nat) (pad : P) (w : nat -> P) (Lw : nat -> nat -> P)
+  (g : nat -> R) (G : nat -> nat -> R) :
+  (0 < b)%N -> (n <= p * b)%N -> shard_padded p b n pad w Lw ->
+  (forall k, (k < n)%N -> \sum_(0 <= s < p) G s k = g k) ->
   forall r k, (r < p)%N -> (k < n)%N ->
-    all_gather b (fun r i (_ : unit) => upd (L r i)) r k tt = upd (E k).
+    all_gather b
+      (fun r i (_ : unit) =>
+         upd (Lw r i) (reduce_scatter p b (fun s k (_ : unit) => G s k) r i tt))
+      r k tt
+    = upd (w k) (g k).
 Proof.
-move=> b0 npb h r k _ kn; rewrite /all_gather h ?ltn_pmod ?block_rank_lt //;
-  last exact: leq_trans kn npb.
-by rewrite -divn_eq kn.
+move=> b0 npb h hg r k _ kn.
+have kpb : (k < p * b)%N by exact: leq_trans kn npb.
+rewrite /all_gather /reduce_scatter h ?ltn_pmod ?block_rank_lt // -divn_eq kn.
+by rewrite hg.
 Qed.
 
 (** ** Mixture of experts.  Token [t] is routed to [K] slots; slot [(t,s)]
