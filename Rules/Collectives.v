@@ -17,10 +17,15 @@ Theorem allreduce_avg_partial_avg {I : Type} {R : fieldType} (p : nat) (E : I ->
   partial_avg p E L -> replicate p E (all_reduce_avg p L).
 Proof. by move=> h r x _; exact: h. Qed.
 
-Theorem allreduce_max_partial_max {I : Type} {disp : unit} {T : bLatticeType disp}
-  (p : nat) (E : I -> T) (L : nat -> I -> T) :
-  partial_max p E L -> replicate p E (all_reduce_max p L).
-Proof. by move=> h r x _; exact: h. Qed.
+(** all_reduce max of [Partial(max)] is Replicate: for a lattice with bottom
+    (join) and for a totally ordered field such as the reals. *)
+Theorem allreduce_max_partial_max :
+  (forall (I : Type) (disp : unit) (T : bLatticeType disp) (p : nat)
+     (E : I -> T) (L : nat -> I -> T),
+   partial_max p E L -> replicate p E (all_reduce_max p L)) /\
+  (forall (I : Type) (R : realDomainType) (p : nat) (E : I -> R) (L : nat -> I -> R),
+   partial_max_real p E L -> replicate p E (all_reduce_max_real p L)).
+Proof. by split=> I > h r x _; exact: h. Qed.
 
 (** all_gather along the sharded dim of Shard gives the whole tensor on
     every rank (on the [p*b] gathered positions). *)

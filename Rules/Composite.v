@@ -41,14 +41,13 @@ Section CrossEntropy.
 Variable R : realFieldType.
 Variables exp log : R -> R.
 
-Definition local_max (b : nat) (row : nat -> R) : R :=
-  \big[Num.max/row 0%N]_(0 <= i < b) row i.
+Definition local_max (b : nat) (row : nat -> R) : R := max_upto row b.
 
 (** The distributed protocol, for logits [L r i] (vocab sharded) and target [t]:
     local max, all_reduce max, local sum of [exp (x - m)], all_reduce sum,
     target logit through masked lookup + all_reduce sum. *)
 Definition vp_global_max (p b : nat) (L : nat -> nat -> R) : R :=
-  \big[Num.max/local_max b (L 0%N)]_(0 <= r < p) local_max b (L r).
+  max_upto (fun r => local_max b (L r)) p.
 
 Definition vp_cross_entropy (p b t : nat) (L : nat -> nat -> R) : R :=
   let m := vp_global_max p b L in

@@ -26,12 +26,37 @@ Theorem reduce_sum_sharded_dim {I : Type} {R : zmodType} (p b : nat)
                 (fun r x => \sum_(0 <= i < b) L r i x).
 Proof. exact: (reduce_op_sharded_dim (GRing.add_comoid R)). Qed.
 
-Theorem reduce_max_sharded_dim {I : Type} {disp : unit} {T : bLatticeType disp}
-  (p b : nat) (E : nat -> I -> T) (L : nat -> nat -> I -> T) :
-  shard p b E L ->
-  partial_max p (fun x => \big[Order.join/Order.bottom]_(0 <= k < p * b) E k x)
-                (fun r x => \big[Order.join/Order.bottom]_(0 <= i < b) L r i x).
-Proof. exact: (reduce_op_sharded_dim Order.BLatticeTheory.join_comoid). Qed.
+(** Max over the sharded dimension gives [Partial(max)]: for a lattice with a
+    bottom (join; e.g. reals extended with -infinity), and for a totally ordered
+    field such as the reals, with [p, b > 0] (max of a nonempty range). *)
+Theorem reduce_max_sharded_dim :
+  (forall (I : Type) (disp : unit) (T : bLatticeType disp) (p b : nat)
+     (E : nat -> I -> T) (L : nat -> nat -> I -> T),
+   shard p b E L ->
+   partial_max p (fun x => \big[Order.join/Order.bottom]_(0 <= k < p * b) E k x)
+                 (fun r x => \big[Order.join/Order.bottom]_(0 <= i < b) L r i x)) /\
+  (forall (I : Type) (R : realDomainType) (p b : nat)
+     (E : nat -> I -> R) (L : nat -> nat -> I -> R),
+   (0 < p)%N -> (0 < b)%N -> shard p b E L ->
+   partial_max_real p (fun x => max_upto (fun k => E k x) (p * b))
+                      (fun r x => max_upto (fun i => L r i x) b)).
+Proof.
+split=> [I disp T p b E L|I R p b E L p0 b0 h x].
+  exact: (reduce_op_sharded_dim Order.BLatticeTheory.join_comoid).
+have blk : forall r i, (r < p)%N -> (i < b)%N -> (r * b + i < p * b)%N.
+  move=> r i rp ib; rewrite (@leq_trans (r * b + b)) ?ltn_add2l //.
+  by rewrite -mulSnr leq_mul2r rp orbT.
+symmetry; apply: max_upto_unique => [|k kpb|].
+- by rewrite muln_gt0 p0.
+- have kb : (k %/ b < p)%N by rewrite ltn_divLR.
+  have -> : E k x = L (k %/ b)%N (k %% b)%N x by rewrite h ?ltn_pmod // -divn_eq.
+  apply: (Order.POrderTheory.le_trans
+            (max_upto_ub (fun i => L (k %/ b)%N i x) (ltn_pmod k b0))).
+  exact: (max_upto_ub (fun r => max_upto (fun i => L r i x) b) kb).
+- have [r rp ->] := max_upto_attained (fun r => max_upto (fun i => L r i x) b) p0.
+  have [i ib ->] := max_upto_attained (fun i => L r i x) b0.
+  by exists (r * b + i)%N; rewrite ?blk ?h.
+Qed.
 
 (** Mean over the sharded dimension with even shards: the local means are a
     [Partial(avg)] of the global mean. *)

@@ -135,3 +135,50 @@ have -> : s = p by apply/eqP; rewrite eqn_leq ge -ltnS sp.
 rewrite eqxx big_nat_cond big1 ?add0r // => r /andP[/andP[_ rp] _].
 by rewrite (ltn_eqF rp).
 Qed.
+
+(** ** Max over a nonempty range of a totally ordered field (the reals have no
+    bottom element, so [max] over [0 .. n-1] is seeded with its first term). *)
+Section MaxUpto.
+Variable R : realDomainType.
+Import Order.TTheory Num.Theory.
+
+Fixpoint max_upto (F : nat -> R) (n : nat) : R :=
+  if n is n'.+1 then Num.max (max_upto F n') (F n') else F 0%N.
+
+Lemma max_upto_ub (F : nat -> R) (n i : nat) : (i < n)%N -> F i <= max_upto F n.
+Proof.
+elim: n => [//|n IH]; rewrite ltnS leq_eqVlt => /orP[/eqP->|lt] /=.
+  by rewrite le_maxr lexx orbT.
+by rewrite le_maxr IH.
+Qed.
+
+Lemma max_upto_attained (F : nat -> R) (n : nat) :
+  (0 < n)%N -> exists2 i, (i < n)%N & max_upto F n = F i.
+Proof.
+have aux : forall m, exists2 i, (i <= m)%N & max_upto F m = F i.
+  elim=> [|m [i ilem e]]; first by exists 0%N.
+  rewrite /= e maxEle; case: ifP => _; first by exists m.
+  by exists i; rewrite // (leq_trans ilem).
+case: n => [//|n] _; have [i ilen e] := aux n.
+rewrite /= e maxEle; case: ifP => _; first by exists n.
+by exists i.
+Qed.
+
+Lemma max_upto_unique (F : nat -> R) (n : nat) (M : R) :
+  (0 < n)%N -> (forall i, (i < n)%N -> F i <= M) -> (exists2 i, (i < n)%N & M = F i) ->
+  max_upto F n = M.
+Proof.
+move=> n0 ub [i ilt eM]; apply/eqP; rewrite eq_le {2}eM max_upto_ub // andbT.
+by have [j jlt ->] := max_upto_attained F n0; apply: ub.
+Qed.
+End MaxUpto.
+
+(** [Partial(max)] and all_reduce max over a totally ordered field ([p > 0]
+    ranks). *)
+Definition partial_max_real {I : Type} {R : realDomainType} (p : nat)
+  (E : I -> R) (L : nat -> I -> R) : Prop :=
+  forall x, max_upto (fun r => L r x) p = E x.
+
+Definition all_reduce_max_real {I : Type} {R : realDomainType} (p : nat)
+  (L : nat -> I -> R) : nat -> I -> R :=
+  fun _ x => max_upto (fun s => L s x) p.
