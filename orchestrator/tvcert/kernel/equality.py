@@ -101,6 +101,9 @@ class Prover:
         if e.op == "neg":
             c, core = self.norm(e.args[0])
             return -c, core
+        if e.op == "const" and e.shape != () and isinstance(at.get("value"), (int, float)) and at["value"] != 1 \
+                and at.get("dtype", "float") == "float":
+            return Fraction(str(at["value"])), X.mk("const", {**at, "value": 1}, [])
         if e.op in ("mul", "div") and len(e.args) == 2:
             k = scalar_const(X, e.args[1])
             if k is not None and X[e.args[1]].shape == () and X[e.args[0]].shape == e.shape:
@@ -113,6 +116,13 @@ class Prover:
             if e.op == "mul" and k is not None and X[e.args[0]].shape == () and X[e.args[1]].shape == e.shape:
                 c, core = self.norm(e.args[1])
                 return c * Fraction(str(k)), core
+            (ca, a), (cb, b) = self.norm(e.args[0]), self.norm(e.args[1])
+            if (ca, a) == (one, e.args[0]) and (cb, b) == (one, e.args[1]):
+                return one, i
+            if e.op == "mul":  # bilinear: (ca A) * (cb B) = (ca cb) (A * B)
+                return ca * cb, X.mk("mul", at, [a, b])
+            if cb != 0:  # (ca A) / (cb B) = (ca / cb) (A / B)
+                return ca / cb, X.mk("div", at, [a, b])
             return one, i
         if e.op in LINEAR_FIRST and e.args:
             if e.op == "pad" and at.get("value", 0) != 0:

@@ -67,6 +67,7 @@ RULES: dict[str, str] = {
     "allreduce_sum_partial": "all_reduce(sum) of Partial(sum) is Replicate",
     "allreduce_avg_partial_avg": "all_reduce(avg) of Partial(avg) is Replicate",
     "allreduce_max_partial_max": "all_reduce(max) of Partial(max) is Replicate",
+    "allreduce_avg_partial_sum": "all_reduce(avg) of Partial(sum) E is Replicate E/p",
     "allreduce_nested_axes": "an all_reduce over several axes equals all_reduces over each in turn",
     "allgather_shard": "all_gather along d of Shard(d) is Replicate",
     "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
@@ -836,6 +837,14 @@ def _collective(kc, op, ra, raw, facts):
     if op == "all_reduce":
         r = ra["reduce"]
         want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
+        if r == "avg" and len(idx) == 1 and pl[idx[0]] == P("sum"):
+            # mean over ranks of partial sums: (1/p) * E, the expression changes
+            if any(q.kind == "P" for j, q in enumerate(pl) if j != idx[0]):
+                raise RuleFailure("all_reduce(avg) of Partial(sum) with Partial on another axis: no rule")
+            pl[idx[0]] = R
+            c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
+            e = kc.exprs.mk("div", {}, [f.expr, c])
+            return Derivation([Fact(e, tuple(pl))], ["allreduce_avg_partial_sum"])
         for i in idx:
             if pl[i].kind != "P" or pl[i].reduce != want:
                 raise RuleFailure(f"all_reduce({r}) over {kc.axes[i]!r} needs Partial({want}) there, got {pl[i]}")
