@@ -1,0 +1,510 @@
+"""Trace PyTorch training code into a tvcert plan, on CPU, with fake tensors and a fake process group.
+
+Usage (hand-written parallel code)::
+
+    plan = trace_plan(
+        logical=mlp,                       # logical(**inputs) -> scalar loss, the single-device model
+        parallel=mlp_tp,                   # parallel(ctx, **local_inputs) -> scalar loss, run on every rank
+        inputs={"x": dict(shape=[4, 8]),
+                "w1": dict(shape=[8, 16], placement={"tp": "Shard(1)"}, param=True), ...},
+        mesh={"tp": 2},
+    )
+
+What happens:
+
+1. **Logical graph.** ``logical`` is traced once at degree 1 with ``make_fx(tracing_mode="fake")``
+   as a *joint* program: the loss and ``torch.autograd.grad`` of the loss with respect to every
+   ``param=True`` input.  Outputs: ``loss`` and ``grad_<param>``.
+2. **Per-rank graphs.** For every rank of the mesh a fake process group is initialised
+   (``dist.init_process_group("fake", ...)`` + ``init_device_mesh``), each input is given its local
+   shape under its placement, and ``parallel(ctx, ...)`` is traced the same way.  ``ctx`` gives the
+   process group of each mesh axis (``ctx.group("tp")``), the rank's coordinates (``ctx.coord``) and
+   the ``DeviceMesh``.  Gradient synchronisation that real code performs *outside* the autograd graph
+   (a DDP/FSDP hook, Megatron's ``allreduce_sequence_parallel_grads``, a post-accumulate-grad hook)
+   is invisible to ``autograd.grad``: pass it as ``grad_sync(ctx, grads) -> grads`` so that it is
+   traced, or leave it out and the plan reads the unsynchronised gradients back with the parameter's
+   placement -- which cannot verify when a sync was needed.
+3. **Conversion.** Every ATen node goes through :mod:`.aten`; collectives get their mesh axis by
+   resolving the group name to ranks (``_resolve_process_group``) and the rank set to mesh axes.
+4. **SPMD compression.** The ranks' IR programs must be structurally identical; integer attributes
+   that differ (slice offsets of a vocab shard, ...) are fitted to an affine expression
+   ``c + k_a*rank.a + ...`` over the mesh coordinates, giving one program for all ranks.
+5. **Placements.** Inputs: the user's mapping (validated: axes exist, shard dims divide).
+   Outputs: ``loss`` Replicate; ``grad_<p>`` the placement of ``p`` unless ``output_placements``
+   says otherwise.
+
+Any op without a conversion raises :class:`TraceError` naming the op and its source line (the CLI
+reports it as UNKNOWN); structural rank differences likewise.
+
+Why ``make_fx`` over ``functional_call``-free plain functions rather than ``torch.export``:
+``torch.export`` cannot produce the joint forward+backward of code with functional collectives and
+fails on DTensor; ``make_fx`` over ``autograd.grad`` traces both in 0.1-0.2 s per layer.  DTensor
+parameters must be passed as local shards and rebuilt with ``DTensor.from_local`` *inside* the traced
+function, otherwise ``make_fx`` bakes the weights in as constants (see ``tvcert.frontends.dtensor``).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..plan import PlanError, load_plan, parse_placement
+from .aten import Converter, IRNode, Unconverted
+
+
+class TraceError(Exception):
+    """The code could not be turned into a plan; the message says which op / line / rank and why.
+
+    ``kind`` is "unsupported" (an op without conversion: the verdict is UNKNOWN), "spmd" (ranks
+    differ structurally), or "input" (bad user mapping)."""
+
+    def __init__(self, msg: str, kind: str = "unsupported", op: str | None = None, src: str | None = None):
+        super().__init__(msg)
+        self.kind = kind
+        self.op = op
+        self.src = src
+
+
+# ====================================================================== mesh context
+@dataclass
+class MeshCtx:
+    """What the parallel function sees on one rank."""
+
+    axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rank: int
+    coords: dict[str, int]
+    device_mesh: Any = None
+
+    def group(self, axis: str):
+        return self.device_mesh.get_group(axis)
+
+    def coord(self, axis: str) -> int:
+        return self.coords[axis]
+
+    def size(self, axis: str) -> int:
+        return self.sizes[self.axes.index(axis)]
+
+
+def coords_of(rank: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    for s in reversed(sizes):
+        out.append(rank % s)
+        rank //= s
+    return tuple(reversed(out))
+
+
+def rank_of(coords: Sequence[int], sizes: Sequence[int]) -> int:
+    r = 0
+    for c, s in zip(coords, sizes):
+        r = r * s + c
+    return r
+
+
+def _group_axes_table(axes: Sequence[str], sizes: Sequence[int], rank: int) -> dict[frozenset, Any]:
+    """frozenset of ranks -> axis name (one axis) or list of axes (a flattened group)."""
+    me = coords_of(rank, sizes)
+    table: dict[frozenset, Any] = {}
+    for k in range(1, len(axes) + 1):
+        for sub in itertools.combinations(range(len(axes)), k):
+            ranks = set()
+            for vals in itertools.product(*[range(sizes[i]) for i in sub]):
+                c = list(me)
+                for i, v in zip(sub, vals):
+                    c[i] = v
+                ranks.add(rank_of(c, sizes))
+            key = frozenset(ranks)
+            if key not in table:
+                table[key] = axes[sub[0]] if k == 1 else [axes[i] for i in sub]
+    return table
+
+
+# ====================================================================== process group handling
+@contextlib.contextmanager
+def fake_world(rank: int, world: int):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _axis_resolver(axes, sizes, rank) -> Callable[[str], Any]:
+    from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
+
+    table = _group_axes_table(axes, sizes, rank)
+
+    def resolve(group_name):
+        g = _resolve_process_group(group_name) if isinstance(group_name, str) else group_name
+        ranks = frozenset(get_process_group_ranks(g))
+        if len(ranks) == 1:
+            raise KeyError("a group of one rank")
+        if ranks not in table:
+            raise KeyError(f"ranks {sorted(ranks)} of rank {rank}")
+        return table[ranks]
+
+    return resolve
+
+
+# ====================================================================== source locations
+_FRONTEND_DIR = os.path.dirname(os.path.abspath(__file__))
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+@contextlib.contextmanager
+def _user_stack_traces():
+    """Record on every fx node the user frames below the traced joint function.
+
+    ``make_fx(record_stack_traces=True)`` keeps only frames named ``forward``; plain functions
+    (hand-written layers) would get no location, so the filter is replaced while tracing."""
+    import torch
+    import torch.fx.proxy as fxp
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    old = fxp.TracerBase._filter_traceback_frames
+
+    def filt(self, summary):
+        frames = list(summary)
+        last = -1
+        for i, fr in enumerate(frames):
+            if os.path.abspath(fr.filename).startswith(_FRONTEND_DIR) and fr.name == "joint":
+                last = i
+        kept = [fr for fr in frames[last + 1:] if not os.path.abspath(fr.filename).startswith(torch_dir)
+                and not os.path.abspath(fr.filename).startswith(_FRONTEND_DIR)] if last >= 0 else []
+        return traceback.StackSummary.from_list(kept)
+
+    fxp.TracerBase._filter_traceback_frames = filt
+    try:
+        yield
+    finally:
+        fxp.TracerBase._filter_traceback_frames = old
+
+
+def src_of(node) -> Optional[str]:
+    st = node.meta.get("stack_trace")
+    if not st:
+        return None
+    m = _FRAME_RE.findall(st)
+    if not m:
+        return None
+    f, line = m[-1]
+    return f"{os.path.basename(f)}:{line}"
+
+
+# ====================================================================== tracing one program
+@dataclass
+class InputSpec:
+    name: str
+    shape: list[int]
+    dtype: str = "float"  # float | int
+    range: Optional[int] = None
+    placement: dict[str, str] = field(default_factory=dict)
+    param: bool = False
+    layout: list = field(default_factory=list)
+
+
+def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int]) -> list[InputSpec]:
+    out = []
+    for name, spec in inputs.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+            raise TraceError(f"input name {name!r} is not an identifier", "input")
+        unknown = set(spec) - {"shape", "dtype", "range", "placement", "param"}
+        if unknown:
+            raise TraceError(f"input {name!r}: unknown keys {sorted(unknown)}", "input")
+        shape = [int(s) for s in spec["shape"]]
+        dtype = spec.get("dtype", "float")
+        if dtype not in ("float", "int"):
+            raise TraceError(f"input {name!r}: dtype must be float or int, got {dtype!r}", "input")
+        if dtype == "int" and spec.get("range") is None:
+            raise TraceError(f"input {name!r}: int inputs need a 'range' (values lie in [0, range))", "input")
+        pl = dict(spec.get("placement", {}))
+        for a, text in pl.items():
+            if a not in mesh:
+                raise TraceError(f"input {name!r}: placement axis {a!r} is not a mesh axis {list(mesh)}", "input")
+            try:
+                p = parse_placement(text)
+            except ValueError as exc:
+                raise TraceError(f"input {name!r}: {exc}", "input") from None
+            if p.kind == "S":
+                if not -len(shape) <= p.dim < len(shape):
+                    raise TraceError(f"input {name!r}: Shard({p.dim}) but the tensor has rank {len(shape)}", "input")
+            elif p.kind == "P":
+                raise TraceError(f"input {name!r}: Partial input placements are not supported by the tracer", "input")
+        param = bool(spec.get("param", False))
+        if param and dtype != "float":
+            raise TraceError(f"input {name!r}: only float inputs can be parameters", "input")
+        out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param))
+    return out
+
+
+def local_shape(spec: InputSpec, mesh: Mapping[str, int]) -> list[int]:
+    s = list(spec.shape)
+    for a, text in spec.placement.items():
+        p = parse_placement(text)
+        if p.kind == "S":
+            d = p.dim % len(s)
+            if s[d] % mesh[a]:
+                raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by mesh axis "
+                                 f"{a!r} of size {mesh[a]}", "input")
+            s[d] //= mesh[a]
+    return s
+
+
+def _fake_inputs(specs: Sequence[InputSpec], shapes: Sequence[Sequence[int]]):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        xs = [torch.empty(sh, dtype=torch.float32) if s.dtype == "float" else torch.zeros(sh, dtype=torch.int64)
+              for s, sh in zip(specs, shapes)]
+    return xs
+
+
+def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
+                 grad_sync: Callable | None = None, sync_args: tuple = ()):
+    """make_fx the joint program: (loss, *grads of params)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import torch.fx.traceback as fxtb
+
+    names = [s.name for s in specs]
+    params = [s.name for s in specs if s.param]
+
+    def joint(*flat):
+        kw = {}
+        for n, t, s in zip(names, flat, specs):
+            kw[n] = t.detach().requires_grad_(True) if s.param else t
+        loss = fn(*pre_args, **kw)
+        if isinstance(loss, (tuple, list)):
+            loss = loss[0]
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise TraceError("the traced function must return a scalar loss tensor", "input")
+        grads = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True) if params else ()
+        gd = {}
+        for p, g in zip(params, grads):
+            gd[p] = torch.zeros_like(kw[p]) if g is None else g
+        if grad_sync is not None:
+            gd = dict(grad_sync(*sync_args, gd))
+        return (loss, *[gd[p] for p in params])
+
+    xs = _fake_inputs(specs, shapes)
+    with _user_stack_traces(), fxtb.preserve_node_meta():
+        gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True)(*xs)
+    return gm, params
+
+
+def _convert(gm, names, resolver=None) -> tuple[list[IRNode], list[Any]]:
+    try:
+        return Converter(gm, names, resolver, src_of).run()
+    except Unconverted as exc:
+        raise TraceError(str(exc), "unsupported", exc.op, exc.src) from None
+
+
+# ====================================================================== SPMD compression
+def _leaves(x, path=()):
+    if isinstance(x, dict):
+        for k in sorted(x):
+            yield from _leaves(x[k], path + (k,))
+    elif isinstance(x, list):
+        for i, y in enumerate(x):
+            yield from _leaves(y, path + (i,))
+    else:
+        yield path, x
+
+
+def _set_leaf(x, path, v):
+    for p in path[:-1]:
+        x = x[p]
+    x[path[-1]] = v
+
+
+def _affine(values: dict[tuple[int, ...], Any], axes, sizes) -> str | None:
+    """Fit v(coords) = b + sum_a k_a * coord_a exactly, as a dim expression; None if impossible."""
+    zero = tuple(0 for _ in axes)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return None
+    b = values[zero]
+    ks = []
+    for i in range(len(axes)):
+        if sizes[i] == 1:
+            ks.append(0)
+            continue
+        unit = list(zero)
+        unit[i] = 1
+        ks.append(values[tuple(unit)] - b)
+    for c, v in values.items():
+        if b + sum(k * ci for k, ci in zip(ks, c)) != v:
+            return None
+    terms = [f"rank.{a}*{k}" if k != 1 else f"rank.{a}" for a, k in zip(axes, ks) if k != 0]
+    if b != 0 or not terms:
+        terms.append(str(b))
+    return "+".join(terms).replace("+-", "-")
+
+
+def spmd_compress(per_rank: dict[tuple[int, ...], list[dict]], axes, sizes) -> tuple[list[dict], list[str]]:
+    """One program for all ranks, or TraceError naming the first structural difference.
+
+    Returns (nodes, notes) where notes lists the attributes that became rank expressions."""
+    coords = sorted(per_rank)
+    base = per_rank[coords[0]]
+    notes = []
+    for c in coords[1:]:
+        other = per_rank[c]
+        if len(other) != len(base):
+            raise TraceError(f"rank {c} traces {len(other)} ops but rank {coords[0]} traces {len(base)}: "
+                             f"the ranks run different programs (no SPMD form)", "spmd")
+    out = []
+    for i, n in enumerate(base):
+        n2 = dict(n)
+        n2["attrs"] = dict(n.get("attrs", {}))
+        for c in coords[1:]:
+            m = per_rank[c][i]
+            if (m["op"], m["inputs"], m.get("name"), m.get("outputs")) != (n["op"], n["inputs"], n.get("name"), n.get("outputs")):
+                raise TraceError(f"op {i} differs between ranks: {n['op']}({', '.join(n['inputs'])}) at {n.get('src')} on "
+                                 f"rank {coords[0]} vs {m['op']}({', '.join(m['inputs'])}) at {m.get('src')} on rank {c}",
+                                 "spmd", n["op"], n.get("src"))
+        leaves = [dict(_leaves(per_rank[c][i].get("attrs", {}))) for c in coords]
+        keys = set(leaves[0])
+        if any(set(lv) != keys for lv in leaves[1:]):
+            raise TraceError(f"op {i} ({n['op']} at {n.get('src')}) has different attributes on different ranks", "spmd",
+                             n["op"], n.get("src"))
+        for path in sorted(keys, key=str):
+            vals = {c: lv[path] for c, lv in zip(coords, leaves)}
+            if len(set(map(repr, vals.values()))) == 1:
+                continue
+            expr = _affine(vals, axes, sizes)
+            if expr is None:
+                raise TraceError(f"attribute {'.'.join(map(str, path))} of op {i} ({n['op']} at {n.get('src')}) takes "
+                                 f"rank-dependent values {sorted(set(vals.values()), key=repr)} that are not affine in "
+                                 f"the mesh coordinates", "spmd", n["op"], n.get("src"))
+            _set_leaf(n2["attrs"], path, expr)
+            notes.append(f"{n2.get('name') or n2.get('outputs')}: {n['op']} attribute "
+                         f"{'.'.join(map(str, path))} = {expr}")
+        if not n2["attrs"]:
+            n2.pop("attrs")
+        out.append(n2)
+    return out, notes
+
+
+# ====================================================================== the API
+def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inputs: Mapping[str, Mapping[str, Any]],
+               mesh: Mapping[str, int], name: str = "traced", description: str | None = None,
+               grad_sync: Callable | None = None, output_placements: Mapping[str, Mapping[str, str]] | None = None,
+               validate: bool = True) -> dict:
+    """Trace ``logical`` (degree 1) and ``parallel`` (every rank of ``mesh``) into a plan dict.
+
+    ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs), placement {axis: text},
+    param (bool: differentiate the loss with respect to it)}; shapes are logical (full) shapes.
+    ``grad_sync(ctx, grads) -> grads`` runs on each rank after autograd, inside the trace.
+    Raises :class:`TraceError` (unsupported op, ranks not SPMD, bad mapping)."""
+    mesh = {str(a): int(s) for a, s in mesh.items()}
+    if not mesh or any(s <= 0 for s in mesh.values()):
+        raise TraceError(f"mesh {mesh} needs positive axis sizes", "input")
+    specs = _parse_inputs(inputs, mesh)
+    names = [s.name for s in specs]
+    axes, sizes = tuple(mesh), tuple(mesh.values())
+    world = 1
+    for s in sizes:
+        world *= s
+
+    # ---- logical
+    gm, params = _trace_joint(logical, specs, [s.shape for s in specs])
+    lnodes, louts = _convert(gm, names)
+    out_names = ["loss"] + [f"grad_{p}" for p in params]
+    lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
+
+    # ---- parallel, per rank
+    from torch.distributed.device_mesh import init_device_mesh
+
+    lshapes = [local_shape(s, mesh) for s in specs]
+    per_rank: dict[tuple[int, ...], list[dict]] = {}
+    pouts_ref = None
+    for r in range(world):
+        c = coords_of(r, sizes)
+        with fake_world(r, world):
+            dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
+            ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
+            gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,))
+            pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r))
+        nodes_j, outs_j = _finish_outputs(pnodes, pouts, out_names, names)
+        if pouts_ref is None:
+            pouts_ref = outs_j
+        elif outs_j != pouts_ref:
+            raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
+        per_rank[c] = nodes_j
+    pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
+
+    # ---- placements
+    in_pl = {s.name: {"local": s.name, "placement": dict(s.placement)} for s in specs}
+    out_pl: dict[str, dict] = {"loss": {"local": pouts_ref[0], "placement": {}}}
+    by_name = {s.name: s for s in specs}
+    for p, local in zip(params, pouts_ref[1:]):
+        out_pl[f"grad_{p}"] = {"local": local, "placement": dict(by_name[p].placement)}
+    for k, v in (output_placements or {}).items():
+        if k not in out_pl:
+            raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
+        out_pl[k]["placement"] = dict(v)
+
+    def decl(s, shape):
+        d = {"name": s.name, "shape": list(shape), "dtype": s.dtype}
+        if s.range is not None:
+            d["range"] = int(s.range)
+        return d
+
+    plan = {
+        "tvcert_plan": 1,
+        "name": name,
+        "description": description or f"traced from {getattr(parallel, '__module__', '?')}.{getattr(parallel, '__qualname__', '?')}",
+        "dims": {a: s for a, s in mesh.items()},
+        "mesh": {a: a for a in mesh},
+        "logical": {"inputs": [decl(s, s.shape) for s in specs], "nodes": lnodes_j, "outputs": lout_j},
+        "parallel": [{"name": "spmd", "inputs": [decl(s, sh) for s, sh in zip(specs, lshapes)],
+                      "nodes": pnodes_j, "outputs": list(pouts_ref)}],
+        "inputs": in_pl,
+        "outputs": out_pl,
+    }
+    if notes:
+        plan["description"] += "; rank-dependent attributes: " + "; ".join(notes)
+    if validate:
+        try:
+            load_plan(plan)
+        except PlanError as exc:
+            raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
+    return plan
+
+
+def _finish_outputs(nodes: list[IRNode], outs: list[Any], out_names: list[str], input_names: list[str]):
+    """Nodes as JSON and output tensor names.  Outputs are renamed to ``loss`` / ``grad_<p>`` when the
+    tensor is produced by a node (so logical and parallel outputs line up by name)."""
+    js = [n.to_json() for n in nodes]
+    rename: dict[str, str] = {}
+    produced = {o for n in nodes for o in n.outputs}
+    final = []
+    for want, have in zip(out_names, outs):
+        if not isinstance(have, str):
+            raise TraceError(f"output {want} is not a tensor ({have!r})", "unsupported")
+        if have in produced and have not in rename and want not in produced and want not in input_names:
+            rename[have] = want
+            final.append(want)
+        else:
+            final.append(rename.get(have, have))
+    if rename:
+        for n in js:
+            n["inputs"] = [rename.get(x, x) for x in n["inputs"]]
+            if "name" in n:
+                n["name"] = rename.get(n["name"], n["name"])
+            if "outputs" in n:
+                n["outputs"] = [rename.get(x, x) for x in n["outputs"]]
+    return js, final
+
