@@ -105,3 +105,9 @@ have iqc : (s %% q * c + i < q * c)%N.
 rewrite h2 ?ltn_pmod // h1 //; congr E.
 by rewrite [in RHS](divn_eq s q) mulnDl -mulnA addnA.
 Qed.
+
+(** all_reduce(avg) of [Partial(sum)] [E] is Replicate [E / p]. *)
+Theorem allreduce_avg_partial_sum {I : Type} {R : fieldType} (p : nat) (E : I -> R)
+  (L : nat -> I -> R) :
+  partial_sum p E L -> replicate p (fun x => E x / p%:R) (all_reduce_avg p L).
+Proof. by move=> h r x _; rewrite /all_reduce_avg h mulrC. Qed.

@@ -109,3 +109,21 @@ Proof.
 move=> ext hA j; rewrite sum_blocks; apply: eq_big_nat => r /andP[_ rp].
 apply: eq_big_nat => k /andP[_ kb]; apply: ext => y; exact: hA.
 Qed.
+
+(** An einsum is linear in each operand: with one [Partial(sum)] operand [A]
+    (read at position [rd j k]) and the product of the replicated operands'
+    reads on its left ([cl]) and right ([cr]), the local einsums are a
+    [Partial(sum)] of the logical one. *)
+Theorem einsum_partial_operand {I J : Type} {R : ringType} (p K : nat)
+  (rd : J -> nat -> I) (cl cr : J -> nat -> R) (Lcl Lcr : nat -> J -> nat -> R)
+  (A : I -> R) (LA : nat -> I -> R) :
+  partial_sum p A LA ->
+  (forall r j k, (r < p)%N -> Lcl r j k = cl j k) ->
+  (forall r j k, (r < p)%N -> Lcr r j k = cr j k) ->
+  partial_sum p (fun j => \sum_(0 <= k < K) cl j k * A (rd j k) * cr j k)
+                (fun r j => \sum_(0 <= k < K) Lcl r j k * LA r (rd j k) * Lcr r j k).
+Proof.
+move=> hA hl hr j; rewrite exchange_big /=; apply: eq_bigr => k _.
+rewrite -hA mulr_sumr mulr_suml; apply: eq_big_nat => r /andP[_ rp].
+by rewrite hl ?hr.
+Qed.

@@ -83,10 +83,12 @@ RULES: dict[str, str] = {
     "matmul_partial_rhs": f"{_T}.Matmul.matmul_partial_rhs",
     "einsum_shard_free_index": f"{_T}.Matmul.einsum_shard_free_index",
     "einsum_shard_contracted_index": f"{_T}.Matmul.einsum_shard_contracted_index",
+    "einsum_partial_operand": f"{_T}.Matmul.einsum_partial_operand",
     # collectives
     "allreduce_sum_partial": f"{_T}.Collectives.allreduce_sum_partial",
     "allreduce_avg_partial_avg": f"{_T}.Collectives.allreduce_avg_partial_avg",
     "allreduce_max_partial_max": f"{_T}.Collectives.allreduce_max_partial_max",
+    "allreduce_avg_partial_sum": f"{_T}.Collectives.allreduce_avg_partial_sum",
     "allgather_shard": f"{_T}.Collectives.allgather_shard",
     "reduce_scatter_partial": f"{_T}.Collectives.reduce_scatter_partial",
     "all_to_all_reshard": f"{_T}.Collectives.all_to_all_reshard",
