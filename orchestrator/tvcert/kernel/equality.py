@@ -46,6 +46,7 @@ class Prover:
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}
         self._norm: dict[int, tuple[Fraction, int]] = {}
+        self._lnorm: dict[int, int] = {}
 
     # ------------------------------------------------------------------ public
     def equal(self, a: int, b: int) -> bool:
@@ -76,9 +77,64 @@ class Prover:
             if ca == cb and self.equal(na, nb):
                 self.used.add("scale_commutes_linear")
                 return True
+        la, lb = self.lnorm(a), self.lnorm(b)
+        if (la, lb) != (a, b) and self.equal(la, lb):
+            self.used.add("layout_commutes_pointwise")
+            return True
         if is_region_op(X, a) or is_region_op(X, b):
             return self._smt(a, b)
         return False
+
+    def _pull(self, i: int) -> tuple[int, tuple]:
+        """(core, layouts) with i = layouts(core) and the same layouts applied to every pointwise leaf."""
+        X = self.exprs
+        e = X[i]
+        if e.op in ("reshape", "permute"):
+            core, sig = self._pull(e.args[0])
+            return core, sig + ((e.op, e.attrs, X[e.args[0]].shape),)
+        if is_region_op(X, i) and e.args and all(X[a].shape in (e.shape, ()) for a in e.args):
+            pulled = [(a, None) if X[a].shape == () else self._pull(a) for a in e.args]
+            sigs = {sig for _, sig in pulled if sig is not None}
+            if len(sigs) == 1 and () not in sigs:
+                return X.mk(e.op, e.attr_dict(), [c for c, _ in pulled]), sigs.pop()
+        return i, ()
+
+    def lnorm(self, i: int) -> int:
+        """Push reshape / permute through pointwise ops and compose them (index bijections commute with pointwise maps)."""
+        got = self._lnorm.get(i)
+        if got is not None:
+            return got
+        self._lnorm[i] = i
+        res = self._push_layout(i)
+        self._lnorm[i] = res
+        return res
+
+    def _push_layout(self, i: int) -> int:
+        X = self.exprs
+        e = X[i]
+        if e.op in ("sum", "mean", "amax", "amin") and not e.attr_dict().get("keepdim") and e.shape == ():
+            # a full reduction does not see a layout applied uniformly to its whole pointwise argument
+            core, sig = self._pull(e.args[0])
+            if sig:
+                n = len(X[core].shape)
+                return X.mk(e.op, {"dims": tuple(range(n)), "keepdim": False}, [core])
+            return i
+        if e.op not in ("reshape", "permute"):
+            return i
+        at = e.attr_dict()
+        inner = self.lnorm(e.args[0])
+        x = X[inner]
+        if x.op == e.op == "permute":
+            p_in, p_out = x.attr_dict()["dims"], at["dims"]
+            return X.mk("permute", {"dims": tuple(p_in[d] for d in p_out)}, [x.args[0]])
+        if x.op == e.op == "reshape":
+            return X.mk("reshape", at, [x.args[0]])
+        if is_region_op(X, inner) and x.args and all(X[a].shape in (x.shape, ()) for a in x.args):
+            args = [a if X[a].shape == () else self.lnorm(X.mk(e.op, at, [a])) for a in x.args]
+            return X.mk(x.op, x.attr_dict(), args)
+        if inner != e.args[0]:
+            return X.mk(e.op, at, [inner])
+        return i
 
     def norm(self, i: int) -> tuple[Fraction, int]:
         """(c, core) with i = c * core, the scalar pulled out through linear ops."""

@@ -51,6 +51,29 @@ def canon_attrs(attrs: Mapping[str, Any]) -> str:
                       separators=(",", ":"))
 
 
+DIM_ATTR_OPS = {"concat", "slice", "split", "softmax", "log_softmax", "softmax_backward", "log_softmax_backward",
+                "topk", "gather", "index_select", "scatter_add", "index_add"}
+REDUCE_OPS = {"sum", "mean", "amax", "amin"}
+
+
+def canon_dims(op: str, attrs: dict, in_shapes: Sequence[Shape]) -> dict:
+    """Spell dim attributes one way (non-negative, sorted) so equal ops intern equal."""
+    if not in_shapes:
+        return attrs
+    n = len(in_shapes[0])
+    out = dict(attrs)
+    if op in DIM_ATTR_OPS and isinstance(out.get("dim"), int) and n:
+        out["dim"] = out["dim"] % n
+    elif op in REDUCE_OPS and "dims" in out and n:
+        out["dims"] = tuple(sorted({d % n for d in out["dims"]}))
+        out["keepdim"] = bool(out.get("keepdim", False))
+    elif op == "permute" and n:
+        out["dims"] = tuple(d % n for d in out["dims"])
+    elif op == "einsum":
+        out["equation"] = out["equation"].replace(" ", "")
+    return out
+
+
 class Exprs:
     """The expression table: ``mk`` returns the id of an interned expression."""
 
@@ -101,11 +124,12 @@ class Exprs:
             out_dtypes = spec.out_dtypes(dtypes, dict(attrs))
         except (ValueError, KeyError, IndexError) as exc:
             raise ExprError(f"{op} on {[list(s) for s in shapes]}: {exc}") from None
-        base = canon_attrs(attrs)
+        base = canon_attrs(canon_dims(op, dict(attrs), shapes))
         return [self._intern(Expr(op, canon_attrs({"attrs": json.loads(base), "output": i}), tuple(args),
                                   tuple(s), dt)) for i, (s, dt) in enumerate(zip(out_shapes, out_dtypes))]
 
     def _mk_one(self, op, attrs, args, in_shapes, out_shape, out_dtype) -> int:
+        attrs = canon_dims(op, attrs, in_shapes)
         if op in RESHAPE_LIKE:
             if tuple(out_shape) == tuple(in_shapes[0]):
                 return args[0]

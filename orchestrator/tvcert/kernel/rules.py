@@ -86,6 +86,7 @@ RULES: dict[str, str] = {
     "slice_block_to_shard": "rank r slicing block r of a replicated tensor yields Shard",
     "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
     "scale_commutes_linear": "a scalar factor moves across any linear op",
+    "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
     "congruence": "equal arguments give equal results",
 }
@@ -666,16 +667,21 @@ def _layout(kc, op, ra, raw, facts):
     spec = REGISTRY[op]
     local_in = local_shape(shape, kc.axes, f.pl, kc.sizes)
     local_out = spec.infer([local_in], ra)[0]
-    sharded = {p.dim for p in f.pl if p.kind == "S"}
+    sharded = sorted({p.dim for p in f.pl if p.kind == "S"})
+    facs = {d: shard_factor(kc.axes, f.pl, d, kc.sizes) for d in sharded}
+    if op in ("unsqueeze", "squeeze", "flatten"):
+        try:
+            intended = list(spec.infer([shape], ra)[0])
+        except ValueError:
+            intended = None
+    else:
+        intended = _intended_shape(kc, raw, shape)
+    mapping = _reshape_targets(shape, local_out, facs, intended)
     out_logical = list(local_out)
-    per_axis = []
-    mapping = {}
-    for d in sharded:
-        fac = shard_factor(kc.axes, f.pl, d, kc.sizes)
-        e = _reshape_lead(shape, local_in, local_out, d, fac)
-        mapping[d] = e
-        out_logical[e] *= fac
+    for d, e in mapping.items():
+        out_logical[e] *= facs[d]
     expr = X.mk("reshape", {"shape": tuple(out_logical)}, [f.expr])
+    per_axis = []
     for ai, a in enumerate(kc.axes):
         p = f.pl[ai]
         if p.kind == "S":
@@ -685,6 +691,75 @@ def _layout(kc, op, ra, raw, facts):
         else:
             per_axis.append((R, "replicate_any"))
     return _combine(kc, per_axis, expr)
+
+
+def _intended_shape(kc, raw, logical_in) -> list[int] | None:
+    """The reshape target as written, evaluated with every mesh axis at size 1 (the logical view).
+
+    Used only to choose among assignments that are all valid; None when it cannot be read.
+    """
+    shp = raw.get("shape")
+    if not isinstance(shp, list):
+        return None
+    env = dict(kc.dims)
+    for a in kc.axes:
+        env[a] = 1
+    try:
+        vals = [v if isinstance(v, int) else parse(v).eval(env) for v in shp]
+    except (ValueError, KeyError):
+        return None
+    if vals.count(-1) == 1:
+        known = _prod([v for v in vals if v != -1])
+        if known:
+            vals[vals.index(-1)] = _prod(logical_in) // known
+    return vals
+
+
+def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None) -> dict[int, int]:
+    """Which output dim carries each sharded input dim (reshape_shard_block's side condition).
+
+    A candidate assignment scales those output dims back by their shard factors; on the
+    logical shapes, each sharded dim must head its reshape group (after size-1 dims) and its
+    output dim must head the same group's outputs, so shards are the same contiguous blocks
+    on both sides.  Exactly one assignment may qualify.
+    """
+    import itertools
+
+    ds = sorted(facs)
+    found = []
+    for es in itertools.product(range(len(local_out)), repeat=len(ds)):
+        if len(set(es)) != len(es):
+            continue
+        cand = list(local_out)
+        for d, e in zip(ds, es):
+            cand[e] *= facs[d]
+        if _prod(cand) != _prod(logical_in):
+            continue
+        groups = _groups(list(logical_in), cand)
+        ok = True
+        for d, e in zip(ds, es):
+            ga, gb = next(((ga, gb) for ga, gb in groups if d in ga), ([], []))
+            lead_in = [x for x in ga if logical_in[x] != 1]
+            lead_out = [y for y in gb if cand[y] != 1]
+            if not (lead_in and lead_in[0] == d and lead_out and lead_out[0] == e):
+                ok = False
+                break
+        if ok:
+            found.append((dict(zip(ds, es)), cand))
+    if len(found) > 1 and intended is not None:
+        found = [x for x in found if x[1] == list(intended)]
+    if len(found) != 1:
+        raise RuleFailure(f"reshape of a tensor sharded on dims {ds}: a sharded dim does not lead its reshape group "
+                          f"with the group's leading output dim keeping the shard, so shards are not contiguous blocks "
+                          f"of the result")
+    return found[0][0]
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
 
 
 def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -707,22 +782,6 @@ def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[in
                 break
         out.append((ga, gb))
     return out
-
-
-def _reshape_lead(logical_in, local_in, local_out, d, fac) -> int:
-    """Output dim carrying the shard of input dim d (reshape_shard_block's side condition)."""
-    for ga, gb in _groups(list(local_in), list(local_out)):
-        if d not in ga:
-            continue
-        lead_in = [x for x in ga if local_in[x] != 1 or x == d]
-        if lead_in[0] != d:
-            raise RuleFailure(f"reshape: sharded dim {d} is not the leading dim of its reshape group {ga}, so shards "
-                              f"are not contiguous blocks of the result")
-        lead_out = [y for y in gb if local_out[y] != 1]
-        if not lead_out:
-            raise RuleFailure(f"reshape: sharded dim {d} maps to size-1 dims only")
-        return lead_out[0]
-    raise RuleFailure(f"reshape: cannot place sharded dim {d}")
 
 
 def _slice(kc, op, ra, raw, facts):
@@ -766,6 +825,12 @@ def _slice_block(kc, ra, raw, f, dim, rank_axes):
     p = kc.sizes[a]
     if ra["step"] != 1:
         raise RuleFailure("rank-dependent slice with step != 1")
+    for aj in range(ai + 1, len(kc.axes)):
+        q = f.pl[aj]
+        if q.kind == "S" and q.dim == dim:
+            raise RuleFailure(f"slice_block_to_shard over {a!r}: dim {dim} is already sharded on the inner axis {kc.axes[aj]!r}")
+    outer = shard_factor(kc.axes[:ai], f.pl[:ai], dim, kc.sizes)
+    local = size // outer
     env = dict(kc.dims)
     for b in kc.axes:
         env[f"rank.{b}"] = 0
@@ -773,17 +838,17 @@ def _slice_block(kc, ra, raw, f, dim, rank_axes):
     en = affine_in_rank(raw.get("end"), env, a) if isinstance(raw.get("end"), (str, int)) else None
     if st is None or en is None:
         raise RuleFailure("slice bounds are not affine in the rank coordinate")
-    if size % p:
-        raise RuleFailure(f"slice_block_to_shard: dim {dim} of size {size} is not divisible by axis {a!r} of size {p}")
-    L = size // p
+    if local % p:
+        raise RuleFailure(f"slice_block_to_shard: local dim {dim} of size {local} is not divisible by axis {a!r} of size {p}")
+    L = local // p
     if st != (0, L) or en != (L, L):
         raise RuleFailure(f"slice_block_to_shard: rank r takes [{st[0]}+{st[1]}r, {en[0]}+{en[1]}r) of dim {dim}, "
-                          f"not block r = [{L}r, {L}r+{L}) of a size-{size} dim split {p} ways")
+                          f"not block r = [{L}r, {L}r+{L}) of a size-{local} dim split {p} ways")
     if f.pl[ai].kind != "R":
         raise RuleFailure(f"slice_block_to_shard needs a replicated input on axis {a!r}, got {f.pl[ai]}")
     for aj, b in enumerate(kc.axes):
         q = f.pl[aj]
-        if aj != ai and (q.kind == "P" or (q.kind == "S" and q.dim == dim)):
+        if aj != ai and q.kind == "P":
             raise RuleFailure(f"slice_block_to_shard: axis {b!r} holds {q} on the same tensor")
     per_axis = [(f.pl[aj], "replicate_any" if f.pl[aj].kind == "R" else "slice_other_dim") for aj in range(len(kc.axes))]
     per_axis[ai] = (S(dim), "slice_block_to_shard")

@@ -1,0 +1,445 @@
+"""Llama-3 training step: forward, backward, gradient sync, clipping, AdamW.
+
+One function writes the step against a :class:`Par`; with all degrees 1 it is the logical
+single-device graph, otherwise the SPMD program of Megatron-style parallelism:
+
+* tp: column-parallel q/k/v/w1/w3 and LM head, row-parallel o/w2, vocab-parallel embedding and
+  cross-entropy (one-hot formulation: the target logit and the embedding row are read through
+  the rank's vocab block of a one-hot matrix);
+* sp (with tp): the residual stream is sharded on the sequence; all_gather before column-parallel
+  layers, reduce_scatter after row-parallel ones, norm-weight gradients all-reduced over tp;
+* cp: the sequence is sharded; K and V are all-gathered (Llama 3's all-gather context
+  parallelism), RoPE positions and causal-mask rows are the rank's block of positions;
+* dp and micro-batches (a virtual mesh axis ``mb``: accumulation = sum over it): weight
+  gradients are partial sums over the token-splitting axes and are all-reduced;
+* zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
+  shard, parameters all-gathered.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .builder import G, Par
+
+EPS = 1e-5
+MASK = -1e9
+B1, B2, LR, WD, ADAM_EPS, STEP, MAX_NORM = 0.9, 0.95, 3e-4, 0.1, 1e-8, 10, 1.0
+
+
+@dataclass
+class Cfg:
+    dims: dict[str, int]  # b s h nh nkv hd f v
+    layers: int
+
+    @property
+    def hd(self) -> int:
+        return self.dims["hd"]
+
+
+@dataclass
+class Param:
+    name: str
+    shape: list
+    tp_dim: int | None  # dim sharded over tp (None: replicated)
+    grad: str = ""
+
+
+@dataclass
+class Step:
+    g: G
+    par: Par
+    cfg: Cfg
+    params: dict[str, Param] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- dims
+    def d(self, name: str, *axes: str) -> str:
+        divs = [a for a in axes if self.par.has(a)]
+        return name + "".join(f"/{a}" for a in divs)
+
+    @property
+    def B(self): return self.d("b", "dp", "mb")
+    @property
+    def S(self): return self.d("s", "cp")
+    @property
+    def SS(self): return self.d("s", "cp", "tp") if self.par.sp and self.par.has("tp") else self.S
+    @property
+    def NH(self): return self.d("nh", "tp")
+    @property
+    def NKV(self): return self.d("nkv", "tp")
+    @property
+    def F(self): return self.d("f", "tp")
+    @property
+    def V(self): return self.d("v", "tp")
+
+    @property
+    def sp(self) -> bool:
+        return self.par.sp and self.par.has("tp")
+
+    # -------------------------------------------------------------- collectives (identity when logical)
+    def all_reduce(self, x, axes, role, reduce="sum"):
+        axes = [a for a in axes if self.par.has(a)]
+        if not axes:
+            return x
+        return self.g.op("all_reduce", x, role=role, axis=axes[0] if len(axes) == 1 else axes, reduce=reduce)
+
+    def gather(self, x, axis, dim, role):
+        return self.g.op("all_gather", x, role=role, axis=axis, dim=dim) if self.par.has(axis) else x
+
+    def scatter(self, x, axis, dim, role):
+        return self.g.op("reduce_scatter", x, role=role, axis=axis, dim=dim) if self.par.has(axis) else x
+
+    def block(self, x, axis, dim, size, role):
+        if not self.par.has(axis):
+            return x
+        return self.g.op("slice", x, role=role, dim=dim, start=f"rank.{axis}*({size}/{axis})",
+                         end=f"(rank.{axis}+1)*({size}/{axis})")
+
+    def tp_in(self, x, role):
+        """Enter a column-parallel region (sequence all_gather under SP)."""
+        return self.gather(x, "tp", 1, role + ".sp_all_gather") if self.sp else x
+
+    def tp_out(self, x, role):
+        """Leave a row-parallel region: all_reduce, or reduce_scatter on the sequence under SP."""
+        if self.sp:
+            return self.scatter(x, "tp", 1, role + ".sp_reduce_scatter")
+        return self.all_reduce(x, ["tp"], role + ".all_reduce")
+
+    # -------------------------------------------------------------- parameters
+    def param(self, name, shape, tp_dim):
+        local = list(shape)
+        if tp_dim is not None:
+            local[tp_dim] = self.d(shape[tp_dim], "tp")
+        self.g.input(name, local)
+        self.params[name] = Param(name, list(shape), tp_dim)
+        return name
+
+    # -------------------------------------------------------------- building blocks
+    def rmsnorm(self, x, w, role):
+        g = self.g
+        sq = g.op("square", x, role=role + ".sq")
+        ms = g.op("mean", sq, role=role + ".mean", dims=[-1], keepdim=True)
+        r = g.op("rsqrt", g.op("add_scalar", ms, role=role + ".eps", value=EPS), role=role + ".rsqrt")
+        xn = g.op("mul", x, r, role=role + ".normalize")
+        return g.op("mul", xn, w, role=role + ".weight"), (xn, r)
+
+    def rmsnorm_bwd(self, dy, w, saved, role):
+        g = self.g
+        xn, r = saved
+        dw = g.op("sum", g.op("mul", dy, xn, role=role + ".bwd.dw_mul"), role=role + ".bwd.dw_sum", dims=[0, 1])
+        dxn = g.op("mul", dy, w, role=role + ".bwd.dxn")
+        dot = g.op("mean", g.op("mul", dxn, xn, role=role + ".bwd.dot_mul"), role=role + ".bwd.dot_mean", dims=[-1],
+                   keepdim=True)
+        dx = g.op("mul", r, g.op("sub", dxn, g.op("mul", xn, dot, role=role + ".bwd.proj"), role=role + ".bwd.sub"),
+                  role=role + ".bwd.dx")
+        return dx, dw
+
+    def rope(self, x, cos, sin, role, inverse=False):
+        """x*cos + rot(x)*sin, rot(x) = [-x2, x1]; the backward applies rot^T(z) = [z2, -z1]."""
+        g = self.g
+        half, full = "hd/2", "hd"
+        if not inverse:
+            x1 = g.op("slice", x, role=role + ".x1", dim=-1, start=0, end=half)
+            x2 = g.op("slice", x, role=role + ".x2", dim=-1, start=half, end=full)
+            rot = g.op("concat", g.op("neg", x2, role=role + ".neg"), x1, role=role + ".rot", dim=-1)
+            return g.op("add", g.op("mul", x, cos, role=role + ".cos"), g.op("mul", rot, sin, role=role + ".sin"),
+                        role=role + ".add")
+        zs = g.op("mul", x, sin, role=role + ".bwd.sin")
+        z1 = g.op("slice", zs, role=role + ".bwd.z1", dim=-1, start=0, end=half)
+        z2 = g.op("slice", zs, role=role + ".bwd.z2", dim=-1, start=half, end=full)
+        rt = g.op("concat", z2, g.op("neg", z1, role=role + ".bwd.neg"), role=role + ".bwd.rot_t", dim=-1)
+        return g.op("add", g.op("mul", x, cos, role=role + ".bwd.cos"), rt, role=role + ".bwd.add")
+
+    def rope_tables(self):
+        g = self.g
+        pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
+                   role="rope.pos", dtype="float")
+        ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
+                   g.op("unsqueeze", "rope_freq", role="rope.row", dim=0), role="rope.angles")
+        ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
+        rows = g.op("unsqueeze", pos, role="mask.rows", dim=1)
+        cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
+                    role="mask.cols", dim=0)
+        mask = g.op("gt", cols, rows, role="mask.causal")
+        return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), mask
+
+    def heads(self, x, n, role):
+        g = self.g
+        x4 = g.op("reshape", x, role=role + ".split_heads", shape=[self.B, self.S, n, "hd"])
+        return g.op("permute", x4, role=role + ".to_bhsd", dims=[0, 2, 1, 3])
+
+    def unheads(self, x, n, role):
+        g = self.g
+        x4 = g.op("permute", x, role=role + ".to_bshd", dims=[0, 2, 1, 3])
+        return g.op("reshape", x4, role=role + ".merge_heads", shape=[self.B, self.S, f"{n}*hd"])
+
+    def expand_kv(self, k, role):
+        g = self.g
+        k5 = g.op("unsqueeze", k, role=role + ".unsqueeze", dim=2)
+        ke = g.op("expand", k5, role=role + ".expand", shape=[self.B, self.NKV, "nh/nkv", "s", "hd"])
+        return g.op("reshape", ke, role=role + ".merge", shape=[self.B, self.NH, "s", "hd"])
+
+    def reduce_kv(self, dk, role):
+        g = self.g
+        d5 = g.op("reshape", dk, role=role + ".split", shape=[self.B, self.NKV, "nh/nkv", "s", "hd"])
+        return g.op("sum", d5, role=role + ".sum_groups", dims=[2])
+
+    def wgrad(self, x, dy, role):
+        return self.g.op("einsum", x, dy, role=role, equation="bsi,bso->io")
+
+    def linear_dx(self, dy, w, role):
+        g = self.g
+        return g.op("matmul", dy, g.op("permute", w, role=role + ".w_t", dims=[1, 0]), role=role)
+
+    # -------------------------------------------------------------- the layer
+    def layer(self, i, x, cos, sin, mask):
+        g, p = self.g, f"layer{i}"
+        wn1 = self.param(f"{p}.attn_norm", ["h"], None)
+        wq = self.param(f"{p}.wq", ["h", "nh*hd"], 1)
+        wk = self.param(f"{p}.wk", ["h", "nkv*hd"], 1)
+        wv = self.param(f"{p}.wv", ["h", "nkv*hd"], 1)
+        wo = self.param(f"{p}.wo", ["nh*hd", "h"], 0)
+        wn2 = self.param(f"{p}.mlp_norm", ["h"], None)
+        w1 = self.param(f"{p}.w1", ["h", "f"], 1)
+        w3 = self.param(f"{p}.w3", ["h", "f"], 1)
+        w2 = self.param(f"{p}.w2", ["f", "h"], 0)
+        g.scope = p
+        n1, sn1 = self.rmsnorm(x, wn1, "attn_norm")
+        n1f = self.tp_in(n1, "attn_in")
+        q = self.rope(self.heads(g.op("matmul", n1f, wq, role="q_proj"), self.NH, "q"), cos, sin, "q_rope")
+        k = self.rope(self.heads(g.op("matmul", n1f, wk, role="k_proj"), self.NKV, "k"), cos, sin, "k_rope")
+        v = self.heads(g.op("matmul", n1f, wv, role="v_proj"), self.NKV, "v")
+        kf = self.gather(k, "cp", 2, "cp_k_all_gather")
+        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+        ke, ve = self.expand_kv(kf, "k_gqa"), self.expand_kv(vf, "v_gqa")
+        c = 1.0 / math.sqrt(self.cfg.hd)
+        sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role="k_t", dims=[0, 1, 3, 2]), role="scores"),
+                  role="scores_scale", value=c)
+        sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
+        prob = g.op("softmax", sc, role="softmax", dim=-1)
+        o = self.unheads(g.op("matmul", prob, ve, role="attn_v"), self.NH, "o")
+        attn = self.tp_out(g.op("matmul", o, wo, role="o_proj"), "o_proj")
+        x2 = g.op("add", x, attn, role="attn_residual")
+        n2, sn2 = self.rmsnorm(x2, wn2, "mlp_norm")
+        n2f = self.tp_in(n2, "mlp_in")
+        a = g.op("matmul", n2f, w1, role="w1_proj")
+        cc = g.op("matmul", n2f, w3, role="w3_proj")
+        sa = g.op("silu", a, role="silu")
+        hm = g.op("mul", sa, cc, role="swiglu")
+        mo = self.tp_out(g.op("matmul", hm, w2, role="w2_proj"), "w2_proj")
+        x3 = g.op("add", x2, mo, role="mlp_residual")
+        g.scope = ""
+        saved = dict(x=x, n1f=n1f, sn1=sn1, q=q, ke=ke, ve=ve, prob=prob, o=o, x2=x2, sn2=sn2, n2f=n2f, a=a, cc=cc,
+                     sa=sa, hm=hm, c=c)
+        return x3, saved
+
+    def layer_bwd(self, i, dx3, s, cos, sin, mask):
+        g, p = self.g, f"layer{i}"
+        g.scope = p + ".bwd"
+        gr = {}
+        # MLP
+        dmo = self.tp_in(dx3, "w2_dy")
+        gr[f"{p}.w2"] = self.wgrad(s["hm"], dmo, "w2_dw")
+        dhm = self.linear_dx(dmo, f"{p}.w2", "w2_dx")
+        dsa = g.op("mul", dhm, s["cc"], role="swiglu_dsilu")
+        dcc = g.op("mul", dhm, s["sa"], role="swiglu_dw3")
+        sig = g.op("sigmoid", s["a"], role="silu_sig")
+        one_minus = g.op("add_scalar", g.op("neg", sig, role="silu_negsig"), role="silu_1m", value=1.0)
+        dsilu = g.op("mul", sig, g.op("add_scalar", g.op("mul", s["a"], one_minus, role="silu_a1m"), role="silu_1p",
+                                      value=1.0), role="silu_grad")
+        da = g.op("mul", dsa, dsilu, role="silu_dx")
+        gr[f"{p}.w1"] = self.wgrad(s["n2f"], da, "w1_dw")
+        gr[f"{p}.w3"] = self.wgrad(s["n2f"], dcc, "w3_dw")
+        dn2f = g.op("add", self.linear_dx(da, f"{p}.w1", "w1_dx"), self.linear_dx(dcc, f"{p}.w3", "w3_dx"),
+                    role="mlp_dx_sum")
+        dn2 = self.tp_out(dn2f, "mlp_dx")
+        dx2n, gr[f"{p}.mlp_norm"] = self.rmsnorm_bwd(dn2, f"{p}.mlp_norm", s["sn2"], "mlp_norm")
+        dx2 = g.op("add", dx3, dx2n, role="mlp_residual_grad")
+        # attention
+        dattn = self.tp_in(dx2, "o_dy")
+        gr[f"{p}.wo"] = self.wgrad(s["o"], dattn, "wo_dw")
+        do2 = self.linear_dx(dattn, f"{p}.wo", "wo_dx")
+        do = self.heads(do2, self.NH, "do")
+        dprob = g.op("matmul", do, g.op("permute", s["ve"], role="v_t", dims=[0, 1, 3, 2]), role="dprob")
+        dve = g.op("matmul", g.op("permute", s["prob"], role="prob_t", dims=[0, 1, 3, 2]), do, role="dv")
+        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
+        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
+        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
+        dq = g.op("matmul", dsc, s["ke"], role="dq")
+        dke = g.op("matmul", g.op("permute", dsc, role="dscores_t", dims=[0, 1, 3, 2]), s["q"], role="dk")
+        dkf = self.scatter(self.reduce_kv(dke, "dk_gqa"), "cp", 2, "cp_dk_reduce_scatter")
+        dvf = self.scatter(self.reduce_kv(dve, "dv_gqa"), "cp", 2, "cp_dv_reduce_scatter")
+        dq2 = self.unheads(self.rope(dq, cos, sin, "q_rope", inverse=True), self.NH, "dq")
+        dk2 = self.unheads(self.rope(dkf, cos, sin, "k_rope", inverse=True), self.NKV, "dk")
+        dv2 = self.unheads(dvf, self.NKV, "dv")
+        gr[f"{p}.wq"] = self.wgrad(s["n1f"], dq2, "wq_dw")
+        gr[f"{p}.wk"] = self.wgrad(s["n1f"], dk2, "wk_dw")
+        gr[f"{p}.wv"] = self.wgrad(s["n1f"], dv2, "wv_dw")
+        dn1f = g.op("add", g.op("add", self.linear_dx(dq2, f"{p}.wq", "wq_dx"), self.linear_dx(dk2, f"{p}.wk", "wk_dx"),
+                                role="qk_dx_sum"), self.linear_dx(dv2, f"{p}.wv", "wv_dx"), role="qkv_dx_sum")
+        dn1 = self.tp_out(dn1f, "attn_dx")
+        dxn, gr[f"{p}.attn_norm"] = self.rmsnorm_bwd(dn1, f"{p}.attn_norm", s["sn1"], "attn_norm")
+        dx = g.op("add", dx2, dxn, role="attn_residual_grad")
+        g.scope = ""
+        return dx, gr
+
+    # -------------------------------------------------------------- whole step
+    def build(self):
+        g, cfg = self.g, self.cfg
+        ids = g.input("tokens", [self.B, self.S], "int", "v")
+        tgt = g.input("targets", [self.B, self.S], "int", "v")
+        g.input("rope_freq", ["hd/2"])
+        wemb = self.param("embedding", ["v", "h"], 0)
+        cos, sin, mask = self.rope_tables()
+        # vocab-parallel embedding: the rank's vocab block of one_hot(ids) times its rows of the table
+        oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v", "embed.vocab_block")
+        emb = g.op("matmul", oh, wemb, role="embed.lookup")
+        x = self.tp_out(emb, "embed")
+        saved = []
+        for i in range(cfg.layers):
+            x, s = self.layer(i, x, cos, sin, mask)
+            saved.append(s)
+        wf = self.param("final_norm", ["h"], None)
+        wout = self.param("lm_head", ["h", "v"], 1)
+        g.scope = "head"
+        nf, snf = self.rmsnorm(x, wf, "final_norm")
+        nff = self.tp_in(nf, "lm_in")
+        logits = g.op("matmul", nff, wout, role="lm_head")
+        # vocab-parallel cross-entropy
+        m = self.all_reduce(g.op("amax", logits, role="ce.local_max", dims=[-1], keepdim=True), ["tp"], "ce.max",
+                            reduce="max")
+        ez = g.op("exp", g.op("sub", logits, m, role="ce.shift"), role="ce.exp")
+        se = self.all_reduce(g.op("sum", ez, role="ce.local_sumexp", dims=[-1], keepdim=True), ["tp"], "ce.sumexp")
+        lse = g.op("add", g.op("log", se, role="ce.log"), m, role="ce.lse")
+        toh = self.block(g.op("one_hot", tgt, role="ce.one_hot", num_classes="v"), "tp", 2, "v", "ce.vocab_block")
+        tl = self.all_reduce(g.op("sum", g.op("mul", logits, toh, role="ce.pick"), role="ce.local_target", dims=[-1],
+                                  keepdim=True), ["tp"], "ce.target")
+        tok = g.op("sub", lse, tl, role="ce.token_loss")
+        ntok = g.op("const", role="loss.count", value="b*s")
+        lsum = g.op("div", g.op("sum", tok, role="loss.sum", dims=[0, 1, 2]), ntok, role="loss.mean")
+        loss = self.all_reduce(lsum, self.par.data_axes(), "loss.all_reduce")
+        # backward of the mean loss
+        dtok = g.op("div", g.op("const", role="loss.seed", value=1, shape=[1, 1, 1]), ntok, role="loss.grad")
+        soft = g.op("div", ez, se, role="ce.softmax")
+        dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
+        gr = {"lm_head": self.wgrad(nff, dlogits, "lm_head.dw")}
+        dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
+        dx, gr["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
+        g.scope = ""
+        for i in reversed(range(cfg.layers)):
+            dx, gl = self.layer_bwd(i, dx, saved[i], cos, sin, mask)
+            gr.update(gl)
+        demb = self.tp_in(dx, "embed.dy")
+        gr["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        return loss, self.sync_and_update(gr)
+
+    # -------------------------------------------------------------- gradient sync, clipping, AdamW
+    def sync_and_update(self, grads):
+        g = self.g
+        g.scope = "optim"
+        synced = {}
+        for name, gt in grads.items():
+            axes = self.par.data_axes()
+            if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
+                axes = ["tp"] + axes  # norm weights see sequence shards under SP
+            if self.par.zero and self.par.has("dp"):
+                part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
+                flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
+                synced[name] = self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+            else:
+                synced[name] = self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
+        # global norm: tp-sharded grads give partial sums over tp, replicated ones count once (scaled by 1/tp)
+        total = None
+        for name, gt in synced.items():
+            ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
+                       dims=list(range(len(self._local_shape(name)))) if not self._zero() else [0])
+            if self._zero():
+                ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
+            if self.params[name].tp_dim is None and self.par.has("tp"):
+                ssq = g.op("div", ssq, g.op("const", role=f"{name}.tp_count", value="tp"), role=f"{name}.sumsq_dedup")
+            total = ssq if total is None else g.op("add", total, ssq, role=f"{name}.sumsq_acc")
+        total = self.all_reduce(total, ["tp"], "grad_norm.all_reduce")
+        norm = g.op("sqrt", total, role="grad_norm.sqrt")
+        coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
+                                    g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
+                    g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
+        outs = {}
+        for name, gt in synced.items():
+            outs.update(self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
+        g.scope = ""
+        return outs
+
+    def _zero(self) -> bool:
+        return bool(self.par.zero) and self.par.has("dp")
+
+    def _local_shape(self, name):
+        return self.params[name].shape
+
+    def _tp_first(self, x, name):
+        d = self.params[name].tp_dim
+        if d in (None, 0):
+            return x
+        n = len(self.params[name].shape)
+        return self.g.op("permute", x, role=f"{name}.tp_dim_first", dims=[d] + [i for i in range(n) if i != d])
+
+    def adamw(self, name, grad):
+        g = self.g
+        z = self._zero()
+        m_in = g.input(f"{name}.exp_avg", self._state_shape(name))
+        v_in = g.input(f"{name}.exp_avg_sq", self._state_shape(name))
+        pr = name
+        if z:
+            flat = g.op("reshape", self._tp_first(name, name), role=f"{name}.param_flatten", shape=[-1])
+            pr = self.block(flat, "dp", 0, self._flat_numel(name), f"{name}.param_shard")
+        m = g.op("add", g.op("scale", m_in, role=f"{name}.m_decay", value=B1),
+                 g.op("scale", grad, role=f"{name}.m_new", value=1 - B1), role=f"{name}.m")
+        v = g.op("add", g.op("scale", v_in, role=f"{name}.v_decay", value=B2),
+                 g.op("scale", g.op("square", grad, role=f"{name}.g2"), role=f"{name}.v_new", value=1 - B2),
+                 role=f"{name}.v")
+        mh = g.op("scale", m, role=f"{name}.m_hat", value=1 / (1 - B1 ** STEP))
+        vh = g.op("scale", v, role=f"{name}.v_hat", value=1 / (1 - B2 ** STEP))
+        upd = g.op("div", mh, g.op("add_scalar", g.op("sqrt", vh, role=f"{name}.v_sqrt"), role=f"{name}.v_eps",
+                                    value=ADAM_EPS), role=f"{name}.adam_dir")
+        upd = g.op("add", upd, g.op("scale", pr, role=f"{name}.wd", value=WD), role=f"{name}.decayed")
+        newp = g.op("sub", pr, g.op("scale", upd, role=f"{name}.lr", value=LR), role=f"{name}.update")
+        if z:
+            full = self.gather(newp, "dp", 0, f"{name}.param_all_gather")
+            local = self._local_param_shape(name)
+            d = self.params[name].tp_dim
+            if d not in (None, 0):
+                perm_shape = [local[d]] + [x for i, x in enumerate(local) if i != d]
+                full = g.op("reshape", full, role=f"{name}.param_unflatten", shape=perm_shape)
+                inv = [0] * len(local)
+                order = [d] + [i for i in range(len(local)) if i != d]
+                for pos, src in enumerate(order):
+                    inv[src] = pos
+                newp = g.op("permute", full, role=f"{name}.param_restore", dims=inv)
+            else:
+                newp = g.op("reshape", full, role=f"{name}.param_unflatten", shape=local)
+        return {name: newp, f"{name}.exp_avg": m, f"{name}.exp_avg_sq": v}
+
+    def _local_param_shape(self, name):
+        p = self.params[name]
+        local = list(p.shape)
+        if p.tp_dim is not None:
+            local[p.tp_dim] = self.d(p.shape[p.tp_dim], "tp")
+        return local
+
+    def _flat_numel(self, name):
+        return "*".join(f"({x})" for x in self._local_param_shape(name))
+
+    def _state_shape(self, name):
+        if self._zero():
+            return [f"({self._flat_numel(name)})/dp"]
+        return self._local_param_shape(name)
+
+
+def state_layout(step: Step, name: str) -> list[dict]:
+    """Layout of a ZeRO-sharded optimizer state: tp-sharded dim first, then flattened."""
+    p = step.params[name]
+    out = []
+    if p.tp_dim not in (None, 0):
+        n = len(p.shape)
+        out.append({"op": "permute", "attrs": {"dims": [p.tp_dim] + [i for i in range(n) if i != p.tp_dim]}})
+    out.append({"op": "reshape", "attrs": {"shape": [-1]}})
+    return out

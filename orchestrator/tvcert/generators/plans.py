@@ -1,0 +1,149 @@
+"""Plan generators for model families, from public model-card configurations."""
+from __future__ import annotations
+
+from typing import Any
+
+from .builder import G, Par
+from .llama import Cfg, Step, state_layout
+
+# Llama 3 model cards (hidden, layers, heads, kv heads, head dim, ffn, vocab, seq)
+LLAMA3 = {
+    "llama3-8b": dict(h=4096, layers=32, nh=32, nkv=8, hd=128, f=14336, v=128256, s=8192),
+    "llama3-70b": dict(h=8192, layers=80, nh=64, nkv=8, hd=128, f=28672, v=128256, s=8192),
+    "llama3-405b": dict(h=16384, layers=126, nh=128, nkv=8, hd=128, f=53248, v=128256, s=8192),
+}
+MODELS = sorted(LLAMA3)
+
+
+class GenError(ValueError):
+    """The requested model / parallel configuration cannot be generated."""
+
+
+def small_dims(par: Par) -> dict[str, int]:
+    """Tiny dims with every divisibility the plan needs, for execution by the interpreter."""
+    tp, cp = par.tp, par.cp
+    return {"b": par.dp * par.mb, "s": 2 * cp * (tp if par.sp else 1), "h": 4, "nh": 2 * tp, "nkv": tp, "hd": 2,
+            "f": 2 * tp, "v": 3 * tp}
+
+
+def small_mesh(par: Par) -> Par:
+    """The same structure at degree 2 (or 3 for mb) on every axis, so it can be executed."""
+    return Par(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero)
+
+
+def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
+                layers: int | None = None, dims: dict[str, int] | None = None) -> dict[str, Any]:
+    if model not in LLAMA3:
+        raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb)):
+        if v < 1:
+            raise GenError(f"--{k} must be >= 1")
+    if sp and tp == 1:
+        raise GenError("--sp needs --tp > 1")
+    if zero and dp == 1:
+        raise GenError("--zero needs --dp > 1")
+    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero)
+    card = dict(LLAMA3[model])
+    nl = layers if layers is not None else card.pop("layers")
+    card.pop("layers", None)
+    full = {"b": dp * mb, **card}
+    if dims:
+        for k in dims:
+            if k not in full:
+                raise GenError(f"--dims: {k!r} is not a model dim ({', '.join(full)})")
+        full.update(dims)
+    axes = par.axes()
+    full.update({a: getattr(par, a) for a in axes})
+    run = small_dims(small_mesh(par))
+    run.update({a: getattr(small_mesh(par), a) for a in axes})
+    _check(full, par)
+    cfg = Cfg(full, nl)
+    logical = Step(G(), Par(), cfg)
+    lloss, lout = logical.build()
+    logical.g.outputs = ["loss_out"] + [f"{k}_out" for k in lout]
+    _rename_outputs(logical.g, lloss, lout)
+    step = Step(G(), par, cfg)
+    ploss, pout = step.build()
+    step.g.outputs = ["loss_out"] + [f"{k}_out" for k in pout]
+    _rename_outputs(step.g, ploss, pout)
+    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} "
+            f"microbatches={mb} zero={zero}")
+    return {
+        "tvcert_plan": 1,
+        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-mb{mb}-z{zero}-L{nl}",
+        "description": desc,
+        "dims": full,
+        "run_dims": run,
+        "mesh": {a: a for a in axes} or {"tp": 1},
+        "logical": logical.g.to_json(),
+        "parallel": [step.g.to_json(name="spmd")],
+        "inputs": _input_placements(step, par),
+        "outputs": _output_placements(step, par),
+    }
+
+
+def _check(d: dict[str, int], par: Par) -> None:
+    need = [("nh", "nkv"), ("nkv", "tp"), ("f", "tp"), ("v", "tp"), ("s", "cp")]
+    if par.sp:
+        need.append(("s", "cp*tp"))
+    for a, b in need:
+        den = 1
+        for part in b.split("*"):
+            den *= d.get(part, 1)
+        if d[a] % den:
+            raise GenError(f"{a}={d[a]} is not divisible by {b}={den}")
+    if d["hd"] % 2:
+        raise GenError("head dim must be even (RoPE)")
+
+
+def _rename_outputs(g: G, loss: str, outs: dict[str, str]) -> None:
+    """Give outputs stable names: loss_out and <param>_out (identity cast nodes)."""
+    g.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
+    for k, t in outs.items():
+        g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+
+
+def _data_placement(par: Par) -> dict[str, str]:
+    pl = {}
+    if par.has("dp"):
+        pl["dp"] = "Shard(0)"
+    if par.has("mb"):
+        pl["mb"] = "Shard(0)"
+    if par.has("cp"):
+        pl["cp"] = "Shard(1)"
+    return pl
+
+
+def _param_placement(step: Step, name: str) -> dict[str, str]:
+    d = step.params[name].tp_dim
+    return {"tp": f"Shard({d})"} if d is not None and step.par.has("tp") else {}
+
+
+def _input_placements(step: Step, par: Par) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par)},
+                           "targets": {"local": "targets", "placement": _data_placement(par)},
+                           "rope_freq": {"local": "rope_freq"}}
+    for name in step.params:
+        out[name] = {"local": name, "placement": _param_placement(step, name)}
+        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            out[st] = _state_binding(step, name, st)
+    return out
+
+
+def _state_binding(step: Step, name: str, local: str) -> dict[str, Any]:
+    if not step._zero():
+        return {"local": local, "placement": _param_placement(step, name)}
+    pl = {"dp": "Shard(0)"}
+    if step.params[name].tp_dim is not None and step.par.has("tp"):
+        pl["tp"] = "Shard(0)"
+    return {"local": local, "placement": pl, "layout": state_layout(step, name)}
+
+
+def _output_placements(step: Step, par: Par) -> dict[str, Any]:
+    out: dict[str, Any] = {"loss_out": {"local": "loss_out"}}
+    for name in step.params:
+        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name)}
+        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            b = _state_binding(step, name, f"{st}_out")
+            out[f"{st}_out"] = b
+    return out
