@@ -93,6 +93,7 @@ class Converter:
         self.cur: Optional[torch.fx.Node] = None
         self.cur_src: Optional[str] = None
         self.used_names: set[str] = set(input_names)
+        self.replace: dict[torch.fx.Node, str] = {}  # fx nodes already computed by a fused pattern
 
     # ------------------------------------------------------------------ emit helpers
     def fresh(self, base: str) -> str:
@@ -167,9 +168,11 @@ class Converter:
             self.cur_src = self.src_of(n)
             self.env[n] = self.convert(n)
         self.cur = None
-        return self.nodes, outputs
+        return dce(self.nodes, outputs), outputs
 
     def convert(self, n: torch.fx.Node) -> Any:
+        if n in self.replace:
+            return self.replace[n]
         t = n.target
         if t is operator.getitem:
             seq, i = n.args
@@ -184,6 +187,17 @@ class Converter:
         if h is None:
             raise Unconverted(str(t), self.cur_src, "add a handler in tvcert/frontends/aten.py")
         return h(self, n, *n.args, **n.kwargs)
+
+
+def dce(nodes: list[IRNode], outputs: list[Any]) -> list[IRNode]:
+    """Drop IR nodes whose results nothing uses (e.g. the 3-D views a fused bmm no longer reads)."""
+    live = {o for o in outputs if isinstance(o, str)}
+    keep = []
+    for nd in reversed(nodes):
+        if any(o in live for o in nd.outputs) or nd.op in ("send", "recv"):
+            keep.append(nd)
+            live.update(nd.inputs)
+    return list(reversed(keep))
 
 
 def _flat(x):
@@ -226,8 +240,65 @@ def _to_copy(c, n, x, *a, **k):
 
 
 # -------------------------------------------------------------- linear algebra
-@reg("aten.mm", "aten.bmm", "aten.matmul")
+_VIEWS = ("aten.view", "aten._unsafe_view", "aten.reshape")
+
+
+def _pk(node) -> str:
+    t = node.target
+    return str(getattr(t, "overloadpacket", t))
+
+
+def _lift(c, node, batch: list[int]) -> Optional[str]:
+    """IR name of the batch-shaped tensor a 3-D bmm operand was flattened from, or None.
+
+    torch.matmul on rank >= 3 operands decomposes into expand -> view [prod(batch), m, k] -> bmm
+    -> view back; merging a sharded head dim into the batch dim has no placement (its shards are
+    not contiguous), so the pattern is folded back into one batched ``matmul``.  Operands may be
+    transposed in their last two dims after flattening (autograd's bmm backward)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    pk = _pk(node)
+    v = node.meta.get("val")
+    if v is None or len(v.shape) != 3:
+        return None
+    if pk in _VIEWS:
+        src = node.args[0]
+        sv = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        while sv is not None and _pk(src) == "aten.expand" and list(sv.shape) == list(src.args[0].meta["val"].shape):
+            src = src.args[0]
+            sv = src.meta.get("val")
+        if sv is not None and list(sv.shape) == list(batch) + [int(v.shape[1]), int(v.shape[2])]:
+            return c.ir(src)
+        return None
+    if pk == "aten.transpose" and sorted(int(d) % 3 for d in node.args[1:3]) == [1, 2]:
+        inner = _lift(c, node.args[0], batch)
+        if inner is None:
+            return None
+        r = len(batch) + 2
+        return c.emit("transpose", [inner], {"dim0": r - 2, "dim1": r - 1}, base=f"{node.name}_b")
+    if pk == "aten.expand" and list(v.shape) == list(node.args[0].meta["val"].shape):
+        return _lift(c, node.args[0], batch)
+    return None
+
+
+@reg("aten.mm", "aten.matmul")
 def _mm(c, n, a, b):
+    return c.emit("matmul", [c.ir(a), c.ir(b)])
+
+
+@reg("aten.bmm")
+def _bmm(c, n, a, b):
+    users = list(n.users)
+    if len(users) == 1 and _pk(users[0]) in _VIEWS:
+        u = users[0]
+        ushape = [int(s) for s in u.meta["val"].shape]
+        out = [int(s) for s in n.meta["val"].shape]
+        if len(ushape) > 3 and ushape[-2:] == out[-2:] and math.prod(ushape[:-2]) == out[0]:
+            batch = ushape[:-2]
+            la, lb = _lift(c, a, batch), _lift(c, b, batch)
+            if la is not None and lb is not None:
+                c.replace[u] = c.emit("matmul", [la, lb], base=u.name)
+                return c.ir(a)  # placeholder: the 3-D result has no other user
     return c.emit("matmul", [c.ir(a), c.ir(b)])
 
 
@@ -486,10 +557,43 @@ def _view(c, n, x, shape):
     return c.emit("reshape", [c.ir(x)], {"shape": out})
 
 
+_BROADCASTING = {"aten.add", "aten.sub", "aten.mul", "aten.div", "aten.where", "aten.maximum", "aten.minimum",
+                 "aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge"}
+
+
+def _bshape(*shapes):
+    n = max(len(s) for s in shapes)
+    out = []
+    for i in range(n):
+        vals = [s[i - (n - len(s))] for s in shapes if i - (n - len(s)) >= 0]
+        big = [v for v in vals if v != 1]
+        out.append(big[0] if big else 1)
+    return out
+
+
+def _expand_redundant(n) -> bool:
+    """expand(x) feeding only broadcasting elementwise ops that broadcast x to the same result anyway.
+
+    Dropping such an expand is exact, and matters: on a rank, ``expand(scalar, local_shape)`` names
+    the local shard shape, which no placement of a replicated operand explains."""
+    x = n.args[0]
+    if not isinstance(x, torch.fx.Node) or not n.users:
+        return False
+    xs = _shape(x.meta["val"])
+    for u in n.users:
+        if u.op != "call_function" or _pk(u) not in _BROADCASTING:
+            return False
+        shapes = [_shape(a.meta["val"]) if (a is not n and isinstance(a, torch.fx.Node)) else (xs if a is n else [])
+                  for a in u.args]
+        if _bshape(*shapes) != _shape(u.meta["val"]):
+            return False
+    return True
+
+
 @reg("aten.expand")
 def _expand(c, n, x, shape, implicit=False):
     out = _shape(_out(c, n))
-    if out == _shape(c.val(x)):
+    if out == _shape(c.val(x)) or _expand_redundant(n):
         return c.ir(x)
     return c.emit("expand", [c.ir(x)], {"shape": out})
 
@@ -658,7 +762,11 @@ def _red(c, op):
 
 @reg("_c10d_functional.all_reduce")
 def _all_reduce(c, n, x, op, group):
-    return c.emit("all_reduce", [c.ir(x)], {"axis": _axis(c, group), "reduce": _red(c, op)})
+    # NOTE: a 0-d all_reduce (the loss) is emitted as is; the reference interpreter's exact mode
+    # crashes on it (collectives._reduce returns a bare Fraction for 0-d object arrays), see the
+    # front-end notes.  Reshaping to [1] and back would hide the loss from the engine's matcher.
+    attrs = {"axis": _axis(c, group), "reduce": _red(c, op)}
+    return c.emit("all_reduce", [c.ir(x)], attrs)
 
 
 @reg("_c10d_functional.all_gather_into_tensor", "_c10d_functional_autograd.all_gather_into_tensor")

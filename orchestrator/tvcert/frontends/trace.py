@@ -48,6 +48,7 @@ import contextlib
 import itertools
 import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -131,10 +132,12 @@ def fake_world(rank: int, world: int):
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    hook = sys.excepthook  # init_process_group chains a "[rank<r>]" excepthook; keep ours clean
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
         yield
     finally:
+        sys.excepthook = hook
         if dist.is_initialized():
             dist.destroy_process_group()
 
