@@ -549,10 +549,66 @@ class Builder:
         self.both("index_select", [pt.lname, idx.lname], [pt.pname, idx.pname], shape, pt.pl, {"dim": d}, tag="gather_index_select")
         return True
 
+    def t_concat(self) -> bool:
+        pt = self.pick(lambda p: len(p.shape) >= 1 and not self.has_pmax(p)
+                       and any(not self.sharded(p, i) for i in range(len(p.shape))))
+        if pt is None:
+            return False
+        d = self.rng.choice([i for i in range(len(pt.shape)) if not self.sharded(pt, i)])
+        mates = [q for q in self.pts if q is not pt and q.shape == pt.shape and q.pl == pt.pl]
+        q = self.rng.choice(mates) if mates and self.rng.random() < 0.5 else self.new_input(pt.shape, pt.pl)
+        ops = [pt, q] if self.rng.random() < 0.5 else [q, pt]
+        shape = list(pt.shape)
+        shape[d] = pt.shape[d] + q.shape[d] if False else shape[d]
+        # concat doubles dim d: represent the result dim as a new factor tuple (d, "2")-free: use a split back
+        out_dim = pt.shape[d]
+        ln = self.lnode("concat", [o.lname for o in ops], dim=d)
+        pn = self.pnode("concat", [o.pname for o in ops], dim=d)
+        # split it back into the two halves and keep one (split_other_dim / slice_other_dim rules)
+        which = self.rng.randrange(2)
+        E = self.dexpr(out_dim)
+        ln2 = self.lnode("slice", [ln], dim=d, start=f"{which}*({E})", end=f"{which + 1}*({E})")
+        pn2 = self.pnode("slice", [pn], dim=d, start=f"{which}*({E})", end=f"{which + 1}*({E})")
+        self.pts.append(PT(ln2, pn2, list(pt.shape), dict(pt.pl)))
+        self.tags.append("concat_slice")
+        return True
+
+    def t_unsqueeze_expand(self) -> bool:
+        pt = self.pick(lambda p: 1 <= len(p.shape) <= 2 and not self.has_pmax(p))
+        if pt is None:
+            return False
+        K = self.sym()
+        ln = self.lnode("unsqueeze", [pt.lname], dim=0)
+        pn = self.pnode("unsqueeze", [pt.pname], dim=0)
+        shape = [(K,)] + pt.shape
+        pl = {a: (("S", p[1] + 1) if p[0] == "S" else p) for a, p in pt.pl.items()}
+        ln2 = self.lnode("expand", [ln], shape=[self.dexpr(d) if i == 0 else -1 for i, d in enumerate(shape)])
+        pn2 = self.pnode("expand", [pn], shape=[self.dexpr(d) if i == 0 else -1 for i, d in enumerate(shape)])
+        self.pts.append(PT(ln2, pn2, shape, pl))
+        self.tags.append("unsqueeze_expand")
+        return True
+
+    def t_cross_entropy(self) -> bool:
+        pt = self.pick(lambda p: len(p.shape) == 2 and not self.has_p(p) and not self.sharded(p, 1))
+        if pt is None:
+            return False
+        red = self.rng.choice(["none", "sum", "mean"])
+        tpl = {a: pt.pl[a] for a in self.axes}
+        t = self.new_input([pt.shape[0]], tpl, dtype="int", rng_dim=self.dexpr(pt.shape[1]), base="tgt")
+        if red == "none":
+            shape, pl = [pt.shape[0]], dict(pt.pl)
+        else:
+            shape = []
+            pl = {a: (("P", "sum" if red == "sum" else "avg") if pt.pl[a] == ("S", 0) else R_) for a in self.axes}
+        self.both("cross_entropy", [pt.lname, t.lname], [pt.pname, t.pname], shape, pl, {"reduction": red},
+                  tag="cross_entropy")
+        return True
+
     TRANSFORMS = [
         ("unary", 4), ("binary", 3), ("bias", 2), ("matmul", 4), ("einsum", 1), ("reduce", 3), ("resolve", 4),
         ("avg_to_sum", 1), ("partial_bias", 1), ("all_gather", 2), ("all_to_all", 1), ("softmax", 2),
         ("permute", 2), ("reshape", 2), ("rank_slice", 2), ("mask", 2), ("embedding", 1), ("index_select", 1),
+        ("concat", 1), ("unsqueeze_expand", 1), ("cross_entropy", 1),
     ]
 
     def step(self) -> bool:

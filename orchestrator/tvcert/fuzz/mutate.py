@@ -193,6 +193,17 @@ def m_output_placement(plan, rng):
     return plan
 
 
+def m_input_placement(plan, rng):
+    """Bind an input with another placement than the program assumes (shapes may still agree)."""
+    name = rng.choice(list(plan["inputs"]))
+    b = plan["inputs"][name]
+    ax = rng.choice(list(plan["mesh"]))
+    cur = b["placement"].get(ax, "Replicate")
+    opts = [o for o in ["Replicate", "Partial(sum)", "Partial(avg)", "Shard(0)", "Shard(1)", "Shard(2)"] if o != cur]
+    b["placement"][ax] = rng.choice(opts)
+    return plan
+
+
 def m_drop_op(plan, rng):
     """Drop a pointwise op on the parallel side (a forgotten activation or scaling)."""
     nodes = _prog(plan)["nodes"]
@@ -237,6 +248,7 @@ MUTATIONS: dict[str, Callable] = {
     "rank_constant": m_rank_constant,
     "nonlinear_swap": m_nonlinear_swap,
     "output_placement": m_output_placement,
+    "input_placement": m_input_placement,
     "drop_op": m_drop_op,
     "reshape_transpose_order": m_reshape_transpose,
 }
