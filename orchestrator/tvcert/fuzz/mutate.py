@@ -204,6 +204,32 @@ def m_input_placement(plan, rng):
     return plan
 
 
+def m_wrong_axis(plan, rng):
+    """A collective over the other mesh axis (2-axis meshes)."""
+    axes = list(plan["mesh"])
+    if len(axes) < 2:
+        return None
+    nodes = _prog(plan)["nodes"]
+    c = [n for n in nodes if n["op"] in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")]
+    if not c:
+        return None
+    n = rng.choice(c)
+    ax = n["attrs"]["axis"]
+    if isinstance(ax, list):
+        n["attrs"]["axis"] = ax[:1] if len(ax) > 1 else [a for a in axes if a not in ax][:1]
+    else:
+        n["attrs"]["axis"] = next(a for a in axes if a != ax)
+    return plan
+
+
+def m_mesh_order(plan, rng):
+    """Reverse the mesh axis order: nested placements on one dim change meaning."""
+    if len(plan["mesh"]) < 2:
+        return None
+    plan["mesh"] = dict(reversed(list(plan["mesh"].items())))
+    return plan
+
+
 def m_drop_op(plan, rng):
     """Drop a pointwise op on the parallel side (a forgotten activation or scaling)."""
     nodes = _prog(plan)["nodes"]
@@ -249,6 +275,8 @@ MUTATIONS: dict[str, Callable] = {
     "nonlinear_swap": m_nonlinear_swap,
     "output_placement": m_output_placement,
     "input_placement": m_input_placement,
+    "wrong_axis": m_wrong_axis,
+    "mesh_order": m_mesh_order,
     "drop_op": m_drop_op,
     "reshape_transpose_order": m_reshape_transpose,
 }
