@@ -80,6 +80,7 @@ class MeshCtx:
     rank: int
     coords: dict[str, int]
     device_mesh: Any = None
+    state: Any = None  # what ``parallel_setup(ctx)`` returned on this rank (e.g. a parallelized module)
 
     def group(self, axis: str):
         return self.device_mesh.get_group(axis)
@@ -204,6 +205,20 @@ def src_of(node) -> Optional[str]:
     return f"{os.path.basename(f)}:{line}"
 
 
+def _exc_src(exc: BaseException) -> Optional[str]:
+    """Innermost user frame (not torch, not this package) of an exception's traceback."""
+    import torch
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    best = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        f = os.path.abspath(fr.filename)
+        if f.startswith(torch_dir) or f.startswith(_FRONTEND_DIR) or "/site-packages/" in f:
+            continue
+        best = f"{os.path.basename(f)}:{fr.lineno}"
+    return best
+
+
 # ====================================================================== tracing one program
 @dataclass
 class InputSpec:
@@ -302,8 +317,16 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
         return (loss, *[gd[p] for p in params])
 
     xs = _fake_inputs(specs, shapes)
-    with _user_stack_traces(), fxtb.preserve_node_meta():
-        gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True)(*xs)
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs every failing meta kernel
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with _user_stack_traces(), fxtb.preserve_node_meta():
+            gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True)(*xs)
+    finally:
+        log.setLevel(level)
     return gm, params
 
 
@@ -404,12 +427,14 @@ def spmd_compress(per_rank: dict[tuple[int, ...], list[dict]], axes, sizes) -> t
 def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inputs: Mapping[str, Mapping[str, Any]],
                mesh: Mapping[str, int], name: str = "traced", description: str | None = None,
                grad_sync: Callable | None = None, output_placements: Mapping[str, Mapping[str, str]] | None = None,
-               validate: bool = True) -> dict:
+               parallel_setup: Callable | None = None, validate: bool = True) -> dict:
     """Trace ``logical`` (degree 1) and ``parallel`` (every rank of ``mesh``) into a plan dict.
 
     ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs), placement {axis: text},
     param (bool: differentiate the loss with respect to it)}; shapes are logical (full) shapes.
     ``grad_sync(ctx, grads) -> grads`` runs on each rank after autograd, inside the trace.
+    ``parallel_setup(ctx)`` runs on each rank before tracing (outside the trace); its result is
+    ``ctx.state`` (build and parallelize modules there).
     Raises :class:`TraceError` (unsupported op, ranks not SPMD, bad mapping)."""
     mesh = {str(a): int(s) for a, s in mesh.items()}
     if not mesh or any(s <= 0 for s in mesh.values()):
@@ -422,7 +447,14 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         world *= s
 
     # ---- logical
-    gm, params = _trace_joint(logical, specs, [s.shape for s in specs])
+    try:
+        gm, params = _trace_joint(logical, specs, [s.shape for s in specs])
+    except TraceError:
+        raise
+    except Exception as exc:
+        src = _exc_src(exc)
+        raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
+                         "input", None, src) from exc
     lnodes, louts = _convert(gm, names)
     out_names = ["loss"] + [f"grad_{p}" for p in params]
     lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
@@ -438,7 +470,18 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         with fake_world(r, world):
             dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
             ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
-            gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,))
+            if parallel_setup is not None:
+                ctx.state = parallel_setup(ctx)
+            try:
+                gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,))
+            except TraceError:
+                raise
+            except Exception as exc:  # the user's parallel code itself fails (shapes, sharding propagation)
+                src = _exc_src(exc)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])
+                raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
+                                 f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
+                                 "crash", None, src) from exc
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r))
         nodes_j, outs_j = _finish_outputs(pnodes, pouts, out_names, names)
         if pouts_ref is None:

@@ -1,0 +1,103 @@
+"""DTensor front end: an ``nn.Module`` + a ``parallelize_module`` plan -> tvcert plan.
+
+The trap (issue 7): ``make_fx`` over a module whose parameters are DTensors bakes the local
+weights in as constants.  So parameters are *inputs* of the traced function -- the local shard on
+each rank -- and are rebuilt with ``DTensor.from_local(local, mesh, placements)`` inside it, then
+the module runs through ``torch.func.functional_call``.  ``from_local``'s backward redistributes the
+gradient to the parameter's placement, so gradient collectives DTensor would issue are in the graph.
+
+Input placements come from the parallelized module's DTensor parameters (read on rank 0); data
+inputs use the small user mapping.  Gradients are read back with the parameter's placement.
+
+A parameter whose gradient DTensor leaves as ``Partial`` in metadata (sequence-parallel norm
+weights) is redistributed by ``from_local``'s backward to the forward placement (Replicate), i.e.
+the all_reduce is in the graph; code that reads ``.grad`` without that redistribution is the
+hand-written case (``grad_sync`` in :func:`.trace.trace_plan`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from .trace import TraceError, fake_world, trace_plan
+
+
+def _pl_text(p) -> str:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if isinstance(p, Shard):
+        return f"Shard({p.dim})"
+    if isinstance(p, Replicate):
+        return "Replicate"
+    if isinstance(p, Partial):
+        return f"Partial({p.reduce_op})"
+    raise TraceError(f"placement {p!r} is not Replicate / Shard / Partial", "unsupported")
+
+
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[Any, Any], Any],
+                      loss_fn: Callable[..., Any], *, data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int],
+                      name: str = "dtensor", **kw) -> dict:
+    """``model_factory()`` builds the single-device module; ``parallelize(module, device_mesh)``
+    applies the parallelization (e.g. ``parallelize_module``) in place or returns the module;
+    ``loss_fn(module_output, **data) -> scalar``; the module is called as ``module(first data input)``.
+    ``data``: name -> input spec as in :func:`trace_plan` (the first entry is the module's input)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    axes, sizes = tuple(mesh), tuple(mesh.values())
+    world = 1
+    for s in sizes:
+        world *= s
+    logical_model = model_factory()
+    pnames = [n for n, _ in logical_model.named_parameters()]
+    shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
+    # placements from the parallelized module on rank 0
+    with fake_world(0, world):
+        dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
+        built = model_factory()
+        res = parallelize(built, dm)
+        params0 = dict((res if res is not None else built).named_parameters())
+    placements: dict[str, dict[str, str]] = {}
+    for n in pnames:
+        p = params0.get(n)
+        if isinstance(p, DTensor):
+            placements[n] = {a: _pl_text(pl) for a, pl in zip(p.device_mesh.mesh_dim_names, p.placements)}
+        else:
+            placements[n] = {}
+    dnames = list(data)
+    inputs = {}
+    for n in pnames:
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "param": True}
+    for n in dnames:
+        inputs[n] = dict(data[n])
+
+    def logical(**kw_):
+        params = {n: kw_[_safe(n)] for n in pnames}
+        out = torch.func.functional_call(logical_model, params, (kw_[dnames[0]],))
+        return loss_fn(out, **{n: kw_[n] for n in dnames})
+
+    def setup(ctx):
+        model = model_factory()
+        res = parallelize(model, ctx.device_mesh)
+        model = res if res is not None else model
+        pls = {n: (p.placements if isinstance(p, DTensor) else None) for n, p in model.named_parameters()}
+        return model, pls
+
+    def parallel(ctx, **kw_):
+        model, pls = ctx.state
+        params = {}
+        for n in pnames:
+            t = kw_[_safe(n)]
+            params[n] = DTensor.from_local(t, ctx.device_mesh, pls[n], run_check=False) if pls[n] is not None else t
+        out = torch.func.functional_call(model, params, (kw_[dnames[0]],))
+        loss = loss_fn(out, **{n: kw_[n] for n in dnames})
+        if isinstance(loss, DTensor):
+            loss = loss.full_tensor()
+        return loss
+
+    return trace_plan(logical, parallel, inputs=inputs, mesh=mesh, name=name, parallel_setup=setup, **kw)
+
