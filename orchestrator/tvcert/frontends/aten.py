@@ -637,6 +637,36 @@ def _slice(c, n, x, dim=0, start=None, end=None, step=1):
     return c.emit("slice", [c.ir(x)], attrs)
 
 
+@reg("aten.slice_backward")
+def _slice_backward(c, n, g, input_sizes, dim, start, end, step):
+    if step != 1:
+        c.fail("slice_backward with step != 1")
+    sizes = [int(x) for x in input_sizes]
+    d = int(dim) % len(sizes)
+    gs = _shape(c.val(g))
+    s = int(start) if start is not None else 0
+    s = s + sizes[d] if s < 0 else s
+    s = max(0, min(s, sizes[d]))
+    pads = []
+    for i in range(len(sizes)):
+        pads += [s, sizes[d] - s - gs[d]] if i == d else [0, 0]
+    if not any(pads):
+        return c.ir(g)
+    return c.emit("pad", [c.ir(g)], {"pads": pads})
+
+
+@reg("aten.select_backward")
+def _select_backward(c, n, g, input_sizes, dim, index):
+    sizes = [int(x) for x in input_sizes]
+    d = int(dim) % len(sizes)
+    i = int(index) % sizes[d]
+    u = c.emit("unsqueeze", [c.ir(g)], {"dim": d}, base=f"{n.name}_u")
+    pads = []
+    for j in range(len(sizes)):
+        pads += [i, sizes[d] - i - 1] if j == d else [0, 0]
+    return c.emit("pad", [u], {"pads": pads})
+
+
 @reg("aten.select")
 def _select(c, n, x, dim, index):
     shp = _shape(c.val(x))
