@@ -59,3 +59,33 @@ def test_cli_trace_verify(tmp_path):
     assert "REFUTED" in r.output
     r = CliRunner().invoke(main, ["trace", str(EX / "dtensor_llama_block.py"), "--set", "swap=true", "--verify"])
     assert r.exit_code == 1 and "dtensor_llama_block.py:" in r.output, r.output
+
+
+def test_llama_block_sequence_parallel_verifies():
+    raw = blk.tvcert_trace(sp=True)
+    ops = {n["op"] for n in raw["parallel"][0]["nodes"]}
+    # funcol's all-gather / reduce-scatter along the sequence dim are folded back into dim-1 collectives
+    assert {"all_gather", "reduce_scatter"} <= ops
+    assert all(n["attrs"]["dim"] == 1 for n in raw["parallel"][0]["nodes"] if n["op"] in ("all_gather", "reduce_scatter"))
+    plan = load_plan(raw)
+    assert run_plan(plan).equal
+    res = verify(plan)
+    assert res.verdict == "VERIFIED" or "no proved theorem" in " ".join(res.reasons), res.reasons
+
+
+def test_gradient_hook_outside_the_graph_is_not_verified():
+    """A post-accumulate-grad hook (how HF reduces Qwen3 q_norm/k_norm grads) is never fired by
+    autograd.grad: the trace must refuse rather than read back unsynchronised gradients."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from tvcert.frontends.dtensor import trace_module_plan
+
+    def parallelize(m, mesh):
+        parallelize_module(m, mesh, blk.tp_plan())
+        m.attn_norm.weight.register_post_accumulate_grad_hook(lambda p: None)
+
+    with pytest.raises(TraceError) as ei:
+        trace_module_plan(blk.make_block, parallelize, blk.loss_fn,
+                          data={"x": {"shape": [blk.B, blk.S, blk.H]}, "target": {"shape": [blk.B, blk.S, blk.H]}},
+                          mesh={"tp": 2})
+    assert ei.value.kind == "unsupported" and "attn_norm.weight" in str(ei.value)

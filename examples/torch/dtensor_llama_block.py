@@ -5,7 +5,8 @@ Rowwise on the MLP's first linear (a plan bug).
 """
 import torch
 import torch.nn as nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 B, S, H, NH, F = 2, 4, 8, 4, 8
 HD = H // NH
@@ -74,13 +75,28 @@ def tp_plan(swap=False):
     return plan
 
 
+def tp_plan_sp():
+    """torchtitan-style TP + sequence parallelism: norms on sequence shards (dim 1), all-gather before
+    the column-parallel linears, reduce-scatter after the row-parallel ones."""
+    col = lambda: ColwiseParallel(input_layouts=Shard(1))  # noqa: E731
+    row = lambda: RowwiseParallel(output_layouts=Shard(1))  # noqa: E731
+    return {"attn_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+            "attn.wq": col(), "attn.wk": col(), "attn.wv": col(), "attn.wo": row(),
+            "mlp.w1": col(), "mlp.w3": col(), "mlp.w2": row()}
+
+
 def loss_fn(out, x, target):
     return 0.5 * ((out - target) ** 2).sum()
 
 
-def tvcert_trace(swap: bool = False):
+def tvcert_trace(swap: bool = False, sp: bool = False):
     from tvcert.frontends.dtensor import trace_module_plan
 
+    if sp:  # activations, target and the per-rank loss live on sequence shards: the loss is a partial sum
+        seq = {"shape": [B, S, H], "placement": {"tp": "Shard(1)"}}
+        return trace_module_plan(make_block, lambda m, mesh: parallelize_module(m, mesh, tp_plan_sp()), loss_fn,
+                                 data={"x": seq, "target": seq}, mesh={"tp": 2}, name="dtensor_llama_block_sp",
+                                 output_placements={"loss": {"tp": "Partial(sum)"}})
     return {"tvcert_plan": 1, **trace_module_plan(
         make_block, lambda m, mesh: parallelize_module(m, mesh, tp_plan(swap)), loss_fn,
         data={"x": {"shape": [B, S, H]}, "target": {"shape": [B, S, H]}}, mesh={"tp": 2},

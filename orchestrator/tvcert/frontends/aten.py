@@ -200,6 +200,38 @@ def dce(nodes: list[IRNode], outputs: list[Any]) -> list[IRNode]:
     return list(reversed(keep))
 
 
+def fuse_collectives(nodes: list[IRNode], outputs: list[Any], axis_size: Callable[[Any], int]) -> list[IRNode]:
+    """Fold funcol's lowering of collectives along a dim d != 0 back into one IR collective.
+
+    ``all_gather_tensor(x, d)`` traces as all_gather(dim 0) -> split(dim 0, p equal) -> concat(dim d);
+    ``reduce_scatter_tensor(x, op, d)`` as split(dim d, p equal) -> concat(dim 0) -> reduce_scatter(dim 0).
+    Both equal the collective along d (same values, exactly); the engine's rules speak of the latter."""
+    prod = {o: nd for nd in nodes for o in nd.outputs}
+    out = []
+    for nd in nodes:
+        if nd.op == "concat" and nd.inputs:
+            sp = prod.get(nd.inputs[0])
+            if (sp is not None and sp.op == "split" and sp.outputs == nd.inputs and sp.attrs.get("dim") == 0
+                    and len(set(sp.attrs["sizes"])) == 1):
+                ag = prod.get(sp.inputs[0])
+                if (ag is not None and ag.op == "all_gather" and ag.attrs.get("dim") == 0
+                        and axis_size(ag.attrs["axis"]) == len(sp.outputs)):
+                    out.append(IRNode("all_gather", [ag.inputs[0]], nd.outputs,
+                                      {"axis": ag.attrs["axis"], "dim": nd.attrs["dim"]}, ag.src or nd.src))
+                    continue
+        if nd.op == "reduce_scatter" and nd.attrs.get("dim") == 0:
+            cat = prod.get(nd.inputs[0])
+            if cat is not None and cat.op == "concat" and cat.attrs.get("dim") == 0 and cat.inputs:
+                sp = prod.get(cat.inputs[0])
+                if (sp is not None and sp.op == "split" and sp.outputs == cat.inputs and len(set(sp.attrs["sizes"])) == 1
+                        and axis_size(nd.attrs["axis"]) == len(sp.outputs)):
+                    out.append(IRNode("reduce_scatter", [sp.inputs[0]], nd.outputs,
+                                      {**nd.attrs, "dim": sp.attrs["dim"]}, nd.src))
+                    continue
+        out.append(nd)
+    return dce(out, outputs)
+
+
 def _flat(x):
     if isinstance(x, (list, tuple)):
         for y in x:
@@ -771,6 +803,13 @@ def _index_add(c, n, x, dim, index, src, alpha=1):
 
 
 # -------------------------------------------------------------- collectives
+@reg("c10d.allreduce_", "c10d.allgather_", "c10d._allgather_base_", "c10d.reduce_scatter_",
+     "c10d._reduce_scatter_base_", "c10d.alltoall_", "c10d.broadcast_")
+def _inplace_c10d(c, n, *a, **k):
+    c.fail("classic in-place collective (torch.distributed.all_reduce & co.): its result aliases its input and "
+           "its group is an opaque object; use torch.distributed._functional_collectives (funcol.all_reduce ...)")
+
+
 _REDUCE = {"sum": "sum", "avg": "avg", "max": "max", "SUM": "sum", "AVG": "avg", "MAX": "max"}
 
 

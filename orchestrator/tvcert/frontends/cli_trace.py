@@ -105,4 +105,25 @@ def trace(spec: str, out_path: str | None, do_verify: bool, sets: tuple, as_json
     else:
         click.echo(summary, err=True)
         click.echo(render_text(res))
+        for h in grad_hints(plan_dict, res):
+            click.echo(h)
     sys.exit(res.exit_code)
+
+
+def grad_hints(plan_dict: dict, res) -> list[str]:
+    """For gradients that differ only at the read-back (no op diverged), point at the parameter's uses."""
+    ce = res.counterexample or {}
+    if not ce or ce.get("first_divergence"):
+        return []
+    out = []
+    for o in ce.get("outputs", []):
+        name = o["name"]
+        if o["equal"] or not name.startswith("grad_"):
+            continue
+        p = name[5:]
+        uses = sorted({n["src"] for n in plan_dict["logical"]["nodes"] if p in n["inputs"] and n.get("src")})
+        pl = plan_dict["outputs"][name]["placement"] or "Replicate"
+        out.append(f"hint: gradient {name} is read back as {pl} but its local values differ (a partial sum?): "
+                   f"the parameter {p} is used at {', '.join(uses) or '?'}; is a gradient all_reduce missing "
+                   f"(a sync outside autograd must be passed as grad_sync)?")
+    return out

@@ -33,6 +33,34 @@ def _pl_text(p) -> str:
     raise TraceError(f"placement {p!r} is not Replicate / Shard / Partial", "unsupported")
 
 
+def check_hidden_grad_sync(model) -> None:
+    """Refuse (UNKNOWN) what the trace cannot see: gradient synchronisation in hooks.
+
+    ``torch.autograd.grad`` fires neither post-accumulate-grad hooks (Hugging Face reduces Qwen3
+    q_norm/k_norm gradients there) nor DDP's reducer or FSDP's reduce-scatter hooks; a plan traced
+    without them would read back unsynchronised gradients with no warning."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        raise TraceError("the module is wrapped in DistributedDataParallel, whose gradient all_reduce runs in "
+                         "autograd hooks the trace cannot see; trace the inner module and pass the reduction as "
+                         "grad_sync", "unsupported", "DistributedDataParallel")
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        FSDPModule = ()  # type: ignore[assignment]
+    for name, mod in model.named_modules():
+        if FSDPModule and isinstance(mod, FSDPModule):
+            raise TraceError(f"module {name or '<root>'!r} is FSDP-wrapped (fully_shard): its all-gather and "
+                             f"reduce-scatter run in hooks the trace cannot see", "unsupported", "fully_shard")
+    hooked = [n for n, p in model.named_parameters()
+              if getattr(p, "_post_accumulate_grad_hooks", None) or getattr(p, "_backward_hooks", None)]
+    if hooked:
+        raise TraceError(f"parameters {hooked} have gradient hooks (e.g. register_post_accumulate_grad_hook) that "
+                         f"torch.autograd.grad never fires, so their gradient synchronisation is invisible to the "
+                         f"trace; pass it explicitly as grad_sync", "unsupported", "grad hook")
+
+
 def _safe(name: str) -> str:
     return name.replace(".", "__")
 
@@ -84,6 +112,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         model = model_factory()
         res = parallelize(model, ctx.device_mesh)
         model = res if res is not None else model
+        check_hidden_grad_sync(model)
         pls = {n: (p.placements if isinstance(p, DTensor) else None) for n, p in model.named_parameters()}
         return model, pls
 

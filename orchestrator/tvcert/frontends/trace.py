@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..plan import PlanError, load_plan, parse_placement
-from .aten import Converter, IRNode, Unconverted
+from .aten import Converter, IRNode, Unconverted, fuse_collectives
 
 
 class TraceError(Exception):
@@ -330,11 +330,19 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
     return gm, params
 
 
-def _convert(gm, names, resolver=None) -> tuple[list[IRNode], list[Any]]:
+def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) -> tuple[list[IRNode], list[Any]]:
     try:
-        return Converter(gm, names, resolver, src_of).run()
+        nodes, outs = Converter(gm, names, resolver, src_of).run()
     except Unconverted as exc:
         raise TraceError(str(exc), "unsupported", exc.op, exc.src) from None
+    if mesh:
+        def size(axis):
+            n = 1
+            for a in ([axis] if isinstance(axis, str) else axis):
+                n *= mesh[a]
+            return n
+        nodes = fuse_collectives(nodes, outs, size)
+    return nodes, outs
 
 
 # ====================================================================== SPMD compression
@@ -482,7 +490,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
                                  f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
                                  "crash", None, src) from exc
-            pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r))
+            pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
         nodes_j, outs_j = _finish_outputs(pnodes, pouts, out_names, names)
         if pouts_ref is None:
             pouts_ref = outs_j
