@@ -55,7 +55,8 @@ ALLOWED_AXIOMS = frozenset({
 
 _T = LOGICAL_ROOT
 
-#: rule id used by the engine -> fully qualified Coq theorem.
+#: rule id applied by the engine (exactly the keys of ``tvcert.kernel.rules.RULES``)
+#: -> fully qualified Coq theorem.
 RULES: dict[str, str] = {
     # elementwise
     "ew_unary_shard": f"{_T}.Elementwise.ew_unary_shard",
@@ -70,8 +71,6 @@ RULES: dict[str, str] = {
     "partial_add": f"{_T}.Partial.partial_add",
     "partial_sub": f"{_T}.Partial.partial_sub",
     "partial_linear_map": f"{_T}.Partial.partial_linear_map",
-    "partial_add_replicate_scaled": f"{_T}.Partial.partial_add_replicate_scaled",
-    "partial_add_replicate_one_rank": f"{_T}.Partial.partial_add_replicate_one_rank",
     "partial_plus_replicate_not_partial": f"{_T}.Partial.partial_plus_replicate_not_partial",
     "partial_avg_div_p_to_sum": f"{_T}.Partial.partial_avg_div_p_to_sum",
     # matmul / einsum
@@ -104,18 +103,17 @@ RULES: dict[str, str] = {
     # layout
     "permute_shard": f"{_T}.Layout.permute_shard",
     "reshape_shard_block": f"{_T}.Layout.reshape_shard_block",
-    "reshape_transpose_swap_differs": f"{_T}.Layout.reshape_transpose_swap_differs",
     "slice_other_dim": f"{_T}.Layout.slice_other_dim",
     "slice_block_to_shard": f"{_T}.Layout.slice_block_to_shard",
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
-    # composite training rules
-    "vocab_parallel_embedding": f"{_T}.Composite.vocab_parallel_embedding",
-    "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
-    "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
-    "dp_mean_of_means": f"{_T}.Composite.dp_mean_of_means",
-    "grad_accumulation": f"{_T}.Composite.grad_accumulation",
-    "zero_sharded_adamw": f"{_T}.Composite.zero_sharded_adamw",
-    "moe_dispatch_combine": f"{_T}.Composite.moe_dispatch_combine",
+    # arbitrary ops, row-wise ops
+    "replicate_any": f"{_T}.AnyOp.replicate_any",
+    "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",
+    # equality steps (kernel/equality.py)
+    "congruence": f"{_T}.AnyOp.congruence",
+    "scale_commutes_linear": f"{_T}.EqSteps.scale_commutes_linear",
+    "layout_commutes_pointwise": f"{_T}.EqSteps.layout_commutes_pointwise",
+    "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
 }
 
 #: theorems not tied to an engine rule.
@@ -131,6 +129,17 @@ THEOREMS: dict[str, str] = {
     "shard_nested_axes": f"{_T}.Collectives.shard_nested_axes",
     "stage_compose": f"{_T}.Stage.stage_compose",
     "stage_repeat": f"{_T}.Stage.stage_repeat",
+    # proved, not applied by the engine (composite training rules, falsifier, variants)
+    "partial_add_replicate_scaled": f"{_T}.Partial.partial_add_replicate_scaled",
+    "partial_add_replicate_one_rank": f"{_T}.Partial.partial_add_replicate_one_rank",
+    "reshape_transpose_swap_differs": f"{_T}.Layout.reshape_transpose_swap_differs",
+    "vocab_parallel_embedding": f"{_T}.Composite.vocab_parallel_embedding",
+    "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
+    "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
+    "dp_mean_of_means": f"{_T}.Composite.dp_mean_of_means",
+    "grad_accumulation": f"{_T}.Composite.grad_accumulation",
+    "zero_sharded_adamw": f"{_T}.Composite.zero_sharded_adamw",
+    "moe_dispatch_combine": f"{_T}.Composite.moe_dispatch_combine",
 }
 
 FORBIDDEN = [
