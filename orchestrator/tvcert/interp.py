@@ -55,8 +55,8 @@ def values_equal(a: np.ndarray, b: np.ndarray, exact: bool) -> bool:
     b = np.asarray(b, dtype=np.float64)
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return bool(np.array_equal(a, b, equal_nan=True))
-    scale = max(1.0, float(np.max(np.abs(a), initial=0.0)), float(np.max(np.abs(b), initial=0.0)))
-    return bool(np.all(np.abs(a - b) <= 1e-7 * scale))
+    # elementwise: large constants (masks of -1e9) must not loosen the comparison elsewhere
+    return bool(np.all(np.abs(a - b) <= 1e-7 * (1.0 + np.abs(a) + np.abs(b))))
 
 
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:

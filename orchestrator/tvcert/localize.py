@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -42,15 +42,20 @@ class Divergence:
     def describe(self) -> str:
         where = f" ({self.src})" if self.src else ""
         ins = "; ".join(f"{k} = {v}" for k, v in self.inputs.items()) or "no tensor inputs"
+        hints = [f"input {k} is still a partial result ({v.split(' as ')[1]}): is a reduction missing before this op?"
+                 for k, v in self.inputs.items() if " as " in v and "Partial" in v]
         return (f"first divergence: op {self.op!r} producing {self.tensor!r} at {self.node_path}{where} "
                 f"in program {self.program!r}: its inputs are explained ({ins}), but its result equals no logical "
-                f"tensor under any placement")
+                f"tensor under any placement" + "".join(f"\n  hint: {h}" for h in hints))
 
 
-def _candidates(axes: list[str], ndim: int) -> list[dict[str, Placement]]:
-    opts = [Placement("R"), Placement("P", reduce="sum")] + [Placement("S", d) for d in range(ndim)]
+def _candidates(axes: list[str], ndim: int, uniform: set[str]) -> list[dict[str, Placement]]:
+    """Placements to try; on an axis where every rank holds the same value only Replicate is natural."""
+    opts = [Placement("R")] + [Placement("S", d) for d in range(ndim)] + [Placement("P", reduce=r) for r in ("sum", "max", "avg")]
+    no_partial = [o for o in opts if o.kind != "P"]
+    per_axis = [no_partial if a in uniform else opts for a in axes]
     combos = []
-    for choice in itertools.product(opts, repeat=len(axes)):
+    for choice in itertools.product(*per_axis):
         combos.append(dict(zip(axes, choice)))
         if len(combos) >= MAX_COMBOS:
             break
@@ -70,7 +75,8 @@ def explain(plan: Plan, res: RunResult, program: str, tensor: str,
     from .ops import Ctx
 
     ctx = Ctx(exact=res.mode == "exact")
-    for combo in _candidates(axes, first.ndim):
+    uniform = {a for a in axes if _uniform_along(res, ranks, locals_, a, ctx.exact)}
+    for combo in _candidates(axes, first.ndim, uniform):
         asm = assemble(dummy, locals_, mesh, ranks[0], ctx, placement=combo)
         if asm.value is None:
             continue
@@ -80,7 +86,24 @@ def explain(plan: Plan, res: RunResult, program: str, tensor: str,
     return None
 
 
-def first_divergence(plan: Plan, res: RunResult) -> Divergence | None:
+def _uniform_along(res: RunResult, ranks, locals_, axis: str, exact: bool) -> bool:
+    mesh = res.mesh
+    for r in ranks:
+        other = mesh.with_coord(r, axis, 0)
+        if other in locals_ and not values_equal(locals_[r], locals_[other], exact):
+            return False
+    return True
+
+
+Judge = Callable[[str, int, str], "str | bool | None"]
+
+
+def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> Divergence | None:
+    """First op whose inputs are explained and whose output is not.
+
+    ``judge(program, node index, tensor)`` may settle a tensor from the prover's side: a string
+    (explained, with that text), False (not explained), None (decide numerically).
+    """
     by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
     for name, v in res.logical.items():
         if isinstance(v, np.ndarray) and v.dtype != np.int64:
@@ -88,15 +111,21 @@ def first_divergence(plan: Plan, res: RunResult) -> Divergence | None:
     for pname, g in plan.programs.items():
         known: dict[str, str] = {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items()
                                  if b.program == pname}
-        for n in g.nodes:
+        for i, n in enumerate(g.nodes):
             if not n.outputs:
+                continue
+            if n.spec.category == "source":
+                for o in n.outputs:
+                    known[o] = "a constant"
                 continue
             if any(x not in known for x in n.inputs):
                 for o in n.outputs:
                     known.pop(o, None)
                 continue
             for o in n.outputs:
-                ex = explain(plan, res, pname, o, by_shape)
+                verdict = judge(pname, i, o) if judge else None
+                ex = verdict if isinstance(verdict, str) else (None if verdict is False else
+                                                              explain(plan, res, pname, o, by_shape))
                 if ex is None:
                     ranks = res.mesh.ranks(g.stage)
                     sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}

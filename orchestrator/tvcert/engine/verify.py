@@ -164,7 +164,7 @@ def _refute(res: Result, seeds: int) -> None:
             continue
         if run.equal:
             continue
-        div = first_divergence(plan, run)
+        div = first_divergence(plan, run, _judge(res))
         res.verdict = REFUTED
         res.counterexample = {
             "dims": run.dims,
@@ -182,6 +182,62 @@ def _refute(res: Result, seeds: int) -> None:
         return
     res.reasons.append(f"the interpreter found no difference at run dims {plan.run_dims} over {seeds} float64 seeds "
                        f"and one exact run")
+
+
+def _judge(res: Result):
+    """Settle a tensor by its proved fact.
+
+    Fine when the fact's expression is a logical tensor (up to layout ops, proved equality, a
+    scalar factor, or a layout applied uniformly to a pointwise expression); not fine
+    otherwise; no fact -> let the interpreter decide.  Candidates are pre-filtered by the set
+    of logical inputs they read, which keeps the prover calls few.
+    """
+    X, prover = res.exprs, res.prover
+    logical = set(res.lexpr.values())
+    leaves: dict[int, frozenset] = {}
+
+    def leafset(e: int) -> frozenset:
+        got = leaves.get(e)
+        if got is None:
+            x = X[e]
+            got = frozenset([e]) if x.op == "input" else frozenset().union(*[leafset(a) for a in x.args])
+            leaves[e] = got
+        return got
+
+    index: dict[tuple, list[int]] = {}
+    for e in logical:
+        index.setdefault((X[e].shape, leafset(e)), []).append(e)
+    memo: dict[int, bool] = {}
+
+    def grounded(e: int) -> bool:
+        if e in memo:
+            return memo[e]
+        memo[e] = False
+        x = X[e]
+        cands = index.get((x.shape, leafset(e)), [])
+        ok = e in logical or (x.op in ("reshape", "permute", "slice", "pad", "expand") and grounded(x.args[0]))
+        if not ok:
+            ok = any(prover.equal(e, l) for l in cands)
+        if not ok:  # a scalar multiple of a logical value
+            c, core = prover.norm(e)
+            ok = core != e and any(prover.norm(l)[1] == core or prover.equal(prover.norm(l)[1], core) for l in cands)
+        if not ok:  # a layout applied uniformly to a pointwise expression of logical values
+            pulled, sig = prover._pull(e)
+            ok = bool(sig) and pulled != e and grounded(pulled)
+        memo[e] = ok
+        return ok
+
+    steps = {(s.program, s.node) for s in res.prop.steps}
+
+    def judge(program: str, node: int, tensor: str):
+        f = res.prop.facts[program].get(tensor)
+        if (program, node) not in steps or f is None:
+            return None
+        if grounded(f.expr):
+            return f"{X.show(f.expr, 1)} as {fmt_pl(res.plan.program_axes(program), f.pl)} (proved)"
+        return False
+
+    return judge
 
 
 def _small(v, k: int = 16) -> dict:

@@ -1,0 +1,65 @@
+"""`tvcert plan` (generate a training plan) and `tvcert mutate` (inject a known bug)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..cli import EXIT_BAD, _fail_bad, write_atomic
+
+
+@click.command("plan")
+@click.argument("model", metavar="MODEL")
+@click.option("--tp", default=1, show_default=True, help="tensor-parallel degree")
+@click.option("--sp", is_flag=True, help="Megatron sequence parallelism (needs --tp > 1)")
+@click.option("--cp", default=1, show_default=True, help="context-parallel degree (all-gather K/V)")
+@click.option("--dp", default=1, show_default=True, help="data-parallel degree")
+@click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
+@click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")
+@click.option("--layers", type=int, default=None, help="number of layers (default: the model card's)")
+@click.option("--dims", "dims_text", metavar="NAME=V,...", help="override model dims, e.g. h=64,f=128")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="plan file to write")
+def plan(model, tp, sp, cp, dp, zero, mb, layers, dims_text, out):
+    """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b).
+
+    The plan holds the logical single-device step (embedding, layers, final norm, LM head,
+    cross-entropy, backward, gradient clipping, AdamW) and its SPMD program under the chosen
+    parallelism, with symbolic dims so it verifies at full size and runs at small `run_dims`.
+    """
+    from ..cli import _parse_dims
+    from .plans import GenError, llama3_plan
+
+    try:
+        p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers, dims=_parse_dims(dims_text))
+    except GenError as exc:
+        _fail_bad(str(exc))
+    write_atomic(out, json.dumps(p, indent=1) + "\n")
+    n = sum(len(g["nodes"]) for g in p["parallel"])
+    click.echo(f"wrote {out}: {p['description']} ({len(p['logical']['nodes'])} logical ops, {n} parallel ops)")
+
+
+@click.command("mutate")
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False), required=False)
+@click.option("--bug", "bug", help="mutation name (see --list)")
+@click.option("--list", "list_", is_flag=True, help="list the mutations and the plan options each needs")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="mutated plan file to write")
+def mutate(plan_path, bug, list_, out):
+    """Inject a known silent parallelization bug into a generated plan."""
+    from ..plan import PlanError, read_plan_json
+    from .mutations import MUTATIONS, MutationError, mutate as do_mutate
+
+    if list_:
+        for m in MUTATIONS:
+            opts = " ".join(f"--{k} {v}" if v is not True else f"--{k}" for k, v in m.config.items())
+            click.echo(f"{m.name:36s} {m.doc}  [needs: {opts}]")
+        return
+    if not (plan_path and bug and out):
+        _fail_bad("give PLAN.json, --bug NAME and -o OUT (or --list)")
+    try:
+        raw = read_plan_json(plan_path)
+        mutated, role = do_mutate(raw, bug)
+    except (PlanError, MutationError) as exc:
+        _fail_bad(str(exc))
+    write_atomic(out, json.dumps(mutated, indent=1) + "\n")
+    click.echo(f"wrote {out}: {bug} at the op with role {role!r}")

@@ -1,0 +1,208 @@
+"""Bug injection: named mutations of generated plans, each a silent parallelization bug.
+
+A mutation finds parallel nodes by the role in their ``src`` and edits them.  Every mutation
+keeps the plan well-formed (same shapes), so the bug is silent: only the values change.
+``expect`` says which node the first divergence should be reported at.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class MutationError(ValueError):
+    """The mutation does not apply to this plan (the op it breaks is not there)."""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    doc: str
+    config: dict[str, Any]  # generator options under which the mutated op exists
+    apply: Callable[[dict], str]  # edits the plan in place, returns the src role of the node to blame
+    expect: str = "mutated"  # "mutated" | "consumer": where the first divergence shows
+
+
+def _nodes(plan: dict) -> list[dict]:
+    return [n for prog in plan["parallel"] for n in prog["nodes"]]
+
+
+def _find(plan: dict, pattern: str, nth: int = 0) -> dict:
+    hits = [n for n in _nodes(plan) if re.search(pattern, n.get("src") or "")]
+    if len(hits) <= nth:
+        raise MutationError(f"no parallel op whose source role matches {pattern!r}")
+    return hits[nth]
+
+
+def _bypass(plan: dict, pattern: str) -> str:
+    """Remove a node; its consumers read its (first) input instead."""
+    n = _find(plan, pattern)
+    src, dst = n["inputs"][0], n["name"]
+    for prog in plan["parallel"]:
+        if n in prog["nodes"]:
+            prog["nodes"].remove(n)
+            for m in prog["nodes"]:
+                m["inputs"] = [src if x == dst else x for x in m.get("inputs", [])]
+            prog["outputs"] = [src if x == dst else x for x in prog["outputs"]]
+    return n["src"]
+
+
+def _set(plan: dict, pattern: str, **attrs) -> str:
+    n = _find(plan, pattern)
+    n.setdefault("attrs", {}).update(attrs)
+    return n["src"]
+
+
+def _swap_inputs(plan: dict, pattern: str, i: int = 0, j: int = 1) -> str:
+    n = _find(plan, pattern)
+    n["inputs"][i], n["inputs"][j] = n["inputs"][j], n["inputs"][i]
+    return n["src"]
+
+
+def _reroute(plan: dict, pattern: str, index: int, other: str) -> str:
+    n = _find(plan, pattern)
+    n["inputs"][index] = _find(plan, other)["name"]
+    return n["src"]
+
+
+def _insert_after(plan: dict, pattern: str, op: str, role: str, extra_inputs: list[dict] | None = None,
+                  **attrs) -> str:
+    """Insert ``op(x, *extra)`` after the matched node; consumers read the new tensor."""
+    n = _find(plan, pattern)
+    new_name = n["name"] + "__mut"
+    for prog in plan["parallel"]:
+        if n in prog["nodes"]:
+            k = prog["nodes"].index(n)
+            extra_names = []
+            for e in extra_inputs or []:
+                prog["nodes"].insert(k + 1, e)
+                k += 1
+                extra_names.append(e["name"])
+            node = {"name": new_name, "op": op, "inputs": [n["name"], *extra_names], "src": n["src"] + "." + role}
+            if attrs:
+                node["attrs"] = attrs
+            for m in prog["nodes"][k + 1:]:
+                m["inputs"] = [new_name if x == n["name"] else x for x in m.get("inputs", [])]
+            prog["nodes"].insert(k + 1, node)
+            prog["outputs"] = [new_name if x == n["name"] else x for x in prog["outputs"]]
+            return node["src"]
+    raise MutationError("node not found")
+
+
+def _scale_after(plan: dict, pattern: str, factor_expr: str) -> str:
+    n = _find(plan, pattern)
+    c = {"name": n["name"] + "__factor", "op": "const", "attrs": {"value": factor_expr}, "src": n["src"] + ".factor"}
+    return _insert_after(plan, pattern, "mul", "scaled", [c])
+
+
+def _replace_op(plan: dict, pattern: str, op: str, attrs: dict) -> str:
+    n = _find(plan, pattern)
+    n["op"], n["attrs"] = op, dict(attrs)
+    return n["src"]
+
+
+def _const_value(plan: dict, pattern: str, value) -> str:
+    return _set(plan, pattern, value=value)
+
+
+TP = {"tp": 2}
+SP = {"tp": 2, "sp": True}
+CP = {"cp": 2}
+DP = {"dp": 2}
+MB = {"dp": 2, "microbatches": 2}
+ZERO = {"tp": 2, "dp": 2, "zero": 1}
+
+MUTATIONS: list[Mutation] = [
+    Mutation("missing_allreduce_o_proj", "the all_reduce after the attention output projection is missing (data flow intact)",
+             TP, lambda p: _bypass(p, r"layer0\.o_proj\.all_reduce$"), "consumer"),
+    Mutation("missing_allreduce_broken_flow", "the residual add reads the attention input instead of the all-reduced output",
+             TP, lambda p: _reroute(p, r"layer0\.attn_residual$", 1, r"layer0\.o_proj$")),
+    Mutation("missing_allreduce_w2", "the all_reduce after the MLP down projection is missing", TP,
+             lambda p: _bypass(p, r"layer0\.w2_proj\.all_reduce$"), "consumer"),
+    Mutation("allreduce_max_instead_of_sum", "the MLP all_reduce uses max instead of sum", TP,
+             lambda p: _set(p, r"layer0\.w2_proj\.all_reduce$", reduce="max")),
+    Mutation("missing_backward_allreduce", "the input-gradient all_reduce of the attention block is missing", TP,
+             lambda p: _bypass(p, r"layer0\.bwd\.attn_dx\.all_reduce$"), "consumer"),
+    Mutation("wrong_input_backward", "the w3 gradient path multiplies by the pre-activation instead of silu(a)", TP,
+             lambda p: _reroute(p, r"layer0\.bwd\.swiglu_dw3$", 1, r"layer0\.w1_proj$")),
+    Mutation("rope_backward_swapped", "RoPE backward concatenates the halves in the wrong order", TP,
+             lambda p: _swap_inputs(p, r"layer0\.bwd\.q_rope\.bwd\.rot_t$")),
+    Mutation("loss_times_cp", "the loss is averaged over the local tokens of a context-parallel rank (scaled by cp)", CP,
+             lambda p: _const_value(p, r"loss\.count$", "b*s/cp")),
+    Mutation("grad_div_tp", "one weight gradient is divided by tp", TP,
+             lambda p: _insert_after(p, r"layer0\.bwd\.w1_dw$", "div", "div_tp",
+                                     [{"name": "tp__mut", "op": "const", "attrs": {"value": "tp"}, "src": "tp_count"}])),
+    Mutation("average_instead_of_sum", "a gradient all_reduce over dp averages partial sums of an already-averaged loss",
+             DP, lambda p: _set(p, r"layer0\.wq\.grad_all_reduce$", reduce="avg"), "consumer"),
+    Mutation("microbatch_not_accumulated", "one gradient is not summed over micro-batches", MB,
+             lambda p: _set(p, r"layer0\.wk\.grad_all_reduce$", axis="dp")),
+    Mutation("accumulation_overwrites", "gradient accumulation keeps one micro-batch instead of adding them", MB,
+             lambda p: _replace_op(p, r"layer0\.wv\.grad_all_reduce$", "broadcast", {"axis": "mb", "root": 0})),
+    Mutation("wrong_vocab_block", "the embedding reads the vocab block of the mirrored rank", TP,
+             lambda p: _set(p, r"embed\.vocab_block$", start="(tp-1-rank.tp)*(v/tp)", end="(tp-rank.tp)*(v/tp)")),
+    Mutation("wrong_chunk_order_ce", "cross-entropy picks target logits from the mirrored vocab block", TP,
+             lambda p: _set(p, r"head\.ce\.vocab_block$", start="(tp-1-rank.tp)*(v/tp)", end="(tp-rank.tp)*(v/tp)")),
+    Mutation("sp_norm_grad_not_reduced", "sequence-parallel norm-weight gradients are not all-reduced over tp", SP,
+             lambda p: _bypass(p, r"layer0\.attn_norm\.grad_all_reduce$"), "consumer"),
+    Mutation("rope_positions_not_offset", "RoPE positions are not offset by the cp rank", CP,
+             lambda p: _set(p, r"rope\.cp_positions$", start=0, end="s/cp")),
+    Mutation("causal_mask_not_offset", "causal-mask rows ignore the cp rank's position block", CP,
+             lambda p: _insert_positions_unoffset(p)),
+    Mutation("clip_norm_local_only", "the gradient norm for clipping is computed from local shards only", TP,
+             lambda p: _bypass(p, r"grad_norm\.all_reduce$"), "consumer"),
+    Mutation("clip_norm_replicated_overcounted", "replicated parameters are counted on every tp rank in the norm", TP,
+             lambda p: _bypass(p, r"layer0\.attn_norm\.sumsq_dedup$"), "consumer"),
+    Mutation("ce_local_max", "vocab-parallel cross-entropy uses the local max (no all_reduce(max))", TP,
+             lambda p: _bypass(p, r"head\.ce\.max$"), "consumer"),
+    Mutation("ce_sumexp_not_reduced", "vocab-parallel cross-entropy forgets to all_reduce the sum of exponentials", TP,
+             lambda p: _bypass(p, r"head\.ce\.sumexp$"), "consumer"),
+    Mutation("loss_times_dp", "the loss count ignores data parallelism (loss x dp)", DP,
+             lambda p: _const_value(p, r"loss\.count$", "b*s/dp")),
+    Mutation("zero_grad_not_scattered", "ZeRO: the gradient shard is the rank's block of the un-reduced gradient", ZERO,
+             lambda p: _replace_op(p, r"layer0\.w2\.grad_reduce_scatter$", "slice",
+                                   {"dim": 0, "start": "rank.dp*(((f/tp)*(h))/dp)", "end": "(rank.dp+1)*(((f/tp)*(h))/dp)"})),
+    Mutation("zero_param_shard_wrong_rank", "ZeRO: a rank updates the parameter shard of its neighbour", ZERO,
+             lambda p: _set(p, r"layer0\.w2\.param_shard$", start="((rank.dp+1)%dp)*(((f/tp)*(h))/dp)",
+                            end="((rank.dp+1)%dp+1)*(((f/tp)*(h))/dp)")),
+    Mutation("lr_scaled_by_tp", "the learning rate of one sharded weight is multiplied by tp", TP,
+             lambda p: _scale_after(p, r"optim\.layer0\.wo\.lr$", "tp")),
+    Mutation("softmax_wrong_dim", "attention softmax over the query dim instead of the key dim", TP,
+             lambda p: _set(p, r"layer0\.softmax$", dim=-2)),
+    Mutation("k_rope_skipped_offset_sign", "RoPE rotation uses +x2 instead of -x2 for keys", TP,
+             lambda p: _bypass(p, r"layer0\.k_rope\.neg$"), "consumer"),
+    Mutation("bias_row_parallel_every_rank", "a replicated term is added on every rank before the row-parallel all_reduce",
+             TP, lambda p: _insert_after(p, r"layer0\.o_proj$", "add", "bias_on_every_rank",
+                                         [{"name": "bias__mut", "op": "const", "attrs": {"value": 1}, "src": "bias"}])),
+]
+
+
+def _insert_positions_unoffset(p: dict) -> str:
+    """mask rows read positions 0..S-1 on every cp rank (RoPE keeps its offset)."""
+    it = _find(p, r"rope\.cp_positions$")
+    for prog in p["parallel"]:
+        if it in prog["nodes"]:
+            k = prog["nodes"].index(it)
+            sl = {"name": "mask_pos__mut", "op": "slice", "inputs": [it["inputs"][0]], "attrs": {"dim": 0, "start": 0,
+                  "end": "s/cp"}, "src": "mask.rows_unoffset"}
+            cast = {"name": "mask_posf__mut", "op": "cast", "inputs": ["mask_pos__mut"], "attrs": {"dtype": "float"},
+                    "src": "mask.rows_unoffset_cast"}
+            prog["nodes"][k + 1:k + 1] = [sl, cast]
+    rows = _find(p, r"mask\.rows$")
+    rows["inputs"] = ["mask_posf__mut"]
+    return rows["src"]
+
+
+BY_NAME = {m.name: m for m in MUTATIONS}
+
+
+def mutate(plan: dict, name: str) -> tuple[dict, str]:
+    """Return (mutated copy, src role of the node the bug should be blamed on)."""
+    if name not in BY_NAME:
+        raise MutationError(f"unknown mutation {name!r}; known: {', '.join(sorted(BY_NAME))}")
+    out = copy.deepcopy(plan)
+    role = BY_NAME[name].apply(out)
+    out["name"] = f"{plan.get('name', 'plan')}+{name}"
+    out["description"] = f"{plan.get('description', '')} BUG ({name}): {BY_NAME[name].doc}"
+    return out, role
