@@ -44,7 +44,7 @@ def test_rank_dependent_slice_becomes_rank_expression():
     plan = load_plan(raw)
     assert run_plan(plan).equal
     res = verify(plan)
-    assert res.verdict == "VERIFIED" or "no proved theorem" in " ".join(res.reasons), res.reasons
+    assert res.verdict == "VERIFIED", res.reasons
 
 
 def test_two_axis_mesh_affine_fit():
