@@ -41,6 +41,16 @@ def test_manifest_is_deterministic_and_covers_tables():
         assert e["digest"] == proofkit.digest(e["statement"])
 
 
+def test_manifest_rules_are_exactly_the_engine_rules():
+    """Every rule the engine applies has a theorem, and the manifest binds no rule it does not apply."""
+    from tvcert.kernel.rules import RULES as ENGINE_RULES
+
+    m = json.loads((ROOT / "proofs" / "manifest.json").read_text())
+    assert set(proofkit.RULES) == set(ENGINE_RULES)
+    assert set(m["rules"]) == set(ENGINE_RULES)
+    assert not set(proofkit.RULES) & set(proofkit.THEOREMS)
+
+
 @pytest.fixture(scope="module")
 def built_root():
     if shutil.which("coqc") is None or shutil.which("coq_makefile") is None:
