@@ -18,7 +18,7 @@ CORRECT = ["mlp_tp2", "heads_ok"]
 WRONG = {
     "mlp_tp2_no_allreduce": ("add", "$.parallel[0].nodes[4]"),
     "mlp_tp2_bias_before_allreduce": ("add", "$.parallel[0].nodes[4]"),
-    "trainverify_c12": ("const", "$.parallel[0].nodes[0]"),
+    "trainverify_c12": ("slice", "$.parallel[0].nodes[1]"),
     "heads_reshape_transpose_swap": ("transpose", "$.parallel[0].nodes[0]"),
 }
 

@@ -159,13 +159,13 @@ def _local_piece(pl: Placement, v, c, p, axis, b, rng, ctx):
     parts = [random_value(v.shape, "float", srng, ctx) for _ in range(p)]
     if pl.reduce == "max":
         # every rank holds at most v, rank (element-dependent) 0 holds v exactly
-        return v if c == 0 else v - abs(parts[c]) - ctx.const(1)
+        return v if c == 0 else np.asarray(v - abs(parts[c]) - ctx.const(1), dtype=v.dtype)
     if pl.reduce == "avg":
         v = v * ctx.const(p)
     rest = parts[0] * ctx.const(0)
     for i in range(1, p):
         rest = rest + parts[i]
-    return v - rest if c == 0 else parts[c]
+    return np.asarray(v - rest if c == 0 else parts[c], dtype=object if ctx.exact else np.float64)
 
 
 @dataclass
@@ -205,13 +205,13 @@ def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: R
         if any(s.shape != subs[0].shape for s in subs):
             return Assembly(None, f"Partial on axis {a!r}, but ranks hold different shapes")
         if pl.reduce == "max":
-            return Assembly(np.maximum.reduce(subs))
+            return Assembly(np.asarray(np.maximum.reduce(subs), dtype=subs[0].dtype))
         tot = subs[0]
         for s in subs[1:]:
             tot = tot + s
         if pl.reduce == "avg":
             tot = tot / ctx.const(len(subs))
-        return Assembly(tot)
+        return Assembly(np.asarray(tot, dtype=subs[0].dtype if subs[0].dtype == object else None))
 
     return rec(0, base)
 

@@ -17,7 +17,7 @@ from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
 from ..kernel.rules import fmt_pl
 from ..kernel.setup import logical_exprs, output_targets
-from ..kernel.smt import solve_z3
+from ..kernel.smt import is_region_op, solve_z3
 from ..localize import first_divergence
 from ..plan import Plan
 from .propagate import Failure, Propagation, propagate
@@ -159,8 +159,8 @@ def _refute(res: Result, seeds: int) -> None:
             if exact:
                 continue
             break
-        except (ValueError, ArithmeticError) as exc:
-            res.reasons.append(f"interpreter failed: {exc}")
+        except Exception as exc:  # an interpreter failure is reported, never turned into a verdict
+            res.reasons.append(f"interpreter failed ({'exact' if exact else 'float64'}): {type(exc).__name__}: {exc}")
             continue
         if run.equal:
             continue
@@ -204,6 +204,20 @@ def _judge(res: Result):
             leaves[e] = got
         return got
 
+    approved = set()  # layout op sequences the plan itself declares (ZeRO flattening etc.), and their prefixes
+    for b in list(res.plan.inputs.values()) + list(res.plan.outputs.values()):
+        ops = tuple("reshape" if op in ("view", "flatten", "squeeze", "unsqueeze") else
+                    "permute" if op == "transpose" else op for op, _ in b.layout)
+        for k in range(1, len(ops) + 1):
+            approved.add(ops[:k])
+
+    def layout_core(e: int) -> tuple[int, tuple]:
+        chain = []
+        while X[e].op in ("reshape", "permute"):
+            chain.append(X[e].op)
+            e = X[e].args[0]
+        return e, tuple(reversed(chain))
+
     index: dict[tuple, list[int]] = {}
     for e in logical:
         index.setdefault((X[e].shape, leafset(e)), []).append(e)
@@ -215,15 +229,18 @@ def _judge(res: Result):
         memo[e] = False
         x = X[e]
         cands = index.get((x.shape, leafset(e)), [])
-        ok = e in logical or (x.op in ("reshape", "permute", "slice", "pad", "expand") and grounded(x.args[0]))
+        ok = e in logical
+        if not ok and x.op in ("reshape", "permute"):
+            core, chain = layout_core(e)
+            ok = chain in approved and grounded(core)
         if not ok:
             ok = any(prover.equal(e, l) for l in cands)
         if not ok:  # a scalar multiple of a logical value
             c, core = prover.norm(e)
             ok = core != e and any(prover.norm(l)[1] == core or prover.equal(prover.norm(l)[1], core) for l in cands)
         if not ok:  # a layout applied uniformly to a pointwise expression of logical values
-            pulled, sig = prover._pull(e)
-            ok = bool(sig) and pulled != e and grounded(pulled)
+            pulled, sig = prover._pull(e) if is_region_op(X, e) else (e, ())
+            ok = bool(sig) and pulled != e and tuple(op for op, *_ in sig) in approved and grounded(pulled)
         memo[e] = ok
         return ok
 

@@ -30,13 +30,15 @@ class Collective(OpSpec):
 
 def _reduce(xs: Sequence[np.ndarray], how: str, ctx: Ctx) -> np.ndarray:
     if how == "max":
-        return np.maximum.reduce(list(xs)) if len(xs) > 1 else xs[0].copy()
-    total = xs[0]
-    for x in xs[1:]:
-        total = total + x
-    if how == "avg":
-        total = total / ctx.const(len(xs))
-    return total
+        out = np.maximum.reduce(list(xs)) if len(xs) > 1 else xs[0].copy()
+    else:
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        if how == "avg":
+            out = out / ctx.const(len(xs))
+    # 0-d object arrays decay to scalars under arithmetic: keep an array
+    return np.asarray(out, dtype=xs[0].dtype if xs[0].dtype == object else None)
 
 
 @register
