@@ -86,9 +86,13 @@ def mlp_parallel(bug=None):
         n("gb2", "sum", "diff", dims=[0]),
         n("w2T", "transpose", "w2", dim0=0, dim1=1),
         n("dh", "matmul", "diff", "w2T"),
-        n("hsq", "square", "hid"),
-        n("one", "const", value=1),
-        n("dtanh", "sub", "one", "hsq"),
+    ]
+    if bug == "rewritten":  # 1 - h^2 written as (1 - h)(1 + h): equal over the reals, proved by SMT
+        nodes += [n("one", "const", value=1), n("omh", "sub", "one", "hid", src="mlp_tp.py:40"),
+                  n("oph", "add", "one", "hid", src="mlp_tp.py:40"), n("dtanh", "mul", "omh", "oph", src="mlp_tp.py:40")]
+    else:
+        nodes += [n("hsq", "square", "hid"), n("one", "const", value=1), n("dtanh", "sub", "one", "hsq")]
+    nodes += [
         n("da", "mul", "dh", "dtanh"),
         n("xT", "transpose", "x", dim0=0, dim1=1),
         n("gw1", "matmul", "xT", "da"),
@@ -197,6 +201,9 @@ if __name__ == "__main__":
     write("mlp_tp2_bias_before_allreduce", mlp_plan("mlp_tp2_bias_before_allreduce",
                                                     "BUG: the row-parallel bias is added on every rank before the "
                                                     "all_reduce, so the output carries tp*bias.", "bias_before_allreduce"))
+    write("mlp_tp2_rewritten", mlp_plan("mlp_tp2_rewritten", "Correct: as mlp_tp2, but the parallel backward writes "
+                                                             "tanh' = 1 - h^2 as (1 - h)(1 + h); an SMT obligation "
+                                                             "proves the two equal.", "rewritten"))
     write("trainverify_c12", c12_plan())
     write("heads_reshape_transpose_swap", heads_plan(True))
     write("heads_ok", heads_plan(False))

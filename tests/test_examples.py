@@ -13,7 +13,7 @@ from tvcert.interp import run_plan
 from tvcert.plan import load_plan
 
 EX = Path(__file__).resolve().parents[1] / "examples"
-CORRECT = ["mlp_tp2", "heads_ok"]
+CORRECT = ["mlp_tp2", "heads_ok", "mlp_tp2_rewritten"]
 # example -> (op named as first divergence, its node path)
 WRONG = {
     "mlp_tp2_no_allreduce": ("add", "$.parallel[0].nodes[4]"),

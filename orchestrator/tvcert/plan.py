@@ -91,7 +91,9 @@ class PlanSpec(_Strict):
     description: Optional[str] = None
     dims: dict[str, int] = Field(description="values of the named dims (full size)")
     run_dims: Optional[dict[str, int]] = Field(None, description="small values used to execute the plan (defaults to dims)")
-    mesh: dict[str, DimT] = Field(description="mesh axes in order, with sizes")
+    mesh: Union[list[tuple[str, DimT]], dict[str, DimT]] = Field(
+        description="mesh axes in nesting order (outermost first) with sizes: [[axis, size], ...], or an object "
+                    "whose key order is the nesting order")
     logical: GraphSpec
     parallel: list[ProgramSpec]
     inputs: dict[str, PlacementSpec] = Field(description="logical input -> where it lives on the mesh")
@@ -189,8 +191,21 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def normalize_raw(raw: dict) -> dict:
+    """The plan with its mesh as an ordered list of [axis, size] pairs.
+
+    Mesh order is meaning (nesting order of shards), and JSON object key order is not, so the
+    canonical form (hashed, embedded in certificates) spells the mesh as a list.
+    """
+    mesh = raw.get("mesh")
+    if isinstance(mesh, dict):
+        raw = dict(raw)
+        raw["mesh"] = [[a, s] for a, s in mesh.items()]
+    return raw
+
+
 def plan_digest(raw: dict) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(raw)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(normalize_raw(raw))).hexdigest()
 
 
 def _pyd_path(loc: tuple) -> str:
@@ -276,7 +291,10 @@ def _build(spec: PlanSpec, raw: dict) -> Plan:
             if v <= 0 or v > MAX_DIM:
                 raise PlanError(f"$.run_dims.{k}", f"size {v} must be a positive integer")
             run_dims[k] = v
-    mesh_spec = dict(spec.mesh)
+    pairs = list(spec.mesh.items()) if isinstance(spec.mesh, dict) else [tuple(x) for x in spec.mesh]
+    mesh_spec = dict(pairs)
+    if len(mesh_spec) != len(pairs):
+        raise PlanError("$.mesh", "a mesh axis is named twice")
     if not mesh_spec:
         raise PlanError("$.mesh", "the mesh needs at least one axis")
     for a, s in mesh_spec.items():
@@ -301,7 +319,7 @@ def _build(spec: PlanSpec, raw: dict) -> Plan:
             if a not in mesh_spec:
                 raise PlanError(f"{path}.stage.{a}", f"stage axis {a!r} is not a mesh axis")
         programs[p.name] = _graph(p, p.name, path, p.stage)
-    plan = Plan(spec.name, dims, run_dims, mesh_spec, logical, programs, {}, {}, raw, spec.description)
+    plan = Plan(spec.name, dims, run_dims, mesh_spec, logical, programs, {}, {}, normalize_raw(raw), spec.description)
     plan.inputs = _bindings(plan, spec.inputs, "inputs", logical.input_names(), lambda g: g.input_names())
     plan.outputs = _bindings(plan, spec.outputs, "outputs", logical.outputs, lambda g: list(g.producers()) + g.input_names())
     for name in logical.input_names():

@@ -168,6 +168,8 @@ def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
         out_pl = [parse_placements(p) for _, p in st.out]
     except ValueError as exc:
         raise Invalid(f"{where}: {exc}") from None
+    if [[str(x) for x in pl] for pl in out_pl] != [list(p) for _, p in st.out]:
+        raise Invalid(f"{where}: placements must be spelled canonically (Replicate, Shard(d), Partial(r))")
     if n.op == "recv":
         if st.rules != ["send_recv_preserves"] or st.peer is None:
             raise Invalid(f"{where}: a recv is justified only by send_recv_preserves with its peer send")
