@@ -42,15 +42,24 @@ def fuzz(pairs: int, seed: int, jobs: int, time_budget: float | None, no_certs: 
     if hostile_res is not None:
         table += "\n\n" + hostile_res.table()
     if markdown:
-        head = (f"# Differential soundness fuzzing\n\n`python -m tvcert.fuzz --pairs {pairs} --seed {seed} --jobs {jobs}`"
-                f"{f' --time-budget {time_budget:g}' if time_budget else ''}\n\n"
+        import subprocess
+
+        try:
+            rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 cwd=str(__import__("pathlib").Path(__file__).parent), timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            rev = "?"
+        head = (f"# Differential soundness fuzzing\n\n`python -m tvcert.fuzz --pairs {pairs} --seed {seed} --jobs {jobs}"
+                f"{f' --time-budget {time_budget:g}' if time_budget else ''}{f' --hostile {hostile_n}' if hostile_n else ''}`\n\n"
                 f"Machine: {platform.node()} ({platform.machine()}, {platform.processor() or 'cpu'}, "
-                f"Python {platform.python_version()}); date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n")
+                f"Python {platform.python_version()}, {__import__('os').cpu_count()} cores); date "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {rev} (plus uncommitted work of the day).\n\n")
         with open(markdown, "w") as f:
             f.write(head + table + "\n")
     if as_json:
         click.echo(json.dumps({"summary": s, "per_family": st.per_family(), "per_mutation": st.per_mutation(),
                                "false_verified": [str(p) for _, _, p in falses],
+                               "notable": st.notable(),
                                "hostile": hostile_res.summary() if hostile_res else None}))
     else:
         click.echo(table)

@@ -118,6 +118,10 @@ def evaluate(pair: Pair, index: int = 0, certs: bool = True, oracle_seeds=(0, 1,
     out.rules = sorted(used_rules(res)) if out.would_verify else []
     if res.verdict != "VERIFIED":
         out.reason = _reason_key(res.reasons)
+    if res.verdict == "REFUTED" and res.counterexample:
+        ce = res.counterexample
+        out.detail = f"counterexample mode={ce.get('mode')} seed={ce.get('seed')} dims={ce.get('dims')} " + \
+            "; ".join(f"{o['name']}: max_diff={o['max_diff']:.3g}" for o in ce.get("outputs", []) if not o["equal"])
     if certs and res.verdict == "VERIFIED":
         out.cert = certificate_round_trip(res, random.Random(index))
     out.seconds = time.perf_counter() - t0
@@ -368,6 +372,24 @@ class Stats:
             c["false_verified"] += o.false_verified
         return {k: dict(v) for k, v in sorted(t.items())}
 
+    def notable(self) -> list[dict]:
+        """Every pair worth a look: soundness counters, crashes, certificate problems (with its index)."""
+        out = []
+        for o in self.outcomes:
+            why = []
+            if o.false_verified:
+                why.append("false VERIFIED")
+            if o.false_refuted:
+                why.append("false REFUTED")
+            if o.status.endswith("crash"):
+                why.append(o.status)
+            if o.cert not in (None, "ok"):
+                why.append("certificate: " + o.cert)
+            if why:
+                out.append({"index": o.index, "why": why, "family": o.family, "mutation": o.mutation,
+                            "verdict": o.verdict, "detail": o.detail.splitlines()[0][:300] if o.detail else ""})
+        return out
+
     def unknown_reasons(self, k: int = 12) -> list[tuple[str, int]]:
         c = Counter(o.reason for o in self.outcomes if o.status == "ok" and o.oracle_equal and o.verdict == "UNKNOWN")
         return c.most_common(k)
@@ -463,9 +485,16 @@ def format_table(st: Stats) -> str:
                 continue
             seen.add(key)
             lines.append(f"- {o.status} at pair {o.index}: {key[1]}")
+    fr = [o for o in st.outcomes if o.false_refuted]
+    if fr:
+        lines += ["", "False REFUTED (exact oracle finds no difference):", ""]
+        for o in fr[:20]:
+            lines.append(f"- pair {o.index} ({o.family}, mutation {o.mutation}): {o.detail}")
     certs = [o for o in st.outcomes if o.cert not in (None, "ok")]
     if certs:
-        lines += ["", "Certificate problems:", ""]
-        for o in certs[:10]:
-            lines.append(f"- pair {o.index}: {o.cert}")
+        kinds = Counter(o.cert.split(":")[0] + ":" + o.cert.split(":")[-1][:90] for o in certs)
+        lines += ["", f"Certificate problems ({len(certs)} of {sum(o.cert is not None for o in st.outcomes)} VERIFIED pairs):", ""]
+        for k, n in kinds.most_common(8):
+            ex = next(o.index for o in certs if o.cert.split(":")[0] + ":" + o.cert.split(":")[-1][:90] == k)
+            lines.append(f"- {n} x {k} (first: pair {ex})")
     return "\n".join(lines)
