@@ -1,0 +1,245 @@
+"""Every kernel rule: applied when its premises and side conditions hold, refused when they do not.
+
+Each case builds facts over a one-axis mesh (tp=2, or two axes where nesting matters), asks
+the kernel for a conclusion, and checks the rule id used.  The negative twin breaks exactly
+one premise or side condition; the kernel must then refuse (RuleFailure) or use another rule.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tvcert.kernel.equality import Prover
+from tvcert.kernel.expr import Exprs
+from tvcert.kernel.rules import RULES, Fact, KCtx, P, R, RuleFailure, S, derive, local_shape
+from tvcert.ops import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Env:
+    def __init__(self, axes=("tp",), sizes=None, dims=None):
+        self.X = Exprs()
+        self.kc = KCtx(self.X, tuple(axes), sizes or {a: 2 for a in axes}, dims or {"n": 8, "tp": 2})
+        self.k = 0
+
+    def t(self, shape, *pl, dtype="float"):
+        self.k += 1
+        return Fact(self.X.leaf(f"x{self.k}", tuple(shape), dtype), tuple(pl))
+
+    def const(self, value, shape=()):
+        return Fact(self.X.mk("const", {"value": value, "shape": tuple(shape), "dtype": "float"}, []),
+                    tuple(R for _ in self.kc.axes))
+
+    def apply(self, op, facts, raw=None, **attrs):
+        spec = REGISTRY[op]
+        from tvcert.ops import resolve_attrs
+
+        raw = dict(attrs if raw is None else raw)
+        env = dict(self.kc.dims, **{f"rank.{a}": 0 for a in self.kc.axes})
+        ra = resolve_attrs(spec, raw, env)
+        if spec.category == "collective":
+            ra["_p"] = 2
+        local_in = [local_shape(self.X[f.expr].shape, self.kc.axes, f.pl, self.kc.sizes) for f in facts]
+        out = spec.infer(local_in, ra)
+        return derive(self.kc, op, ra, raw, facts, out)
+
+
+def rules_of(fn):
+    return fn().rules
+
+
+# (rule id) -> (positive builder, negative builder); each builder returns a Derivation or raises RuleFailure
+def case_table():
+    c = {}
+
+    def add(rule, pos, neg):
+        c[rule] = (pos, neg)
+
+    add("replicate_any", lambda e: e.apply("sum", [e.t([4, 4], R)], dims=[0]),
+        lambda e: e.apply("amin", [e.t([4, 4], S(0))], dims=[0]))
+    add("ew_unary_replicate", lambda e: e.apply("exp", [e.t([4], R)]),
+        lambda e: e.apply("exp", [e.t([4], P())]))
+    add("ew_unary_shard", lambda e: e.apply("tanh", [e.t([4, 4], S(1))]),
+        lambda e: e.apply("tanh", [e.t([4, 4], P())]))
+    add("ew_binary_replicate", lambda e: e.apply("mul", [e.t([4], R), e.t([4], R)]),
+        lambda e: e.apply("mul", [e.t([4], P()), e.t([4], P())]))
+    add("ew_binary_shard", lambda e: e.apply("add", [e.t([4, 4], S(0)), e.t([4, 4], S(0))]),
+        lambda e: e.apply("add", [e.t([4, 4], S(0)), e.t([2, 8], S(1))]))
+    add("ew_binary_shard_broadcast", lambda e: e.apply("add", [e.t([4, 4], S(0)), e.t([1, 4], R)]),
+        lambda e: e.apply("add", [e.t([4, 4], S(0)), e.t([2, 4], R)]))  # replicated operand not broadcast on dim 0
+    add("partial_neg", lambda e: e.apply("neg", [e.t([4], P())]), lambda e: e.apply("neg", [e.t([4], P("max"))]))
+    add("partial_scale", lambda e: e.apply("mul", [e.t([4], P()), e.t([4], R)]),
+        lambda e: e.apply("mul", [e.t([4], P()), e.t([4], P())]))
+    add("partial_div", lambda e: e.apply("div", [e.t([4], P()), e.t([4], R)]),
+        lambda e: e.apply("div", [e.t([4], R), e.t([4], P())]))
+    add("partial_add", lambda e: e.apply("add", [e.t([4], P()), e.t([4], P())]),
+        lambda e: e.apply("add", [e.t([4], P()), e.t([4], P("avg"))]))
+    add("partial_sub", lambda e: e.apply("sub", [e.t([4], P()), e.t([4], P())]),
+        lambda e: e.apply("sub", [e.t([4], P()), e.t([8], S(0))]))
+    add("partial_linear_map", lambda e: e.apply("reshape", [e.t([4, 4], P())], shape=[16]),
+        lambda e: e.apply("exp", [e.t([4, 4], P())]))
+    add("partial_plus_replicate_not_partial", lambda e: e.apply("add", [e.t([4], P()), e.t([4], R)]),
+        lambda e: e.apply("add", [e.t([4], P("avg")), e.t([4], R)]))
+    add("partial_avg_div_p_to_sum", lambda e: e.apply("div", [e.t([4], P("avg")), e.const(2)]),
+        lambda e: e.apply("div", [e.t([4], P("avg")), e.const(3)]))
+    add("matmul_replicate", lambda e: e.apply("matmul", [e.t([4, 4], R), e.t([4, 4], R)]),
+        lambda e: e.apply("matmul", [e.t([4, 4], R), e.t([8, 4], S(0))]))
+    add("matmul_col_parallel", lambda e: e.apply("matmul", [e.t([4, 4], R), e.t([4, 6], S(1))]),
+        lambda e: e.apply("matmul", [e.t([4, 8], S(1)), e.t([4, 6], S(1))]))
+    add("matmul_row_parallel", lambda e: e.apply("matmul", [e.t([4, 4], S(1)), e.t([4, 6], S(0))]),
+        lambda e: e.apply("matmul", [e.t([4, 8], S(1)), e.t([4, 6], R)]))
+    add("matmul_batch_shard", lambda e: e.apply("matmul", [e.t([4, 4], S(0)), e.t([4, 6], R)]),
+        lambda e: e.apply("matmul", [e.t([2, 4, 4], S(0)), e.t([2, 4, 6], R)]))  # batch sharded, other not broadcast
+    add("matmul_partial_lhs", lambda e: e.apply("matmul", [e.t([4, 4], P()), e.t([4, 6], R)]),
+        lambda e: e.apply("matmul", [e.t([4, 4], P("max")), e.t([4, 6], R)]))
+    add("matmul_partial_rhs", lambda e: e.apply("matmul", [e.t([4, 4], R), e.t([4, 6], P())]),
+        lambda e: e.apply("matmul", [e.t([4, 4], P()), e.t([4, 6], P())]))
+    add("einsum_shard_free_index", lambda e: e.apply("einsum", [e.t([4, 4], S(0)), e.t([4, 6], R)], equation="ij,jk->ik"),
+        lambda e: e.apply("einsum", [e.t([4, 4], S(0)), e.t([4, 6], S(1))], equation="ij,jk->ik"))
+    add("einsum_shard_contracted_index",
+        lambda e: e.apply("einsum", [e.t([4, 4], S(1)), e.t([4, 6], S(0))], equation="ij,jk->ik"),
+        lambda e: e.apply("einsum", [e.t([4, 8], S(1)), e.t([4, 6], R)], equation="ij,jk->ik"))
+    add("einsum_partial_operand", lambda e: e.apply("einsum", [e.t([4, 4], P()), e.t([4, 6], R)], equation="ij,jk->ik"),
+        lambda e: e.apply("einsum", [e.t([4, 4], P()), e.t([4, 6], P())], equation="ij,jk->ik"))
+    add("allreduce_sum_partial", lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp"),
+        lambda e: e.apply("all_reduce", [e.t([4], R)], axis="tp"))
+    add("allreduce_avg_partial_avg", lambda e: e.apply("all_reduce", [e.t([4], P("avg"))], axis="tp", reduce="avg"),
+        lambda e: e.apply("all_reduce", [e.t([4], P("max"))], axis="tp", reduce="avg"))
+    add("allreduce_avg_partial_sum", lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp", reduce="avg"),
+        lambda e: e.apply("all_reduce", [e.t([4], S(0))], axis="tp", reduce="avg"))
+    add("allreduce_max_partial_max", lambda e: e.apply("all_reduce", [e.t([4], P("max"))], axis="tp", reduce="max"),
+        lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp", reduce="max"))
+    add("allgather_shard", lambda e: e.apply("all_gather", [e.t([4, 4], S(1))], axis="tp", dim=1),
+        lambda e: e.apply("all_gather", [e.t([4, 4], S(0))], axis="tp", dim=1))
+    add("reduce_scatter_partial", lambda e: e.apply("reduce_scatter", [e.t([4, 4], P())], axis="tp", dim=0),
+        lambda e: e.apply("reduce_scatter", [e.t([4, 4], R)], axis="tp", dim=0))
+    add("all_to_all_reshard", lambda e: e.apply("all_to_all", [e.t([4, 4], S(1))], axis="tp", split_dim=0, concat_dim=1),
+        lambda e: e.apply("all_to_all", [e.t([4, 4], S(0))], axis="tp", split_dim=0, concat_dim=1))
+    add("broadcast_replicate", lambda e: e.apply("broadcast", [e.t([4], R)], axis="tp"),
+        lambda e: e.apply("broadcast", [e.t([4], P())], axis="tp"))
+    add("reduce_sum_sharded_dim", lambda e: e.apply("sum", [e.t([4, 4], S(1))], dims=[1]),
+        lambda e: e.apply("sum", [e.t([4, 4], P("max"))], dims=[1]))
+    add("reduce_mean_sharded_dim", lambda e: e.apply("mean", [e.t([4, 4], S(1))], dims=[1]),
+        lambda e: e.apply("mean", [e.t([4, 4], P("max"))], dims=[1]))
+    add("reduce_max_sharded_dim", lambda e: e.apply("amax", [e.t([4, 4], S(1))], dims=[1]),
+        lambda e: e.apply("amax", [e.t([4, 4], P())], dims=[1]))
+    add("reduce_other_dim", lambda e: e.apply("sum", [e.t([4, 4], S(0))], dims=[1]),
+        lambda e: e.apply("amin", [e.t([4, 4], S(1))], dims=[1]))
+    add("softmax_other_dim", lambda e: e.apply("softmax", [e.t([4, 4], S(0))], dim=1),
+        lambda e: e.apply("softmax", [e.t([4, 4], S(1))], dim=1))
+    add("rowwise_shard", lambda e: e.apply("cross_entropy", [e.t([4, 6], S(0)), e.t([4], S(0), dtype="int")],
+                                           reduction="none"),
+        lambda e: e.apply("cross_entropy", [e.t([4, 6], S(1)), e.t([4], R, dtype="int")], reduction="none"))
+    add("permute_shard", lambda e: e.apply("permute", [e.t([2, 4, 6], S(2))], dims=[2, 0, 1]),
+        lambda e: e.apply("permute", [e.t([2, 4, 6], P("max"))], dims=[2, 0, 1]))
+    add("reshape_shard_block", lambda e: e.apply("reshape", [e.t([4, 6], S(0))], shape=["2/tp", 2, 6]),
+        lambda e: e.apply("reshape", [e.t([4, 6], S(1))], shape=[12]))  # shard not leading its group
+    add("slice_other_dim", lambda e: e.apply("slice", [e.t([4, 6], S(0))], dim=1, start=0, end=3),
+        lambda e: e.apply("slice", [e.t([4, 6], S(0))], dim=0, start=0, end=1))
+    add("slice_block_to_shard", lambda e: e.apply("slice", [e.t([8, 2], R)], dim=0, start="rank.tp*(n/2)",
+                                                  end="(rank.tp+1)*(n/2)"),
+        lambda e: e.apply("slice", [e.t([8, 2], R)], dim=0, start="(1-rank.tp)*(n/2)", end="(2-rank.tp)*(n/2)"))
+    add("concat_other_dim", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=1),
+        lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0))
+    add("allreduce_nested_axes", None, None)
+    add("send_recv_preserves", None, None)
+    for rule in ("congruence", "scale_commutes_linear", "layout_commutes_pointwise", "elementwise_smt"):
+        add(rule, None, None)
+    return c
+
+
+CASES = case_table()
+
+
+def test_every_rule_has_a_case():
+    assert set(CASES) == set(RULES)
+
+
+@pytest.mark.parametrize("rule", sorted(r for r, (p, _) in CASES.items() if p is not None))
+def test_rule_applies_when_its_conditions_hold(rule):
+    d = CASES[rule][0](Env())
+    assert rule in d.rules
+
+
+@pytest.mark.parametrize("rule", sorted(r for r, (_, n) in CASES.items() if n is not None))
+def test_rule_refused_when_a_condition_fails(rule):
+    try:
+        d = CASES[rule][1](Env())
+    except RuleFailure:
+        return
+    assert rule not in d.rules, f"{rule} applied although its side condition fails: {d.rules}"
+
+
+def test_allreduce_nested_axes():
+    e = Env(("dp", "tp"))
+    d = e.apply("all_reduce", [e.t([4], P(), P())], axis=["dp", "tp"])
+    assert d.rules == ["allreduce_sum_partial", "allreduce_nested_axes"] and d.facts[0].pl == (R, R)
+    with pytest.raises(RuleFailure):
+        e.apply("all_reduce", [e.t([4], P(), R)], axis=["dp", "tp"])
+
+
+def test_nested_gather_order():
+    e = Env(("dp", "tp"))
+    # dim 0 sharded on both axes, tp innermost: gathering the outer axis alone is refused
+    with pytest.raises(RuleFailure, match="inner axis"):
+        e.apply("all_gather", [e.t([8, 2], S(0), S(0))], axis="dp", dim=0)
+    d = e.apply("all_gather", [e.t([8, 2], S(0), S(0))], axis="tp", dim=0)
+    assert d.facts[0].pl == (S(0), R)
+
+
+def test_conclusions_are_checked_against_local_shapes():
+    e = Env()
+    x = e.t([4, 4], S(1))
+    with pytest.raises(RuleFailure, match="local shape"):
+        derive(e.kc, "exp", {}, {}, [x], [(4, 4)])  # a wrong local shape is never accepted
+
+
+def test_rank_dependent_constant_is_refused():
+    e = Env()
+    with pytest.raises(RuleFailure, match="depends on the rank"):
+        e.apply("const", [], value="rank.tp", shape=[])
+
+
+def test_equality_rules():
+    X = Exprs()
+    a = X.leaf("a", (4,), "float")
+    b = X.leaf("b", (4,), "float")
+    pr = Prover(X)
+    # congruence
+    assert pr.equal(X.mk("exp", {}, [a]), X.mk("exp", {}, [a]))
+    # scalar factors across a linear op
+    two = X.mk("const", {"value": 2, "shape": (), "dtype": "float"}, [])
+    lhs = X.mk("sum", {"dims": (0,), "keepdim": False}, [X.mk("mul", {}, [a, two])])
+    rhs = X.mk("mul", {}, [X.mk("sum", {"dims": (0,), "keepdim": False}, [a]), two])
+    assert pr.equal(lhs, rhs) and "scale_commutes_linear" in pr.used
+    # SMT over an elementwise region: (a-b)(a+b) = a^2 - b^2, and not a^2 + b^2
+    f = X.mk("mul", {}, [X.mk("sub", {}, [a, b]), X.mk("add", {}, [a, b])])
+    g = X.mk("sub", {}, [X.mk("square", {}, [a]), X.mk("square", {}, [b])])
+    h = X.mk("add", {}, [X.mk("square", {}, [a]), X.mk("square", {}, [b])])
+    assert pr.equal(f, g) and "elementwise_smt" in pr.used
+    assert not pr.equal(f, h)
+    # layout through pointwise: reshape(a + b) = reshape(a) + reshape(b)
+    r = lambda t: X.mk("reshape", {"shape": (2, 2)}, [t])
+    assert pr.equal(r(X.mk("add", {}, [a, b])), X.mk("add", {}, [r(a), r(b)]))
+    assert "layout_commutes_pointwise" in pr.used
+
+
+def test_trainverify_c12_is_never_proved_equal():
+    """f(x)=[[1,1],[1,1]]x vs g(x)=[[1,1],[2,0]]x agree at index 0 only: the prover must not equate them."""
+    X = Exprs()
+    x = X.leaf("x", (2,), "float")
+    A = X.mk("const", {"value": [[1, 1], [1, 1]], "shape": (2, 2), "dtype": "float"}, [])
+    B = X.mk("const", {"value": [[1, 1], [2, 0]], "shape": (2, 2), "dtype": "float"}, [])
+    assert not Prover(X).equal(X.mk("matmul", {}, [A, x]), X.mk("matmul", {}, [B, x]))
+    # and the pointwise family f(x)=[x0,x0] vs g(x)=[x0,x1]
+    x0 = X.mk("slice", {"dim": 0, "start": 0, "end": 1, "step": 1}, [x])
+    f = X.mk("concat", {"dim": 0}, [x0, x0])
+    assert not Prover(X).equal(f, x)
+
+
+def test_engine_rules_match_the_proof_manifest():
+    manifest = json.loads((ROOT / "proofs" / "manifest.json").read_text())
+    assert set(manifest["rules"]) == set(RULES)
