@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from .ops import REGISTRY, AttrError, ShapeError, resolve_attrs
 from .ops.collectives import axes_of
-from .shapes import DimError, dim_value
+from .shapes import DimEnv, DimError, dim_value
 
 
 class GraphError(ValueError):
@@ -117,6 +117,7 @@ class Graph:
         axis sizes that collectives need.
         """
         mesh = mesh or {}
+        env = DimEnv(env)
         types: dict[str, tuple[tuple[int, ...], str]] = {}
         for i, t in enumerate(self.inputs):
             p = f"{self.path}.inputs[{i}].shape"

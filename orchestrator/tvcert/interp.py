@@ -341,6 +341,14 @@ def make_inputs(plan: Plan, dims: Mapping[str, int], seed: int, ctx: Ctx) -> dic
 def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, exact: bool = False,
              inputs: Mapping[str, np.ndarray] | None = None) -> RunResult:
     dims = dict(plan.run_dims if dims is None else dims)
+    if dims == plan.run_dims and "run_dims" not in plan.checked:
+        from .plan import PlanError, check_shapes
+
+        try:
+            check_shapes(plan, dims, "run_dims")
+        except PlanError as exc:
+            raise RunError(f"the plan is ill-shaped at its run dims: {exc}") from None
+        plan.checked.add("run_dims")
     ctx = Ctx(exact=exact, seed=seed)
     mesh = plan_mesh(plan, dims)
     if inputs is None:

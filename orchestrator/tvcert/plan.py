@@ -57,8 +57,8 @@ class NodeSpec(_Strict):
     op: str = Field(description="op kind, e.g. matmul, add, all_reduce")
     name: Optional[str] = Field(None, description="output tensor (single-output ops)")
     outputs: Optional[list[str]] = Field(None, description="output tensors (multi-output ops)")
-    inputs: list[str] = []
-    attrs: dict[str, Any] = {}
+    inputs: list[str] = Field(default_factory=list)
+    attrs: dict[str, Any] = Field(default_factory=dict)
     src: Optional[str] = Field(None, description="source location, e.g. model.py:42")
 
 
@@ -70,19 +70,19 @@ class GraphSpec(_Strict):
 
 class ProgramSpec(GraphSpec):
     name: str = "main"
-    stage: dict[str, int] = Field({}, description="mesh coordinates this program runs on, e.g. {'pp': 0}")
+    stage: dict[str, int] = Field(default_factory=dict, description="mesh coordinates this program runs on, e.g. {'pp': 0}")
 
 
 class LayoutStep(_Strict):
     op: str = Field(description="a layout op: reshape, view, permute, transpose, pad, flatten, squeeze, unsqueeze, slice")
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, Any] = Field(default_factory=dict)
 
 
 class PlacementSpec(_Strict):
     local: str = Field(description="the rank-local tensor in the parallel program")
     program: Optional[str] = Field(None, description="program holding it (default: the only one)")
-    placement: dict[str, str] = Field({}, description="per mesh axis: Replicate | Shard(d) | Partial(sum|avg|max); missing axes are Replicate")
-    layout: list[LayoutStep] = Field([], description="layout transform applied to the logical tensor before placement")
+    placement: dict[str, str] = Field(default_factory=dict, description="per mesh axis: Replicate | Shard(d) | Partial(sum|avg|max); missing axes are Replicate")
+    layout: list[LayoutStep] = Field(default_factory=list, description="layout transform applied to the logical tensor before placement")
 
 
 class PlanSpec(_Strict):
@@ -173,6 +173,7 @@ class Plan:
     outputs: dict[str, Binding]
     raw: dict = field(repr=False, default_factory=dict)
     description: str | None = None
+    checked: set = field(default_factory=set)  # dims instantiations already shape-checked
 
     def mesh(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:
         d = self.dims if dims is None else dims
@@ -242,8 +243,12 @@ def parse_plan_text(text: str) -> dict:
     return raw
 
 
-def load_plan(src: str | Path | dict) -> Plan:
-    """Load and validate a plan from a path or an already-parsed dict."""
+def load_plan(src: str | Path | dict, check_run_dims: bool = True) -> Plan:
+    """Load and validate a plan from a path or an already-parsed dict.
+
+    ``check_run_dims=False`` defers the shape check at the small run dims to the first run
+    (verification of a large plan does not need it unless it searches for a counterexample).
+    """
     raw = read_plan_json(src) if not isinstance(src, dict) else src
     try:
         spec = PlanSpec.model_validate(raw)
@@ -253,7 +258,7 @@ def load_plan(src: str | Path | dict) -> Plan:
     except RecursionError:
         raise PlanError("$", "plan nested too deeply") from None
     try:
-        return _build(spec, raw)
+        return _build(spec, raw, check_run_dims)
     except GraphError as exc:
         raise PlanError(exc.path, exc.msg) from None
 
@@ -276,7 +281,7 @@ def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = No
     return gr
 
 
-def _build(spec: PlanSpec, raw: dict) -> Plan:
+def _build(spec: PlanSpec, raw: dict, check_run_dims: bool = True) -> Plan:
     dims = dict(spec.dims)
     for k, v in dims.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or k == "rank":
@@ -320,8 +325,10 @@ def _build(spec: PlanSpec, raw: dict) -> Plan:
                 raise PlanError(f"{path}.stage.{a}", f"stage axis {a!r} is not a mesh axis")
         programs[p.name] = _graph(p, p.name, path, p.stage)
     plan = Plan(spec.name, dims, run_dims, mesh_spec, logical, programs, {}, {}, normalize_raw(raw), spec.description)
-    plan.inputs = _bindings(plan, spec.inputs, "inputs", logical.input_names(), lambda g: g.input_names())
-    plan.outputs = _bindings(plan, spec.outputs, "outputs", logical.outputs, lambda g: list(g.producers()) + g.input_names())
+    in_names = {p: set(g.input_names()) for p, g in programs.items()}
+    all_names = {p: set(g.producers()) | in_names[p] for p, g in programs.items()}
+    plan.inputs = _bindings(plan, spec.inputs, "inputs", set(logical.input_names()), in_names.__getitem__)
+    plan.outputs = _bindings(plan, spec.outputs, "outputs", set(logical.outputs), all_names.__getitem__)
     for name in logical.input_names():
         if name not in plan.inputs:
             raise PlanError("$.inputs", f"logical input {name!r} has no placement")
@@ -334,12 +341,14 @@ def _build(spec: PlanSpec, raw: dict) -> Plan:
             if (pname, t.name) not in bound_locals:
                 raise PlanError(f"{g.path}.inputs[{i}]", f"local input {t.name!r} is not bound to any logical input in $.inputs")
     check_shapes(plan, dims, "dims")
-    if run_dims != dims:
+    plan.checked = {"dims"}
+    if run_dims != dims and check_run_dims:
         check_shapes(plan, run_dims, "run_dims")
+        plan.checked.add("run_dims")
     return plan
 
 
-def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allowed: list[str], locals_of) -> dict[str, Binding]:
+def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allowed: set[str], locals_of) -> dict[str, Binding]:
     out = {}
     for name, b in specs.items():
         path = f"$.{field_}.{name}"
@@ -352,7 +361,7 @@ def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allow
             prog = next(iter(plan.programs))
         if prog not in plan.programs:
             raise PlanError(f"{path}.program", f"unknown program {prog!r}")
-        if b.local not in locals_of(plan.programs[prog]):
+        if b.local not in locals_of(prog):
             raise PlanError(f"{path}.local", f"program {prog!r} has no tensor {b.local!r}")
         axes = plan.program_axes(prog)
         pl: dict[str, Placement] = {}
@@ -410,7 +419,8 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
         raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
     ptypes = {}
     for pname, g in plan.programs.items():
-        for corner in (0, 1):  # rank-dependent sizes are rejected: check two rank corners
+        corners = (0, 1) if _mentions_rank(g) else (0,)
+        for corner in corners:  # rank-dependent sizes are rejected: check two rank corners
             env = dict(dims)
             for a in plan.program_axes(pname):
                 env[f"rank.{a}"] = 0 if corner == 0 else mesh[a] - 1
@@ -439,6 +449,11 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
                                 f"as {fmt_placement(b.placement)} gives {list(want)} (with {which})")
             if ldt != pdt:
                 raise PlanError(f"{b.path}.local", f"dtype mismatch: logical {name!r} is {ldt}, local {b.local!r} is {pdt}")
+
+
+def _mentions_rank(g: Graph) -> bool:
+    return any("rank." in v if isinstance(v, str) else isinstance(v, list) and any(isinstance(x, str) and "rank." in x for x in v)
+               for n in g.nodes for v in n.attrs.values())
 
 
 def fmt_placement(pl: Mapping[str, Placement]) -> str:

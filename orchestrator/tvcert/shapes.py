@@ -143,6 +143,21 @@ def _eval(node: ast.AST, env: Mapping[str, int], text: str) -> int:
     return r
 
 
+class DimEnv(dict):
+    """A dims binding that memoizes evaluated expressions (one graph pass evaluates the same few many times)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._memo: dict[str, int] = {}
+
+    def value(self, text: str) -> int:
+        got = self._memo.get(text)
+        if got is None:
+            got = parse(text).eval(self)
+            self._memo[text] = got
+        return got
+
+
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
     """Evaluate an int or expression string."""
     if isinstance(d, bool):
@@ -152,6 +167,8 @@ def dim_value(d: Dim, env: Mapping[str, int]) -> int:
             raise DimError(f"value {d} is absurdly large")
         return d
     if isinstance(d, str):
+        if isinstance(env, DimEnv):
+            return env.value(d)
         return parse(d).eval(env)
     raise DimError(f"expected an integer or a dim expression, got {type(d).__name__}")
 

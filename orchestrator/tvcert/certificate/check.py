@@ -15,6 +15,7 @@ from typing import Callable
 
 from pydantic import ValidationError
 
+from ..deep import deep
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, recv_key, send_key
@@ -61,6 +62,7 @@ def read_certificate(path: str | Path) -> Certificate:
         raise Unreadable(f"{path}: {loc}: {e['msg']}") from None
 
 
+@deep
 def check_certificate(cert: Certificate, plan_path: str | Path | None = None, manifest: str | Path | None = None,
                       solvers: tuple[str, ...] = ("z3",)) -> CheckResult:
     if cert.tvcert_certificate != CERT_VERSION:

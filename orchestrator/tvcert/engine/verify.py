@@ -12,6 +12,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..deep import deep
 from ..interp import RunError, run_plan
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
@@ -52,6 +53,7 @@ class Result:
         return {VERIFIED: 0, REFUTED: 1, UNKNOWN: 2}[self.verdict]
 
 
+@deep
 def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str], str] = solve_z3,
            progress: Callable[[str], None] | None = None) -> Result:
     say = progress or (lambda s: None)
