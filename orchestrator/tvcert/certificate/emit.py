@@ -9,7 +9,7 @@ from typing import Any
 from .. import __version__
 from ..engine.verify import VERIFIED, Result
 from ..plan import fmt_placement, plan_digest
-from .format import CERT_VERSION, manifest_path, placement_texts, rule_digests
+from .format import CERT_VERSION, manifest_path, placement_texts, rule_digests, stage_table
 
 
 def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, Any]:
@@ -46,8 +46,7 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
         "plan": {"name": plan.name, "digest": plan_digest(plan.raw), "content": plan.raw},
         "manifest": {"digest": "sha256:" + hashlib.sha256(mtext).hexdigest(),
                      "rules": rule_digests(manifest_json, used)},
-        "stages": [{"id": p, "program": p, "hash": _stage_hash(plan.raw, p), "instance_of": None}
-                   for p in plan.programs],
+        "stages": stage_table(plan.raw),
         "expressions": res.exprs.export(),
         "steps": steps,
         "obligations": obligations,
@@ -57,12 +56,6 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
 
 def _equality_rules(res: Result) -> set[str]:
     return set(res.prover.used)
-
-
-def _stage_hash(raw: dict, program: str) -> str:
-    progs = [p for p in raw.get("parallel", []) if p.get("name", "main") == program]
-    body = json.dumps(progs[0] if progs else {}, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
 def dump_certificate(cert: dict) -> str:

@@ -89,6 +89,20 @@ def certificate_schema() -> dict:
     return s
 
 
+def stage_table(raw: dict) -> list[dict]:
+    """One stage per program, with the hash of its canonical text (memoized layers would point at an instance)."""
+    import hashlib
+    import json
+
+    out = []
+    for prog in raw.get("parallel", []):
+        body = json.dumps(prog, sort_keys=True, separators=(",", ":"))
+        name = prog.get("name", "main")
+        out.append({"id": name, "program": name, "hash": "sha256:" + hashlib.sha256(body.encode()).hexdigest(),
+                    "instance_of": None})
+    return out
+
+
 def placement_texts(pl) -> list[str]:
     return [str(p) for p in pl]
 

@@ -111,9 +111,11 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     if missing:
         return True  # downstream of an earlier failure: nothing new to report
     local_out = [s for s, _ in n.meta["shape@dims"]]
+    mark = exprs.mark()
     try:
         d = derive(kc, n.op, ra, n.attrs, [facts[x] for x in n.inputs], local_out)
     except RuleFailure as exc:
+        exprs.rollback(mark)  # the checker replays successful steps only: ids must not drift
         fail(str(exc))
         return True
     for o, f in zip(n.outputs, d.facts):

@@ -96,6 +96,15 @@ class Exprs:
         self._index[key] = len(self.nodes) - 1
         return len(self.nodes) - 1
 
+    def mark(self) -> int:
+        return len(self.nodes)
+
+    def rollback(self, mark: int) -> None:
+        """Forget expressions made after ``mark`` (a failed rule attempt leaves no trace)."""
+        for e in self.nodes[mark:]:
+            self._index.pop((e.op, e.attrs, e.args), None)
+        del self.nodes[mark:]
+
     def leaf(self, name: str, shape: Shape, dtype: str) -> int:
         return self._intern(Expr("input", canon_attrs({"name": name}), (), tuple(shape), dtype))
 
