@@ -1,0 +1,704 @@
+"""DeepSeek-V2/V3 training step: MLA attention, MoE with shared + routed experts, expert parallelism.
+
+Written once against a :class:`DPar` (a :class:`Par` with an ``ep`` axis), reusing the Llama-3
+step's helpers (RMSNorm, SwiGLU pieces, vocab-parallel embedding / cross-entropy, clipping,
+AdamW).  With every degree 1 it is the logical single-device step.
+
+* MLA: low-rank q (``q_lora_rank``; absent for V2-Lite) and kv projections with their RMSNorms,
+  decoupled RoPE: a per-head rope part of q and one rope key shared by all heads.  Under tp the
+  up-projections (q_nope / q_rope / k_nope / v) are column-parallel by head, o is row-parallel;
+  the down-projections and their norms are replicated, so their gradients (and the
+  input-gradient through them) stay Partial over tp until the usual tp all_reduce /
+  reduce_scatter of the attention input gradient, and their weight gradients are all-reduced
+  over tp.  The fused up-projections of the model card are written as separate matrices per
+  output (q_nope, q_rope, k_nope, v): the same linear map, column blocks of one matrix.
+* MoE: router logits -> softmax (V2) or sigmoid (V3, plus the selection-only score-correction
+  bias) -> top-k as a threshold mask (k-th largest value via topk + amin, then ``ge``), so the
+  mask is computed identically on every rank that holds the token; gate weights = masked scores,
+  normalized over the selected experts when the card says so, times the routed scaling factor.
+  Routed experts in dense-dispatch form: dispatch[e, b, s, h] = mask * x, all_to_all over ``ep``
+  from token-sharded to expert-sharded (expert weights Shard(0) over ep), per-expert SwiGLU by
+  einsum over the expert dim, all_to_all back, combine weighted by the gate.  Shared experts are a
+  dense SwiGLU (tp column/row parallel).  The first ``dense_layers`` layers have a dense MLP.
+* ep is a data axis (it splits the batch, as in DeepSeek's EP-inside-DP): non-expert gradients
+  are all-reduced over it; expert gradients are complete over ep (every token of the ep group
+  reaches its expert) and are all-reduced over the other token-splitting axes only.
+  When dp / micro-batches also shard the batch, the kernel's all_to_all rule (which needs the
+  concat dim unsharded on every other axis) cannot move tokens sharded on the batch dim over
+  both; the MoE input then re-shards its ep block from the batch to the sequence dim
+  (all_gather over ep + rank block of the sequence) and the all_to_all concatenates along the
+  sequence.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .builder import G, Par
+from .llama import MASK, Param, Step
+
+# Model cards: DeepSeek-V2-Lite (16B), DeepSeek-V2 (236B), DeepSeek-V3 (671B).
+# qr = q_lora_rank (0: none), kvr = kv_lora_rank, dn / dr = qk nope / rope head dims, dv = v head
+# dim, ne / nsh / k = routed experts / shared experts / experts per token, mf = moe intermediate,
+# f = dense intermediate (first_k_dense_replace layers), s = training sequence length.
+DEEPSEEK = {
+    "deepseek-v3-16b": dict(h=2048, layers=27, dense_layers=1, qr=0, kvr=512, dn=128, dr=64, dv=128, nh=16,
+                            ne=64, nsh=2, k=6, mf=1408, f=10944, v=102400, s=4096,
+                            score="softmax", norm_topk=False, rsf=1.0),
+    "deepseek-v3-236b": dict(h=5120, layers=60, dense_layers=1, qr=1536, kvr=512, dn=128, dr=64, dv=128, nh=128,
+                             ne=160, nsh=2, k=6, mf=1536, f=12288, v=102400, s=4096,
+                             score="softmax", norm_topk=False, rsf=16.0),
+    "deepseek-v3-671b": dict(h=7168, layers=61, dense_layers=3, qr=1536, kvr=512, dn=128, dr=64, dv=128, nh=128,
+                             ne=256, nsh=1, k=8, mf=2048, f=18432, v=129280, s=4096,
+                             score="sigmoid", norm_topk=True, rsf=2.5),
+}
+DS_MODELS = sorted(DEEPSEEK)
+_NOT_DIMS = ("layers", "dense_layers", "score", "norm_topk", "rsf")
+
+
+@dataclass(frozen=True)
+class DPar(Par):
+    """Par with an expert-parallel axis ``ep`` (innermost in the mesh; it splits the batch)."""
+
+    ep: int = 1
+
+    @property
+    def logical(self) -> bool:
+        return super().logical and self.ep == 1
+
+    def axes(self) -> list[str]:
+        return super().axes() + (["ep"] if self.ep > 1 else [])
+
+    def data_axes(self) -> list[str]:
+        return super().data_axes() + (["ep"] if self.ep > 1 else [])
+
+
+@dataclass
+class DCfg:
+    dims: dict[str, int]
+    layers: int
+    dense_layers: int
+    q_lora: bool
+    score: str  # softmax | sigmoid
+    norm_topk: bool
+    rsf: float
+
+
+@dataclass
+class DParam(Param):
+    ep_dim: int | None = None  # dim sharded over ep (experts)
+    tp_partial: str = "sp"  # replicated over tp; gradient Partial over tp: "always" | "sp" (under SP only)
+
+
+@dataclass
+class DStep(Step):
+    cfg: DCfg = None  # type: ignore[assignment]
+    params: dict[str, DParam] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- dims
+    @property
+    def B(self):
+        return self.d("b", "dp", "mb", "ep")
+
+    @property
+    def ep(self) -> bool:
+        return self.par.has("ep")
+
+    @property
+    def ep_gather(self) -> bool:
+        """Batch dim also sharded by dp / mb: route by the sequence dim inside the MoE block."""
+        return self.ep and (self.par.has("dp") or self.par.has("mb"))
+
+    @property
+    def E(self):
+        return self.d("ne", "ep")
+
+    def param(self, name, shape, tp_dim, ep_dim=None, tp_partial="sp"):
+        local = list(shape)
+        if tp_dim is not None:
+            local[tp_dim] = self.d(shape[tp_dim], "tp")
+        if ep_dim is not None:
+            local[ep_dim] = self.d(shape[ep_dim], "ep")
+        self.g.input(name, local)
+        self.params[name] = DParam(name, list(shape), tp_dim, ep_dim=ep_dim, tp_partial=tp_partial)
+        return name
+
+    def _local_param_shape(self, name):
+        p = self.params[name]
+        local = list(p.shape)
+        if p.tp_dim is not None:
+            local[p.tp_dim] = self.d(p.shape[p.tp_dim], "tp")
+        if p.ep_dim is not None:
+            local[p.ep_dim] = self.d(p.shape[p.ep_dim], "ep")
+        return local
+
+    def _local_shape(self, name):
+        return self._local_param_shape(name)
+
+    # -------------------------------------------------------------- rope on the decoupled dims
+    def rope(self, x, cos, sin, role, inverse=False):
+        g = self.g
+        half, full = "dr/2", "dr"
+        if not inverse:
+            x1 = g.op("slice", x, role=role + ".x1", dim=-1, start=0, end=half)
+            x2 = g.op("slice", x, role=role + ".x2", dim=-1, start=half, end=full)
+            rot = g.op("concat", g.op("neg", x2, role=role + ".neg"), x1, role=role + ".rot", dim=-1)
+            return g.op("add", g.op("mul", x, cos, role=role + ".cos"), g.op("mul", rot, sin, role=role + ".sin"),
+                        role=role + ".add")
+        zs = g.op("mul", x, sin, role=role + ".bwd.sin")
+        z1 = g.op("slice", zs, role=role + ".bwd.z1", dim=-1, start=0, end=half)
+        z2 = g.op("slice", zs, role=role + ".bwd.z2", dim=-1, start=half, end=full)
+        rt = g.op("concat", z2, g.op("neg", z1, role=role + ".bwd.neg"), role=role + ".bwd.rot_t", dim=-1)
+        return g.op("add", g.op("mul", x, cos, role=role + ".bwd.cos"), rt, role=role + ".bwd.add")
+
+    def heads_d(self, x, hd, role):
+        g = self.g
+        x4 = g.op("reshape", x, role=role + ".split_heads", shape=[self.B, self.S, self.NH, hd])
+        return g.op("permute", x4, role=role + ".to_bhsd", dims=[0, 2, 1, 3])
+
+    def unheads_d(self, x, hd, role):
+        g = self.g
+        x4 = g.op("permute", x, role=role + ".to_bshd", dims=[0, 2, 1, 3])
+        return g.op("reshape", x4, role=role + ".merge_heads", shape=[self.B, self.S, f"{self.NH}*{hd}"])
+
+    def t(self, x, role):
+        return self.g.op("permute", x, role=role, dims=[0, 1, 3, 2])
+
+    # -------------------------------------------------------------- SwiGLU MLP (dense layers, shared experts)
+    def mlp_params(self, p, f):
+        return (self.param(f"{p}.w1", ["h", f], 1), self.param(f"{p}.w3", ["h", f], 1),
+                self.param(f"{p}.w2", [f, "h"], 0))
+
+    def silu_grad(self, a, role):
+        g = self.g
+        sig = g.op("sigmoid", a, role=role + ".sig")
+        one_minus = g.op("add_scalar", g.op("neg", sig, role=role + ".negsig"), role=role + ".1m", value=1.0)
+        return g.op("mul", sig, g.op("add_scalar", g.op("mul", a, one_minus, role=role + ".a1m"), role=role + ".1p",
+                                     value=1.0), role=role + ".grad")
+
+    def mlp(self, n2, w, role):
+        g = self.g
+        w1, w3, w2 = w
+        n2f = self.tp_in(n2, role + ".in")
+        a = g.op("matmul", n2f, w1, role=role + ".w1_proj")
+        cc = g.op("matmul", n2f, w3, role=role + ".w3_proj")
+        sa = g.op("silu", a, role=role + ".silu")
+        hm = g.op("mul", sa, cc, role=role + ".swiglu")
+        out = self.tp_out(g.op("matmul", hm, w2, role=role + ".w2_proj"), role + ".w2_proj")
+        return out, dict(n2f=n2f, a=a, cc=cc, sa=sa, hm=hm)
+
+    def mlp_bwd(self, dy, w, s, role, gr):
+        g = self.g
+        w1, w3, w2 = w
+        dmo = self.tp_in(dy, role + ".w2_dy")
+        gr[w2] = self.wgrad(s["hm"], dmo, role + ".w2_dw")
+        dhm = self.linear_dx(dmo, w2, role + ".w2_dx")
+        dsa = g.op("mul", dhm, s["cc"], role=role + ".swiglu_dsilu")
+        dcc = g.op("mul", dhm, s["sa"], role=role + ".swiglu_dw3")
+        da = g.op("mul", dsa, self.silu_grad(s["a"], role + ".silu"), role=role + ".silu_dx")
+        gr[w1] = self.wgrad(s["n2f"], da, role + ".w1_dw")
+        gr[w3] = self.wgrad(s["n2f"], dcc, role + ".w3_dw")
+        dn2f = g.op("add", self.linear_dx(da, w1, role + ".w1_dx"), self.linear_dx(dcc, w3, role + ".w3_dx"),
+                    role=role + ".dx_sum")
+        return self.tp_out(dn2f, role + ".dx")
+
+    # -------------------------------------------------------------- MLA attention
+    def mla_params(self, p):
+        P = {"attn_norm": self.param(f"{p}.attn_norm", ["h"], None)}
+        if self.cfg.q_lora:
+            P["wq_a"] = self.param(f"{p}.wq_a", ["h", "qr"], None, tp_partial="always")
+            P["q_a_norm"] = self.param(f"{p}.q_a_norm", ["qr"], None, tp_partial="always")
+            qin = "qr"
+        else:
+            qin = "h"
+        P["wq_nope"] = self.param(f"{p}.wq_nope", [qin, "nh*dn"], 1)
+        P["wq_rope"] = self.param(f"{p}.wq_rope", [qin, "nh*dr"], 1)
+        P["wkv_a"] = self.param(f"{p}.wkv_a", ["h", "kvr"], None, tp_partial="always")
+        P["kv_a_norm"] = self.param(f"{p}.kv_a_norm", ["kvr"], None, tp_partial="always")
+        P["wk_rope"] = self.param(f"{p}.wk_rope", ["h", "dr"], None, tp_partial="always")
+        P["wk_nope"] = self.param(f"{p}.wk_nope", ["kvr", "nh*dn"], 1)
+        P["wv"] = self.param(f"{p}.wv", ["kvr", "nh*dv"], 1)
+        P["wo"] = self.param(f"{p}.wo", ["nh*dv", "h"], 0)
+        return P
+
+    def mla(self, x, P, cos, sin, mask):
+        g = self.g
+        n1, sn1 = self.rmsnorm(x, P["attn_norm"], "attn_norm")
+        n1f = self.tp_in(n1, "attn_in")
+        s: dict[str, Any] = dict(sn1=sn1, n1f=n1f)
+        if self.cfg.q_lora:
+            cq = g.op("matmul", n1f, P["wq_a"], role="q_a_proj")
+            qsrc, s["scq"] = self.rmsnorm(cq, P["q_a_norm"], "q_a_norm")
+        else:
+            qsrc = n1f
+        qn = self.heads_d(g.op("matmul", qsrc, P["wq_nope"], role="q_nope_proj"), "dn", "q_nope")
+        qp = self.rope(self.heads_d(g.op("matmul", qsrc, P["wq_rope"], role="q_rope_proj"), "dr", "q_pe"), cos, sin,
+                       "q_rope")
+        ckv = g.op("matmul", n1f, P["wkv_a"], role="kv_a_proj")
+        ckvn, s["sckv"] = self.rmsnorm(ckv, P["kv_a_norm"], "kv_a_norm")
+        kn = self.heads_d(g.op("matmul", ckvn, P["wk_nope"], role="k_nope_proj"), "dn", "k_nope")
+        v = self.heads_d(g.op("matmul", ckvn, P["wv"], role="v_proj"), "dv", "v")
+        kp = g.op("unsqueeze", g.op("matmul", n1f, P["wk_rope"], role="k_rope_proj"), role="k_pe.shared_head", dim=1)
+        kp = self.rope(kp, cos, sin, "k_rope")  # [B, 1, S, dr]: one rope key for all heads
+        knf = self.gather(kn, "cp", 2, "cp_k_nope_all_gather")
+        kpf = self.gather(kp, "cp", 2, "cp_k_pe_all_gather")
+        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+        c = 1.0 / math.sqrt(self.cfg.dims["dn"] + self.cfg.dims["dr"])
+        sc = g.op("add", g.op("matmul", qn, self.t(knf, "k_nope_t"), role="scores_nope"),
+                  g.op("matmul", qp, self.t(kpf, "k_pe_t"), role="scores_pe"), role="scores")
+        sc = g.op("scale", sc, role="scores_scale", value=c)
+        sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
+        prob = g.op("softmax", sc, role="softmax", dim=-1)
+        o = self.unheads_d(g.op("matmul", prob, vf, role="attn_v"), "dv", "o")
+        attn = self.tp_out(g.op("matmul", o, P["wo"], role="o_proj"), "o_proj")
+        s.update(qsrc=qsrc, qn=qn, qp=qp, ckvn=ckvn, knf=knf, kpf=kpf, vf=vf, prob=prob, o=o, c=c)
+        return attn, s
+
+    def mla_bwd(self, dattn_in, P, s, cos, sin, mask, gr):
+        g = self.g
+        dattn = self.tp_in(dattn_in, "o_dy")
+        gr[P["wo"]] = self.wgrad(s["o"], dattn, "wo_dw")
+        do = self.heads_d(self.linear_dx(dattn, P["wo"], "wo_dx"), "dv", "do")
+        dprob = g.op("matmul", do, self.t(s["vf"], "v_t"), role="dprob")
+        dvf = g.op("matmul", self.t(s["prob"], "prob_t"), do, role="dv")
+        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
+        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
+        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
+        dsct = self.t(dsc, "dscores_t")
+        dqn = g.op("matmul", dsc, s["knf"], role="dq_nope")
+        dqp = g.op("matmul", dsc, s["kpf"], role="dq_pe")
+        dknf = g.op("matmul", dsct, s["qn"], role="dk_nope")
+        dkp_h = g.op("matmul", dsct, s["qp"], role="dk_pe_per_head")
+        dkpf = g.op("sum", dkp_h, role="dk_pe_sum_heads", dims=[1], keepdim=True)
+        dkn = self.scatter(dknf, "cp", 2, "cp_dk_nope_reduce_scatter")
+        dkp = self.scatter(dkpf, "cp", 2, "cp_dk_pe_reduce_scatter")
+        dv = self.scatter(dvf, "cp", 2, "cp_dv_reduce_scatter")
+        dqn2 = self.unheads_d(dqn, "dn", "dq_nope")
+        dqp2 = self.unheads_d(self.rope(dqp, cos, sin, "q_rope", inverse=True), "dr", "dq_pe")
+        dkn2 = self.unheads_d(dkn, "dn", "dk_nope")
+        dv2 = self.unheads_d(dv, "dv", "dv")
+        dkp2 = g.op("squeeze", self.rope(dkp, cos, sin, "k_rope", inverse=True), role="dk_pe.squeeze", dims=[1])
+        gr[P["wq_nope"]] = self.wgrad(s["qsrc"], dqn2, "wq_nope_dw")
+        gr[P["wq_rope"]] = self.wgrad(s["qsrc"], dqp2, "wq_rope_dw")
+        gr[P["wk_nope"]] = self.wgrad(s["ckvn"], dkn2, "wk_nope_dw")
+        gr[P["wv"]] = self.wgrad(s["ckvn"], dv2, "wv_dw")
+        gr[P["wk_rope"]] = self.wgrad(s["n1f"], dkp2, "wk_rope_dw")
+        dqsrc = g.op("add", self.linear_dx(dqn2, P["wq_nope"], "wq_nope_dx"),
+                     self.linear_dx(dqp2, P["wq_rope"], "wq_rope_dx"), role="dq_src")
+        dckvn = g.op("add", self.linear_dx(dkn2, P["wk_nope"], "wk_nope_dx"), self.linear_dx(dv2, P["wv"], "wv_dx"),
+                     role="dckv_norm")
+        dckv, gr[P["kv_a_norm"]] = self.rmsnorm_bwd(dckvn, P["kv_a_norm"], s["sckv"], "kv_a_norm")
+        gr[P["wkv_a"]] = self.wgrad(s["n1f"], dckv, "wkv_a_dw")
+        if self.cfg.q_lora:
+            dcq, gr[P["q_a_norm"]] = self.rmsnorm_bwd(dqsrc, P["q_a_norm"], s["scq"], "q_a_norm")
+            gr[P["wq_a"]] = self.wgrad(s["n1f"], dcq, "wq_a_dw")
+            dq_in = self.linear_dx(dcq, P["wq_a"], "wq_a_dx")
+        else:
+            dq_in = dqsrc
+        dn1f = g.op("add", g.op("add", dq_in, self.linear_dx(dckv, P["wkv_a"], "wkv_a_dx"), role="qkv_dx_sum"),
+                    self.linear_dx(dkp2, P["wk_rope"], "wk_rope_dx"), role="attn_dx_sum")
+        dn1 = self.tp_out(dn1f, "attn_dx")
+        dxn, gr[P["attn_norm"]] = self.rmsnorm_bwd(dn1, P["attn_norm"], s["sn1"], "attn_norm")
+        return dxn
+
+    # -------------------------------------------------------------- MoE
+    def moe_params(self, p):
+        P = {"shared": self.mlp_params(f"{p}.shared", "nsh*mf"),
+             "router": self.param(f"{p}.router", ["h", "ne"], None)}
+        for w, shape in (("w1", ["ne", "h", "mf"]), ("w3", ["ne", "h", "mf"]), ("w2", ["ne", "mf", "h"])):
+            P[w] = self.param(f"{p}.experts.{w}", shape, None, ep_dim=0)
+        return P
+
+    def ep_in(self, x, role):
+        """Token-sharded MoE input: in gather mode, move the ep block from the batch to the sequence."""
+        if not self.ep_gather:
+            return x
+        full = self.gather(x, "ep", 0, role + ".ep_all_gather")
+        return self.block(full, "ep", 1, self.S, role + ".ep_seq_block")
+
+    def ep_out(self, x, role):
+        if not self.ep_gather:
+            return x
+        full = self.gather(x, "ep", 1, role + ".ep_all_gather")
+        return self.block(full, "ep", 0, self.d("b", "dp", "mb"), role + ".ep_batch_block")
+
+    def a2a(self, x, split, concat, role):
+        if not self.ep:
+            return x
+        return self.g.op("all_to_all", x, role=role, axis="ep", split_dim=split, concat_dim=concat)
+
+    @property
+    def tok_dim(self) -> int:
+        """The token dim of the dispatch tensor [e, b, s, h] that ep shards."""
+        return 2 if self.ep_gather else 1
+
+    def moe(self, n2, P):
+        g, cfg = self.g, self.cfg
+        so, ss = self.mlp(n2, P["shared"], "shared")
+        xr = self.ep_in(n2, "moe_in")
+        logits = g.op("matmul", xr, P["router"], role="router")
+        if cfg.score == "softmax":
+            sc = g.op("softmax", logits, role="gate.softmax", dim=-1)
+            sel = sc
+        else:
+            sc = g.op("sigmoid", logits, role="gate.sigmoid")
+            sel = g.op("add", sc, P["router_bias"], role="gate.select_bias")
+        vals, _ = g.multi("topk", sel, n=2, role="gate.topk", k="k", dim=-1)
+        thr = g.op("amin", vals, role="gate.kth_value", dims=[-1], keepdim=True)
+        mask = g.op("cast", g.op("ge", sel, thr, role="gate.select"), role="gate.mask", dtype="float")
+        w = g.op("mul", sc, mask, role="gate.masked")
+        s: dict[str, Any] = dict(ss=ss, xr=xr, sc=sc, mask=mask)
+        if cfg.norm_topk:
+            z = g.op("sum", w, role="gate.norm_sum", dims=[-1], keepdim=True)
+            w = g.op("div", w, z, role="gate.normalize")
+            s.update(z=z, wn=w)
+        gate = g.op("scale", w, role="gate.route_scale", value=cfg.rsf) if cfg.rsf != 1.0 else w
+        td = self.tok_dim
+        disp = g.op("einsum", mask, xr, role="dispatch", equation="bse,bsh->ebsh")
+        de = self.a2a(disp, 0, td, "dispatch.all_to_all")
+        h1 = g.op("einsum", de, P["w1"], role="experts.w1_proj", equation="ebsh,ehf->ebsf")
+        h3 = g.op("einsum", de, P["w3"], role="experts.w3_proj", equation="ebsh,ehf->ebsf")
+        sa = g.op("silu", h1, role="experts.silu")
+        hm = g.op("mul", sa, h3, role="experts.swiglu")
+        oe = g.op("einsum", hm, P["w2"], role="experts.w2_proj", equation="ebsf,efh->ebsh")
+        out = self.a2a(oe, td, 0, "combine.all_to_all")
+        y = g.op("einsum", out, gate, role="combine", equation="ebsh,bse->bsh")
+        y = self.ep_out(y, "moe_out")
+        s.update(gate=gate, de=de, h1=h1, h3=h3, sa=sa, hm=hm, out=out)
+        return g.op("add", so, y, role="moe_sum"), s
+
+    def moe_bwd(self, dy_in, P, s, gr):
+        g, cfg = self.g, self.cfg
+        dn2_shared = self.mlp_bwd(dy_in, P["shared"], s["ss"], "shared", gr)
+        td = self.tok_dim
+        dy = self.ep_in(dy_in, "moe_dy")
+        dout = g.op("einsum", dy, s["gate"], role="combine.bwd.dout", equation="bsh,bse->ebsh")
+        dgate = g.op("einsum", s["out"], dy, role="combine.bwd.dgate", equation="ebsh,bsh->bse")
+        doe = self.a2a(dout, 0, td, "combine.bwd.all_to_all")
+        gr[P["w2"]] = g.op("einsum", s["hm"], doe, role="experts.w2_dw", equation="ebsf,ebsh->efh")
+        dhm = g.op("einsum", doe, P["w2"], role="experts.w2_dx", equation="ebsh,efh->ebsf")
+        dsa = g.op("mul", dhm, s["h3"], role="experts.swiglu_dsilu")
+        dh3 = g.op("mul", dhm, s["sa"], role="experts.swiglu_dw3")
+        dh1 = g.op("mul", dsa, self.silu_grad(s["h1"], "experts.silu"), role="experts.silu_dx")
+        gr[P["w1"]] = g.op("einsum", s["de"], dh1, role="experts.w1_dw", equation="ebsh,ebsf->ehf")
+        gr[P["w3"]] = g.op("einsum", s["de"], dh3, role="experts.w3_dw", equation="ebsh,ebsf->ehf")
+        dde = g.op("add", g.op("einsum", dh1, P["w1"], role="experts.w1_dx", equation="ebsf,ehf->ebsh"),
+                   g.op("einsum", dh3, P["w3"], role="experts.w3_dx", equation="ebsf,ehf->ebsh"),
+                   role="experts.dx_sum")
+        ddisp = self.a2a(dde, td, 0, "dispatch.bwd.all_to_all")
+        dxr = g.op("einsum", ddisp, s["mask"], role="dispatch.bwd.dx", equation="ebsh,bse->bsh")
+        # gate backward: scale, normalization over the selected experts, mask, softmax / sigmoid
+        dw = g.op("scale", dgate, role="gate.bwd.route_scale", value=cfg.rsf) if cfg.rsf != 1.0 else dgate
+        if cfg.norm_topk:
+            dot = g.op("sum", g.op("mul", dw, s["wn"], role="gate.bwd.dot_mul"), role="gate.bwd.dot_sum", dims=[-1],
+                       keepdim=True)
+            dw = g.op("div", g.op("sub", dw, dot, role="gate.bwd.sub"), s["z"], role="gate.bwd.normalize")
+        dsc = g.op("mul", dw, s["mask"], role="gate.bwd.masked")
+        if cfg.score == "softmax":
+            dlog = g.op("softmax_backward", dsc, s["sc"], role="gate.bwd.softmax", dim=-1)
+        else:
+            one_m = g.op("add_scalar", g.op("neg", s["sc"], role="gate.bwd.neg"), role="gate.bwd.1m", value=1.0)
+            dlog = g.op("mul", dsc, g.op("mul", s["sc"], one_m, role="gate.bwd.sig_grad"), role="gate.bwd.sigmoid")
+        gr[P["router"]] = self.wgrad(s["xr"], dlog, "router_dw")
+        dxr = g.op("add", dxr, self.linear_dx(dlog, P["router"], "router_dx"), role="moe.dx_sum")
+        dn2_routed = self.ep_out(dxr, "moe_dx")
+        return g.op("add", dn2_shared, dn2_routed, role="mlp_dx_sum")
+
+    # -------------------------------------------------------------- layers
+    def is_moe(self, i) -> bool:
+        return i >= self.cfg.dense_layers
+
+    def layer(self, i, x, cos, sin, mask):
+        g, p = self.g, f"layer{i}"
+        P = self.mla_params(p)
+        P["mlp_norm"] = self.param(f"{p}.mlp_norm", ["h"], None)
+        if self.is_moe(i):
+            P.update(self.moe_params(p))
+            # V3 score-correction bias: selection only, not trained (an input buffer)
+            P["router_bias"] = g.input(f"{p}.router_bias", ["ne"]) if self.cfg.score == "sigmoid" else None
+        else:
+            P["mlp"] = self.mlp_params(f"{p}.mlp", "f")
+        g.scope = p
+        attn, s = self.mla(x, P, cos, sin, mask)
+        x2 = g.op("add", x, attn, role="attn_residual")
+        n2, s["sn2"] = self.rmsnorm(x2, P["mlp_norm"], "mlp_norm")
+        if self.is_moe(i):
+            mo, s["moe"] = self.moe(n2, P)
+        else:
+            mo, s["mlp"] = self.mlp(n2, P["mlp"], "mlp")
+        x3 = g.op("add", x2, mo, role="mlp_residual")
+        g.scope = ""
+        s["P"] = P
+        return x3, s
+
+    def layer_bwd(self, i, dx3, s, cos, sin, mask):
+        g, p = self.g, f"layer{i}"
+        g.scope = p + ".bwd"
+        gr: dict[str, str] = {}
+        P = s["P"]
+        if self.is_moe(i):
+            dn2 = self.moe_bwd(dx3, P, s["moe"], gr)
+        else:
+            dn2 = self.mlp_bwd(dx3, P["mlp"], s["mlp"], "mlp", gr)
+        dx2n, gr[P["mlp_norm"]] = self.rmsnorm_bwd(dn2, P["mlp_norm"], s["sn2"], "mlp_norm")
+        dx2 = g.op("add", dx3, dx2n, role="mlp_residual_grad")
+        dxn = self.mla_bwd(dx2, P, s, cos, sin, mask, gr)
+        dx = g.op("add", dx2, dxn, role="attn_residual_grad")
+        g.scope = ""
+        return dx, gr
+
+    def rope_tables(self):
+        g = self.g
+        pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
+                   role="rope.pos", dtype="float")
+        ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
+                   g.op("unsqueeze", "rope_freq", role="rope.row", dim=0), role="rope.angles")
+        ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
+        rows = g.op("unsqueeze", pos, role="mask.rows", dim=1)
+        cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
+                    role="mask.cols", dim=0)
+        m = g.op("gt", cols, rows, role="mask.causal")
+        return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), m
+
+    # -------------------------------------------------------------- whole step
+    def build(self):
+        g, cfg = self.g, self.cfg
+        ids = g.input("tokens", [self.B, self.S], "int", "v")
+        tgt = g.input("targets", [self.B, self.S], "int", "v")
+        g.input("rope_freq", ["dr/2"])
+        wemb = self.param("embedding", ["v", "h"], 0)
+        cos, sin, mask = self.rope_tables()
+        oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v", "embed.vocab_block")
+        x = self.tp_out(g.op("matmul", oh, wemb, role="embed.lookup"), "embed")
+        saved = []
+        for i in range(cfg.layers):
+            x, s = self.layer(i, x, cos, sin, mask)
+            saved.append(s)
+        wf = self.param("final_norm", ["h"], None)
+        wout = self.param("lm_head", ["h", "v"], 1)
+        g.scope = "head"
+        nf, snf = self.rmsnorm(x, wf, "final_norm")
+        nff = self.tp_in(nf, "lm_in")
+        logits = g.op("matmul", nff, wout, role="lm_head")
+        m = self.all_reduce(g.op("amax", logits, role="ce.local_max", dims=[-1], keepdim=True), ["tp"], "ce.max",
+                            reduce="max")
+        ez = g.op("exp", g.op("sub", logits, m, role="ce.shift"), role="ce.exp")
+        se = self.all_reduce(g.op("sum", ez, role="ce.local_sumexp", dims=[-1], keepdim=True), ["tp"], "ce.sumexp")
+        lse = g.op("add", g.op("log", se, role="ce.log"), m, role="ce.lse")
+        toh = self.block(g.op("one_hot", tgt, role="ce.one_hot", num_classes="v"), "tp", 2, "v", "ce.vocab_block")
+        tl = self.all_reduce(g.op("sum", g.op("mul", logits, toh, role="ce.pick"), role="ce.local_target", dims=[-1],
+                                  keepdim=True), ["tp"], "ce.target")
+        tok = g.op("sub", lse, tl, role="ce.token_loss")
+        ntok = g.op("const", role="loss.count", value="b*s")
+        lsum = g.op("div", g.op("sum", tok, role="loss.sum", dims=[0, 1, 2]), ntok, role="loss.mean")
+        loss = self.all_reduce(lsum, self.par.data_axes(), "loss.all_reduce")
+        dtok = g.op("div", g.op("const", role="loss.seed", value=1, shape=[1, 1, 1]), ntok, role="loss.grad")
+        soft = g.op("div", ez, se, role="ce.softmax")
+        dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
+        gr = {"lm_head": self.wgrad(nff, dlogits, "lm_head.dw")}
+        dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
+        dx, gr["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
+        g.scope = ""
+        for i in reversed(range(cfg.layers)):
+            dx, gl = self.layer_bwd(i, dx, saved[i], cos, sin, mask)
+            gr.update(gl)
+        demb = self.tp_in(dx, "embed.dy")
+        gr["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        return loss, self.sync_and_update(gr)
+
+    # -------------------------------------------------------------- gradient sync, clipping, AdamW
+    def sync_axes(self, name) -> list[str]:
+        p = self.params[name]
+        axes = [a for a in self.par.data_axes() if not (a == "ep" and p.ep_dim is not None)]
+        if self.par.has("tp") and p.tp_dim is None and name != "embedding":
+            if p.tp_partial == "always" or (p.tp_partial == "sp" and self.sp):
+                axes = ["tp"] + axes
+        return axes
+
+    def sync_and_update(self, grads):
+        g = self.g
+        g.scope = "optim"
+        synced = {name: self.all_reduce(gt, self.sync_axes(name), f"{name}.grad_all_reduce")
+                  for name, gt in grads.items()}
+        # global norm: replicated grads count once; tp-sharded ones are Partial over tp, experts over ep
+        groups: dict[str, str | None] = {"rep": None, "tp": None, "ep": None}
+        for name, gt in synced.items():
+            p = self.params[name]
+            ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
+                       dims=list(range(len(p.shape))))
+            key = "ep" if p.ep_dim is not None else ("tp" if p.tp_dim is not None else "rep")
+            acc = groups[key]
+            groups[key] = ssq if acc is None else g.op("add", acc, ssq, role=f"{name}.sumsq_acc")
+        total = groups["rep"]
+        for key in ("tp", "ep"):
+            if groups[key] is not None:
+                part = self.all_reduce(groups[key], [key], f"grad_norm.{key}_all_reduce")
+                total = part if total is None else g.op("add", total, part, role=f"grad_norm.{key}_add")
+        norm = g.op("sqrt", total, role="grad_norm.sqrt")
+        from .llama import MAX_NORM
+        coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
+                                    g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
+                    g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
+        outs = {}
+        for name, gt in synced.items():
+            outs.update(self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
+        g.scope = ""
+        return outs
+
+
+# ====================================================================== plan assembly
+class DeepSeekGenError(ValueError):
+    pass
+
+
+def small_dims(par: DPar, q_lora: bool) -> dict[str, int]:
+    tp, cp, ep = par.tp, par.cp, par.ep
+    d = {"b": par.dp * par.mb * ep, "s": 2 * cp * (tp if par.sp else 1) * ep, "h": 4, "nh": 2 * tp, "kvr": 3,
+         "dn": 2, "dr": 2, "dv": 2, "ne": 4 if ep <= 2 else 2 * ep, "nsh": 1, "k": 2, "mf": 2 * tp, "f": 2 * tp,
+         "v": 3 * tp}
+    if q_lora:
+        d["qr"] = 3
+    return d
+
+
+def small_mesh(par: DPar) -> DPar:
+    return DPar(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
+                ep=min(par.ep, 2))
+
+
+def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
+                  ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
+                  dense_layers: int | None = None) -> dict[str, Any]:
+    from .plans import GenError
+
+    if model not in DEEPSEEK:
+        raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
+    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("ep", ep)):
+        if v < 1:
+            raise GenError(f"--{k} must be >= 1")
+    if sp and tp == 1:
+        raise GenError("--sp needs --tp > 1")
+    if zero:
+        raise GenError("--zero is not supported for DeepSeek plans yet")
+    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep)
+    if ep > 1 and (dp > 1 or mb > 1) and (cp > 1 or sp):
+        raise GenError("--ep with --dp/--microbatches and --cp/--sp: tokens are sharded on both the batch and the "
+                       "sequence dims, and the kernel's all_to_all rule needs the dispatch concat dim unsharded on "
+                       "every other axis")
+    card = dict(DEEPSEEK[model])
+    nl = layers if layers is not None else card["layers"]
+    if dense_layers is None:
+        dense_layers = card["dense_layers"] if layers is None else min(card["dense_layers"], nl // 2)
+    q_lora = card["qr"] > 0
+    full = {"b": dp * mb * ep, **{k: v for k, v in card.items() if k not in _NOT_DIMS}}
+    if not q_lora:
+        full.pop("qr")
+    if dims:
+        for k in dims:
+            if k not in full:
+                raise GenError(f"--dims: {k!r} is not a model dim ({', '.join(full)})")
+        full.update(dims)
+    axes = par.axes()
+    full.update({a: getattr(par, a) for a in axes})
+    sm = small_mesh(par)
+    run = small_dims(sm, q_lora)
+    run.update({a: getattr(sm, a) for a in axes})
+    _check(full, par)
+    cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"])
+    logical = DStep(G(), DPar(), cfg)
+    lloss, lout = logical.build()
+    logical.g.outputs = ["loss_out"] + [f"{k}_out" for k in lout]
+    _rename_outputs(logical.g, lloss, lout)
+    step = DStep(G(), par, cfg)
+    ploss, pout = step.build()
+    step.g.outputs = ["loss_out"] + [f"{k}_out" for k in pout]
+    _rename_outputs(step.g, ploss, pout)
+    desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp} "
+            f"dp={dp} microbatches={mb} ep={ep}")
+    return {
+        "tvcert_plan": 1,
+        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-mb{mb}-ep{ep}-L{nl}",
+        "description": desc,
+        "dims": full,
+        "run_dims": run,
+        "mesh": {a: a for a in axes} or {"tp": 1},
+        "logical": logical.g.to_json(),
+        "parallel": [step.g.to_json(name="spmd")],
+        "inputs": _input_placements(step, par),
+        "outputs": _output_placements(step),
+    }
+
+
+def _rename_outputs(g: G, loss: str, outs: dict[str, str]) -> None:
+    """Give outputs stable names: loss_out and <param>_out (identity cast nodes)."""
+    g.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
+    for k, t in outs.items():
+        g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+
+
+def _check(d: dict[str, int], par: DPar) -> None:
+    from .plans import GenError
+
+    need = [("nh", "tp"), ("v", "tp"), ("f", "tp"), ("nsh*mf", "tp"), ("s", "cp"), ("ne", "ep"), ("k", "ne")]
+    if par.sp:
+        need.append(("s", "cp*tp"))
+    if par.ep > 1 and (par.dp > 1 or par.mb > 1):
+        need.append(("s", "ep"))
+    for a, b in need:
+        num = 1
+        for part in a.split("*"):
+            num *= d.get(part, 1)
+        den = 1
+        for part in b.split("*"):
+            den *= d.get(part, 1)
+        if a == "k":
+            if num > den:
+                raise GenError(f"top-k k={num} exceeds the number of routed experts {den}")
+            continue
+        if num % den:
+            raise GenError(f"{a}={num} is not divisible by {b}={den}")
+    if d["dr"] % 2:
+        raise GenError("rope head dim must be even (RoPE)")
+
+
+def _data_placement(par: DPar) -> dict[str, str]:
+    pl = {}
+    for a in ("dp", "mb", "ep"):
+        if par.has(a):
+            pl[a] = "Shard(0)"
+    if par.has("cp"):
+        pl["cp"] = "Shard(1)"
+    return pl
+
+
+def _param_placement(step: DStep, name: str) -> dict[str, str]:
+    p = step.params[name]
+    pl = {}
+    if p.tp_dim is not None and step.par.has("tp"):
+        pl["tp"] = f"Shard({p.tp_dim})"
+    if p.ep_dim is not None and step.par.has("ep"):
+        pl["ep"] = f"Shard({p.ep_dim})"
+    return pl
+
+
+def _input_placements(step: DStep, par: DPar) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par)},
+                           "targets": {"local": "targets", "placement": _data_placement(par)},
+                           "rope_freq": {"local": "rope_freq"}}
+    for inp in step.g.inputs:
+        if inp["name"].endswith(".router_bias"):
+            out[inp["name"]] = {"local": inp["name"]}
+    for name in step.params:
+        out[name] = {"local": name, "placement": _param_placement(step, name)}
+        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            out[st] = {"local": st, "placement": _param_placement(step, name)}
+    return out
+
+
+def _output_placements(step: DStep) -> dict[str, Any]:
+    out: dict[str, Any] = {"loss_out": {"local": "loss_out"}}
+    for name in step.params:
+        for o in (name, f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            out[f"{o}_out"] = {"local": f"{o}_out", "placement": _param_placement(step, name)}
+    return out
