@@ -206,3 +206,56 @@ def mutate(plan: dict, name: str) -> tuple[dict, str]:
     out["name"] = f"{plan.get('name', 'plan')}+{name}"
     out["description"] = f"{plan.get('description', '')} BUG ({name}): {BY_NAME[name].doc}"
     return out, role
+
+
+# ---------------------------------------------------------------------- DeepSeek MoE / expert parallelism
+# Kept in their own list (the Llama suite runs every entry of MUTATIONS on a Llama plan); each config
+# names the model it applies to.  Generate with tvcert.generators.deepseek.deepseek_plan(**config).
+DS_EP = {"model": "deepseek-v3-671b", "ep": 2}
+DS_DP_EP = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2}
+
+
+def _combine_dispatch_order(p: dict) -> str:
+    """After the combine all_to_all, experts come back in dispatch (rank-interleaved) order, not expert order."""
+    n = _find(p, r"layer0\.combine\.all_to_all$")
+    for prog in p["parallel"]:
+        if n in prog["nodes"]:
+            k = prog["nodes"].index(n)
+            base = n["name"]
+            r1 = {"name": base + "__split", "op": "reshape", "inputs": [base],
+                  "attrs": {"shape": ["ep", "ne/ep", "b/ep", "s", "h"]}, "src": n["src"] + ".dispatch_order_split"}
+            pm = {"name": base + "__perm", "op": "permute", "inputs": [r1["name"]], "attrs": {"dims": [1, 0, 2, 3, 4]},
+                  "src": n["src"] + ".dispatch_order"}
+            r2 = {"name": base + "__mut", "op": "reshape", "inputs": [pm["name"]],
+                  "attrs": {"shape": ["ne", "b/ep", "s", "h"]}, "src": n["src"] + ".dispatch_order_merge"}
+            for m in prog["nodes"][k + 1:]:
+                m["inputs"] = [r2["name"] if x == base else x for x in m.get("inputs", [])]
+            prog["nodes"][k + 1:k + 1] = [r1, pm, r2]
+            return r2["src"]
+    raise MutationError("node not found")
+
+
+MOE_MUTATIONS: list[Mutation] = [
+    Mutation("expert_grad_wrong_group_size", "expert gradients are divided by ep, as if averaged over the ep group",
+             DS_EP, lambda p: _insert_after(p, r"layer0\.bwd\.experts\.w1_dw$", "div", "div_ep",
+                                            [{"name": "ep__mut", "op": "const", "attrs": {"value": "ep"},
+                                              "src": "ep_count"}])),
+    Mutation("expert_grad_avg_over_dp", "expert gradients are averaged (not summed) over dp", DS_DP_EP,
+             lambda p: _set(p, r"layer0\.experts\.w2\.grad_all_reduce$", reduce="avg"), "consumer"),
+    Mutation("expert_grad_reduced_over_ep", "ep-sharded expert gradients are also all-reduced over ep (experts mixed)",
+             DS_DP_EP, lambda p: _set(p, r"layer0\.experts\.w3\.grad_all_reduce$", axis=["dp", "ep"]), "consumer"),
+    Mutation("moe_combine_dispatch_order", "MoE combine reads the expert outputs in dispatch order (rank-interleaved)",
+             DS_EP, _combine_dispatch_order, "consumer"),
+    Mutation("moe_missing_all_to_all_back", "the combine all_to_all is missing: local expert outputs are reinterpreted "
+             "as the token block", DS_EP,
+             lambda p: _replace_op(p, r"layer0\.combine\.all_to_all$", "reshape", {"shape": ["ne", "b/ep", "s", "h"]})),
+    Mutation("moe_combine_dispatch_weights", "MoE combine weights expert outputs by the 0/1 dispatch mask, not the gate",
+             DS_EP, lambda p: _reroute(p, r"layer0\.combine$", 1, r"layer0\.gate\.mask$")),
+    Mutation("moe_gate_not_normalized", "top-k gate weights are not normalized in the forward (backward still is)",
+             DS_EP, lambda p: _bypass(p, r"layer0\.gate\.normalize$"), "consumer"),
+    Mutation("moe_gate_grad_not_normalized", "the gate backward skips the normalization's Jacobian", DS_EP,
+             lambda p: _bypass(p, r"layer0\.bwd\.gate\.bwd\.normalize$"), "consumer"),
+    Mutation("router_grad_not_reduced", "the router weight gradient is not all-reduced over ep (a data axis for it)",
+             DS_EP, lambda p: _bypass(p, r"layer0\.router\.grad_all_reduce$"), "consumer"),
+]
+BY_NAME.update({m.name: m for m in MOE_MUTATIONS})
