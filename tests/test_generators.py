@@ -22,6 +22,9 @@ CONFIGS = {
     "tp_dp_microbatches": {"tp": 2, "dp": 2, "mb": 2},
     "tp_dp_zero1": {"tp": 2, "dp": 2, "zero": 1},
     "cp_tp_sp": {"cp": 2, "tp": 2, "sp": True},
+    "pp": {"pp": 2, "layers": 2},
+    "pp_tp_dp_microbatches": {"pp": 2, "layers": 2, "tp": 2, "dp": 2, "mb": 2},
+    "pp3_cp_sp_zero": {"pp": 3, "layers": 3, "cp": 2, "tp": 2, "sp": True, "dp": 2, "zero": 1},
 }
 
 
@@ -33,7 +36,8 @@ def small(plan: dict) -> dict:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_generated_plan_runs_equal_and_verifies(name):
-    plan = load_plan(small(llama3_plan("llama3-8b", layers=1, **CONFIGS[name])))
+    cfg = {"layers": 1, **CONFIGS[name]}
+    plan = load_plan(small(llama3_plan("llama3-8b", **cfg)))
     assert run_plan(plan).equal
     res = verify(plan, refute=False)
     assert res.verdict == "VERIFIED", res.reasons
@@ -44,7 +48,7 @@ def test_full_size_plan_verifies_without_unrolling():
     assert res.verdict == "VERIFIED", res.reasons
 
 
-@pytest.mark.parametrize("axis", ["tp", "dp", "cp", "mb"])
+@pytest.mark.parametrize("axis", ["tp", "dp", "cp", "mb"])  # pp: one program per stage, each the same size
 def test_plan_size_does_not_grow_with_parallel_degree(axis):
     def count(deg):
         p = llama3_plan("llama3-8b", layers=1, **{axis: deg})
@@ -55,21 +59,30 @@ def test_plan_size_does_not_grow_with_parallel_degree(axis):
     assert n2 == n8
 
 
-def _descendants(plan: dict, roots: set[str]) -> set[str]:
-    """Node outputs that depend on any tensor in roots (program order)."""
+def _descendants(plan: dict, roots: set) -> set:
+    """(program, tensor) pairs that depend on a root, following send -> recv by tag across stages."""
     out = set(roots)
-    for prog in plan["parallel"]:
-        for n in prog["nodes"]:
-            if any(x in out for x in n.get("inputs", [])):
-                out.add(n.get("name") or "")
+    changed = True
+    while changed:
+        changed = False
+        tags = {n["attrs"]["tag"] for g in plan["parallel"] for n in g["nodes"]
+                if n["op"] == "send" and ((g["name"], n["inputs"][0]) in out or (g["name"], id(n)) in out)}
+        for g in plan["parallel"]:
+            for n in g["nodes"]:
+                hit = any((g["name"], x) in out for x in n.get("inputs", [])) or (
+                    n["op"] == "recv" and n["attrs"]["tag"] in tags)
+                key = (g["name"], n.get("name") or id(n))
+                if hit and key not in out:
+                    out.add(key)
+                    changed = True
     return out
 
 
 @pytest.mark.parametrize("mut", MUTATIONS, ids=lambda m: m.name)
 def test_every_mutation_is_refuted_and_localized(mut):
-    cfg = dict(mut.config)
-    mb = cfg.pop("microbatches", 1)
-    good = small(llama3_plan("llama3-8b", layers=1, mb=mb, **cfg))
+    cfg = {"layers": 1, **mut.config}
+    cfg["mb"] = cfg.pop("microbatches", 1)
+    good = small(llama3_plan("llama3-8b", **cfg))
     bad, role = mutate(good, mut.name)
     res = verify(load_plan(bad))
     assert res.verdict == "REFUTED", res.reasons
@@ -79,14 +92,13 @@ def test_every_mutation_is_refuted_and_localized(mut):
     div = cx["first_divergence"]
     assert div is not None
     # the op blamed is the mutated one, or downstream of it in the data flow
-    nodes = [n for g in bad["parallel"] for n in g["nodes"]]
     before = {json.dumps(n, sort_keys=True) for g in good["parallel"] for n in g["nodes"]}
-    roots = {n.get("name") for n in nodes if json.dumps(n, sort_keys=True) not in before}  # changed or new ops
-    names = {n.get("name") for n in nodes}
-    removed = [n for g in good["parallel"] for n in g["nodes"] if n.get("src") == role and n.get("name") not in names]
-    roots |= {n["inputs"][0] for n in removed}  # a removed op: its consumers now read its input
-    blamed = next(n for n in nodes if n.get("src") == div["src"] and div["tensor"] in (n.get("name"), *n.get("outputs", [])))
-    assert blamed.get("name") in _descendants(bad, roots) or div["src"] == role, (div, role)
+    roots = {(g["name"], n.get("name") or id(n)) for g in bad["parallel"] for n in g["nodes"]
+             if json.dumps(n, sort_keys=True) not in before}  # changed or new ops
+    names = {(g["name"], n.get("name")) for g in bad["parallel"] for n in g["nodes"]}
+    roots |= {(g["name"], n["inputs"][0]) for g in good["parallel"] for n in g["nodes"]
+              if n.get("src") == role and (g["name"], n.get("name")) not in names}  # a removed op: its input
+    assert (div["program"], div["tensor"]) in _descendants(bad, roots) or div["src"] == role, (div, role)
 
 
 def test_at_least_25_mutation_kinds():

@@ -220,7 +220,7 @@ def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: R
 @dataclass
 class ParallelRun:
     values: dict[str, dict[Rank, dict[str, np.ndarray]]]  # program -> rank -> tensor -> value
-    order: dict[str, list[Node]] = field(default_factory=dict)
+    executed: list[tuple[str, int]] = field(default_factory=list)  # (program, node index) in execution order
 
 
 def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[str, np.ndarray]]],
@@ -232,6 +232,7 @@ def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[st
     envs = {p: {r: mesh.env(r, dims) for r in ranks[p]} for p in progs}
     pc = {p: 0 for p in progs}
     mailbox: dict[tuple[str, Rank, Rank], np.ndarray] = {}
+    executed: list[tuple[str, int]] = []
     while True:
         progressed = False
         for p, g in progs.items():
@@ -239,6 +240,7 @@ def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[st
                 n = g.nodes[pc[p]]
                 if not _step(n, p, ranks[p], vals[p], envs[p], mesh, mailbox, ctx):
                     break
+                executed.append((p, pc[p]))
                 pc[p] += 1
                 progressed = True
         if all(pc[p] == len(g.nodes) for p, g in progs.items()):
@@ -247,7 +249,7 @@ def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[st
             waiting = [f"{p} at {progs[p].nodes[pc[p]].path} (recv tag {progs[p].nodes[pc[p]].attrs.get('tag')!r})"
                        for p in progs if pc[p] < len(progs[p].nodes)]
             raise RunError("deadlock: no program can proceed; waiting: " + "; ".join(waiting))
-    return ParallelRun(vals, {p: g.nodes for p, g in progs.items()})
+    return ParallelRun(vals, executed)
 
 
 def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox, ctx: Ctx) -> bool:

@@ -108,29 +108,38 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     for name, v in res.logical.items():
         if isinstance(v, np.ndarray) and v.dtype != np.int64:
             by_shape.setdefault(v.shape, []).append((name, v))
-    for pname, g in plan.programs.items():
-        known: dict[str, str] = {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items()
-                                 if b.program == pname}
-        for i, n in enumerate(g.nodes):
-            if not n.outputs:
-                continue
-            if n.spec.category == "source":
-                for o in n.outputs:
-                    known[o] = "a constant"
-                continue
-            if any(x not in known for x in n.inputs):
-                for o in n.outputs:
-                    known.pop(o, None)
-                continue
+    known: dict[str, dict[str, str]] = {
+        pname: {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items() if b.program == pname}
+        for pname in plan.programs}
+    sent: dict[tuple[str, str], str] = {}  # (tag, receiving program) -> explanation of the sent tensor
+    for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
+        g = plan.programs[pname]
+        n = g.nodes[i]
+        kn = known[pname]
+        if n.op == "send":
+            for q in plan.programs:
+                if n.inputs[0] in kn:
+                    sent[(n.attrs.get("tag"), q)] = kn[n.inputs[0]]
+            continue
+        if not n.outputs:
+            continue
+        if n.spec.category == "source":
             for o in n.outputs:
-                verdict = judge(pname, i, o) if judge else None
-                ex = verdict if isinstance(verdict, str) else (None if verdict is False else
-                                                              explain(plan, res, pname, o, by_shape))
-                if ex is None:
-                    ranks = res.mesh.ranks(g.stage)
-                    sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}
-                    return Divergence(pname, n.path, n.op, o, n.src, {x: known[x] for x in n.inputs}, sample)
-                known[o] = str(ex)
+                kn[o] = "a constant"
+            continue
+        if any(x not in kn for x in n.inputs) or (n.op == "recv" and (n.attrs.get("tag"), pname) not in sent):
+            for o in n.outputs:
+                kn.pop(o, None)
+            continue
+        for o in n.outputs:
+            verdict = judge(pname, i, o) if judge else None
+            ex = verdict if isinstance(verdict, str) else (None if verdict is False else
+                                                          explain(plan, res, pname, o, by_shape))
+            if ex is None:
+                ranks = res.mesh.ranks(g.stage)
+                sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}
+                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, sample)
+            kn[o] = str(ex)
     return None
 
 

@@ -65,6 +65,7 @@ class Par:
     dp: int = 1
     mb: int = 1  # micro-batches, a virtual (sequential) mesh axis
     zero: int = 0
+    pp: int = 1  # pipeline stages: one program per stage, pinned to a coordinate of the pp axis
 
     @property
     def logical(self) -> bool:

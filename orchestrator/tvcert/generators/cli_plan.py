@@ -17,10 +17,11 @@ from ..cli import EXIT_BAD, _fail_bad, write_atomic
 @click.option("--dp", default=1, show_default=True, help="data-parallel degree")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
 @click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")
+@click.option("--pp", default=1, show_default=True, help="pipeline stages (one program per stage, send/recv between them)")
 @click.option("--layers", type=int, default=None, help="number of layers (default: the model card's)")
 @click.option("--dims", "dims_text", metavar="NAME=V,...", help="override model dims, e.g. h=64,f=128")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="plan file to write")
-def plan(model, tp, sp, cp, dp, zero, mb, layers, dims_text, out):
+def plan(model, tp, sp, cp, dp, zero, mb, pp, layers, dims_text, out):
     """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b).
 
     The plan holds the logical single-device step (embedding, layers, final norm, LM head,
@@ -31,7 +32,8 @@ def plan(model, tp, sp, cp, dp, zero, mb, layers, dims_text, out):
     from .plans import GenError, llama3_plan
 
     try:
-        p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers, dims=_parse_dims(dims_text))
+        p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers, dims=_parse_dims(dims_text),
+                        pp=pp)
     except GenError as exc:
         _fail_bad(str(exc))
     write_atomic(out, json.dumps(p, indent=1) + "\n")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from .builder import G, Par
 
 EPS = 1e-5
+ROPE_THETA = 500000.0
 MASK = -1e9
 B1, B2, LR, WD, ADAM_EPS, STEP, MAX_NORM = 0.9, 0.95, 3e-4, 0.1, 1e-8, 10, 1.0
 
@@ -112,6 +113,7 @@ class Step:
             local[tp_dim] = self.d(shape[tp_dim], "tp")
         self.g.input(name, local)
         self.params[name] = Param(name, list(shape), tp_dim)
+        self.stage_of[name] = getattr(self, "stage", 0)
         return name
 
     # -------------------------------------------------------------- building blocks
@@ -152,10 +154,14 @@ class Step:
 
     def rope_tables(self):
         g = self.g
+        # inverse frequencies theta^(-2i/hd), computed in-graph so every pipeline stage can rebuild them
+        inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size="hd/2"), role="rope.freq_i",
+                                             dtype="float"), role="rope.freq_exponent",
+                               value=-2.0 * math.log(ROPE_THETA) / self.cfg.hd), role="rope.inv_freq")
         pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
                    role="rope.pos", dtype="float")
         ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
-                   g.op("unsqueeze", "rope_freq", role="rope.row", dim=0), role="rope.angles")
+                   g.op("unsqueeze", inv, role="rope.row", dim=0), role="rope.angles")
         ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
         rows = g.op("unsqueeze", pos, role="mask.rows", dim=1)
         cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
@@ -284,21 +290,49 @@ class Step:
         return dx, gr
 
     # -------------------------------------------------------------- whole step
+    def stage_layers(self) -> list[list[int]]:
+        pp, n = self.par.pp, self.cfg.layers
+        return [list(range(s * n // pp, (s + 1) * n // pp)) for s in range(pp)]
+
+    def on(self, s: int) -> G:
+        """Switch emission to pipeline stage s's program."""
+        self.g = self.gs[s]
+        return self.g
+
+    def p2p(self, x, src: int, dst: int, tag: str, shape: list, role: str):
+        """send on stage src, recv on stage dst; returns the received tensor (identity without pipelining)."""
+        if self.par.pp == 1:
+            return x
+        self.gs[src].raw({"op": "send", "inputs": [x], "attrs": {"axis": "pp", "to": dst, "tag": tag},
+                          "src": f"pipeline.{role}.send"})
+        return self.gs[dst].op("recv", role=f"pipeline.{role}.recv", axis="pp", src=src, tag=tag, shape=shape)
+
     def build(self):
-        g, cfg = self.g, self.cfg
-        ids = g.input("tokens", [self.B, self.S], "int", "v")
+        cfg, pp = self.cfg, self.par.pp
+        self.gs = [self.g] + [G() for _ in range(pp - 1)]
+        self.stage_of: dict[str, int] = {}
+        layers = self.stage_layers()
+        last = pp - 1
+        tables, saved = {}, {}
+        act = [self.B, self.SS, "h"]
+        # forward, stage by stage
+        x = None
+        for st in range(pp):
+            g = self.on(st)
+            self.stage = st
+            tables[st] = self.rope_tables()
+            if st == 0:
+                ids = g.input("tokens", [self.B, self.S], "int", "v")
+                wemb = self.param("embedding", ["v", "h"], 0)
+                oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v",
+                                "embed.vocab_block")
+                x = self.tp_out(g.op("matmul", oh, wemb, role="embed.lookup"), "embed")
+            else:
+                x = self.p2p(x, st - 1, st, f"act{st}", act, f"act{st}")
+            for i in layers[st]:
+                x, saved[i] = self.layer(i, x, *tables[st])
+        g = self.on(last)
         tgt = g.input("targets", [self.B, self.S], "int", "v")
-        g.input("rope_freq", ["hd/2"])
-        wemb = self.param("embedding", ["v", "h"], 0)
-        cos, sin, mask = self.rope_tables()
-        # vocab-parallel embedding: the rank's vocab block of one_hot(ids) times its rows of the table
-        oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v", "embed.vocab_block")
-        emb = g.op("matmul", oh, wemb, role="embed.lookup")
-        x = self.tp_out(emb, "embed")
-        saved = []
-        for i in range(cfg.layers):
-            x, s = self.layer(i, x, cos, sin, mask)
-            saved.append(s)
         wf = self.param("final_norm", ["h"], None)
         wout = self.param("lm_head", ["h", "v"], 1)
         g.scope = "head"
@@ -322,52 +356,79 @@ class Step:
         dtok = g.op("div", g.op("const", role="loss.seed", value=1, shape=[1, 1, 1]), ntok, role="loss.grad")
         soft = g.op("div", ez, se, role="ce.softmax")
         dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
-        gr = {"lm_head": self.wgrad(nff, dlogits, "lm_head.dw")}
+        grads: list[dict] = [{} for _ in range(pp)]
+        grads[last]["lm_head"] = self.wgrad(nff, dlogits, "lm_head.dw")
         dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
-        dx, gr["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
+        dx, grads[last]["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
         g.scope = ""
-        for i in reversed(range(cfg.layers)):
-            dx, gl = self.layer_bwd(i, dx, saved[i], cos, sin, mask)
-            gr.update(gl)
+        for st in reversed(range(pp)):
+            self.on(st)
+            self.stage = st
+            if st < last:
+                dx = self.p2p(dx, st + 1, st, f"grad{st}", act, f"grad{st}")
+            for i in reversed(layers[st]):
+                dx, gl = self.layer_bwd(i, dx, saved[i], *tables[st])
+                grads[st].update(gl)
+        g = self.on(0)
         demb = self.tp_in(dx, "embed.dy")
-        gr["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
-        return loss, self.sync_and_update(gr)
+        grads[0]["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        outs = self.sync_and_update(grads)
+        return loss, outs
 
     # -------------------------------------------------------------- gradient sync, clipping, AdamW
-    def sync_and_update(self, grads):
-        g = self.g
-        g.scope = "optim"
-        synced = {}
-        for name, gt in grads.items():
-            axes = self.par.data_axes()
-            if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
-                axes = ["tp"] + axes  # norm weights see sequence shards under SP
-            if self.par.zero and self.par.has("dp"):
-                part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
-                flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
-                synced[name] = self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
-            else:
-                synced[name] = self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
-        # global norm: tp-sharded grads give partial sums over tp, replicated ones count once (scaled by 1/tp)
+    def sync_and_update(self, grads: list[dict]):
+        """Sync gradients, clip by the global norm (summed across stages in the logical order), AdamW."""
+        pp, last = self.par.pp, self.par.pp - 1
+        synced: list[dict] = [{} for _ in range(pp)]
         total = None
-        for name, gt in synced.items():
-            ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
-                       dims=list(range(len(self._local_shape(name)))) if not self._zero() else [0])
-            if self._zero():
-                ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
-            if self.params[name].tp_dim is None and self.par.has("tp"):
-                ssq = g.op("div", ssq, g.op("const", role=f"{name}.tp_count", value="tp"), role=f"{name}.sumsq_dedup")
-            total = ssq if total is None else g.op("add", total, ssq, role=f"{name}.sumsq_acc")
+        for st in reversed(range(pp)):
+            g = self.on(st)
+            g.scope = "optim"
+            if st < last:
+                total = self.p2p(total, st + 1, st, f"normsq{st}", [], "grad_norm_partial")
+            for name, gt in grads[st].items():
+                synced[st][name] = self.sync(name, gt)
+                ssq = self.sumsq(name, synced[st][name])
+                total = ssq if total is None else g.op("add", total, ssq, role=f"{name}.sumsq_acc")
+        g = self.on(0)
         total = self.all_reduce(total, ["tp"], "grad_norm.all_reduce")
         norm = g.op("sqrt", total, role="grad_norm.sqrt")
         coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
                                     g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
                     g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
         outs = {}
-        for name, gt in synced.items():
-            outs.update(self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
-        g.scope = ""
+        for st in range(pp):
+            g = self.on(st)
+            g.scope = "optim"
+            if st > 0:
+                coef = self.p2p(coef, st - 1, st, f"coef{st}", [], "clip_coef")
+            for name, gt in synced[st].items():
+                outs[name] = (st, self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
+            g.scope = ""
+        self.on(self.par.pp - 1)
         return outs
+
+    def sync(self, name, gt):
+        g = self.g
+        axes = self.par.data_axes()
+        if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
+            axes = ["tp"] + axes  # norm weights see sequence shards under SP
+        if self._zero():
+            part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
+            flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
+            return self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+        return self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
+
+    def sumsq(self, name, gt):
+        """This gradient's sum of squares: partial over tp when tp-sharded; replicated ones count once (/tp)."""
+        g = self.g
+        ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
+                   dims=list(range(len(self._local_shape(name)))) if not self._zero() else [0])
+        if self._zero():
+            ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
+        if self.params[name].tp_dim is None and self.par.has("tp"):
+            ssq = g.op("div", ssq, g.op("const", role=f"{name}.tp_count", value="tp"), role=f"{name}.sumsq_dedup")
+        return ssq
 
     def _zero(self) -> bool:
         return bool(self.par.zero) and self.par.has("dp")

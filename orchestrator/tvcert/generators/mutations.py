@@ -113,6 +113,8 @@ CP = {"cp": 2}
 DP = {"dp": 2}
 MB = {"dp": 2, "microbatches": 2}
 ZERO = {"tp": 2, "dp": 2, "zero": 1}
+PP = {"pp": 2, "layers": 2}
+PP3 = {"pp": 3, "layers": 3}
 
 MUTATIONS: list[Mutation] = [
     Mutation("missing_allreduce_o_proj", "the all_reduce after the attention output projection is missing (data flow intact)",
@@ -172,10 +174,28 @@ MUTATIONS: list[Mutation] = [
              lambda p: _set(p, r"layer0\.softmax$", dim=-2)),
     Mutation("k_rope_skipped_offset_sign", "RoPE rotation uses +x2 instead of -x2 for keys", TP,
              lambda p: _bypass(p, r"layer0\.k_rope\.neg$"), "consumer"),
+    Mutation("pp_send_wrong_tensor", "pipeline stage 0 sends its layer input instead of its output to stage 1", PP,
+             lambda p: _pp_send_layer_input(p), "consumer"),
+    Mutation("pp_grad_wrong_source", "stage 1 forwards the gradient it received instead of its own input gradient", PP3,
+             lambda p: _pp_skip_stage(p), "consumer"),
     Mutation("bias_row_parallel_every_rank", "a replicated term is added on every rank before the row-parallel all_reduce",
              TP, lambda p: _insert_after(p, r"layer0\.o_proj$", "add", "bias_on_every_rank",
                                          [{"name": "bias__mut", "op": "const", "attrs": {"value": 1}, "src": "bias"}])),
 ]
+
+
+def _pp_send_layer_input(p: dict) -> str:
+    send = _find(p, r"pipeline\.act1\.send$")
+    send["inputs"] = [_find(p, r"layer0\.attn_norm\.sq$")["inputs"][0]]
+    return send["src"]
+
+
+def _pp_skip_stage(p: dict) -> str:
+    """Stage 1 forwards the gradient it received instead of its own input gradient (a wrong send source)."""
+    send = _find(p, r"pipeline\.grad0\.send$")
+    recv = _find(p, r"pipeline\.grad1\.recv$")
+    send["inputs"] = [recv["name"]]
+    return send["src"]
 
 
 def _insert_positions_unoffset(p: dict) -> str:

@@ -28,24 +28,27 @@ def small_dims(par: Par) -> dict[str, int]:
 
 def small_mesh(par: Par) -> Par:
     """The same structure at degree 2 (or 3 for mb) on every axis, so it can be executed."""
-    return Par(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero)
+    return Par(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
+               pp=par.pp)
 
 
 def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
-                layers: int | None = None, dims: dict[str, int] | None = None) -> dict[str, Any]:
+                layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1) -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
-    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb)):
+    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("pp", pp)):
         if v < 1:
             raise GenError(f"--{k} must be >= 1")
     if sp and tp == 1:
         raise GenError("--sp needs --tp > 1")
     if zero and dp == 1:
         raise GenError("--zero needs --dp > 1")
-    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero)
+    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp)
     card = dict(LLAMA3[model])
-    nl = layers if layers is not None else card.pop("layers")
-    card.pop("layers", None)
+    nl = layers if layers is not None else card["layers"]
+    card.pop("layers")
+    if nl < pp:
+        raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
     full = {"b": dp * mb, **card}
     if dims:
         for k in dims:
@@ -54,32 +57,41 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
         full.update(dims)
     axes = par.axes()
     full.update({a: getattr(par, a) for a in axes})
-    run = small_dims(small_mesh(par))
-    run.update({a: getattr(small_mesh(par), a) for a in axes})
+    small = small_mesh(par)
+    run = small_dims(small)
+    run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
     cfg = Cfg(full, nl)
     logical = Step(G(), Par(), cfg)
     lloss, lout = logical.build()
-    logical.g.outputs = ["loss_out"] + [f"{k}_out" for k in lout]
-    _rename_outputs(logical.g, lloss, lout)
+    _name_outputs(logical, lloss, lout)
     step = Step(G(), par, cfg)
     ploss, pout = step.build()
-    step.g.outputs = ["loss_out"] + [f"{k}_out" for k in pout]
-    _rename_outputs(step.g, ploss, pout)
-    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} "
+    _name_outputs(step, ploss, pout)
+    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} pp={pp} "
             f"microbatches={mb} zero={zero}")
+    mesh = ([["pp", "pp"]] if pp > 1 else []) + [[a, a] for a in axes]
+    if pp > 1:
+        full["pp"] = pp
+        run["pp"] = pp  # one program per stage: the stage count is structure, not a size
+    programs = [g.to_json(name=_prog(step, st), **({"stage": {"pp": st}} if pp > 1 else {}))
+                for st, g in enumerate(step.gs)]
     return {
         "tvcert_plan": 1,
-        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-mb{mb}-z{zero}-L{nl}",
+        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}",
         "description": desc,
         "dims": full,
         "run_dims": run,
-        "mesh": {a: a for a in axes} or {"tp": 1},
+        "mesh": mesh or [["tp", 1]],
         "logical": logical.g.to_json(),
-        "parallel": [step.g.to_json(name="spmd")],
+        "parallel": programs,
         "inputs": _input_placements(step, par),
         "outputs": _output_placements(step, par),
     }
+
+
+def _prog(step: Step, st: int) -> str:
+    return "spmd" if step.par.pp == 1 else f"stage{st}"
 
 
 def _check(d: dict[str, int], par: Par) -> None:
@@ -96,11 +108,18 @@ def _check(d: dict[str, int], par: Par) -> None:
         raise GenError("head dim must be even (RoPE)")
 
 
-def _rename_outputs(g: G, loss: str, outs: dict[str, str]) -> None:
-    """Give outputs stable names: loss_out and <param>_out (identity cast nodes)."""
-    g.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
-    for k, t in outs.items():
-        g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+def _name_outputs(step: Step, loss: str, outs: dict) -> None:
+    """Give outputs stable names (loss_out, <param>_out, ...) with identity casts, in the owning stage's program."""
+    last = step.gs[-1]
+    last.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
+    last.outputs.append("loss_out")
+    step.out_stage = {"loss_out": len(step.gs) - 1}
+    for _, (st, produced) in outs.items():
+        g = step.gs[st]
+        for k, t in produced.items():
+            g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+            g.outputs.append(f"{k}_out")
+            step.out_stage[f"{k}_out"] = st
 
 
 def _data_placement(par: Par) -> dict[str, str]:
@@ -120,13 +139,15 @@ def _param_placement(step: Step, name: str) -> dict[str, str]:
 
 
 def _input_placements(step: Step, par: Par) -> dict[str, Any]:
-    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par)},
-                           "targets": {"local": "targets", "placement": _data_placement(par)},
-                           "rope_freq": {"local": "rope_freq"}}
+    last = len(step.gs) - 1
+    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par), "program": _prog(step, 0)},
+                           "targets": {"local": "targets", "placement": _data_placement(par),
+                                       "program": _prog(step, last)}}
     for name in step.params:
-        out[name] = {"local": name, "placement": _param_placement(step, name)}
+        prog = _prog(step, step.stage_of[name])
+        out[name] = {"local": name, "placement": _param_placement(step, name), "program": prog}
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            out[st] = _state_binding(step, name, st)
+            out[st] = {**_state_binding(step, name, st), "program": prog}
     return out
 
 
@@ -140,10 +161,10 @@ def _state_binding(step: Step, name: str, local: str) -> dict[str, Any]:
 
 
 def _output_placements(step: Step, par: Par) -> dict[str, Any]:
-    out: dict[str, Any] = {"loss_out": {"local": "loss_out"}}
+    out: dict[str, Any] = {"loss_out": {"local": "loss_out", "program": _prog(step, step.out_stage["loss_out"])}}
     for name in step.params:
-        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name)}
+        prog = _prog(step, step.stage_of[name])
+        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name), "program": prog}
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            b = _state_binding(step, name, f"{st}_out")
-            out[f"{st}_out"] = b
+            out[f"{st}_out"] = {**_state_binding(step, name, f"{st}_out"), "program": prog}
     return out
