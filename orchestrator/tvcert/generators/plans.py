@@ -168,3 +168,12 @@ def _output_placements(step: Step, par: Par) -> dict[str, Any]:
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
             out[f"{st}_out"] = {**_state_binding(step, name, f"{st}_out"), "program": prog}
     return out
+
+
+def generate_plan(model: str, **options: Any) -> dict[str, Any]:
+    """Any supported model family by name (used by the CLI and the benchmarks)."""
+    if model.startswith("deepseek-v3-"):
+        from . import deepseek
+
+        return deepseek.deepseek_plan(model, **options)
+    return llama3_plan(model, **options)
