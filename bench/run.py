@@ -52,10 +52,11 @@ def cases(quick: bool):
     out = []
     for model, kw in HEADLINE:
         out.append(("headline", model, kw))
-        full = dict(kw, **{k: v for k, v in EXTRA.items() if k != "ep" or model.startswith("deepseek")})
+        full = dict(kw, **{k: v for k, v in EXTRA.items()
+                           if (k != "ep" or model.startswith("deepseek")) and (k != "sp" or kw.get("tp", 1) > 1)})
         out.append(("headline +sp cp2 zero1 (ep8)", model, full))
     sweeps = [("layers", "llama3-8b", {"tp": 8, "dp": 8}, "layers", [4, 8, 16, 32] if quick else [4, 8, 16, 32, 64, 126]),
-              ("tp", "llama3-70b", {"layers": 8}, "tp", [2, 8, 64]),
+              ("tp", "llama3-70b", {"layers": 8}, "tp", [1, 2, 4, 8]),
               ("dp", "llama3-70b", {"layers": 8, "tp": 8}, "dp", [2, 64, 4096]),
               ("microbatches", "llama3-70b", {"layers": 8, "tp": 8, "dp": 8}, "mb", [1, 16, 1024]),
               ("pp", "llama3-70b", {"layers": 16, "tp": 8}, "pp", [1, 4, 16]),
