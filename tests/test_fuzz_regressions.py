@@ -60,3 +60,15 @@ def test_known_hostile_collective_axis_number(command):
     r = CliRunner().invoke(main, [command, str(REG / "known_hostile_collective_axis_number.json")])
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert r.exit_code == 3
+
+
+ORACLE_MISSES = sorted(REG.glob("oracle_miss_*.json"))
+
+
+@pytest.mark.parametrize("path", ORACLE_MISSES, ids=lambda p: p.stem)
+def test_oracle_miss_regression(path):
+    """Unequal pairs the first oracle missed (they showed up as false REFUTED): the thorough
+    oracle must find the difference, and the verifier must keep refuting them."""
+    plan = load_plan(json.loads(path.read_text()))
+    assert oracle(plan, thorough=5).equal is False
+    assert verify(plan, refute=True).verdict == "REFUTED"

@@ -52,6 +52,7 @@ class Outcome:
     cert: Optional[str] = None  # None | "ok" | "check_failed: ..." | "mutation_accepted: ..."
     seconds: float = 0.0
     detail: str = ""
+    oracle_thorough: bool = False  # only the thorough oracle found the difference
 
     @property
     def false_verified(self) -> bool:
@@ -115,6 +116,16 @@ def evaluate(pair: Pair, index: int = 0, certs: bool = True, oracle_seeds=(0, 1,
         return out
     out.verdict = res.verdict
     out.would_verify = all(m.ok for m in res.matches) and res.prop.blocked is None
+    if o.equal and (out.would_verify or res.verdict in ("VERIFIED", "REFUTED")):
+        # the verdict claims something: make the oracle work harder before trusting "equal"
+        o2 = oracle(plan, pair.alt_dims, seeds=oracle_seeds, use_float=False,
+                    thorough=5 if res.verdict == "REFUTED" else 1)
+        if o2.equal is False:
+            out.oracle_equal = False
+            out.oracle_thorough = True
+        elif o2.equal is None:
+            out.status, out.oracle_equal = "oracle_uncertain", None
+            out.detail = "; ".join(o2.notes)[:200]
     out.rules = sorted(used_rules(res)) if out.would_verify else []
     if res.verdict != "VERIFIED":
         out.reason = _reason_key(res.reasons)
@@ -209,7 +220,7 @@ def still_false(plan_dict: dict, alt_dims=None) -> bool:
         plan = load_plan(copy.deepcopy(plan_dict))
     except Exception:
         return False
-    o = oracle(plan, alt_dims, use_float=False)
+    o = oracle(plan, alt_dims, use_float=False, thorough=2)
     if o.equal is not False:
         return False
     try:
@@ -320,6 +331,7 @@ class Stats:
             "invalid_skipped": c["invalid"],
             "oracle_unrunnable": c["oracle_error"],
             "oracle_crash": c["oracle_crash"],
+            "oracle_uncertain": c["oracle_uncertain"],
             "verify_crash": c["verify_crash"],
             "loader_crash": c["loader_crash"],
             "pairs": len(ok),
@@ -333,6 +345,7 @@ class Stats:
             "false_verified": sum(o.false_verified for o in ok),
             "false_refuted": sum(o.false_refuted for o in ok),
             "float_disagrees": sum(o.float_disagrees for o in ok),
+            "unequal_found_only_by_thorough_oracle": sum(o.oracle_thorough for o in ok),
             "certs_checked": sum(o.cert is not None for o in ok),
             "cert_problems": sum(o.cert not in (None, "ok") for o in ok),
             "wall_seconds": round(self.wall, 1),
