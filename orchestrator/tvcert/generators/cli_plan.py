@@ -17,12 +17,14 @@ from ..cli import EXIT_BAD, _fail_bad, write_atomic
 @click.option("--dp", default=1, show_default=True, help="data-parallel degree")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
 @click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")
+@click.option("--ep", default=1, show_default=True, help="expert-parallel degree (deepseek-v3-* models)")
 @click.option("--pp", default=1, show_default=True, help="pipeline stages (one program per stage, send/recv between them)")
 @click.option("--layers", type=int, default=None, help="number of layers (default: the model card's)")
 @click.option("--dims", "dims_text", metavar="NAME=V,...", help="override model dims, e.g. h=64,f=128")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="plan file to write")
-def plan(model, tp, sp, cp, dp, zero, mb, pp, layers, dims_text, out):
-    """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b).
+def plan(model, tp, sp, cp, dp, zero, mb, ep, pp, layers, dims_text, out):
+    """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b,
+    deepseek-v3-16b, deepseek-v3-236b, deepseek-v3-671b).
 
     The plan holds the logical single-device step (embedding, layers, final norm, LM head,
     cross-entropy, backward, gradient clipping, AdamW) and its SPMD program under the chosen
@@ -32,8 +34,16 @@ def plan(model, tp, sp, cp, dp, zero, mb, pp, layers, dims_text, out):
     from .plans import GenError, llama3_plan
 
     try:
-        p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers, dims=_parse_dims(dims_text),
-                        pp=pp)
+        if model.startswith("deepseek-v3-"):
+            from .deepseek import deepseek_plan
+
+            p = deepseek_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep, layers=layers,
+                              dims=_parse_dims(dims_text), pp=pp)
+        elif ep > 1:
+            raise GenError("--ep applies to MoE models (deepseek-v3-*)")
+        else:
+            p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers,
+                            dims=_parse_dims(dims_text), pp=pp)
     except GenError as exc:
         _fail_bad(str(exc))
     write_atomic(out, json.dumps(p, indent=1) + "\n")
@@ -49,10 +59,10 @@ def plan(model, tp, sp, cp, dp, zero, mb, pp, layers, dims_text, out):
 def mutate(plan_path, bug, list_, out):
     """Inject a known silent parallelization bug into a generated plan."""
     from ..plan import PlanError, read_plan_json
-    from .mutations import MUTATIONS, MutationError, mutate as do_mutate
+    from .mutations import MOE_MUTATIONS, MUTATIONS, MutationError, mutate as do_mutate
 
     if list_:
-        for m in MUTATIONS:
+        for m in MUTATIONS + MOE_MUTATIONS:
             opts = " ".join(f"--{k} {v}" if v is not True else f"--{k}" for k, v in m.config.items())
             click.echo(f"{m.name:36s} {m.doc}  [needs: {opts}]")
         return

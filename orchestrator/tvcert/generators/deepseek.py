@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .builder import G, Par
-from .llama import MASK, Param, Step
+from .llama import MASK, MAX_NORM, Param, Step, state_layout
 
 # Model cards: DeepSeek-V2-Lite (16B), DeepSeek-V2 (236B), DeepSeek-V3 (671B).
 # qr = q_lora_rank (0: none), kvr = kv_lora_rank, dn / dr = qk nope / rope head dims, dv = v head
@@ -55,6 +55,7 @@ DEEPSEEK = {
 }
 DS_MODELS = sorted(DEEPSEEK)
 _NOT_DIMS = ("layers", "dense_layers", "score", "norm_topk", "rsf")
+ROPE_THETA = 10000.0  # rope_theta of the V2 / V3 cards
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class DParam(Param):
 class DStep(Step):
     cfg: DCfg = None  # type: ignore[assignment]
     params: dict[str, DParam] = field(default_factory=dict)
+    buffer_stage: dict[str, int] = field(default_factory=dict)  # non-trained inputs (router bias) -> stage
 
     # -------------------------------------------------------------- dims
     @property
@@ -122,6 +124,7 @@ class DStep(Step):
             local[ep_dim] = self.d(shape[ep_dim], "ep")
         self.g.input(name, local)
         self.params[name] = DParam(name, list(shape), tp_dim, ep_dim=ep_dim, tp_partial=tp_partial)
+        self.stage_of[name] = getattr(self, "stage", 0)
         return name
 
     def _local_param_shape(self, name):
@@ -416,7 +419,10 @@ class DStep(Step):
         if self.is_moe(i):
             P.update(self.moe_params(p))
             # V3 score-correction bias: selection only, not trained (an input buffer)
-            P["router_bias"] = g.input(f"{p}.router_bias", ["ne"]) if self.cfg.score == "sigmoid" else None
+            P["router_bias"] = None
+            if self.cfg.score == "sigmoid":
+                P["router_bias"] = g.input(f"{p}.router_bias", ["ne"])
+                self.buffer_stage[P["router_bias"]] = getattr(self, "stage", 0)
         else:
             P["mlp"] = self.mlp_params(f"{p}.mlp", "f")
         g.scope = p
@@ -450,10 +456,14 @@ class DStep(Step):
 
     def rope_tables(self):
         g = self.g
+        # inverse frequencies theta^(-2i/dr) of the decoupled rope dims, in-graph (every stage rebuilds them)
+        inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size="dr/2"),
+                                             role="rope.freq_i", dtype="float"), role="rope.freq_exponent",
+                               value=-2.0 * math.log(ROPE_THETA) / self.cfg.dims["dr"]), role="rope.inv_freq")
         pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
                    role="rope.pos", dtype="float")
         ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
-                   g.op("unsqueeze", "rope_freq", role="rope.row", dim=0), role="rope.angles")
+                   g.op("unsqueeze", inv, role="rope.row", dim=0), role="rope.angles")
         ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
         rows = g.op("unsqueeze", pos, role="mask.rows", dim=1)
         cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
@@ -461,51 +471,7 @@ class DStep(Step):
         m = g.op("gt", cols, rows, role="mask.causal")
         return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), m
 
-    # -------------------------------------------------------------- whole step
-    def build(self):
-        g, cfg = self.g, self.cfg
-        ids = g.input("tokens", [self.B, self.S], "int", "v")
-        tgt = g.input("targets", [self.B, self.S], "int", "v")
-        g.input("rope_freq", ["dr/2"])
-        wemb = self.param("embedding", ["v", "h"], 0)
-        cos, sin, mask = self.rope_tables()
-        oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v", "embed.vocab_block")
-        x = self.tp_out(g.op("matmul", oh, wemb, role="embed.lookup"), "embed")
-        saved = []
-        for i in range(cfg.layers):
-            x, s = self.layer(i, x, cos, sin, mask)
-            saved.append(s)
-        wf = self.param("final_norm", ["h"], None)
-        wout = self.param("lm_head", ["h", "v"], 1)
-        g.scope = "head"
-        nf, snf = self.rmsnorm(x, wf, "final_norm")
-        nff = self.tp_in(nf, "lm_in")
-        logits = g.op("matmul", nff, wout, role="lm_head")
-        m = self.all_reduce(g.op("amax", logits, role="ce.local_max", dims=[-1], keepdim=True), ["tp"], "ce.max",
-                            reduce="max")
-        ez = g.op("exp", g.op("sub", logits, m, role="ce.shift"), role="ce.exp")
-        se = self.all_reduce(g.op("sum", ez, role="ce.local_sumexp", dims=[-1], keepdim=True), ["tp"], "ce.sumexp")
-        lse = g.op("add", g.op("log", se, role="ce.log"), m, role="ce.lse")
-        toh = self.block(g.op("one_hot", tgt, role="ce.one_hot", num_classes="v"), "tp", 2, "v", "ce.vocab_block")
-        tl = self.all_reduce(g.op("sum", g.op("mul", logits, toh, role="ce.pick"), role="ce.local_target", dims=[-1],
-                                  keepdim=True), ["tp"], "ce.target")
-        tok = g.op("sub", lse, tl, role="ce.token_loss")
-        ntok = g.op("const", role="loss.count", value="b*s")
-        lsum = g.op("div", g.op("sum", tok, role="loss.sum", dims=[0, 1, 2]), ntok, role="loss.mean")
-        loss = self.all_reduce(lsum, self.par.data_axes(), "loss.all_reduce")
-        dtok = g.op("div", g.op("const", role="loss.seed", value=1, shape=[1, 1, 1]), ntok, role="loss.grad")
-        soft = g.op("div", ez, se, role="ce.softmax")
-        dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
-        gr = {"lm_head": self.wgrad(nff, dlogits, "lm_head.dw")}
-        dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
-        dx, gr["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
-        g.scope = ""
-        for i in reversed(range(cfg.layers)):
-            dx, gl = self.layer_bwd(i, dx, saved[i], cos, sin, mask)
-            gr.update(gl)
-        demb = self.tp_in(dx, "embed.dy")
-        gr["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
-        return loss, self.sync_and_update(gr)
+    # build(): Step.build (embedding, layers per pipeline stage, head, vocab-parallel CE, backward, p2p)
 
     # -------------------------------------------------------------- gradient sync, clipping, AdamW
     def sync_axes(self, name) -> list[str]:
@@ -516,34 +482,87 @@ class DStep(Step):
                 axes = ["tp"] + axes
         return axes
 
-    def sync_and_update(self, grads):
+    def zero_of(self, name) -> bool:
+        """ZeRO-1 shards the optimizer state of non-expert parameters (expert states stay per ep rank)."""
+        return Step._zero(self) and self.params[name].ep_dim is None
+
+    def _zero(self) -> bool:
+        return self.zero_of(self._cur) if getattr(self, "_cur", None) else Step._zero(self)
+
+    def sync(self, name, gt):
         g = self.g
-        g.scope = "optim"
-        synced = {name: self.all_reduce(gt, self.sync_axes(name), f"{name}.grad_all_reduce")
-                  for name, gt in grads.items()}
-        # global norm: replicated grads count once; tp-sharded ones are Partial over tp, experts over ep
-        groups: dict[str, str | None] = {"rep": None, "tp": None, "ep": None}
-        for name, gt in synced.items():
-            p = self.params[name]
-            ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
-                       dims=list(range(len(p.shape))))
-            key = "ep" if p.ep_dim is not None else ("tp" if p.tp_dim is not None else "rep")
-            acc = groups[key]
-            groups[key] = ssq if acc is None else g.op("add", acc, ssq, role=f"{name}.sumsq_acc")
-        total = groups["rep"]
-        for key in ("tp", "ep"):
-            if groups[key] is not None:
-                part = self.all_reduce(groups[key], [key], f"grad_norm.{key}_all_reduce")
-                total = part if total is None else g.op("add", total, part, role=f"grad_norm.{key}_add")
+        axes = self.sync_axes(name)
+        if self.zero_of(name):
+            part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
+            flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
+            return self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+        return self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
+
+    def group_of(self, name) -> str:
+        """Clip-norm group: replicated grads count once; tp-sharded ones are Partial over tp, experts over ep."""
+        p = self.params[name]
+        return "ep" if p.ep_dim is not None else ("tp" if p.tp_dim is not None else "rep")
+
+    def sumsq(self, name, gt):
+        g = self.g
+        z = self.zero_of(name)
+        ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
+                   dims=[0] if z else list(range(len(self.params[name].shape))))
+        if z:
+            ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
+        return ssq
+
+    def adamw(self, name, grad):
+        prev, self._cur = getattr(self, "_cur", None), name
+        try:
+            return Step.adamw(self, name, grad)
+        finally:
+            self._cur = prev
+
+    def _state_shape(self, name):
+        prev, self._cur = getattr(self, "_cur", None), name
+        try:
+            return Step._state_shape(self, name)
+        finally:
+            self._cur = prev
+
+    def sync_and_update(self, grads: list[dict]):
+        """Sync, clip by the global norm (three running sums across stages: replicated, tp-, ep-partial), AdamW."""
+        pp, last = self.par.pp, self.par.pp - 1
+        synced: list[dict] = [{} for _ in range(pp)]
+        totals: dict[str, str | None] = {"rep": None, "tp": None, "ep": None}
+        for st in reversed(range(pp)):
+            g = self.on(st)
+            g.scope = "optim"
+            if st < last:
+                for k in totals:
+                    if totals[k] is not None:
+                        totals[k] = self.p2p(totals[k], st + 1, st, f"normsq_{k}{st}", [], f"grad_norm_{k}_partial")
+            for name, gt in grads[st].items():
+                synced[st][name] = self.sync(name, gt)
+                ssq = self.sumsq(name, synced[st][name])
+                k = self.group_of(name)
+                totals[k] = ssq if totals[k] is None else g.op("add", totals[k], ssq, role=f"{name}.sumsq_acc")
+        g = self.on(0)
+        total = totals["rep"]
+        for k in ("tp", "ep"):
+            if totals[k] is not None:
+                part = self.all_reduce(totals[k], [k], f"grad_norm.{k}_all_reduce")
+                total = part if total is None else g.op("add", total, part, role=f"grad_norm.{k}_add")
         norm = g.op("sqrt", total, role="grad_norm.sqrt")
-        from .llama import MAX_NORM
         coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
                                     g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
                     g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
         outs = {}
-        for name, gt in synced.items():
-            outs.update(self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
-        g.scope = ""
+        for st in range(pp):
+            g = self.on(st)
+            g.scope = "optim"
+            if st > 0:
+                coef = self.p2p(coef, st - 1, st, f"coef{st}", [], "clip_coef")
+            for name, gt in synced[st].items():
+                outs[name] = (st, self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
+            g.scope = ""
+        self.on(last)
         return outs
 
 
@@ -554,34 +573,34 @@ class DeepSeekGenError(ValueError):
 
 def small_dims(par: DPar, q_lora: bool) -> dict[str, int]:
     tp, cp, ep = par.tp, par.cp, par.ep
-    d = {"b": par.dp * par.mb * ep, "s": 2 * cp * (tp if par.sp else 1) * ep, "h": 4, "nh": 2 * tp, "kvr": 3,
+    d = {"b": par.dp * par.mb * ep, "s": 2 * cp * (tp if par.sp else 1) * ep, "h": 4, "nh": 2 * tp, "kvr": 6,
          "dn": 2, "dr": 2, "dv": 2, "ne": 4 if ep <= 2 else 2 * ep, "nsh": 1, "k": 2, "mf": 2 * tp, "f": 2 * tp,
          "v": 3 * tp}
     if q_lora:
-        d["qr"] = 3
+        d["qr"] = 4
     return d
 
 
 def small_mesh(par: DPar) -> DPar:
     return DPar(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
-                ep=min(par.ep, 2))
+                pp=par.pp, ep=min(par.ep, 2))
 
 
 def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                   ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
-                  dense_layers: int | None = None) -> dict[str, Any]:
+                  dense_layers: int | None = None, pp: int = 1) -> dict[str, Any]:
     from .plans import GenError
 
     if model not in DEEPSEEK:
         raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
-    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("ep", ep)):
+    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("ep", ep), ("pp", pp)):
         if v < 1:
             raise GenError(f"--{k} must be >= 1")
     if sp and tp == 1:
         raise GenError("--sp needs --tp > 1")
-    if zero:
-        raise GenError("--zero is not supported for DeepSeek plans yet")
-    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep)
+    if zero and dp == 1:
+        raise GenError("--zero needs --dp > 1")
+    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep)
     if ep > 1 and (dp > 1 or mb > 1) and (cp > 1 or sp):
         raise GenError("--ep with --dp/--microbatches and --cp/--sp: tokens are sharded on both the batch and the "
                        "sequence dims, and the kernel's all_to_all rule needs the dispatch concat dim unsharded on "
@@ -605,36 +624,53 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
     run = small_dims(sm, q_lora)
     run.update({a: getattr(sm, a) for a in axes})
     _check(full, par)
+    if nl < pp:
+        raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
     cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"])
     logical = DStep(G(), DPar(), cfg)
     lloss, lout = logical.build()
-    logical.g.outputs = ["loss_out"] + [f"{k}_out" for k in lout]
-    _rename_outputs(logical.g, lloss, lout)
+    _name_outputs(logical, lloss, lout)
     step = DStep(G(), par, cfg)
     ploss, pout = step.build()
-    step.g.outputs = ["loss_out"] + [f"{k}_out" for k in pout]
-    _rename_outputs(step.g, ploss, pout)
+    _name_outputs(step, ploss, pout)
     desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp} "
-            f"dp={dp} microbatches={mb} ep={ep}")
+            f"dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
+    mesh = ([["pp", "pp"]] if pp > 1 else []) + [[a, a] for a in axes]
+    if pp > 1:
+        full["pp"] = pp
+        run["pp"] = pp
+    programs = [g.to_json(name=_prog(step, st), **({"stage": {"pp": st}} if pp > 1 else {}))
+                for st, g in enumerate(step.gs)]
     return {
         "tvcert_plan": 1,
-        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-mb{mb}-ep{ep}-L{nl}",
+        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}",
         "description": desc,
         "dims": full,
         "run_dims": run,
-        "mesh": {a: a for a in axes} or {"tp": 1},
+        "mesh": mesh or [["tp", 1]],
         "logical": logical.g.to_json(),
-        "parallel": [step.g.to_json(name="spmd")],
+        "parallel": programs,
         "inputs": _input_placements(step, par),
         "outputs": _output_placements(step),
     }
 
 
-def _rename_outputs(g: G, loss: str, outs: dict[str, str]) -> None:
-    """Give outputs stable names: loss_out and <param>_out (identity cast nodes)."""
-    g.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
-    for k, t in outs.items():
-        g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+def _prog(step: DStep, st: int) -> str:
+    return "spmd" if step.par.pp == 1 else f"stage{st}"
+
+
+def _name_outputs(step: DStep, loss: str, outs: dict) -> None:
+    """Stable output names (loss_out, <param>_out, ...) as identity casts in the owning stage's program."""
+    last = step.gs[-1]
+    last.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
+    last.outputs.append("loss_out")
+    step.out_stage = {"loss_out": len(step.gs) - 1}
+    for _, (st, produced) in outs.items():
+        g = step.gs[st]
+        for k, t in produced.items():
+            g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
+            g.outputs.append(f"{k}_out")
+            step.out_stage[f"{k}_out"] = st
 
 
 def _check(d: dict[str, int], par: DPar) -> None:
@@ -682,23 +718,35 @@ def _param_placement(step: DStep, name: str) -> dict[str, str]:
     return pl
 
 
+def _state_binding(step: DStep, name: str, local: str) -> dict[str, Any]:
+    if not step.zero_of(name):
+        return {"local": local, "placement": _param_placement(step, name)}
+    pl = {"dp": "Shard(0)"}
+    if step.params[name].tp_dim is not None and step.par.has("tp"):
+        pl["tp"] = "Shard(0)"
+    return {"local": local, "placement": pl, "layout": state_layout(step, name)}
+
+
 def _input_placements(step: DStep, par: DPar) -> dict[str, Any]:
-    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par)},
-                           "targets": {"local": "targets", "placement": _data_placement(par)},
-                           "rope_freq": {"local": "rope_freq"}}
-    for inp in step.g.inputs:
-        if inp["name"].endswith(".router_bias"):
-            out[inp["name"]] = {"local": inp["name"]}
+    last = len(step.gs) - 1
+    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par), "program": _prog(step, 0)},
+                           "targets": {"local": "targets", "placement": _data_placement(par),
+                                       "program": _prog(step, last)}}
+    for name, st in step.buffer_stage.items():
+        out[name] = {"local": name, "program": _prog(step, st)}
     for name in step.params:
-        out[name] = {"local": name, "placement": _param_placement(step, name)}
+        prog = _prog(step, step.stage_of[name])
+        out[name] = {"local": name, "placement": _param_placement(step, name), "program": prog}
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            out[st] = {"local": st, "placement": _param_placement(step, name)}
+            out[st] = {**_state_binding(step, name, st), "program": prog}
     return out
 
 
 def _output_placements(step: DStep) -> dict[str, Any]:
-    out: dict[str, Any] = {"loss_out": {"local": "loss_out"}}
+    out: dict[str, Any] = {"loss_out": {"local": "loss_out", "program": _prog(step, step.out_stage["loss_out"])}}
     for name in step.params:
-        for o in (name, f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            out[f"{o}_out"] = {"local": f"{o}_out", "placement": _param_placement(step, name)}
+        prog = _prog(step, step.stage_of[name])
+        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name), "program": prog}
+        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            out[f"{st}_out"] = {**_state_binding(step, name, f"{st}_out"), "program": prog}
     return out

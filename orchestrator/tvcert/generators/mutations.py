@@ -237,7 +237,7 @@ DS_DP_EP = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2}
 
 def _combine_dispatch_order(p: dict) -> str:
     """After the combine all_to_all, experts come back in dispatch (rank-interleaved) order, not expert order."""
-    n = _find(p, r"layer0\.combine\.all_to_all$")
+    n = _find(p, r"layer\d+\.combine\.all_to_all$")
     for prog in p["parallel"]:
         if n in prog["nodes"]:
             k = prog["nodes"].index(n)
@@ -257,25 +257,25 @@ def _combine_dispatch_order(p: dict) -> str:
 
 MOE_MUTATIONS: list[Mutation] = [
     Mutation("expert_grad_wrong_group_size", "expert gradients are divided by ep, as if averaged over the ep group",
-             DS_EP, lambda p: _insert_after(p, r"layer0\.bwd\.experts\.w1_dw$", "div", "div_ep",
+             DS_EP, lambda p: _insert_after(p, r"layer\d+\.bwd\.experts\.w1_dw$", "div", "div_ep",
                                             [{"name": "ep__mut", "op": "const", "attrs": {"value": "ep"},
                                               "src": "ep_count"}])),
     Mutation("expert_grad_avg_over_dp", "expert gradients are averaged (not summed) over dp", DS_DP_EP,
-             lambda p: _set(p, r"layer0\.experts\.w2\.grad_all_reduce$", reduce="avg"), "consumer"),
+             lambda p: _set(p, r"layer\d+\.experts\.w2\.grad_all_reduce$", reduce="avg"), "consumer"),
     Mutation("expert_grad_reduced_over_ep", "ep-sharded expert gradients are also all-reduced over ep (experts mixed)",
-             DS_DP_EP, lambda p: _set(p, r"layer0\.experts\.w3\.grad_all_reduce$", axis=["dp", "ep"]), "consumer"),
+             DS_DP_EP, lambda p: _set(p, r"layer\d+\.experts\.w3\.grad_all_reduce$", axis=["dp", "ep"]), "consumer"),
     Mutation("moe_combine_dispatch_order", "MoE combine reads the expert outputs in dispatch order (rank-interleaved)",
              DS_EP, _combine_dispatch_order, "consumer"),
     Mutation("moe_missing_all_to_all_back", "the combine all_to_all is missing: local expert outputs are reinterpreted "
              "as the token block", DS_EP,
-             lambda p: _replace_op(p, r"layer0\.combine\.all_to_all$", "reshape", {"shape": ["ne", "b/ep", "s", "h"]})),
+             lambda p: _replace_op(p, r"layer\d+\.combine\.all_to_all$", "reshape", {"shape": ["ne", "b/ep", "s", "h"]})),
     Mutation("moe_combine_dispatch_weights", "MoE combine weights expert outputs by the 0/1 dispatch mask, not the gate",
-             DS_EP, lambda p: _reroute(p, r"layer0\.combine$", 1, r"layer0\.gate\.mask$")),
+             DS_EP, lambda p: _reroute(p, r"layer\d+\.combine$", 1, r"layer\d+\.gate\.mask$")),
     Mutation("moe_gate_not_normalized", "top-k gate weights are not normalized in the forward (backward still is)",
-             DS_EP, lambda p: _bypass(p, r"layer0\.gate\.normalize$"), "consumer"),
+             DS_EP, lambda p: _bypass(p, r"layer\d+\.gate\.normalize$"), "consumer"),
     Mutation("moe_gate_grad_not_normalized", "the gate backward skips the normalization's Jacobian", DS_EP,
-             lambda p: _bypass(p, r"layer0\.bwd\.gate\.bwd\.normalize$"), "consumer"),
+             lambda p: _bypass(p, r"layer\d+\.bwd\.gate\.bwd\.normalize$"), "consumer"),
     Mutation("router_grad_not_reduced", "the router weight gradient is not all-reduced over ep (a data axis for it)",
-             DS_EP, lambda p: _bypass(p, r"layer0\.router\.grad_all_reduce$"), "consumer"),
+             DS_EP, lambda p: _bypass(p, r"layer\d+\.router\.grad_all_reduce$"), "consumer"),
 ]
 BY_NAME.update({m.name: m for m in MOE_MUTATIONS})
