@@ -24,6 +24,7 @@ CONFIGS = {
     "tp_dp_ep_zero1": ("deepseek-v3-671b", {"tp": 2, "dp": 2, "ep": 2, "zero": 1}),
     "pp_tp_ep": ("deepseek-v3-671b", {"pp": 2, "tp": 2, "ep": 2}),
     "pp_dp_mb_ep_zero1": ("deepseek-v3-16b", {"pp": 2, "dp": 2, "mb": 2, "ep": 2, "zero": 1}),
+    "dp_cp_sp_ep_zero1": ("deepseek-v3-671b", {"dp": 2, "cp": 2, "tp": 2, "sp": True, "ep": 2, "zero": 1}),
 }
 
 
@@ -108,10 +109,10 @@ def test_every_moe_mutation_is_refuted_and_localized(mut):
     assert div["tensor"] in _descendants(bad, roots) or div["src"] == role, (div, role)
 
 
-def test_unsupported_combination_is_refused():
+def test_bad_options_are_refused():
     from tvcert.generators.plans import GenError
 
-    with pytest.raises(GenError, match="all_to_all"):
-        deepseek_plan("deepseek-v3-671b", layers=1, dp=2, ep=2, cp=2)
+    with pytest.raises(GenError, match="not divisible"):
+        deepseek_plan("deepseek-v3-671b", layers=1, ep=3)
     with pytest.raises(GenError, match="unknown model"):
         deepseek_plan("deepseek-v3-7b")

@@ -84,6 +84,7 @@ class DCfg:
     score: str  # softmax | sigmoid
     norm_topk: bool
     rsf: float
+    moe_chunks: bool = False  # MoE tokens viewed as [b, sc, s/sc] (ep with dp / micro-batches)
 
 
 @dataclass
@@ -109,8 +110,9 @@ class DStep(Step):
 
     @property
     def ep_gather(self) -> bool:
-        """Batch dim also sharded by dp / mb: route by the sequence dim inside the MoE block."""
-        return self.ep and (self.par.has("dp") or self.par.has("mb"))
+        """Batch dim also sharded by dp / mb: route by the sequence dim inside the MoE block.  A property of
+        the plan (cfg), so the logical step uses the same [b, sc, s/sc, h] token view of the MoE block."""
+        return self.cfg.moe_chunks
 
     @property
     def E(self):
@@ -313,18 +315,29 @@ class DStep(Step):
             P[w] = self.param(f"{p}.experts.{w}", shape, None, ep_dim=0)
         return P
 
+    @property
+    def seq_split(self) -> list[str]:
+        """Axes sharding the sequence of the residual stream (cp, and tp under SP)."""
+        return [a for a in ("cp", "tp") if self.par.has(a) and (a == "cp" or self.sp)]
+
     def ep_in(self, x, role):
-        """Token-sharded MoE input: in gather mode, move the ep block from the batch to the sequence."""
+        """Token-sharded MoE input.  Gather mode: move the ep block from the batch to the sequence, viewed as
+        [b, sc, s/sc, h] (sc = the sequence shards of cp / SP, which stay on dim 1) with ep on dim 2."""
         if not self.ep_gather:
             return x
+        g = self.g
         full = self.gather(x, "ep", 0, role + ".ep_all_gather")
-        return self.block(full, "ep", 1, self.S, role + ".ep_seq_block")
+        chunks = g.op("reshape", full, role=role + ".seq_chunks",
+                      shape=[self.d("b", "dp", "mb"), self.d("sc", *self.seq_split), "s/sc", "h"])
+        return self.block(chunks, "ep", 2, "s/sc", role + ".ep_seq_block")
 
     def ep_out(self, x, role):
         if not self.ep_gather:
             return x
-        full = self.gather(x, "ep", 1, role + ".ep_all_gather")
-        return self.block(full, "ep", 0, self.d("b", "dp", "mb"), role + ".ep_batch_block")
+        g = self.g
+        full = self.gather(x, "ep", 2, role + ".ep_all_gather")
+        merged = g.op("reshape", full, role=role + ".seq_merge", shape=[self.d("b", "dp", "mb"), self.SS, "h"])
+        return self.block(merged, "ep", 0, self.d("b", "dp", "mb"), role + ".ep_batch_block")
 
     def a2a(self, x, split, concat, role):
         if not self.ep:
@@ -332,9 +345,14 @@ class DStep(Step):
         return self.g.op("all_to_all", x, role=role, axis="ep", split_dim=split, concat_dim=concat)
 
     @property
+    def T(self) -> str:
+        """Einsum letters of the MoE token dims: [b, s], or [b, c, t] (sequence chunks) in gather mode."""
+        return "bct" if self.ep_gather else "bs"
+
+    @property
     def tok_dim(self) -> int:
-        """The token dim of the dispatch tensor [e, b, s, h] that ep shards."""
-        return 2 if self.ep_gather else 1
+        """The token dim of the dispatch tensor [e, *tokens, h] that ep shards."""
+        return 3 if self.ep_gather else 1
 
     def moe(self, n2, P):
         g, cfg = self.g, self.cfg
@@ -357,16 +375,16 @@ class DStep(Step):
             w = g.op("div", w, z, role="gate.normalize")
             s.update(z=z, wn=w)
         gate = g.op("scale", w, role="gate.route_scale", value=cfg.rsf) if cfg.rsf != 1.0 else w
-        td = self.tok_dim
-        disp = g.op("einsum", mask, xr, role="dispatch", equation="bse,bsh->ebsh")
+        td, T = self.tok_dim, self.T
+        disp = g.op("einsum", mask, xr, role="dispatch", equation=f"{T}e,{T}h->e{T}h")
         de = self.a2a(disp, 0, td, "dispatch.all_to_all")
-        h1 = g.op("einsum", de, P["w1"], role="experts.w1_proj", equation="ebsh,ehf->ebsf")
-        h3 = g.op("einsum", de, P["w3"], role="experts.w3_proj", equation="ebsh,ehf->ebsf")
+        h1 = g.op("einsum", de, P["w1"], role="experts.w1_proj", equation=f"e{T}h,ehf->e{T}f")
+        h3 = g.op("einsum", de, P["w3"], role="experts.w3_proj", equation=f"e{T}h,ehf->e{T}f")
         sa = g.op("silu", h1, role="experts.silu")
         hm = g.op("mul", sa, h3, role="experts.swiglu")
-        oe = g.op("einsum", hm, P["w2"], role="experts.w2_proj", equation="ebsf,efh->ebsh")
+        oe = g.op("einsum", hm, P["w2"], role="experts.w2_proj", equation=f"e{T}f,efh->e{T}h")
         out = self.a2a(oe, td, 0, "combine.all_to_all")
-        y = g.op("einsum", out, gate, role="combine", equation="ebsh,bse->bsh")
+        y = g.op("einsum", out, gate, role="combine", equation=f"e{T}h,{T}e->{T}h")
         y = self.ep_out(y, "moe_out")
         s.update(gate=gate, de=de, h1=h1, h3=h3, sa=sa, hm=hm, out=out)
         return g.op("add", so, y, role="moe_sum"), s
@@ -374,23 +392,23 @@ class DStep(Step):
     def moe_bwd(self, dy_in, P, s, gr):
         g, cfg = self.g, self.cfg
         dn2_shared = self.mlp_bwd(dy_in, P["shared"], s["ss"], "shared", gr)
-        td = self.tok_dim
+        td, T = self.tok_dim, self.T
         dy = self.ep_in(dy_in, "moe_dy")
-        dout = g.op("einsum", dy, s["gate"], role="combine.bwd.dout", equation="bsh,bse->ebsh")
-        dgate = g.op("einsum", s["out"], dy, role="combine.bwd.dgate", equation="ebsh,bsh->bse")
+        dout = g.op("einsum", dy, s["gate"], role="combine.bwd.dout", equation=f"{T}h,{T}e->e{T}h")
+        dgate = g.op("einsum", s["out"], dy, role="combine.bwd.dgate", equation=f"e{T}h,{T}h->{T}e")
         doe = self.a2a(dout, 0, td, "combine.bwd.all_to_all")
-        gr[P["w2"]] = g.op("einsum", s["hm"], doe, role="experts.w2_dw", equation="ebsf,ebsh->efh")
-        dhm = g.op("einsum", doe, P["w2"], role="experts.w2_dx", equation="ebsh,efh->ebsf")
+        gr[P["w2"]] = g.op("einsum", s["hm"], doe, role="experts.w2_dw", equation=f"e{T}f,e{T}h->efh")
+        dhm = g.op("einsum", doe, P["w2"], role="experts.w2_dx", equation=f"e{T}h,efh->e{T}f")
         dsa = g.op("mul", dhm, s["h3"], role="experts.swiglu_dsilu")
         dh3 = g.op("mul", dhm, s["sa"], role="experts.swiglu_dw3")
         dh1 = g.op("mul", dsa, self.silu_grad(s["h1"], "experts.silu"), role="experts.silu_dx")
-        gr[P["w1"]] = g.op("einsum", s["de"], dh1, role="experts.w1_dw", equation="ebsh,ebsf->ehf")
-        gr[P["w3"]] = g.op("einsum", s["de"], dh3, role="experts.w3_dw", equation="ebsh,ebsf->ehf")
-        dde = g.op("add", g.op("einsum", dh1, P["w1"], role="experts.w1_dx", equation="ebsf,ehf->ebsh"),
-                   g.op("einsum", dh3, P["w3"], role="experts.w3_dx", equation="ebsf,ehf->ebsh"),
+        gr[P["w1"]] = g.op("einsum", s["de"], dh1, role="experts.w1_dw", equation=f"e{T}h,e{T}f->ehf")
+        gr[P["w3"]] = g.op("einsum", s["de"], dh3, role="experts.w3_dw", equation=f"e{T}h,e{T}f->ehf")
+        dde = g.op("add", g.op("einsum", dh1, P["w1"], role="experts.w1_dx", equation=f"e{T}f,ehf->e{T}h"),
+                   g.op("einsum", dh3, P["w3"], role="experts.w3_dx", equation=f"e{T}f,ehf->e{T}h"),
                    role="experts.dx_sum")
         ddisp = self.a2a(dde, td, 0, "dispatch.bwd.all_to_all")
-        dxr = g.op("einsum", ddisp, s["mask"], role="dispatch.bwd.dx", equation="ebsh,bse->bsh")
+        dxr = g.op("einsum", ddisp, s["mask"], role="dispatch.bwd.dx", equation=f"e{T}h,{T}e->{T}h")
         # gate backward: scale, normalization over the selected experts, mask, softmax / sigmoid
         dw = g.op("scale", dgate, role="gate.bwd.route_scale", value=cfg.rsf) if cfg.rsf != 1.0 else dgate
         if cfg.norm_topk:
@@ -403,7 +421,7 @@ class DStep(Step):
         else:
             one_m = g.op("add_scalar", g.op("neg", s["sc"], role="gate.bwd.neg"), role="gate.bwd.1m", value=1.0)
             dlog = g.op("mul", dsc, g.op("mul", s["sc"], one_m, role="gate.bwd.sig_grad"), role="gate.bwd.sigmoid")
-        gr[P["router"]] = self.wgrad(s["xr"], dlog, "router_dw")
+        gr[P["router"]] = g.op("einsum", s["xr"], dlog, role="router_dw", equation=f"{T}i,{T}o->io")
         dxr = g.op("add", dxr, self.linear_dx(dlog, P["router"], "router_dx"), role="moe.dx_sum")
         dn2_routed = self.ep_out(dxr, "moe_dx")
         return g.op("add", dn2_shared, dn2_routed, role="mlp_dx_sum")
@@ -601,10 +619,6 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
     if zero and dp == 1:
         raise GenError("--zero needs --dp > 1")
     par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep)
-    if ep > 1 and (dp > 1 or mb > 1) and (cp > 1 or sp):
-        raise GenError("--ep with --dp/--microbatches and --cp/--sp: tokens are sharded on both the batch and the "
-                       "sequence dims, and the kernel's all_to_all rule needs the dispatch concat dim unsharded on "
-                       "every other axis")
     card = dict(DEEPSEEK[model])
     nl = layers if layers is not None else card["layers"]
     if dense_layers is None:
@@ -622,11 +636,15 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
     full.update({a: getattr(par, a) for a in axes})
     sm = small_mesh(par)
     run = small_dims(sm, q_lora)
+    if ep > 1 and (dp > 1 or mb > 1):  # gather mode: sequence chunks = the cp / SP sequence shards
+        full["sc"] = cp * (tp if sp else 1)
+        run["sc"] = sm.cp * (sm.tp if sp else 1)
     run.update({a: getattr(sm, a) for a in axes})
     _check(full, par)
     if nl < pp:
         raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
-    cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"])
+    cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"],
+               moe_chunks=ep > 1 and (dp > 1 or mb > 1))
     logical = DStep(G(), DPar(), cfg)
     lloss, lout = logical.build()
     _name_outputs(logical, lloss, lout)
@@ -680,7 +698,7 @@ def _check(d: dict[str, int], par: DPar) -> None:
     if par.sp:
         need.append(("s", "cp*tp"))
     if par.ep > 1 and (par.dp > 1 or par.mb > 1):
-        need.append(("s", "ep"))
+        need.append(("s", "sc*ep"))
     for a, b in need:
         num = 1
         for part in a.split("*"):
