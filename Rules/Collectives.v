@@ -111,3 +111,80 @@ Theorem allreduce_avg_partial_sum {I : Type} {R : fieldType} (p : nat) (E : I ->
   (L : nat -> I -> R) :
   partial_sum p E L -> replicate p (fun x => E x / p%:R) (all_reduce_avg p L).
 Proof. by move=> h r x _; rewrite /all_reduce_avg h mulrC. Qed.
+
+(** ** Collectives applied to a replicated input (every rank of the group
+    holds the same logical tensor [E]). *)
+
+(** Summing [p] copies of a value. *)
+Lemma sum_over_ranks_of_replicate {I : Type} {R : zmodType} (p : nat) (E : I -> R)
+  (L : nat -> I -> R) :
+  replicate p E L -> forall x, \sum_(0 <= s < p) L s x = E x *+ p.
+Proof.
+move=> h x; rewrite (@eq_big_nat _ _ _ 0 p _ (fun _ => E x)); last first.
+  by move=> s /andP[_ sp]; exact: h.
+by rewrite sumr_const_nat subn0.
+Qed.
+
+(** all_reduce(sum) over [p] ranks of Replicate [E] is Replicate [p·E]. *)
+Theorem allreduce_sum_replicate {I : Type} {R : zmodType} (p : nat) (E : I -> R)
+  (L : nat -> I -> R) :
+  replicate p E L -> replicate p (fun x => E x *+ p) (all_reduce_sum p L).
+Proof. by move=> h r x _; rewrite /all_reduce_sum (sum_over_ranks_of_replicate h). Qed.
+
+(** The mean of [p] copies is the value, when [p] is invertible in the field. *)
+Lemma avg_of_copies {R : fieldType} (p : nat) (e : R) :
+  p%:R != 0 :> R -> (p%:R)^-1 * (e *+ p) = e.
+Proof. by move=> p0; rewrite -[e *+ p]mulr_natl mulrA mulVf // mul1r. Qed.
+
+(** all_reduce(avg) of Replicate [E] is Replicate [E]: (a) over any field in
+    which [p] is invertible ([p%:R != 0]; in characteristic [c] with [c | p]
+    the claim is false); (b) over an ordered field such as the reals, for
+    [p > 0]. *)
+Theorem allreduce_avg_replicate :
+  (forall (I : Type) (R : fieldType) (p : nat) (E : I -> R) (L : nat -> I -> R),
+   p%:R != 0 :> R -> replicate p E L -> replicate p E (all_reduce_avg p L)) /\
+  (forall (I : Type) (R : numFieldType) (p : nat) (E : I -> R) (L : nat -> I -> R),
+   (0 < p)%N -> replicate p E L -> replicate p E (all_reduce_avg p L)).
+Proof.
+have gen : forall (I : Type) (R : fieldType) (p : nat) (E : I -> R) (L : nat -> I -> R),
+    p%:R != 0 :> R -> replicate p E L -> replicate p E (all_reduce_avg p L).
+  move=> I R p E L p0 h r x _.
+  by rewrite /all_reduce_avg (sum_over_ranks_of_replicate h) avg_of_copies.
+split=> [//|I R p E L p0]; apply: gen.
+by rewrite Num.Theory.pnatr_eq0 -lt0n.
+Qed.
+
+(** The join of [n > 0] copies of a lattice element is that element. *)
+Lemma join_of_copies {disp : unit} {T : bLatticeType disp} (n : nat) (e : T) :
+  (0 < n)%N -> \big[Order.join/Order.bottom]_(0 <= s < n) e = e.
+Proof.
+case: n => [//|n] _; rewrite big_const_nat subn0.
+elim: n => [|n IH]; first exact: Order.BLatticeTheory.joinx0.
+by rewrite iterS IH Order.LatticeTheoryJoin.joinxx.
+Qed.
+
+(** The max of [n > 0] copies of a value of a totally ordered field is that value. *)
+Lemma max_upto_of_copies {R : realDomainType} (F : nat -> R) (n : nat) (e : R) :
+  (0 < n)%N -> (forall s, (s < n)%N -> F s = e) -> max_upto F n = e.
+Proof.
+move=> n0 h; apply: max_upto_unique => //.
+  by move=> i /h ->; exact: Order.POrderTheory.lexx.
+by exists 0%N => //; rewrite h.
+Qed.
+
+(** all_reduce(max) of Replicate [E] is Replicate [E], for [p > 0] ranks:
+    (a) for a lattice with bottom (join); (b) for a totally ordered field such
+    as the reals ([max_upto]). *)
+Theorem allreduce_max_replicate :
+  (forall (I : Type) (disp : unit) (T : bLatticeType disp) (p : nat)
+     (E : I -> T) (L : nat -> I -> T),
+   (0 < p)%N -> replicate p E L -> replicate p E (all_reduce_max p L)) /\
+  (forall (I : Type) (R : realDomainType) (p : nat) (E : I -> R) (L : nat -> I -> R),
+   (0 < p)%N -> replicate p E L -> replicate p E (all_reduce_max_real p L)).
+Proof.
+split=> [I disp T p E L p0 h r x _ | I R p E L p0 h r x _].
+  rewrite /all_reduce_max (@eq_big_nat _ _ _ 0 p _ (fun _ => E x)); last first.
+    by move=> s /andP[_ sp]; exact: h.
+  exact: join_of_copies.
+by rewrite /all_reduce_max_real; apply: max_upto_of_copies => // s sp; exact: h.
+Qed.

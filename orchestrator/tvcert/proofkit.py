@@ -94,6 +94,9 @@ RULES: dict[str, str] = {
     "broadcast_replicate": f"{_T}.Collectives.broadcast_replicate",
     "send_recv_preserves": f"{_T}.Collectives.send_recv_preserves",
     "allreduce_nested_axes": f"{_T}.Collectives.allreduce_nested_axes",
+    "allreduce_sum_replicate": f"{_T}.Collectives.allreduce_sum_replicate",
+    "allreduce_avg_replicate": f"{_T}.Collectives.allreduce_avg_replicate",
+    "allreduce_max_replicate": f"{_T}.Collectives.allreduce_max_replicate",
     # reductions and softmax
     "reduce_sum_sharded_dim": f"{_T}.Reductions.reduce_sum_sharded_dim",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
