@@ -105,13 +105,19 @@ def case_table():
     add("einsum_partial_operand", lambda e: e.apply("einsum", [e.t([4, 4], P()), e.t([4, 6], R)], equation="ij,jk->ik"),
         lambda e: e.apply("einsum", [e.t([4, 4], P()), e.t([4, 6], P())], equation="ij,jk->ik"))
     add("allreduce_sum_partial", lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp"),
-        lambda e: e.apply("all_reduce", [e.t([4], R)], axis="tp"))
+        lambda e: e.apply("all_reduce", [e.t([4], P("max"))], axis="tp"))
     add("allreduce_avg_partial_avg", lambda e: e.apply("all_reduce", [e.t([4], P("avg"))], axis="tp", reduce="avg"),
         lambda e: e.apply("all_reduce", [e.t([4], P("max"))], axis="tp", reduce="avg"))
     add("allreduce_avg_partial_sum", lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp", reduce="avg"),
         lambda e: e.apply("all_reduce", [e.t([4], S(0))], axis="tp", reduce="avg"))
     add("allreduce_max_partial_max", lambda e: e.apply("all_reduce", [e.t([4], P("max"))], axis="tp", reduce="max"),
         lambda e: e.apply("all_reduce", [e.t([4], P())], axis="tp", reduce="max"))
+    add("allreduce_sum_replicate", lambda e: e.apply("all_reduce", [e.t([4], R)], axis="tp"),
+        lambda e: e.apply("all_reduce", [e.t([4], S(0))], axis="tp"))
+    add("allreduce_avg_replicate", lambda e: e.apply("all_reduce", [e.t([4], R)], axis="tp", reduce="avg"),
+        lambda e: e.apply("all_reduce", [e.t([8], S(0))], axis="tp", reduce="avg"))
+    add("allreduce_max_replicate", lambda e: e.apply("all_reduce", [e.t([4], R)], axis="tp", reduce="max"),
+        lambda e: e.apply("all_reduce", [e.t([8], S(0))], axis="tp", reduce="max"))
     add("allgather_shard", lambda e: e.apply("all_gather", [e.t([4, 4], S(1))], axis="tp", dim=1),
         lambda e: e.apply("all_gather", [e.t([4, 4], S(0))], axis="tp", dim=1))
     add("reduce_scatter_partial", lambda e: e.apply("reduce_scatter", [e.t([4, 4], P())], axis="tp", dim=0),

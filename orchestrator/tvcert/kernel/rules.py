@@ -68,6 +68,9 @@ RULES: dict[str, str] = {
     "allreduce_avg_partial_avg": "all_reduce(avg) of Partial(avg) is Replicate",
     "allreduce_max_partial_max": "all_reduce(max) of Partial(max) is Replicate",
     "allreduce_avg_partial_sum": "all_reduce(avg) of Partial(sum) E is Replicate E/p",
+    "allreduce_sum_replicate": "all_reduce(sum) of Replicate E is Replicate p*E",
+    "allreduce_avg_replicate": "all_reduce(avg) of Replicate E is Replicate E",
+    "allreduce_max_replicate": "all_reduce(max) of Replicate E is Replicate E",
     "allreduce_nested_axes": "an all_reduce over several axes equals all_reduces over each in turn",
     "allgather_shard": "all_gather along d of Shard(d) is Replicate",
     "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
@@ -902,6 +905,12 @@ def _collective(kc, op, ra, raw, facts):
     if op == "all_reduce":
         r = ra["reduce"]
         want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
+        if all(pl[i].kind == "R" for i in idx) and len(idx) == 1:
+            # every rank of the group holds E: sum gives p*E, avg and max give E
+            if r == "sum":
+                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
+                return Derivation([Fact(kc.exprs.mk("mul", {}, [f.expr, c]), tuple(pl))], ["allreduce_sum_replicate"])
+            return Derivation([Fact(f.expr, tuple(pl))], [f"allreduce_{r}_replicate"])
         if r == "avg" and len(idx) == 1 and pl[idx[0]] == P("sum"):
             # mean over ranks of partial sums: (1/p) * E, the expression changes
             if any(q.kind == "P" for j, q in enumerate(pl) if j != idx[0]):
