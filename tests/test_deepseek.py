@@ -116,3 +116,18 @@ def test_bad_options_are_refused():
         deepseek_plan("deepseek-v3-671b", layers=1, ep=3)
     with pytest.raises(GenError, match="unknown model"):
         deepseek_plan("deepseek-v3-7b")
+
+
+def test_plan_and_mutate_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "deepseek-v3-671b", "--layers", "2", "--tp", "2", "--ep", "2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["dims"]["ep"] == 2
+    r = CliRunner().invoke(main, ["mutate", str(out), "--bug", "moe_combine_dispatch_weights", "-o", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["plan", "llama3-8b", "--ep", "2", "-o", str(tmp_path / "x.json")])
+    assert r.exit_code == 3 and "--ep applies to MoE models" in r.output
