@@ -24,10 +24,14 @@ AdamW).  With every degree 1 it is the logical single-device step.
   are all-reduced over it; expert gradients are complete over ep (every token of the ep group
   reaches its expert) and are all-reduced over the other token-splitting axes only.
   When dp / micro-batches also shard the batch, the kernel's all_to_all rule (which needs the
-  concat dim unsharded on every other axis) cannot move tokens sharded on the batch dim over
-  both; the MoE input then re-shards its ep block from the batch to the sequence dim
-  (all_gather over ep + rank block of the sequence) and the all_to_all concatenates along the
-  sequence.
+  concat dim unsharded on every other axis) cannot move tokens sharded on the batch dim by both;
+  the MoE block then views its tokens as [b, sc, s/sc] (sc = the cp / SP sequence shards, which
+  stay on the sc dim; the logical step uses the same view), all-gathers over ep on the batch and
+  takes its ep block of s/sc, and the all_to_all concatenates along that dim (one extra
+  all_gather of the MoE input and output per layer compared with DeepSeek's dispatch).
+* Pipeline stages, micro-batches and the cross-stage clip norm come from ``Step.build``; ZeRO-1
+  shards the optimizer state of the non-expert parameters over dp (expert states stay whole on
+  their ep rank: their flattened shards would need dp outside ep in the mesh).
 """
 from __future__ import annotations
 
