@@ -419,23 +419,18 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
         raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
     ptypes = {}
     for pname, g in plan.programs.items():
-        corners = (0, 1) if _mentions_rank(g) else (0,)
-        for corner in corners:  # rank-dependent sizes are rejected: check two rank corners
-            env = dict(dims)
-            for a in plan.program_axes(pname):
-                env[f"rank.{a}"] = 0 if corner == 0 else mesh[a] - 1
-            for a, c in g.stage.items():
-                if not 0 <= c < mesh[a]:
-                    raise PlanError(f"{g.path}.stage.{a}", f"coordinate {c} is outside axis {a!r} of size {mesh[a]}")
-                env[f"rank.{a}"] = c
-            try:
-                t = g.infer(env, mesh, key=f"shape@{which}")
-            except GraphError as exc:
-                raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
-            if corner == 1 and t != ptypes[pname]:
-                bad = next(k for k in t if t[k] != ptypes[pname][k])
-                raise PlanError(g.path, f"the shape of {bad!r} differs between ranks (with {which}); SPMD programs need rank-independent shapes")
-            ptypes[pname] = t
+        env = dict(dims)
+        for a in plan.program_axes(pname):
+            env[f"rank.{a}"] = 0
+        for a, c in g.stage.items():
+            if not 0 <= c < mesh[a]:
+                raise PlanError(f"{g.path}.stage.{a}", f"coordinate {c} is outside axis {a!r} of size {mesh[a]}")
+            env[f"rank.{a}"] = c
+        try:
+            ptypes[pname] = g.infer(env, mesh, key=f"shape@{which}")
+        except GraphError as exc:
+            raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
+        _check_rank_independent(plan, pname, g, env, mesh, ptypes[pname], which)
     for group, names in (("inputs", plan.logical.input_names()), ("outputs", plan.logical.outputs)):
         for name in names:
             b = getattr(plan, group)[name]
@@ -449,6 +444,37 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
                                 f"as {fmt_placement(b.placement)} gives {list(want)} (with {which})")
             if ldt != pdt:
                 raise PlanError(f"{b.path}.local", f"dtype mismatch: logical {name!r} is {ldt}, local {b.local!r} is {pdt}")
+
+
+def _check_rank_independent(plan, pname, g: Graph, env0, mesh, types, which) -> None:
+    """SPMD programs need rank-independent shapes.  Only ops whose attributes mention a rank
+    coordinate can make a shape depend on the rank (shape inference is a function of input
+    shapes and attributes), so those ops are re-inferred at the last coordinate of every axis."""
+    env = dict(env0)
+    for a in plan.program_axes(pname):
+        env[f"rank.{a}"] = mesh[a] - 1
+    for n in g.nodes:
+        if not _node_mentions_rank(n):
+            continue
+        spec = REGISTRY[n.op]
+        try:
+            ra = resolve_attrs(spec, n.attrs, env)
+            if spec.category == "collective":
+                ra["_p"] = 1
+                for a in ([ra["axis"]] if isinstance(ra["axis"], str) else ra["axis"]):
+                    ra["_p"] *= mesh.get(a, 1)
+            out = spec.infer([types[x][0] for x in n.inputs], ra)
+        except (AttrError, ValueError) as exc:
+            raise PlanError(n.path, f"{exc} (at the last rank coordinates, with {which})") from None
+        for o, shp in zip(n.outputs, out):
+            if tuple(shp) != tuple(types[o][0]):
+                raise PlanError(n.path, f"the shape of {o!r} differs between ranks ({list(types[o][0])} vs {list(shp)}, "
+                                        f"with {which}); SPMD programs need rank-independent shapes")
+
+
+def _node_mentions_rank(n) -> bool:
+    return any("rank." in v if isinstance(v, str) else isinstance(v, list) and any(isinstance(x, str) and "rank." in x for x in v)
+               for v in n.attrs.values())
 
 
 def _mentions_rank(g: Graph) -> bool:
