@@ -97,8 +97,10 @@ class Graph:
             for j, x in enumerate(n.inputs):
                 if x not in defined:
                     if x in later:
+                        cycle = self._cycle_through(x)
+                        what = (f"a cycle: {' -> '.join(cycle)}" if cycle else "nodes out of order")
                         raise GraphError(f"{n.path}.inputs[{j}]",
-                                         f"tensor {x!r} is used before it is defined at {later[x]} (a cycle or wrong order)")
+                                         f"tensor {x!r} is used before it is defined at {later[x]} ({what})")
                     raise GraphError(f"{n.path}.inputs[{j}]", f"undefined tensor {x!r}")
             for o in n.outputs:
                 if o in defined:
@@ -107,6 +109,21 @@ class Graph:
         for j, o in enumerate(self.outputs):
             if o not in defined:
                 raise GraphError(f"{self.path}.outputs[{j}]", f"undefined tensor {o!r}")
+
+    def _cycle_through(self, tensor: str) -> list[str] | None:
+        """The dependency cycle containing ``tensor``, if there is one (for the error message)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for n in self.nodes:
+            for o in n.outputs:
+                for x in n.inputs:
+                    g.add_edge(x, o)
+        try:
+            edges = nx.find_cycle(g, source=tensor)
+        except (nx.NetworkXNoCycle, nx.NodeNotFound):
+            return None
+        return [u for u, _ in edges] + [edges[0][0]]
 
     # ------------------------------------------------------------ shape inference
     def infer(self, env: Mapping[str, int], mesh: Mapping[str, int] | None = None,
