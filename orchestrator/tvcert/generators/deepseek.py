@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .builder import G, Par
-from .llama import MASK, MAX_NORM, Param, Step, state_layout
+from .llama import MASK, MAX_NORM, Param, Step
 
 # Model cards: DeepSeek-V2-Lite (16B), DeepSeek-V2 (236B), DeepSeek-V3 (671B).
 # qr = q_lora_rank (0: none), kvr = kv_lora_rank, dn / dr = qk nope / rope head dims, dv = v head
@@ -504,6 +504,25 @@ class DStep(Step):
                 axes = ["tp"] + axes
         return axes
 
+    def data_placement(self) -> dict[str, str]:
+        """Tokens: batch split over dp, micro-batches and ep (EP inside DP), sequence over cp."""
+        pl = {a: "Shard(0)" for a in ("dp", "mb", "ep") if self.par.has(a)}
+        if self.par.has("cp"):
+            pl["cp"] = "Shard(1)"
+        return pl
+
+    def param_placement(self, name: str) -> dict[str, str]:
+        p = self.params[name]
+        pl = {}
+        if p.tp_dim is not None and self.par.has("tp"):
+            pl["tp"] = f"Shard({p.tp_dim})"
+        if p.ep_dim is not None and self.par.has("ep"):
+            pl["ep"] = f"Shard({p.ep_dim})"
+        return pl
+
+    def buffers(self) -> dict[str, int]:
+        return dict(self.buffer_stage)
+
     def zero_of(self, name) -> bool:
         """ZeRO-1 shards the optimizer state of non-expert parameters (expert states stay per ep rank)."""
         return Step._zero(self) and self.params[name].ep_dim is None
@@ -611,17 +630,11 @@ def small_mesh(par: DPar) -> DPar:
 def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                   ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
                   dense_layers: int | None = None, pp: int = 1) -> dict[str, Any]:
-    from .plans import GenError
+    from .plans import GenError, assemble, check_degrees
 
     if model not in DEEPSEEK:
         raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
-    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("ep", ep), ("pp", pp)):
-        if v < 1:
-            raise GenError(f"--{k} must be >= 1")
-    if sp and tp == 1:
-        raise GenError("--sp needs --tp > 1")
-    if zero and dp == 1:
-        raise GenError("--zero needs --dp > 1")
+    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, ep=ep, pp=pp)
     par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep)
     card = dict(DEEPSEEK[model])
     nl = layers if layers is not None else card["layers"]
@@ -649,50 +662,10 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
         raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
     cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"],
                moe_chunks=ep > 1 and (dp > 1 or mb > 1))
-    logical = DStep(G(), DPar(), cfg)
-    lloss, lout = logical.build()
-    _name_outputs(logical, lloss, lout)
-    step = DStep(G(), par, cfg)
-    ploss, pout = step.build()
-    _name_outputs(step, ploss, pout)
     desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp} "
             f"dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
-    mesh = ([["pp", "pp"]] if pp > 1 else []) + [[a, a] for a in axes]
-    if pp > 1:
-        full["pp"] = pp
-        run["pp"] = pp
-    programs = [g.to_json(name=_prog(step, st), **({"stage": {"pp": st}} if pp > 1 else {}))
-                for st, g in enumerate(step.gs)]
-    return {
-        "tvcert_plan": 1,
-        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}",
-        "description": desc,
-        "dims": full,
-        "run_dims": run,
-        "mesh": mesh or [["tp", 1]],
-        "logical": logical.g.to_json(),
-        "parallel": programs,
-        "inputs": _input_placements(step, par),
-        "outputs": _output_placements(step),
-    }
-
-
-def _prog(step: DStep, st: int) -> str:
-    return "spmd" if step.par.pp == 1 else f"stage{st}"
-
-
-def _name_outputs(step: DStep, loss: str, outs: dict) -> None:
-    """Stable output names (loss_out, <param>_out, ...) as identity casts in the owning stage's program."""
-    last = step.gs[-1]
-    last.nodes.append({"name": "loss_out", "op": "cast", "inputs": [loss], "src": "outputs"})
-    last.outputs.append("loss_out")
-    step.out_stage = {"loss_out": len(step.gs) - 1}
-    for _, (st, produced) in outs.items():
-        g = step.gs[st]
-        for k, t in produced.items():
-            g.nodes.append({"name": f"{k}_out", "op": "cast", "inputs": [t], "src": "outputs"})
-            g.outputs.append(f"{k}_out")
-            step.out_stage[f"{k}_out"] = st
+    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}"
+    return assemble(DStep(G(), DPar(), cfg), DStep(G(), par, cfg), name, desc, full, run)
 
 
 def _check(d: dict[str, int], par: DPar) -> None:
@@ -720,55 +693,3 @@ def _check(d: dict[str, int], par: DPar) -> None:
         raise GenError("rope head dim must be even (RoPE)")
 
 
-def _data_placement(par: DPar) -> dict[str, str]:
-    pl = {}
-    for a in ("dp", "mb", "ep"):
-        if par.has(a):
-            pl[a] = "Shard(0)"
-    if par.has("cp"):
-        pl["cp"] = "Shard(1)"
-    return pl
-
-
-def _param_placement(step: DStep, name: str) -> dict[str, str]:
-    p = step.params[name]
-    pl = {}
-    if p.tp_dim is not None and step.par.has("tp"):
-        pl["tp"] = f"Shard({p.tp_dim})"
-    if p.ep_dim is not None and step.par.has("ep"):
-        pl["ep"] = f"Shard({p.ep_dim})"
-    return pl
-
-
-def _state_binding(step: DStep, name: str, local: str) -> dict[str, Any]:
-    if not step.zero_of(name):
-        return {"local": local, "placement": _param_placement(step, name)}
-    pl = {"dp": "Shard(0)"}
-    if step.params[name].tp_dim is not None and step.par.has("tp"):
-        pl["tp"] = "Shard(0)"
-    return {"local": local, "placement": pl, "layout": state_layout(step, name)}
-
-
-def _input_placements(step: DStep, par: DPar) -> dict[str, Any]:
-    last = len(step.gs) - 1
-    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par), "program": _prog(step, 0)},
-                           "targets": {"local": "targets", "placement": _data_placement(par),
-                                       "program": _prog(step, last)}}
-    for name, st in step.buffer_stage.items():
-        out[name] = {"local": name, "program": _prog(step, st)}
-    for name in step.params:
-        prog = _prog(step, step.stage_of[name])
-        out[name] = {"local": name, "placement": _param_placement(step, name), "program": prog}
-        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            out[st] = {**_state_binding(step, name, st), "program": prog}
-    return out
-
-
-def _output_placements(step: DStep) -> dict[str, Any]:
-    out: dict[str, Any] = {"loss_out": {"local": "loss_out", "program": _prog(step, step.out_stage["loss_out"])}}
-    for name in step.params:
-        prog = _prog(step, step.stage_of[name])
-        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name), "program": prog}
-        for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
-            out[f"{st}_out"] = {**_state_binding(step, name, f"{st}_out"), "program": prog}
-    return out

@@ -433,6 +433,26 @@ class Step:
     def _zero(self) -> bool:
         return bool(self.par.zero) and self.par.has("dp")
 
+    # -------------------------------------------------------------- placements the plan declares
+    def zero_of(self, name: str) -> bool:
+        """Is this parameter's optimizer state ZeRO-sharded?"""
+        return self._zero()
+
+    def data_placement(self) -> dict[str, str]:
+        """Tokens and targets: batch split over dp and micro-batches, sequence over cp."""
+        pl = {a: "Shard(0)" for a in ("dp", "mb") if self.par.has(a)}
+        if self.par.has("cp"):
+            pl["cp"] = "Shard(1)"
+        return pl
+
+    def param_placement(self, name: str) -> dict[str, str]:
+        d = self.params[name].tp_dim
+        return {"tp": f"Shard({d})"} if d is not None and self.par.has("tp") else {}
+
+    def buffers(self) -> dict[str, int]:
+        """Inputs that are not trained parameters, with the stage holding them."""
+        return {}
+
     def _local_shape(self, name):
         return self.params[name].shape
 

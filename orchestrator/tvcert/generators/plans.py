@@ -36,13 +36,7 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
                 layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1) -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
-    for k, v in (("tp", tp), ("cp", cp), ("dp", dp), ("microbatches", mb), ("pp", pp)):
-        if v < 1:
-            raise GenError(f"--{k} must be >= 1")
-    if sp and tp == 1:
-        raise GenError("--sp needs --tp > 1")
-    if zero and dp == 1:
-        raise GenError("--zero needs --dp > 1")
+    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp)
     par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp)
     card = dict(LLAMA3[model])
     nl = layers if layers is not None else card["layers"]
@@ -62,15 +56,31 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
     cfg = Cfg(full, nl)
-    logical = Step(G(), Par(), cfg)
-    lloss, lout = logical.build()
-    _name_outputs(logical, lloss, lout)
-    step = Step(G(), par, cfg)
-    ploss, pout = step.build()
-    _name_outputs(step, ploss, pout)
+    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
     desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} pp={pp} "
             f"microbatches={mb} zero={zero}")
-    mesh = ([["pp", "pp"]] if pp > 1 else []) + [[a, a] for a in axes]
+    return assemble(Step(G(), Par(), cfg), Step(G(), par, cfg), name, desc, full, run)
+
+
+def check_degrees(**degrees: Any) -> None:
+    """The generic option checks every model family shares."""
+    for k, v in degrees.items():
+        if k not in ("sp", "zero") and v < 1:
+            raise GenError(f"--{k} must be >= 1")
+    if degrees.get("sp") and degrees.get("tp", 1) == 1:
+        raise GenError("--sp needs --tp > 1")
+    if degrees.get("zero") and degrees.get("dp", 1) == 1:
+        raise GenError("--zero needs --dp > 1")
+
+
+def assemble(logical: Step, step: Step, name: str, desc: str, full: dict, run: dict) -> dict[str, Any]:
+    """Build the logical step and the parallel step, and write the plan: mesh, programs, placements."""
+    lloss, lout = logical.build()
+    _name_outputs(logical, lloss, lout)
+    ploss, pout = step.build()
+    _name_outputs(step, ploss, pout)
+    pp = step.par.pp
+    mesh = ([["pp", "pp"]] if pp > 1 else []) + [[a, a] for a in step.par.axes()]
     if pp > 1:
         full["pp"] = pp
         run["pp"] = pp  # one program per stage: the stage count is structure, not a size
@@ -78,15 +88,15 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
                 for st, g in enumerate(step.gs)]
     return {
         "tvcert_plan": 1,
-        "name": f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}",
+        "name": name,
         "description": desc,
         "dims": full,
         "run_dims": run,
         "mesh": mesh or [["tp", 1]],
         "logical": logical.g.to_json(),
         "parallel": programs,
-        "inputs": _input_placements(step, par),
-        "outputs": _output_placements(step, par),
+        "inputs": _input_placements(step),
+        "outputs": _output_placements(step),
     }
 
 
@@ -122,49 +132,35 @@ def _name_outputs(step: Step, loss: str, outs: dict) -> None:
             step.out_stage[f"{k}_out"] = st
 
 
-def _data_placement(par: Par) -> dict[str, str]:
-    pl = {}
-    if par.has("dp"):
-        pl["dp"] = "Shard(0)"
-    if par.has("mb"):
-        pl["mb"] = "Shard(0)"
-    if par.has("cp"):
-        pl["cp"] = "Shard(1)"
-    return pl
-
-
-def _param_placement(step: Step, name: str) -> dict[str, str]:
-    d = step.params[name].tp_dim
-    return {"tp": f"Shard({d})"} if d is not None and step.par.has("tp") else {}
-
-
-def _input_placements(step: Step, par: Par) -> dict[str, Any]:
+def _input_placements(step: Step) -> dict[str, Any]:
     last = len(step.gs) - 1
-    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": _data_placement(par), "program": _prog(step, 0)},
-                           "targets": {"local": "targets", "placement": _data_placement(par),
-                                       "program": _prog(step, last)}}
+    data = step.data_placement()
+    out: dict[str, Any] = {"tokens": {"local": "tokens", "placement": data, "program": _prog(step, 0)},
+                           "targets": {"local": "targets", "placement": data, "program": _prog(step, last)}}
+    for name, st in step.buffers().items():
+        out[name] = {"local": name, "program": _prog(step, st)}
     for name in step.params:
         prog = _prog(step, step.stage_of[name])
-        out[name] = {"local": name, "placement": _param_placement(step, name), "program": prog}
+        out[name] = {"local": name, "placement": step.param_placement(name), "program": prog}
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
             out[st] = {**_state_binding(step, name, st), "program": prog}
     return out
 
 
 def _state_binding(step: Step, name: str, local: str) -> dict[str, Any]:
-    if not step._zero():
-        return {"local": local, "placement": _param_placement(step, name)}
+    if not step.zero_of(name):
+        return {"local": local, "placement": step.param_placement(name)}
     pl = {"dp": "Shard(0)"}
     if step.params[name].tp_dim is not None and step.par.has("tp"):
         pl["tp"] = "Shard(0)"
     return {"local": local, "placement": pl, "layout": state_layout(step, name)}
 
 
-def _output_placements(step: Step, par: Par) -> dict[str, Any]:
+def _output_placements(step: Step) -> dict[str, Any]:
     out: dict[str, Any] = {"loss_out": {"local": "loss_out", "program": _prog(step, step.out_stage["loss_out"])}}
     for name in step.params:
         prog = _prog(step, step.stage_of[name])
-        out[f"{name}_out"] = {"local": f"{name}_out", "placement": _param_placement(step, name), "program": prog}
+        out[f"{name}_out"] = {"local": f"{name}_out", "placement": step.param_placement(name), "program": prog}
         for st in (f"{name}.exp_avg", f"{name}.exp_avg_sq"):
             out[f"{st}_out"] = {**_state_binding(step, name, f"{st}_out"), "program": prog}
     return out
