@@ -162,6 +162,11 @@ class Converter:
             if n.op == "output":
                 outputs = [self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in _flat(n.args[0])]
                 continue
+            if n.op == "get_attr":
+                self.cur = n
+                self.cur_src = self.src_of(n)
+                self.env[n] = self.tensor_constant(n)
+                continue
             if n.op != "call_function":
                 raise Unconverted(n.op, None, f"fx node kind {n.op!r} ({n.target}) is not supported")
             self.cur = n
@@ -169,6 +174,22 @@ class Converter:
             self.env[n] = self.convert(n)
         self.cur = None
         return dce(self.nodes, outputs), outputs
+
+    def tensor_constant(self, n: torch.fx.Node) -> str:
+        """A tensor make_fx baked into the graph (``torch.tensor(0)`` in DTensor's vocab-parallel
+        embedding, ...): a const when all its elements are equal, else unsupported."""
+        try:
+            v = getattr(self.gm, str(n.target))
+        except AttributeError:
+            self.fail(f"get_attr {n.target} names nothing")
+        if not isinstance(v, torch.Tensor) or v.numel() == 0 or v.is_complex():
+            self.fail(f"get_attr {n.target}: not a non-empty real tensor constant")
+        flat = v.detach().reshape(-1)
+        if not bool((flat == flat[0]).all()):
+            self.fail(f"tensor constant {n.target} of shape {list(v.shape)} holds distinct values; pass it as an "
+                      f"input (module buffers are inputs in tvcert.frontends.dtensor)")
+        x = flat[0].item()
+        return self.const(x, _shape(v), ir_dtype(v))
 
     def convert(self, n: torch.fx.Node) -> Any:
         if n in self.replace:
@@ -367,7 +388,9 @@ def _binary(op: str, scalar_op: Callable | None = None):
 def _scalar_add(sign):
     def f(c, n, x, s):
         v = sign * s
-        if v == 0:
+        if v == 0 and ir_dtype(_out(c, n)) == "float":
+            # integer offsets stay even when 0: a vocab shard's "ids - rank*V/tp" is 0 on rank 0 only,
+            # and every rank must trace the same ops to compress to SPMD form
             return x
         return c.emit("add_scalar", [x], {"value": v})
     return f
@@ -800,6 +823,57 @@ def _index_add(c, n, x, dim, index, src, alpha=1):
     if alpha != 1:
         c.fail("index_add with alpha")
     return c.emit("index_add", [c.ir(x), c.ir(index, "int"), c.ir(src)], {"dim": int(dim)})
+
+
+@reg("aten.empty", "aten.empty_strided", "aten.empty_like")
+def _empty(c, n, *a, **k):
+    """Uninitialised memory has no value; only an unused one (``torch.empty(shape, device="meta").stride()``
+    in transformers' TP layers) is accepted, and it produces nothing."""
+    if n.users:
+        c.fail("uninitialised tensor (torch.empty) whose contents are read")
+    return None
+
+
+_VIEW_OPS = {"view", "_unsafe_view", "reshape", "slice", "select", "transpose", "t", "permute", "expand",
+             "unsqueeze", "squeeze", "alias", "detach", "as_strided", "view_as", "split", "split_with_sizes",
+             "narrow", "diagonal", "unflatten", "flatten", "chunk", "unbind"}
+
+
+@reg("aten.index_put_", "aten.index_put")
+def _index_put(c, n, x, indices, values, accumulate=False):
+    """``x[mask] = v`` with a boolean mask over the leading dims and a one-element ``v`` (DTensor's
+    vocab-parallel embedding zeroes out-of-shard ids and rows this way): ``where(mask, v, x)``.
+
+    The in-place form rebinds ``x`` to the result for the nodes after it; that is only sound when
+    nothing aliases ``x``: ``x`` must be produced by a non-view op and have no users before this node."""
+    if accumulate:
+        c.fail("index_put with accumulate=True")
+    idx = list(indices)
+    if len(idx) != 1 or not isinstance(idx[0], torch.fx.Node) or c.val(idx[0]).dtype != torch.bool:
+        c.fail("index_put with other than one boolean mask index")
+    xv, mv, vv = c.val(x), c.val(idx[0]), c.val(values)
+    if not isinstance(x, torch.fx.Node) or _shape(mv) != _shape(xv)[:len(mv.shape)]:
+        c.fail(f"index_put mask of shape {_shape(mv)} is not a prefix of the target's shape {_shape(xv)}")
+    if isinstance(values, torch.fx.Node) and (vv is None or vv.numel() != 1):
+        c.fail("index_put with a values tensor of more than one element")
+    inplace = str(n.target).startswith("aten.index_put_")
+    if inplace:
+        prod = x.target if x.op == "call_function" else None
+        pname = getattr(getattr(prod, "overloadpacket", None), "__name__", str(prod))
+        order = {m: i for i, m in enumerate(c.gm.graph.nodes)}
+        if prod is None or pname in _VIEW_OPS or any(order[u] < order[n] for u in x.users if u is not n):
+            c.fail("in-place index_put on a tensor that may be aliased (a view, an input, or used before the write)")
+    m = c.ir(idx[0], "int")
+    for _ in range(len(xv.shape) - len(mv.shape)):
+        m = c.emit("unsqueeze", [m], {"dim": len(c.val(idx[0]).shape) + _}, base=f"{n.name}_m")
+    dt = ir_dtype(xv)
+    v = c.ir(values, dt)
+    if isinstance(values, torch.fx.Node) and len(vv.shape):
+        v = c.emit("reshape", [v], {"shape": []}, base=f"{n.name}_v")
+    out = c.emit("where", [m, v, c.ir(x, dt)])
+    if inplace:
+        c.env[x] = out
+    return out
 
 
 # -------------------------------------------------------------- collectives

@@ -83,14 +83,19 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
     logical_model = model_factory()
     pnames = [n for n, _ in logical_model.named_parameters()]
     shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
+    # Floating-point buffers (rotary ``inv_freq``, ...) are inputs too: otherwise make_fx bakes their
+    # values into the graph as tensor constants, which have no IR.  They are not differentiated.
+    bnames = [n for n, b in logical_model.named_buffers() if b.dtype.is_floating_point]
+    shapes.update({n: list(b.shape) for n, b in logical_model.named_buffers() if n in bnames})
     # placements from the parallelized module on rank 0
     with fake_world(0, world):
         dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
         built = model_factory()
         res = parallelize(built, dm)
         params0 = dict((res if res is not None else built).named_parameters())
+        params0.update(dict((res if res is not None else built).named_buffers()))
     placements: dict[str, dict[str, str]] = {}
-    for n in pnames:
+    for n in pnames + bnames:
         p = params0.get(n)
         if isinstance(p, DTensor):
             placements[n] = {a: _pl_text(pl) for a, pl in zip(p.device_mesh.mesh_dim_names, p.placements)}
@@ -100,11 +105,13 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
     inputs = {}
     for n in pnames:
         inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "param": True}
+    for n in bnames:
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n]}
     for n in dnames:
         inputs[n] = dict(data[n])
 
     def logical(**kw_):
-        params = {n: kw_[_safe(n)] for n in pnames}
+        params = {n: kw_[_safe(n)] for n in pnames + bnames}
         out = torch.func.functional_call(logical_model, params, (kw_[dnames[0]],))
         return loss_fn(out, **{n: kw_[n] for n in dnames})
 
@@ -113,13 +120,14 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         res = parallelize(model, ctx.device_mesh)
         model = res if res is not None else model
         check_hidden_grad_sync(model)
-        pls = {n: (p.placements if isinstance(p, DTensor) else None) for n, p in model.named_parameters()}
+        pls = {n: (p.placements if isinstance(p, DTensor) else None)
+               for n, p in [*model.named_parameters(), *model.named_buffers()]}
         return model, pls
 
     def parallel(ctx, **kw_):
         model, pls = ctx.state
         params = {}
-        for n in pnames:
+        for n in pnames + bnames:
             t = kw_[_safe(n)]
             params[n] = DTensor.from_local(t, ctx.device_mesh, pls[n], run_check=False) if pls[n] is not None else t
         out = torch.func.functional_call(model, params, (kw_[dnames[0]],))

@@ -145,21 +145,7 @@ class DStep(Step):
     def _local_shape(self, name):
         return self._local_param_shape(name)
 
-    # -------------------------------------------------------------- rope on the decoupled dims
-    def rope(self, x, cos, sin, role, inverse=False):
-        g = self.g
-        half, full = "dr/2", "dr"
-        if not inverse:
-            x1 = g.op("slice", x, role=role + ".x1", dim=-1, start=0, end=half)
-            x2 = g.op("slice", x, role=role + ".x2", dim=-1, start=half, end=full)
-            rot = g.op("concat", g.op("neg", x2, role=role + ".neg"), x1, role=role + ".rot", dim=-1)
-            return g.op("add", g.op("mul", x, cos, role=role + ".cos"), g.op("mul", rot, sin, role=role + ".sin"),
-                        role=role + ".add")
-        zs = g.op("mul", x, sin, role=role + ".bwd.sin")
-        z1 = g.op("slice", zs, role=role + ".bwd.z1", dim=-1, start=0, end=half)
-        z2 = g.op("slice", zs, role=role + ".bwd.z2", dim=-1, start=half, end=full)
-        rt = g.op("concat", z2, g.op("neg", z1, role=role + ".bwd.neg"), role=role + ".bwd.rot_t", dim=-1)
-        return g.op("add", g.op("mul", x, cos, role=role + ".bwd.cos"), rt, role=role + ".bwd.add")
+    rope_dim = "dr"  # RoPE rotates MLA's decoupled dims
 
     def heads_d(self, x, hd, role):
         g = self.g

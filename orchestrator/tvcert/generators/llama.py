@@ -52,6 +52,7 @@ class Step:
     par: Par
     cfg: Cfg
     params: dict[str, Param] = field(default_factory=dict)
+    rope_dim = "hd"  # the dim RoPE rotates (DeepSeek's MLA rotates a decoupled part)
 
     # -------------------------------------------------------------- dims
     def d(self, name: str, *axes: str) -> str:
@@ -139,7 +140,7 @@ class Step:
     def rope(self, x, cos, sin, role, inverse=False):
         """x*cos + rot(x)*sin, rot(x) = [-x2, x1]; the backward applies rot^T(z) = [z2, -z1]."""
         g = self.g
-        half, full = "hd/2", "hd"
+        half, full = f"{self.rope_dim}/2", self.rope_dim
         if not inverse:
             x1 = g.op("slice", x, role=role + ".x1", dim=-1, start=0, end=half)
             x2 = g.op("slice", x, role=role + ".x2", dim=-1, start=half, end=full)

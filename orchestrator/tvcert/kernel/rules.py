@@ -353,12 +353,9 @@ def _matmul(kc, op, ra, raw, facts):
     per_axis = []
     for ai, a in enumerate(kc.axes):
         pa, pb = facts[0].pl[ai], facts[1].pl[ai]
-        if pa.kind == "R" and pb.kind == "R":
-            per_axis.append((R, "matmul_replicate"))
-        elif pa.kind == "P" and pb.kind == "R" and pa.reduce in ("sum", "avg"):
-            per_axis.append((pa, "matmul_partial_lhs"))
-        elif pa.kind == "R" and pb.kind == "P" and pb.reduce in ("sum", "avg"):
-            per_axis.append((pb, "matmul_partial_rhs"))
+        common = _matmul_replicated_or_partial(pa, pb)
+        if common:
+            per_axis.append(common)
         elif pa.kind == "S" and pb.kind == "S" and pa.dim == len(sa) - 1 and pb.dim == len(sb) - 2:
             per_axis.append((P("sum"), "matmul_row_parallel"))
         elif pa.kind == "S" and pb.kind == "R" and pa.dim == len(sa) - 2:
@@ -372,6 +369,17 @@ def _matmul(kc, op, ra, raw, facts):
     return _combine(kc, per_axis, expr)
 
 
+def _matmul_replicated_or_partial(pa: Placement, pb: Placement) -> tuple[Placement, str] | None:
+    """The placement cases a matmul shares with every operand rank: R x R, P x R, R x P."""
+    if pa.kind == "R" and pb.kind == "R":
+        return R, "matmul_replicate"
+    if pa.kind == "P" and pb.kind == "R" and pa.reduce in ("sum", "avg"):
+        return pa, "matmul_partial_lhs"
+    if pa.kind == "R" and pb.kind == "P" and pb.reduce in ("sum", "avg"):
+        return pb, "matmul_partial_rhs"
+    return None
+
+
 def _matvec(kc, facts, sa, sb, expr):
     """matmul with a rank-1 operand: matrix-vector (sb rank 1) or vector-matrix (sa rank 1), no batch dims."""
     if len(sa) + len(sb) != 3:
@@ -379,12 +387,9 @@ def _matvec(kc, facts, sa, sb, expr):
     per_axis = []
     for ai, a in enumerate(kc.axes):
         pa, pb = facts[0].pl[ai], facts[1].pl[ai]
-        if pa.kind == "R" and pb.kind == "R":
-            per_axis.append((R, "matmul_replicate"))
-        elif pa.kind == "P" and pb.kind == "R" and pa.reduce in ("sum", "avg"):
-            per_axis.append((pa, "matmul_partial_lhs"))
-        elif pa.kind == "R" and pb.kind == "P" and pb.reduce in ("sum", "avg"):
-            per_axis.append((pb, "matmul_partial_rhs"))
+        common = _matmul_replicated_or_partial(pa, pb)
+        if common:
+            per_axis.append(common)
         elif len(sb) == 1 and pa == S(0) and pb.kind == "R":
             per_axis.append((S(0), "matmul_batch_shard"))
         elif len(sb) == 1 and pa == S(1) and pb == S(0):
