@@ -959,8 +959,15 @@ def _collective(kc, op, ra, raw, facts):
         sd, cd = ra["split_dim"] % len(shape), ra["concat_dim"] % len(shape)
         if pl[i] != S(cd) or sd == cd:
             raise RuleFailure(f"all_to_all(split {sd}, concat {cd}) over {axes[0]!r} needs Shard({cd}) there, got {pl[i]}")
-        if any(pl[j].kind in ("S", "P") and (pl[j].kind == "P" or pl[j].dim in (sd, cd)) for j in range(len(pl)) if j != i):
-            raise RuleFailure(f"all_to_all over {axes[0]!r}: dims {sd}/{cd} are also sharded, or Partial, on another axis")
+        for j, q in enumerate(pl):
+            if j == i:
+                continue
+            # an outer axis may shard the concat dim (the all_to_all then acts inside its block: nested shards);
+            # anything else touching these dims, or a Partial, is not covered
+            nested_ok = q.kind == "S" and q.dim == cd and j < i
+            if q.kind == "P" or (q.kind == "S" and q.dim in (sd, cd) and not nested_ok):
+                raise RuleFailure(f"all_to_all over {axes[0]!r}: {kc.axes[j]!r} holds {q}, which this rule does not cover "
+                                  f"(only an outer axis sharding the concat dim {cd} is)")
         pl[i] = S(sd)
         rules.append("all_to_all_reshard")
     elif op == "broadcast":
