@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .graph import Graph, GraphError, Node, TensorDecl, bind_shape
 from .ops import REGISTRY, AttrError, resolve_attrs
@@ -86,11 +86,11 @@ class PlacementSpec(_Strict):
 
 
 class PlanSpec(_Strict):
-    tvcert_plan: Literal[1] = Field(description="plan format version")
+    tvcert_plan: StrictInt = Field(description="plan format version (1)")
     name: str
     description: Optional[str] = None
-    dims: dict[str, int] = Field(description="values of the named dims (full size)")
-    run_dims: Optional[dict[str, int]] = Field(None, description="small values used to execute the plan (defaults to dims)")
+    dims: dict[str, StrictInt] = Field(description="values of the named dims (full size)")
+    run_dims: Optional[dict[str, StrictInt]] = Field(None, description="small values used to execute the plan (defaults to dims)")
     mesh: Union[list[tuple[str, DimT]], dict[str, DimT]] = Field(
         description="mesh axes in nesting order (outermost first) with sizes: [[axis, size], ...], or an object "
                     "whose key order is the nesting order")
@@ -250,6 +250,8 @@ def load_plan(src: str | Path | dict, check_run_dims: bool = True) -> Plan:
     (verification of a large plan does not need it unless it searches for a counterexample).
     """
     raw = read_plan_json(src) if not isinstance(src, dict) else src
+    if raw.get("tvcert_plan") is not None and (type(raw.get("tvcert_plan")) is not int or raw["tvcert_plan"] != PLAN_VERSION):
+        raise PlanError("$.tvcert_plan", f"plan format version {raw['tvcert_plan']!r} is not supported (expected {PLAN_VERSION})")
     try:
         spec = PlanSpec.model_validate(raw)
     except ValidationError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ..plan import Placement, parse_placement
 
@@ -72,7 +72,7 @@ class OutputMatch(_Strict):
 
 
 class Certificate(_Strict):
-    tvcert_certificate: int = Field(description="certificate format version")
+    tvcert_certificate: StrictInt = Field(description="certificate format version")
     tool: str
     plan: PlanRef
     manifest: ManifestRef

@@ -133,6 +133,7 @@ def fake_world(rank: int, world: int):
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _clear_dtensor_caches()
     hook = sys.excepthook  # init_process_group chains a "[rank<r>]" excepthook; keep ours clean
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
@@ -141,6 +142,25 @@ def fake_world(rank: int, world: int):
         sys.excepthook = hook
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding propagation and redistribution plans keyed on specs whose DeviceMesh
+    compares equal on every rank; a hit returns the mesh object of the rank traced *before*, with
+    that rank's coordinates, so e.g. a backward Replicate -> Shard slice picks rank 0's chunk on
+    every rank.  Each rank is traced in the same process, so the caches are emptied between ranks."""
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import _redistribute as rd
+    except ImportError:  # pragma: no cover
+        return
+    prop = DTensor._op_dispatcher.sharding_propagator
+    for f in (getattr(prop, "propagate_op_sharding", None), getattr(prop, "_propagate_tensor_meta_cached", None),
+              getattr(rd, "_gen_transform_infos", None)):
+        if f is not None and hasattr(f, "cache_clear"):
+            f.cache_clear()
+    if hasattr(rd, "clear_redistribute_planner_cache"):
+        rd.clear_redistribute_planner_cache()
 
 
 def _axis_resolver(axes, sizes, rank) -> Callable[[str], Any]:

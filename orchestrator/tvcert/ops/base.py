@@ -106,6 +106,12 @@ def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> 
             if a.choices and v not in a.choices:
                 raise AttrError(f"{where} must be one of {list(a.choices)}, got {v!r}")
             return v
+        if a.kind == "axes":
+            if isinstance(v, str) and v:
+                return v
+            if isinstance(v, list) and v and all(isinstance(x, str) and x for x in v):
+                return tuple(v)
+            raise AttrError(f"{where} must be a mesh axis name or a non-empty list of names, got {v!r}")
         if a.kind == "strs":
             if not isinstance(v, list) or any(not isinstance(x, str) for x in v):
                 raise AttrError(f"{where} must be a list of strings, got {v!r}")

@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import Attr, Ctx, OpSpec, Shape, ShapeError, norm_dim, register
 
-AXIS = Attr("any")  # a mesh axis name or a list of names
+AXIS = Attr("axes")  # a mesh axis name or a list of names
 
 
 def axes_of(attrs: Mapping[str, Any]) -> tuple[str, ...]:
