@@ -748,6 +748,15 @@ def _split(c, n, x, sizes, dim=0):
     szs = [int(o.shape[d]) for o in outs]
     if len(szs) == 1:
         return [c.ir(x)]
+    # Only one piece read (DTensor's Replicate -> Shard takes this rank's chunk): a slice, so that the
+    # rank-dependent choice of piece becomes a rank-dependent offset (affine in the mesh coordinates).
+    live = sorted({u.args[1] for u in n.users if u.target is operator.getitem and u.users})
+    if len(live) == 1 and all(u.target is operator.getitem for u in n.users):
+        i = int(live[0])
+        start = sum(szs[:i])
+        out: list = [None] * len(szs)
+        out[i] = c.emit("slice", [c.ir(x)], {"dim": d, "start": start, "end": start + szs[i]})
+        return out
     return c.emit("split", [c.ir(x)], {"dim": d, "sizes": szs}, n_out=len(szs))
 
 

@@ -148,7 +148,8 @@ def _clear_dtensor_caches() -> None:
     """DTensor caches sharding propagation and redistribution plans keyed on specs whose DeviceMesh
     compares equal on every rank; a hit returns the mesh object of the rank traced *before*, with
     that rank's coordinates, so e.g. a backward Replicate -> Shard slice picks rank 0's chunk on
-    every rank.  Each rank is traced in the same process, so the caches are emptied between ranks."""
+    every rank (seen: ``nn.Parameter(dtensor)`` on rank 1 gets rank 0's mesh through the C++ fast-path
+    cache).  Each rank is traced in the same process, so the caches are emptied between ranks."""
     try:
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor import _redistribute as rd
@@ -161,6 +162,11 @@ def _clear_dtensor_caches() -> None:
             f.cache_clear()
     if hasattr(rd, "clear_redistribute_planner_cache"):
         rd.clear_redistribute_planner_cache()
+    import torch
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ dispatch fast path's
+    if native is not None:
+        native()
 
 
 def _axis_resolver(axes, sizes, rank) -> Callable[[str], Any]:
