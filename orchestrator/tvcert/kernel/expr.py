@@ -149,6 +149,10 @@ class Exprs:
             d0, d1 = attrs["dim0"] % n, attrs["dim1"] % n
             perm[d0], perm[d1] = perm[d1], perm[d0]
             op, attrs = "permute", {"dims": tuple(perm)}
+        if op == "expand":  # -1 entries spelled out: expand is determined by its output shape
+            if tuple(out_shape) == tuple(in_shapes[0]):
+                return args[0]
+            attrs = {"shape": tuple(out_shape)}
         if op == "permute" and tuple(attrs["dims"]) == tuple(range(len(in_shapes[0]))):
             return args[0]
         if op == "cast" and in_shapes and attrs.get("dtype", "float") == self.nodes[args[0]].dtype:
