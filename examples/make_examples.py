@@ -193,6 +193,44 @@ def heads_plan(bug):
     }
 
 
+# ----------------------------------------------------------------- vocab-parallel embedding (Megatron)
+def vocab_embedding_plan(bug=None):
+    hi = "rank.tp*(v/tp)+v/tp" + ("-1" if bug == "short_block" else "")
+    nodes = [
+        n("lo", "const", value="rank.tp*(v/tp)", dtype="int", src="vocab_parallel.py:10"),
+        n("hi", "const", value=hi, dtype="int", src="vocab_parallel.py:11"),
+        n("below", "lt", "ids", "lo", src="vocab_parallel.py:12"),
+        n("above", "ge", "ids", "hi", src="vocab_parallel.py:12"),
+        n("outside", "logical_or", "below", "above", src="vocab_parallel.py:12"),
+        n("lo_off", "const", value="rank.tp*(v/tp)", dtype="int", src="vocab_parallel.py:13"),
+        n("shifted", "sub", "ids", "lo_off", src="vocab_parallel.py:13"),
+        n("lid", "masked_fill", "shifted", "outside", value=0, src="vocab_parallel.py:14"),
+        n("rows", "embedding", "w", "lid", src="vocab_parallel.py:15"),
+        n("outside3", "unsqueeze", "outside", dim=-1, src="vocab_parallel.py:16"),
+    ]
+    if bug == "no_output_mask":
+        nodes.append(n("masked", "cast", "rows", src="vocab_parallel.py:16"))
+    else:
+        nodes.append(n("masked", "masked_fill", "rows", "outside3", value=0, src="vocab_parallel.py:16"))
+    nodes.append(n("y", "all_reduce", "masked", axis="tp", reduce="sum", src="vocab_parallel.py:17"))
+    return {
+        "tvcert_plan": 1,
+        "name": "vocab_parallel_embedding" + (f"_{bug}" if bug else ""),
+        "description": "Megatron vocab-parallel embedding over tp=2: each rank looks up ids - rank*V/tp in its rows, "
+                       "zeroes tokens outside its block, all_reduce sums. "
+                       + {None: "Correct.", "short_block": "BUG: the block mask drops the last row of every rank's block.",
+                          "no_output_mask": "BUG: rows of tokens outside the block are not zeroed."}[bug],
+        "dims": {"n": 16, "v": 8, "h": 3, "tp": 2},
+        "mesh": [["tp", "tp"]],
+        "logical": {"inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v", "h"])],
+                    "nodes": [n("y", "embedding", "w", "ids", src="model.py:5")], "outputs": ["y"]},
+        "parallel": [{"name": "tp", "inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v/tp", "h"])],
+                      "nodes": nodes, "outputs": ["y"]}],
+        "inputs": {"ids": {"local": "ids"}, "w": {"local": "w", "placement": {"tp": "Shard(0)"}}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}},
+    }
+
+
 if __name__ == "__main__":
     write("mlp_tp2", mlp_plan("mlp_tp2", "Two-layer MLP, Megatron tensor parallel over tp=2 (column- then "
                                           "row-parallel linear, all_reduce), forward and backward. Correct."))
@@ -207,3 +245,6 @@ if __name__ == "__main__":
     write("trainverify_c12", c12_plan())
     write("heads_reshape_transpose_swap", heads_plan(True))
     write("heads_ok", heads_plan(False))
+    write("vocab_parallel_embedding", vocab_embedding_plan())
+    write("vocab_parallel_embedding_short_block_bug", vocab_embedding_plan("short_block"))
+    write("vocab_parallel_embedding_unmasked_bug", vocab_embedding_plan("no_output_mask"))

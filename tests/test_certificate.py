@@ -140,6 +140,18 @@ def test_tamper_unknown_rule(mlp_cert):
     expect_invalid(c, "magic_rule")
 
 
+def test_tamper_multi_op_pattern():
+    c = cert_for(json.loads((EX / "vocab_parallel_embedding.json").read_text()))
+    check(c, solvers=("z3", "cvc5"))
+    i = next(k for k, s in enumerate(c["steps"]) if s.get("pattern"))
+    bad = copy.deepcopy(c)
+    bad["steps"][i]["pattern"] = bad["steps"][i]["pattern"][1:]
+    expect_invalid(bad, "matches ops")
+    bad = copy.deepcopy(c)
+    bad["steps"][i]["rules"] = ["ew_binary_replicate"]
+    expect_invalid(bad, "multi-op rule|not cited")
+
+
 def test_tamper_manifest_digest(mlp_cert):
     c = copy.deepcopy(mlp_cert)
     c["manifest"]["digest"] = "sha256:" + "0" * 64

@@ -13,13 +13,15 @@ from tvcert.interp import run_plan
 from tvcert.plan import load_plan
 
 EX = Path(__file__).resolve().parents[1] / "examples"
-CORRECT = ["mlp_tp2", "heads_ok", "mlp_tp2_rewritten"]
+CORRECT = ["mlp_tp2", "heads_ok", "mlp_tp2_rewritten", "vocab_parallel_embedding"]
 # example -> (op named as first divergence, its node path)
 WRONG = {
     "mlp_tp2_no_allreduce": ("add", "$.parallel[0].nodes[4]"),
     "mlp_tp2_bias_before_allreduce": ("add", "$.parallel[0].nodes[4]"),
     "trainverify_c12": ("slice", "$.parallel[0].nodes[1]"),
     "heads_reshape_transpose_swap": ("transpose", "$.parallel[0].nodes[0]"),
+    "vocab_parallel_embedding_short_block_bug": ("embedding", "$.parallel[0].nodes[8]"),
+    "vocab_parallel_embedding_unmasked_bug": ("embedding", "$.parallel[0].nodes[8]"),
 }
 
 

@@ -152,6 +152,7 @@ def case_table():
         lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0))
     add("allreduce_nested_axes", None, None)
     add("send_recv_preserves", None, None)
+    add("vocab_parallel_embedding", None, None)  # multi-op pattern: examples/vocab_parallel_embedding*.json
     for rule in ("congruence", "scale_commutes_linear", "layout_commutes_pointwise", "elementwise_smt"):
         add(rule, None, None)
     return c

@@ -34,14 +34,13 @@ def test_hf_llama_builtin_tp_plan_verifies():
     assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
 
 
-def test_hf_llama_vocab_parallel_embedding_traces_but_lacks_a_rule():
-    """transformers' own `embed_tokens: embedding_rowwise` (DTensor MaskPartial): the trace is one SPMD
-    program with rank-dependent shard offsets and the interpreter agrees, but the engine has no rule for
-    rank-dependent const / add_scalar yet: UNKNOWN naming them, never VERIFIED."""
+def test_hf_llama_vocab_parallel_embedding_verifies():
+    """transformers' own `embed_tokens: embedding_rowwise` (DTensor MaskPartial): rank-dependent shard
+    offsets, recognized as the vocab_parallel_embedding pattern (masked local lookup + all_reduce)."""
     raw = hf.tvcert_trace(vocab_parallel=True)
     assert "rank.tp*16" in raw["description"]
     plan = load_plan(raw)
     assert run_plan(plan).equal
     res = verify(plan)
-    assert res.verdict == "UNKNOWN"
-    assert any("depends on the rank" in r for r in res.reasons), res.reasons
+    assert res.verdict == "VERIFIED", res.reasons
+    assert any(s.rules == ["vocab_parallel_embedding"] for s in res.prop.steps)

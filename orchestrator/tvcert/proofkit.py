@@ -58,6 +58,8 @@ _T = LOGICAL_ROOT
 #: rule id applied by the engine (exactly the keys of ``tvcert.kernel.rules.RULES``)
 #: -> fully qualified Coq theorem.
 RULES: dict[str, str] = {
+    # multi-op patterns (kernel/patterns.py)
+    "vocab_parallel_embedding": f"{_T}.Composite.vocab_parallel_embedding",
     # elementwise
     "ew_unary_shard": f"{_T}.Elementwise.ew_unary_shard",
     "ew_unary_replicate": f"{_T}.Elementwise.ew_unary_replicate",
@@ -136,7 +138,6 @@ THEOREMS: dict[str, str] = {
     "partial_add_replicate_scaled": f"{_T}.Partial.partial_add_replicate_scaled",
     "partial_add_replicate_one_rank": f"{_T}.Partial.partial_add_replicate_one_rank",
     "reshape_transpose_swap_differs": f"{_T}.Layout.reshape_transpose_swap_differs",
-    "vocab_parallel_embedding": f"{_T}.Composite.vocab_parallel_embedding",
     "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
     "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
     "dp_mean_of_means": f"{_T}.Composite.dp_mean_of_means",

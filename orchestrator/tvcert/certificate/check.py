@@ -19,6 +19,7 @@ from ..deep import deep
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.patterns import PATTERNS
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
 from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
 from ..kernel.smt import SOLVERS
@@ -190,6 +191,17 @@ def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
             raise Invalid(f"{where}: the sent tensor {sn.inputs[0]!r} has no fact yet (steps out of order)")
         got = [f]
         rules = ["send_recv_preserves"]
+    elif st.pattern is not None:
+        rule = next((r for r in st.rules if r in PATTERNS), None)
+        if rule is None:
+            raise Invalid(f"{where}: a matched pattern must cite a multi-op rule, got {st.rules}")
+        try:
+            d, nodes = PATTERNS[rule](plan.programs[st.program], st.node, pf, kctx(plan, st.program, exprs))
+        except RuleFailure as exc:
+            raise Invalid(f"{where}: {rule} does not match here: {exc}") from None
+        if nodes != st.pattern:
+            raise Invalid(f"{where}: {rule} matches ops {nodes}, the certificate says {st.pattern}")
+        got, rules = d.facts, d.rules
     else:
         for x in n.inputs:
             if x not in pf:

@@ -27,6 +27,8 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
                "rules": s.rules, "out": [[f.expr, placement_texts(f.pl)] for f in s.facts]}
         if s.peer:
             row["peer"] = s.peer
+        if s.pattern:
+            row["pattern"] = s.pattern
         steps.append(row)
     outputs = []
     for m in res.matches:

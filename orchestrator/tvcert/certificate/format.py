@@ -45,6 +45,7 @@ class Step(_Strict):
     rules: list[str]
     out: list[tuple[int, list[str]]] = Field(description="[expression id, per-axis placement] per output")
     peer: Optional[tuple[str, int]] = None
+    pattern: Optional[list[int]] = Field(None, description="multi-op rules: the ops the premises span")
 
 
 class Reduction(_Strict):

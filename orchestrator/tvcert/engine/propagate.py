@@ -12,6 +12,7 @@ from typing import Any
 
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.patterns import PATTERN_OPS, PATTERNS
 from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
 from ..kernel.setup import input_facts, kctx, rank0_env
 from ..ops import REGISTRY, resolve_attrs
@@ -36,6 +37,7 @@ class Step:
     rules: list[str]
     facts: list[Fact]
     peer: list | None = None  # for recv: [sending program, node index]
+    pattern: list | None = None  # for multi-op rules: the matched nodes
 
 
 @dataclass
@@ -100,6 +102,8 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         prop.steps.append(Step(p, i, ["send_recv_preserves"], [fact], [sender, snode]))
         return True
     missing = [x for x in n.inputs if x not in facts]
+    if missing and _try_pattern(plan, prop, p, i, n, kc, exprs, facts):
+        return True
     if n.op == "send":
         try:
             key = send_key(plan, p, ra)
@@ -122,3 +126,21 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         facts[o] = f
     prop.steps.append(Step(p, i, d.rules, d.facts))
     return True
+
+
+def _try_pattern(plan, prop, p, i, n, kc, exprs, facts) -> bool:
+    """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches."""
+    if n.op not in PATTERN_OPS:
+        return False
+    for name, match in PATTERNS.items():
+        mark = exprs.mark()
+        try:
+            d, nodes = match(plan.programs[p], i, facts, kc)
+        except RuleFailure:
+            exprs.rollback(mark)
+            continue
+        for o, f in zip(n.outputs, d.facts):
+            facts[o] = f
+        prop.steps.append(Step(p, i, d.rules, d.facts, pattern=nodes))
+        return True
+    return False
