@@ -231,6 +231,41 @@ def vocab_embedding_plan(bug=None):
     }
 
 
+# ----------------------------------------------------------------- vocab-parallel target logit (Megatron CE)
+def target_logit_plan(bug=None):
+    nodes = [
+        n("lo", "const", value="rank.tp*(v/tp)", dtype="int", src="cross_entropy.py:20"),
+        n("hi", "const", value="rank.tp*(v/tp)+v/tp", dtype="int", src="cross_entropy.py:21"),
+        n("below", "lt", "t", "lo", src="cross_entropy.py:22"),
+        n("above", "ge", "t", "hi", src="cross_entropy.py:22"),
+        n("outside", "logical_or", "below", "above", src="cross_entropy.py:22"),
+        n("shifted", "sub", "t", "lo", src="cross_entropy.py:23"),
+        n("lt_", "masked_fill", "shifted", "outside", value=0, src="cross_entropy.py:24"),
+        n("idx", "unsqueeze", "lt_", dim=1, src="cross_entropy.py:27"),
+        n("picked2", "gather", "logits", "idx", dim=1, src="cross_entropy.py:27"),
+        n("picked", "reshape", "picked2", shape=["n"], src="cross_entropy.py:28"),
+        n("masked", "masked_fill", "picked", "outside" if bug != "wrong_mask" else "below", value=0,
+          src="cross_entropy.py:29"),
+        n("y", "all_reduce", "masked", axis="tp", reduce="sum", src="cross_entropy.py:30"),
+    ]
+    return {
+        "tvcert_plan": 1,
+        "name": "vocab_parallel_target_logit" + (f"_{bug}" if bug else ""),
+        "description": "Megatron vocab-parallel cross-entropy's target logit over tp=2: each rank picks logits[i, "
+                       "t_i - rank*V/tp] from its vocab block, zeroes targets outside it, all_reduce sums. "
+                       + ("Correct." if bug is None else "BUG: only targets below the block are zeroed."),
+        "dims": {"n": 16, "v": 8, "tp": 2},
+        "mesh": [["tp", "tp"]],
+        "logical": {"inputs": [t("logits", ["n", "v"]), t("t", ["n"], "int", range="v")],
+                    "nodes": [n("ti", "unsqueeze", "t", dim=1), n("g", "gather", "logits", "ti", dim=1),
+                              n("y", "reshape", "g", shape=["n"], src="model.py:9")], "outputs": ["y"]},
+        "parallel": [{"name": "tp", "inputs": [t("logits", ["n", "v/tp"]), t("t", ["n"], "int", range="v")],
+                      "nodes": nodes, "outputs": ["y"]}],
+        "inputs": {"logits": {"local": "logits", "placement": {"tp": "Shard(1)"}}, "t": {"local": "t"}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}},
+    }
+
+
 if __name__ == "__main__":
     write("mlp_tp2", mlp_plan("mlp_tp2", "Two-layer MLP, Megatron tensor parallel over tp=2 (column- then "
                                           "row-parallel linear, all_reduce), forward and backward. Correct."))
@@ -248,3 +283,5 @@ if __name__ == "__main__":
     write("vocab_parallel_embedding", vocab_embedding_plan())
     write("vocab_parallel_embedding_short_block_bug", vocab_embedding_plan("short_block"))
     write("vocab_parallel_embedding_unmasked_bug", vocab_embedding_plan("no_output_mask"))
+    write("vocab_parallel_target_logit", target_logit_plan())
+    write("vocab_parallel_target_logit_mask_bug", target_logit_plan("wrong_mask"))

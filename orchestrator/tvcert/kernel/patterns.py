@@ -1,6 +1,7 @@
 """Rules whose premises span several ops: recognized on the program graph, concluded at the last op.
 
-``vocab_parallel_embedding`` (Megatron, DTensor MaskPartial): with the embedding table sharded
+``vocab_parallel_embedding`` (Megatron, DTensor MaskPartial; also the target-logit pick of Megatron's
+vocab-parallel cross-entropy, a gather along the vocab dim, where the theorem applies per token): with the embedding table sharded
 by vocabulary rows over axis a (block B = V/p), every rank looks up ``ids - rank*B`` in its
 rows, zeroing tokens outside its block:
 
@@ -56,6 +57,46 @@ def _const_value(n: Node | None) -> Any:
     return n.attrs.get("value") if n is not None and n.op == "const" and not n.attrs.get("shape") else None
 
 
+def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
+    """The masked lookup: embedding rows of a vocab-sharded table, or the target logit picked (gather) from
+    vocab-sharded logits.  Returns (kind, table, local ids, token mask, axis, block, table fact, axis index,
+    tensors matched)."""
+    val = _prod(producers, val_t)
+    if val is not None and val.op == "embedding":
+        um = _prod(producers, outer_mask)
+        if um is None or um.op not in ("unsqueeze", "reshape", "view"):
+            raise RuleFailure("the output mask is not the token mask with a trailing unit dim")
+        table_t, lid_t, m_t, sdim, kind, pick = val.inputs[0], val.inputs[1], um.inputs[0], 0, "embedding", (outer_mask,)
+    elif val is not None and val.op in ("reshape", "view", "squeeze"):
+        gat = _prod(producers, val.inputs[0])
+        if gat is None or gat.op != "gather":
+            raise RuleFailure("the masked value is not an embedding lookup or a picked logit")
+        table_t, idx_t = gat.inputs
+        ui = _prod(producers, idx_t)
+        if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
+            raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
+        lid_t, m_t, kind, pick = ui.inputs[0], outer_mask, "gather", (val.inputs[0], idx_t)
+        if table_t not in facts:
+            raise RuleFailure("the logits have no fact")
+        sdim = len(kc.exprs[facts[table_t].expr].shape) - 1
+        if gat.attrs.get("dim") not in (-1, sdim):
+            raise RuleFailure("the gather does not pick along the vocab (last) dim")
+    else:
+        raise RuleFailure("the masked value is not an embedding lookup or a picked logit")
+    if table_t not in facts:
+        raise RuleFailure("the vocab-sharded table has no fact")
+    wf = facts[table_t]
+    axes = [a for a, p in zip(kc.axes, wf.pl) if p == S(sdim)]
+    if len(axes) != 1:
+        raise RuleFailure(f"the table is not Shard({sdim}) on exactly one axis")
+    a = axes[0]
+    V = kc.exprs[wf.expr].shape[sdim]
+    p = kc.sizes[a]
+    if V % p:
+        raise RuleFailure(f"vocabulary {V} does not split evenly over {a!r}")
+    return kind, table_t, lid_t, m_t, a, V // p, wf, kc.axes.index(a), pick
+
+
 def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
     """Match the masked vocab-parallel lookup ending at node ``index``; returns the derivation and matched nodes."""
     producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
@@ -63,28 +104,9 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
     got = _masked(out, producers)
     if got is None:
         raise RuleFailure("not a masked embedding result")
-    emb_t, outer_mask = got
-    emb = _prod(producers, emb_t)
-    um = _prod(producers, outer_mask)
-    if emb is None or emb.op != "embedding":
-        raise RuleFailure("the masked value is not an embedding lookup")
-    if um is None or um.op not in ("unsqueeze", "reshape", "view"):
-        raise RuleFailure("the output mask is not the token mask with a trailing unit dim")
-    m_t = um.inputs[0]
-    w_t, lid_t = emb.inputs
-    if w_t not in facts:
-        raise RuleFailure("the embedding table has no fact")
-    wf = facts[w_t]
-    axes = [a for a, p in zip(kc.axes, wf.pl) if p == S(0)]
-    if len(axes) != 1:
-        raise RuleFailure("the embedding table is not Shard(0) on exactly one axis")
-    a = axes[0]
-    ai = kc.axes.index(a)
-    V = kc.exprs[wf.expr].shape[0]
-    p = kc.sizes[a]
-    if V % p:
-        raise RuleFailure(f"vocabulary {V} does not split evenly over {a!r}")
-    B = V // p
+    val_t, outer_mask = got
+    look = _lookup(producers, val_t, outer_mask, facts, kc)
+    kind, table_t, lid_t, m_t, a, B, wf, ai, pick = look
     lid = _prod(producers, lid_t)
     inner = _masked(lid, producers) if lid is not None else None
     if inner is None or inner[1] != m_t:
@@ -121,17 +143,24 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
             per_axis.append((P("sum"), "vocab_parallel_embedding"))
         elif wp.kind == "R" and ip.kind == "R":
             per_axis.append((R, "replicate_any"))
-        elif wp.kind == "R" and ip.kind == "S":
+        elif wp.kind == "R" and ip.kind == "S" and kind == "embedding":
+            per_axis.append((ip, "rowwise_shard"))
+        elif kind == "gather" and ip.kind == "S" and wp == ip:  # logits and targets sharded on the same token dim
             per_axis.append((ip, "rowwise_shard"))
         else:
             raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
-    ra = resolve_attrs(REGISTRY["embedding"], emb.attrs, {})
-    expr = kc.exprs.mk("embedding", ra, [wf.expr, idf.expr])
+    if kind == "embedding":
+        expr = kc.exprs.mk("embedding", {}, [wf.expr, idf.expr])
+    else:  # the target logit: gather along the last (vocab) dim at the ids, back to the ids' shape
+        X = kc.exprs
+        idx = X.mk("unsqueeze", {"dim": len(X[idf.expr].shape)}, [idf.expr])
+        expr = X.mk("reshape", {"shape": X[idf.expr].shape}, [X.mk("gather", {"dim": len(X[wf.expr].shape) - 1},
+                                                                      [wf.expr, idx])])
     pl = tuple(pl for pl, _ in per_axis)
     have = out.meta["shape@dims"][0][0]
     if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
-    matched = [producers[t][0] for t in (emb_t, outer_mask, m_t, lid_t, inner[0]) + tuple(m.inputs)]
+    matched = [producers[t][0] for t in (val_t, lid_t, inner[0]) + tuple(m.inputs) + pick if t in producers]
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
 
 

@@ -77,7 +77,8 @@ RULES: dict[str, str] = {
     "all_to_all_reshard": "all_to_all(split a, concat b) turns Shard(b) into Shard(a)",
     "broadcast_replicate": "broadcasting a replicated tensor leaves it replicated",
     "send_recv_preserves": "a received tensor equals the sent one, with its placement",
-    "vocab_parallel_embedding": "masked local lookup of ids - rank*B in a vocab-sharded table is Partial(sum) of the lookup",
+    "vocab_parallel_embedding": "masked local lookup of ids - rank*B in a vocab-sharded table (embedding rows, or the "
+                                "target logit gathered per token) is Partial(sum) of the lookup",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
