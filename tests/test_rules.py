@@ -281,3 +281,12 @@ def test_nested_all_to_all_agrees_with_the_interpreter(order, equal):
     plan = load_plan(p)
     assert run_plan(plan).equal is equal
     assert verify(plan).verdict == ("VERIFIED" if equal else "REFUTED")
+
+
+@pytest.mark.parametrize("op,attrs", [("permute", {"dims": [1, 0]}), ("reshape", {"shape": [16]}),
+                                      ("transpose", {"dim0": 0, "dim1": 1})])
+def test_layout_of_partial_max_is_refused(op, attrs):
+    """Only additive maps are covered on Partial; Partial(max) must never turn into anything else."""
+    e = Env()
+    with pytest.raises(RuleFailure):
+        e.apply(op, [e.t([4, 4], P("max"))], **attrs)

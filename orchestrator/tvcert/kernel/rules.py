@@ -668,10 +668,12 @@ def _layout(kc, op, ra, raw, facts):
             p = f.pl[ai]
             if p.kind == "S":
                 per_axis.append((S(perm.index(p.dim)), "permute_shard"))
-            elif p.kind == "P":
+            elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
                 per_axis.append((p, "partial_linear_map"))
-            else:
+            elif p.kind == "R":
                 per_axis.append((R, "replicate_any"))
+            else:
+                raise RuleFailure(f"{op} of {p} on axis {a!r}: no rule")
         return _combine(kc, per_axis, expr)
     # reshape family: the local op's output shape tells the intended logical shape
     spec = REGISTRY[op]
@@ -696,10 +698,12 @@ def _layout(kc, op, ra, raw, facts):
         p = f.pl[ai]
         if p.kind == "S":
             per_axis.append((S(mapping[p.dim]), "reshape_shard_block"))
-        elif p.kind == "P":
+        elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
             per_axis.append((p, "partial_linear_map"))
-        else:
+        elif p.kind == "R":
             per_axis.append((R, "replicate_any"))
+        else:
+            raise RuleFailure(f"{op} of {p} on axis {a!r}: no rule")
     return _combine(kc, per_axis, expr)
 
 
@@ -814,7 +818,7 @@ def _slice(kc, op, ra, raw, facts):
         p = f.pl[ai]
         if p.kind == "S" and p.dim != dim:
             per_axis.append((p, "slice_other_dim"))
-        elif p.kind == "P":
+        elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
             per_axis.append((p, "partial_linear_map"))
         elif p.kind == "R":
             per_axis.append((R, "replicate_any"))
