@@ -15,7 +15,7 @@ import pytest
 from tvcert.engine.verify import VERIFIED, verify
 from tvcert.fuzz.gen import gen_c12, gen_reshape_transpose, generate
 from tvcert.fuzz.oracle import oracle
-from tvcert.fuzz.runner import Outcome, evaluate, format_table, mutate_certificate, run
+from tvcert.fuzz.runner import evaluate, format_table, mutate_certificate, run
 from tvcert.plan import load_plan
 
 PAIRS = int(os.environ.get("TVCERT_FUZZ_PAIRS", "2000"))

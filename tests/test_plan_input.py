@@ -1,7 +1,6 @@
 """Bad plan input: a clear error naming the JSON path and the problem, exit code 3, no traceback."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 

@@ -12,14 +12,14 @@ import itertools
 import zlib
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
 from .graph import Graph, Node
 from .ops import REGISTRY, Ctx, resolve_attrs
 from .ops.collectives import axes_of
-from .plan import Binding, Placement, Plan, PlanError
+from .plan import Binding, Placement, Plan
 from .shapes import dim_value
 
 Rank = tuple[int, ...]  # coordinates on every mesh axis, in mesh order

@@ -20,9 +20,9 @@ from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .graph import Graph, GraphError, Node, TensorDecl, bind_shape
+from .graph import Graph, GraphError, Node, TensorDecl
 from .ops import REGISTRY, AttrError, resolve_attrs
-from .shapes import MAX_DIM, DimError, dim_value, parse
+from .shapes import MAX_DIM, DimError, dim_value
 
 PLAN_VERSION = 1
 MAX_PLAN_BYTES = 256 * 1024 * 1024

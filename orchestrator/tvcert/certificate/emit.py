@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import __version__
 from ..engine.verify import VERIFIED, Result
-from ..plan import fmt_placement, plan_digest
+from ..plan import plan_digest
 from .format import CERT_VERSION, manifest_path, placement_texts, rule_digests, stage_table
 
 
@@ -22,7 +22,6 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
     used = sorted({r for s in res.prop.steps for r in s.rules} | _equality_rules(res))
     steps = []
     for s in res.prop.steps:
-        axes = plan.program_axes(s.program)
         row = {"program": s.program, "node": s.node, "op": plan.programs[s.program].nodes[s.node].op,
                "rules": s.rules, "out": [[f.expr, placement_texts(f.pl)] for f in s.facts]}
         if s.peer:

@@ -21,7 +21,7 @@ from ..kernel.setup import logical_exprs, output_targets
 from ..kernel.smt import is_region_op, solve_z3
 from ..localize import first_divergence
 from ..plan import Plan
-from .propagate import Failure, Propagation, propagate
+from .propagate import Propagation, propagate
 
 VERIFIED, REFUTED, UNKNOWN = "VERIFIED", "REFUTED", "UNKNOWN"
 

@@ -21,10 +21,9 @@ other multiples, which the oracle runs too.
 from __future__ import annotations
 
 import copy
-import itertools
 import random
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 Pl = tuple  # ("R",) | ("S", d) | ("P", "sum"|"avg"|"max")
 R_: Pl = ("R",)

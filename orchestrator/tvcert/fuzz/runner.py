@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import time
 import traceback
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -205,7 +204,7 @@ def certificate_round_trip(res, rng: random.Random) -> str:
     bad, kind = m
     try:
         check_certificate(Certificate.model_validate(bad), solvers=("z3",))
-    except (Invalid, Unreadable) as exc:
+    except (Invalid, Unreadable):
         return "ok"
     except Exception as exc:  # pydantic ValidationError etc. also reject, but say so
         return "ok" if type(exc).__name__ == "ValidationError" else f"mutation_crash[{kind}]: {type(exc).__name__}: {exc}"

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from ..cli import EXIT_BAD, _fail_bad, write_atomic
+from ..cli import _fail_bad, write_atomic
 
 
 @click.command("plan")

@@ -309,7 +309,7 @@ class Step:
         return self.gs[dst].op("recv", role=f"pipeline.{role}.recv", axis="pp", src=src, tag=tag, shape=shape)
 
     def build(self):
-        cfg, pp = self.cfg, self.par.pp
+        pp = self.par.pp
         self.gs = [self.g] + [G() for _ in range(pp - 1)]
         self.stage_of: dict[str, int] = {}
         layers = self.stage_layers()

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..graph import Graph, Node
-from ..ops import REGISTRY, resolve_attrs
 from ..shapes import affine_in_rank
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
 

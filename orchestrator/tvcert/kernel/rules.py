@@ -584,7 +584,6 @@ def _rowwise(kc, op, ra, raw, facts):
     attrs = dict(ra)
     multi = REGISTRY[op].n_outputs(ra) > 1
     exprs = X.mk_multi(op, attrs, [f.expr for f in facts]) if multi else [X.mk(op, attrs, [f.expr for f in facts])]
-    out_rank = len(X[exprs[0]].shape)
     red = ra.get("reduction")
     per_axis = []
     for ai, a in enumerate(kc.axes):

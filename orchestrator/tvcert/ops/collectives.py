@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import Attr, Ctx, OpSpec, Shape, ShapeError, norm_dim, register
+from .base import Attr, Ctx, OpSpec, ShapeError, norm_dim, register
 
 AXIS = Attr("axes")  # a mesh axis name or a list of names
 
