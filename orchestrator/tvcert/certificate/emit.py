@@ -60,4 +60,5 @@ def _equality_rules(res: Result) -> set[str]:
 
 
 def dump_certificate(cert: dict) -> str:
-    return json.dumps(cert, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
+    """Deterministic bytes (sorted keys), compact separators: a 405B-layer certificate is tens of MB."""
+    return json.dumps(cert, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n"
