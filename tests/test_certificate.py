@@ -152,6 +152,39 @@ def test_tamper_multi_op_pattern():
     expect_invalid(bad, "multi-op rule|not cited")
 
 
+@pytest.fixture(scope="module")
+def layered_cert() -> dict:
+    p = llama3_plan("llama3-8b", layers=3, tp=2, pp=1)
+    p["dims"] = dict(p["run_dims"])
+    return cert_for(p)
+
+
+def test_memoized_stages_are_stored_once_and_replayed(layered_cert):
+    inst = [s for s in layered_cert["steps"] if s.get("instance_of")]
+    assert len(inst) == 4  # layers 1 and 2, forward and backward, replayed from layer 0's
+    assert all(s["out"] == [] and s["rules"] == [] for s in inst)
+    res = check(layered_cert, solvers=("z3", "cvc5"))
+    assert res.outputs > 0
+    assert "stage_repeat" in layered_cert["manifest"]["rules"]
+
+
+def test_tamper_memoized_stage(layered_cert):
+    i = next(k for k, s in enumerate(layered_cert["steps"]) if s.get("instance_of"))
+    bad = copy.deepcopy(layered_cert)
+    bad["steps"][i]["stage_key"] = "sha256:" + "0" * 64
+    expect_invalid(bad, "canonical form")
+    bad = copy.deepcopy(layered_cert)
+    bad["steps"][i]["stage_end"] -= 1
+    expect_invalid(bad, "not a memoizable stage")
+    bad = copy.deepcopy(layered_cert)
+    j = next(k for k, s in enumerate(bad["steps"]) if s.get("instance_of") and s["op"] != bad["steps"][i]["op"])
+    bad["steps"][i]["instance_of"] = bad["steps"][j]["instance_of"]  # the backward template for a forward stage
+    expect_invalid(bad, "canonical form|not a memoizable|not been derived")
+    bad = copy.deepcopy(layered_cert)
+    del bad["steps"][i]
+    expect_invalid(bad, "no fact")
+
+
 def test_tamper_manifest_digest(mlp_cert):
     c = copy.deepcopy(mlp_cert)
     c["manifest"]["digest"] = "sha256:" + "0" * 64

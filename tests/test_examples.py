@@ -84,7 +84,8 @@ def test_verify_cli_exit_codes_and_json(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["verdict"] == "VERIFIED"
-    for k in ("wall_seconds", "stages", "distinct_stages", "rules_applied", "obligations", "peak_rss_mb"):
+    for k in ("wall_seconds", "stages", "distinct_stages", "rules_applied", "obligations", "peak_rss_mb",
+              "programs_or_pipeline_stages"):
         assert k in out["stats"]
     r = CliRunner().invoke(main, ["verify", str(EX / "mlp_tp2_no_allreduce.json"), "--report", str(tmp_path / "r.html")])
     assert r.exit_code == 1

@@ -117,3 +117,40 @@ def test_plan_and_mutate_cli(tmp_path):
     assert r.exit_code == 3 and "--sp needs --tp" in r.output
     r = CliRunner().invoke(main, ["mutate", str(tmp_path / "p.json"), "--bug", "nope", "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 3 and "unknown mutation" in r.output
+
+
+def _structure(X, e, memo, table):
+    """A canonical number for an expression's structure, shared across expression tables."""
+    if e not in memo:
+        x = X[e]
+        memo[e] = table.setdefault((x.op, x.attrs, tuple(_structure(X, a, memo, table) for a in x.args)), len(table))
+    return memo[e]
+
+
+@pytest.mark.parametrize("cfg", [{"tp": 2, "layers": 3}, {"tp": 2, "dp": 2, "zero": 1, "layers": 3},
+                                 {"pp": 2, "tp": 2, "sp": True, "layers": 4}, {"cp": 2, "dp": 2, "mb": 2, "layers": 3}])
+def test_memoized_stages_give_exactly_the_facts_of_full_derivation(cfg, monkeypatch):
+    """Replaying a repeated layer from its template must conclude, op by op, what deriving it would."""
+    import tvcert.engine.propagate as P
+    from tvcert.deep import deep
+    from tvcert.kernel.expr import Exprs
+    from tvcert.kernel.setup import logical_exprs
+
+    plan = load_plan(small(llama3_plan("llama3-8b", **cfg)))
+
+    table: dict = {}
+
+    @deep
+    def derive_all():
+        X = Exprs()
+        prop = P.propagate(plan, X, logical_exprs(plan, X))
+        cache: dict = {}
+        return ({(p, t): (_structure(X, f.expr, cache, table), f.pl) for p, fs in prop.facts.items()
+                 for t, f in fs.items()}, prop.stages, prop.distinct_stages)
+
+    runs = {}
+    for memo in (True, False):
+        monkeypatch.setattr(P, "MEMOIZE", memo)
+        runs[memo] = derive_all()
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] > runs[True][2] > 0  # some stages were replayed

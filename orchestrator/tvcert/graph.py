@@ -40,6 +40,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     src: str | None = None
     path: str = ""  # JSON path of this node, for messages
+    layer: str | None = None  # label of the repeated unit (layer) this op belongs to
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -60,6 +60,8 @@ class NodeSpec(_Strict):
     inputs: list[str] = Field(default_factory=list)
     attrs: dict[str, Any] = Field(default_factory=dict)
     src: Optional[str] = Field(None, description="source location, e.g. model.py:42")
+    layer: Optional[str] = Field(None, description="repeated unit this op belongs to (e.g. 'layer3'): runs of ops "
+                                                   "with one label are stages, derived once per canonical form")
 
 
 class GraphSpec(_Strict):
@@ -276,7 +278,8 @@ def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = No
                 raise GraphError(p, "a node needs exactly one of 'name' (one output) or 'outputs' (several)")
         else:
             outs = [n.name] if n.name is not None else list(n.outputs or [])
-        nodes.append(Node(op=n.op, inputs=list(n.inputs), outputs=outs, attrs=dict(n.attrs), src=n.src, path=p))
+        nodes.append(Node(op=n.op, inputs=list(n.inputs), outputs=outs, attrs=dict(n.attrs), src=n.src, path=p,
+                          layer=n.layer))
     inputs = [TensorDecl(t.name, list(t.shape), t.dtype, t.range) for t in g.inputs]
     gr = Graph(name=name, inputs=inputs, nodes=nodes, outputs=list(g.outputs), path=path, stage=dict(stage or {}))
     gr.check_structure()

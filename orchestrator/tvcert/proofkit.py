@@ -58,6 +58,8 @@ _T = LOGICAL_ROOT
 #: rule id applied by the engine (exactly the keys of ``tvcert.kernel.rules.RULES``)
 #: -> fully qualified Coq theorem.
 RULES: dict[str, str] = {
+    # memoized stages (kernel/memo.py)
+    "stage_repeat": f"{_T}.Stage.stage_repeat",
     # multi-op patterns (kernel/patterns.py)
     "vocab_parallel_embedding": f"{_T}.Composite.vocab_parallel_embedding",
     # elementwise
@@ -133,7 +135,6 @@ THEOREMS: dict[str, str] = {
     "c12_without_H2_false": f"{_T}.C12Counterexample.c12_without_H2_false",
     "shard_nested_axes": f"{_T}.Collectives.shard_nested_axes",
     "stage_compose": f"{_T}.Stage.stage_compose",
-    "stage_repeat": f"{_T}.Stage.stage_repeat",
     # proved, not applied by the engine (composite training rules, falsifier, variants)
     "partial_add_replicate_scaled": f"{_T}.Partial.partial_add_replicate_scaled",
     "partial_add_replicate_one_rank": f"{_T}.Partial.partial_add_replicate_one_rank",

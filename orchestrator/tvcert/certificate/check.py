@@ -19,6 +19,7 @@ from ..deep import deep
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
 from ..kernel.patterns import PATTERNS
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
 from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
@@ -107,10 +108,13 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     exprs = Exprs()
     lexpr = logical_exprs(plan, exprs)
     facts = input_facts(plan, exprs, lexpr)
-    done: set[tuple[str, int]] = set()
+    done: dict[tuple[str, int], list[str]] = {}  # replayed op -> the rules that justified it (None: an instance)
     sent = _sends(plan)
     for k, st in enumerate(cert.steps):
-        _replay(plan, exprs, facts, done, sent, k, st, cert.manifest.rules)
+        if st.instance_of is not None:
+            _replay_instance(plan, exprs, facts, done, k, st)
+        else:
+            _replay(plan, exprs, facts, done, sent, k, st, cert.manifest.rules)
     # 4. outputs: placement and expression, with re-solved obligations
     recorded = {o.smt: o for o in cert.obligations}
     used_obl: set[str] = set()
@@ -147,6 +151,8 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
         if (rec.lhs, rec.rhs) != (ob.lhs, ob.rhs):
             raise Invalid(f"obligation {rec.lhs} = {rec.rhs}: the checker derives it for {ob.lhs} = {ob.rhs}")
     used_rules = {r for st in cert.steps for r in st.rules} | prover.used
+    if any(st.instance_of is not None for st in cert.steps):
+        used_rules.add("stage_repeat")
     missing = used_rules - set(cert.manifest.rules)
     if missing:
         raise Invalid(f"rules {sorted(missing)} are used but not cited with their manifest digest")
@@ -220,7 +226,42 @@ def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
         raise Invalid(f"{where}: {rules} conclude {show}, the certificate says {[(e, p) for e, p in st.out]}")
     for o, f in zip(n.outputs, got):
         pf[o] = f
-    done.add((st.program, st.node))
+    done[(st.program, st.node)] = list(rules)
+
+
+def _replay_instance(plan, exprs, facts, done, k, st) -> None:
+    """A memoized stage: same canonical form as an already replayed template stage, whose derivation is
+    reused with the boundary expressions substituted (stage_repeat)."""
+    where = f"step {k} (stage {st.program} [{st.node}, {st.stage_end}))"
+    tp, ts = st.instance_of
+    if st.program not in plan.programs or tp not in plan.programs:
+        raise Invalid(f"{where}: no such program")
+    g, gt = plan.programs[st.program], plan.programs[tp]
+    spans = {s: e for s, e, _ in stages(g) if memoizable(g, s, e)}
+    tspans = {s: e for s, e, _ in stages(gt) if memoizable(gt, s, e)}
+    if spans.get(st.node) != st.stage_end:
+        raise Invalid(f"{where}: not a memoizable stage of the plan")
+    te = tspans.get(ts)
+    if te is None:
+        raise Invalid(f"{where}: the template [{tp} {ts}] is not a memoizable stage of the plan")
+    if any(done.get((tp, i)) is None for i in range(ts, te)):
+        raise Invalid(f"{where}: the template stage has not been derived op by op before (steps missing or out of order)")
+    if any((st.program, i) in done for i in range(st.node, st.stage_end)):
+        raise Invalid(f"{where}: ops of this stage are derived twice")
+    key = canonical_key(g, st.node, st.stage_end, facts[st.program], exprs)
+    tkey = canonical_key(gt, ts, te, facts[tp], exprs)
+    if key is None:
+        raise Invalid(f"{where}: an input of this stage has no fact yet (a step is missing or out of order)")
+    if key != tkey or key != st.stage_key:
+        raise Invalid(f"{where}: its canonical form {key} is not the template's {tkey} (recorded {st.stage_key})")
+    t = Template(tp, ts, te, tkey, [facts[tp][b].expr for b in boundary(gt, ts, te)],
+                 [done[(tp, i)] for i in range(ts, te)],
+                 [[facts[tp][o] for o in gt.nodes[i].outputs] for i in range(ts, te)])
+    for j, fs in enumerate(replay(t, exprs, [facts[st.program][b].expr for b in boundary(g, st.node, st.stage_end)])):
+        n = g.nodes[st.node + j]
+        for o, f in zip(n.outputs, fs):
+            facts[st.program][o] = f
+        done[(st.program, st.node + j)] = None
 
 
 def _sends(plan) -> dict[tuple, tuple[str, int]]:

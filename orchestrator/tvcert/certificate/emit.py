@@ -22,7 +22,16 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
     used = sorted({r for s in res.prop.steps for r in s.rules} | _equality_rules(res))
     steps = []
     for s in res.prop.steps:
-        row = {"program": s.program, "node": s.node, "op": plan.programs[s.program].nodes[s.node].op,
+        op = plan.programs[s.program].nodes[s.node].op
+        if s.instance_of is not None:  # a memoized stage: one row for the whole stage, no per-op facts
+            last = steps[-1] if steps else None
+            if last and last.get("instance_of") and last["program"] == s.program and last["node"] == s.stage_start:
+                last["stage_end"] = s.node + 1  # the same stage: one row
+                continue
+            steps.append({"program": s.program, "node": s.node, "op": op, "rules": [], "out": [],
+                          "instance_of": list(s.instance_of), "stage_end": s.node + 1, "stage_key": s.stage_key})
+            continue
+        row = {"program": s.program, "node": s.node, "op": op,
                "rules": s.rules, "out": [[f.expr, placement_texts(f.pl)] for f in s.facts]}
         if s.peer:
             row["peer"] = s.peer
@@ -56,7 +65,8 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
 
 
 def _equality_rules(res: Result) -> set[str]:
-    return set(res.prover.used)
+    extra = {"stage_repeat"} if any(s.instance_of is not None for s in res.prop.steps) else set()
+    return set(res.prover.used) | extra
 
 
 def dump_certificate(cert: dict) -> str:

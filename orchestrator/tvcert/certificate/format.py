@@ -46,6 +46,10 @@ class Step(_Strict):
     out: list[tuple[int, list[str]]] = Field(description="[expression id, per-axis placement] per output")
     peer: Optional[tuple[str, int]] = None
     pattern: Optional[list[int]] = Field(None, description="multi-op rules: the ops the premises span")
+    instance_of: Optional[tuple[str, int]] = Field(None, description="a memoized stage [node, stage_end) replayed from "
+                                                                     "the template stage starting at [program, node]")
+    stage_end: Optional[int] = None
+    stage_key: Optional[str] = None
 
 
 class Reduction(_Strict):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..kernel.expr import Exprs
+from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
 from ..kernel.p2p import check_transfer, recv_key, send_key
 from ..kernel.patterns import PATTERN_OPS, PATTERNS
 from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
@@ -38,6 +39,9 @@ class Step:
     facts: list[Fact]
     peer: list | None = None  # for recv: [sending program, node index]
     pattern: list | None = None  # for multi-op rules: the matched nodes
+    instance_of: tuple[str, int] | None = None  # replayed from the template stage starting there
+    stage_key: str | None = None
+    stage_start: int | None = None  # first op of the memoized stage this step was replayed in
 
 
 @dataclass
@@ -46,6 +50,11 @@ class Propagation:
     steps: list[Step] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     blocked: str | None = None
+    stages: int = 0
+    distinct_stages: int = 0
+
+
+MEMOIZE = True  # reuse the derivation of a repeated stage (off: derive every op; used to cross-check)
 
 
 def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
@@ -55,22 +64,66 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
     envs = {p: rank0_env(plan, p) for p in plan.programs}
     pc = {p: 0 for p in plan.programs}
     mailbox: dict[tuple, tuple[str, int, Any]] = {}  # key -> (program, node, fact or None)
+    starts = {p: {s: (s, e) for s, e, _ in stages(g) if memoizable(g, s, e)} if MEMOIZE else {}
+              for p, g in plan.programs.items()}
+    templates: dict[str, Template] = {}
+    pending: dict[str, tuple] = {}  # program -> (start, end, key, boundary exprs, #steps, #failures) being derived
     while True:
         progressed = False
         for p, g in plan.programs.items():
             while pc[p] < len(g.nodes):
                 i = pc[p]
+                if i in starts[p] and p not in pending:
+                    end = _enter_stage(plan, prop, p, g, i, starts[p][i][1], exprs, templates, pending)
+                    if end is not None:  # replayed from a template
+                        pc[p] = end
+                        progressed = True
+                        continue
                 n = g.nodes[i]
                 if not _visit(plan, prop, p, i, n, ctxs[p], envs[p], mailbox, exprs):
                     break
                 pc[p] += 1
                 progressed = True
+                if p in pending and pc[p] == pending[p][1]:
+                    _leave_stage(prop, p, g, templates, pending.pop(p))
         if all(pc[p] == len(g.nodes) for p, g in plan.programs.items()):
             return prop
         if not progressed:
             stuck = [f"{p} at {plan.programs[p].nodes[pc[p]].path}" for p in plan.programs if pc[p] < len(plan.programs[p].nodes)]
             prop.blocked = "recv with no matching send: " + "; ".join(stuck)
             return prop
+
+
+def _enter_stage(plan, prop, p, g, start, end, exprs, templates, pending) -> int | None:
+    """Replay a stage whose canonical form was derived before; else start deriving it as a template."""
+    facts = prop.facts[p]
+    key = canonical_key(g, start, end, facts, exprs)
+    if key is None:
+        return None
+    prop.stages += 1
+    bex = [facts[b].expr for b in boundary(g, start, end)]
+    t = templates.get(key)
+    if t is None:
+        pending[p] = (start, end, key, bex, len(prop.steps), len(prop.failures))
+        return None
+    for j, fs in enumerate(replay(t, exprs, bex)):
+        n = g.nodes[start + j]
+        for o, f in zip(n.outputs, fs):
+            facts[o] = f
+        prop.steps.append(Step(p, start + j, t.rules[j], fs, instance_of=(t.program, t.start), stage_key=key,
+                               stage_start=start))
+    return end
+
+
+def _leave_stage(prop, p, g, templates, pend) -> None:
+    start, end, key, bex, nsteps, nfail = pend
+    new = prop.steps[nsteps:]
+    if len(prop.failures) != nfail or [s.node for s in new] != list(range(start, end)) or any(s.pattern for s in new):
+        return  # not every op derived by a single-op rule: nothing to reuse
+    templates.setdefault(key, Template(p, start, end, key, bex, [s.rules for s in new], [s.facts for s in new]))
+    prop.distinct_stages += 1
+    for s in new:
+        s.stage_key = key
 
 
 def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:

@@ -85,7 +85,8 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
 
 
 def used_rules(res: Result) -> set[str]:
-    return {r for s in res.prop.steps for r in s.rules} | set(res.prover.used)
+    extra = {"stage_repeat"} if any(s.instance_of is not None for s in res.prop.steps) else set()
+    return {r for s in res.prop.steps for r in s.rules} | set(res.prover.used) | extra
 
 
 def _unproved_rules(res: Result) -> list[str]:
@@ -107,8 +108,9 @@ def _finish(res: Result, t0: float, t_smt: float = 0.0) -> Result:
         "programs": len(plan.programs),
         "parallel_ops": sum(len(g.nodes) for g in plan.programs.values()),
         "logical_ops": len(plan.logical.nodes),
-        "stages": len(plan.programs),
-        "distinct_stages": len(plan.programs),
+        "programs_or_pipeline_stages": len(plan.programs),
+        "stages": prop.stages,
+        "distinct_stages": prop.distinct_stages,
         "rules_applied": len(prop.steps),
         "expressions": len(exprs),
         "obligations": len(prover.obligations),

@@ -35,6 +35,8 @@ class G:
         if attrs:
             d["attrs"] = attrs
         d["src"] = f"{self.scope}.{role or op}" if self.scope else (role or op)
+        if self.scope.startswith("layer"):
+            d["layer"] = self.scope  # "layer3" (forward) or "layer3.bwd": one stage per repeated unit
         self.nodes.append(d)
         return out
 

@@ -94,6 +94,7 @@ RULES: dict[str, str] = {
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
     "congruence": "equal arguments give equal results",
+    "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
 
 
