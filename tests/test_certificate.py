@@ -161,7 +161,8 @@ def layered_cert() -> dict:
 
 def test_memoized_stages_are_stored_once_and_replayed(layered_cert):
     inst = [s for s in layered_cert["steps"] if s.get("instance_of")]
-    assert len(inst) == 4  # layers 1 and 2, forward and backward, replayed from layer 0's
+    # layers 1 and 2, forward and backward, replayed from layer 0's; and equal-shaped AdamW updates
+    assert len(inst) >= 4
     assert all(s["out"] == [] and s["rules"] == [] for s in inst)
     res = check(layered_cert, solvers=("z3", "cvc5"))
     assert res.outputs > 0

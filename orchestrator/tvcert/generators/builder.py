@@ -19,6 +19,7 @@ class G:
     nodes: list[dict] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     scope: str = ""
+    label: str = ""  # explicit stage label (repeated unit), overriding the layer scope
     _n: int = 0
 
     def input(self, name: str, shape: list, dtype: str = "float", range_: Any = None) -> str:
@@ -35,8 +36,8 @@ class G:
         if attrs:
             d["attrs"] = attrs
         d["src"] = f"{self.scope}.{role or op}" if self.scope else (role or op)
-        if self.scope.startswith("layer"):
-            d["layer"] = self.scope  # "layer3" (forward) or "layer3.bwd": one stage per repeated unit
+        if self.label or self.scope.startswith("layer"):
+            d["layer"] = self.label or self.scope  # "layer3", "layer3.bwd", "adamw.<param>": one stage per repeated unit
         self.nodes.append(d)
         return out
 

@@ -466,6 +466,14 @@ class Step:
 
     def adamw(self, name, grad):
         g = self.g
+        g.label = f"adamw.{name}"  # every parameter's update is a stage: equal-shaped ones share a canonical form
+        try:
+            return self._adamw(name, grad)
+        finally:
+            g.label = ""
+
+    def _adamw(self, name, grad):
+        g = self.g
         z = self._zero()
         m_in = g.input(f"{name}.exp_avg", self._state_shape(name))
         v_in = g.input(f"{name}.exp_avg_sq", self._state_shape(name))
