@@ -248,8 +248,10 @@ def _replay_instance(plan, exprs, facts, done, k, st) -> None:
         raise Invalid(f"{where}: the template stage has not been derived op by op before (steps missing or out of order)")
     if any((st.program, i) in done for i in range(st.node, st.stage_end)):
         raise Invalid(f"{where}: ops of this stage are derived twice")
-    key = canonical_key(g, st.node, st.stage_end, facts[st.program], exprs)
-    tkey = canonical_key(gt, ts, te, facts[tp], exprs)
+    mesh = plan.mesh()
+    key = canonical_key(g, st.node, st.stage_end, facts[st.program], exprs,
+                        [(a, mesh[a]) for a in plan.program_axes(st.program)])
+    tkey = canonical_key(gt, ts, te, facts[tp], exprs, [(a, mesh[a]) for a in plan.program_axes(tp)])
     if key is None:
         raise Invalid(f"{where}: an input of this stage has no fact yet (a step is missing or out of order)")
     if key != tkey or key != st.stage_key:

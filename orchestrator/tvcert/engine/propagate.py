@@ -97,7 +97,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
 def _enter_stage(plan, prop, p, g, start, end, exprs, templates, pending) -> int | None:
     """Replay a stage whose canonical form was derived before; else start deriving it as a template."""
     facts = prop.facts[p]
-    key = canonical_key(g, start, end, facts, exprs)
+    key = canonical_key(g, start, end, facts, exprs, [(a, plan.mesh()[a]) for a in plan.program_axes(p)])
     if key is None:
         return None
     prop.stages += 1

@@ -57,8 +57,10 @@ def memoizable(g: Graph, start: int, end: int) -> bool:
     return not any(n.op in NOT_MEMOIZED_OPS for n in g.nodes[start:end])
 
 
-def canonical_key(g: Graph, start: int, end: int, facts: Mapping[str, Fact], X: Exprs) -> str | None:
-    """The canonical form's hash, or None when a boundary input has no fact."""
+def canonical_key(g: Graph, start: int, end: int, facts: Mapping[str, Fact], X: Exprs,
+                  axes: Sequence[tuple[str, int]] = ()) -> str | None:
+    """The canonical form's hash (including the mesh axes the program spans, with their sizes), or None
+    when a boundary input has no fact."""
     bnd = boundary(g, start, end)
     if any(b not in facts for b in bnd):
         return None
@@ -78,7 +80,7 @@ def canonical_key(g: Graph, start: int, end: int, facts: Mapping[str, Fact], X: 
         ops.append([n.op, n.attrs, refs, [[list(s), d] for s, d in n.meta["shape@dims"]]])
         for o_i, o in enumerate(n.outputs):
             where[o] = ["n", i, o_i]
-    body = json.dumps([bspec, ops], sort_keys=True, separators=(",", ":"), default=str)
+    body = json.dumps([list(axes), bspec, ops], sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
