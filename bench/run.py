@@ -109,13 +109,19 @@ def main() -> int:
         print(row, flush=True)
         rows.append(row)
     cpu = platform.processor() or platform.machine()
+    keep = ""
+    try:  # sections other tools append (fuzzing results) survive a re-run
+        old = Path(args.out).read_text()
+        keep = old[old.index("\n## ", old.index("| case |")):] if "| case |" in old and "\n## " in old[old.index("| case |"):] else ""
+    except (OSError, ValueError):
+        pass
     with open(args.out, "w") as f:
         f.write(f"# tvcert benchmarks\n\nMachine: {platform.node()} ({cpu}, {_cores()} cores, Python "
                 f"{platform.python_version()}); date {date.today().isoformat()}.\n\n"
                 "Each case runs in a fresh process: plan generated and serialized, then loaded (schema and "
                 "shape checks at full size) and verified; `total` = load + verify. Peak RSS includes the "
                 "interpreter and numpy/z3 imports (~100 MB).\n\n")
-        f.write(header + "\n" + "\n".join(rows) + "\n")
+        f.write(header + "\n" + "\n".join(rows) + "\n" + keep)
     print(f"wrote {args.out}")
     return 0
 
