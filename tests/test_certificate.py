@@ -284,3 +284,5 @@ def test_checker_does_not_import_the_engine():
 def test_certificate_schema_published():
     s = certificate_schema()
     assert "steps" in s["properties"]
+    r = CliRunner().invoke(main, ["schema", "--certificate"])
+    assert r.exit_code == 0 and json.loads(r.output)["title"] == "Certificate"

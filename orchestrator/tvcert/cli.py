@@ -231,8 +231,14 @@ def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solv
 
 
 @main.command()
-def schema() -> None:
-    """Print the JSON Schema of plan.json."""
+@click.option("--certificate", is_flag=True, help="print the certificate's schema instead of the plan's")
+def schema(certificate: bool) -> None:
+    """Print the JSON Schema of plan.json (or, with --certificate, of certificates)."""
+    if certificate:
+        from .certificate.format import certificate_schema
+
+        click.echo(json.dumps(certificate_schema(), indent=2, sort_keys=True))
+        return
     from .plan import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
