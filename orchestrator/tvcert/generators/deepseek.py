@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .builder import G, Par
-from .llama import MASK, MAX_NORM, Param, Step
+from .llama import MASK, Param, Step
 
 # Model cards: DeepSeek-V2-Lite (16B), DeepSeek-V2 (236B), DeepSeek-V3 (671B).
 # qr = q_lora_rank (0: none), kvr = kv_lora_rank, dn / dr = qk nope / rope head dims, dv = v head
@@ -576,21 +576,7 @@ class DStep(Step):
             if totals[k] is not None:
                 part = self.all_reduce(totals[k], [k], f"grad_norm.{k}_all_reduce")
                 total = part if total is None else g.op("add", total, part, role=f"grad_norm.{k}_add")
-        norm = g.op("sqrt", total, role="grad_norm.sqrt")
-        coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
-                                    g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
-                    g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
-        outs = {}
-        for st in range(pp):
-            g = self.on(st)
-            g.scope = "optim"
-            if st > 0:
-                coef = self.p2p(coef, st - 1, st, f"coef{st}", [], "clip_coef")
-            for name, gt in synced[st].items():
-                outs[name] = (st, self.adamw(name, g.op("mul", gt, coef, role=f"{name}.clip")))
-            g.scope = ""
-        self.on(last)
-        return outs
+        return self.clip_and_update(total, synced)
 
 
 # ====================================================================== plan assembly

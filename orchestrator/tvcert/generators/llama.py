@@ -391,14 +391,18 @@ class Step:
                 synced[st][name] = self.sync(name, gt)
                 ssq = self.sumsq(name, synced[st][name])
                 total = ssq if total is None else g.op("add", total, ssq, role=f"{name}.sumsq_acc")
+        self.on(0)
+        return self.clip_and_update(self.all_reduce(total, ["tp"], "grad_norm.all_reduce"), synced)
+
+    def clip_and_update(self, total, synced: list[dict]):
+        """On stage 0: clip coefficient from the global sum of squares; sent up the pipeline; AdamW everywhere."""
         g = self.on(0)
-        total = self.all_reduce(total, ["tp"], "grad_norm.all_reduce")
         norm = g.op("sqrt", total, role="grad_norm.sqrt")
         coef = g.op("minimum", g.op("div", g.op("const", role="grad_norm.max", value=MAX_NORM),
                                     g.op("add_scalar", norm, role="grad_norm.eps", value=1e-6), role="grad_norm.ratio"),
                     g.op("const", role="grad_norm.one", value=1.0), role="clip_coef")
         outs = {}
-        for st in range(pp):
+        for st in range(self.par.pp):
             g = self.on(st)
             g.scope = "optim"
             if st > 0:
