@@ -154,3 +154,21 @@ def test_memoized_stages_give_exactly_the_facts_of_full_derivation(cfg, monkeypa
         runs[memo] = derive_all()
     assert runs[True][0] == runs[False][0]
     assert runs[True][1] > runs[True][2] > 0  # some stages were replayed
+
+
+@pytest.mark.parametrize("edit", ["drop_allreduce", "softmax_dim"])
+def test_bug_in_a_repeated_layer_is_not_hidden_by_memoization(edit):
+    """A bug in layer 2 only: its stage no longer has layer 0's canonical form, so it is derived, not
+    replayed, and the plan is refuted."""
+    from tvcert.generators.mutations import _bypass, _set
+
+    bad = small(llama3_plan("llama3-8b", layers=3, tp=2))
+    if edit == "drop_allreduce":
+        _bypass(bad, r"^layer2\.o_proj\.all_reduce$")
+    else:
+        _set(bad, r"^layer2\.softmax$", dim=-2)
+    res = verify(load_plan(bad))
+    assert res.verdict == "REFUTED", res.reasons
+    replayed = {s.node for s in res.prop.steps if s.instance_of}
+    layer2 = {i for i, n in enumerate(load_plan(bad).programs["spmd"].nodes) if n.layer == "layer2"}
+    assert not (replayed & layer2)

@@ -482,10 +482,5 @@ def _node_mentions_rank(n) -> bool:
                for v in n.attrs.values())
 
 
-def _mentions_rank(g: Graph) -> bool:
-    return any("rank." in v if isinstance(v, str) else isinstance(v, list) and any(isinstance(x, str) and "rank." in x for x in v)
-               for n in g.nodes for v in n.attrs.values())
-
-
 def fmt_placement(pl: Mapping[str, Placement]) -> str:
     return "{" + ", ".join(f"{a}: {p}" for a, p in pl.items()) + "}"

@@ -67,6 +67,8 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
     starts = {p: {s: (s, e) for s, e, _ in stages(g) if memoizable(g, s, e)} if MEMOIZE else {}
               for p, g in plan.programs.items()}
     templates: dict[str, Template] = {}
+    sizes = plan.mesh()
+    axes_of = {p: [(a, sizes[a]) for a in plan.program_axes(p)] for p in plan.programs}
     pending: dict[str, tuple] = {}  # program -> (start, end, key, boundary exprs, #steps, #failures) being derived
     while True:
         progressed = False
@@ -74,7 +76,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
             while pc[p] < len(g.nodes):
                 i = pc[p]
                 if i in starts[p] and p not in pending:
-                    end = _enter_stage(plan, prop, p, g, i, starts[p][i][1], exprs, templates, pending)
+                    end = _enter_stage(prop, p, g, i, starts[p][i][1], exprs, templates, pending, axes_of[p])
                     if end is not None:  # replayed from a template
                         pc[p] = end
                         progressed = True
@@ -94,10 +96,10 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
             return prop
 
 
-def _enter_stage(plan, prop, p, g, start, end, exprs, templates, pending) -> int | None:
+def _enter_stage(prop, p, g, start, end, exprs, templates, pending, axes) -> int | None:
     """Replay a stage whose canonical form was derived before; else start deriving it as a template."""
     facts = prop.facts[p]
-    key = canonical_key(g, start, end, facts, exprs, [(a, plan.mesh()[a]) for a in plan.program_axes(p)])
+    key = canonical_key(g, start, end, facts, exprs, axes)
     if key is None:
         return None
     prop.stages += 1

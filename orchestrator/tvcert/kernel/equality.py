@@ -20,7 +20,7 @@ from typing import Callable
 from .expr import Exprs
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
-LINEAR_FIRST = {"reshape", "permute", "slice", "sum", "mean", "expand", "triu", "tril", "cast", "concat_dummy",
+LINEAR_FIRST = {"reshape", "permute", "slice", "sum", "mean", "expand", "triu", "tril", "cast", "pad",
                 "embedding_backward", "softmax_backward", "log_softmax_backward"}
 MULTILINEAR = {"matmul", "einsum"}
 MAX_SMT_LEAVES = 64

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..graph import bind_shape
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Binding, Plan
 from .expr import Exprs
@@ -27,9 +28,8 @@ def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
     """Intern the logical graph: every logical tensor name -> expression id."""
     env = rank0_env(plan)
     out: dict[str, int] = {}
-    for t in plan.logical.inputs:
-        shape, dtype = _types(plan)[t.name]
-        out[t.name] = exprs.leaf(t.name, shape, dtype)
+    for i, t in enumerate(plan.logical.inputs):
+        out[t.name] = exprs.leaf(t.name, bind_shape(t.shape, plan.dims, f"$.logical.inputs[{i}].shape"), t.dtype)
     for n in plan.logical.nodes:
         ra = resolve_attrs(REGISTRY[n.op], n.attrs, env)
         args = [out[x] for x in n.inputs]
@@ -39,14 +39,6 @@ def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
             for o, e in zip(n.outputs, exprs.mk_multi(n.op, ra, args)):
                 out[o] = e
     return out
-
-
-def _types(plan: Plan) -> dict[str, tuple[tuple[int, ...], str]]:
-    cached = getattr(plan, "_logical_types", None)
-    if cached is None:
-        cached = plan.logical.infer(plan.dims, plan.mesh(), key="shape@dims")
-        plan._logical_types = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
