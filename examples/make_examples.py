@@ -266,6 +266,75 @@ def target_logit_plan(bug=None):
     }
 
 
+def ring_attention_plan(bug=None):
+    """Ring attention over cp=2 (causal), hand-written; see kernel/ring.py for the protocol."""
+    c = 0.5
+    shp, lshp, rows = ["b", "nh", "s", "hd"], ["b", "nh", "s/cp", "hd"], ["b", "nh", "s/cp", 1]
+    logical = [
+        n("kt", "permute", "k", dims=[0, 1, 3, 2]),
+        n("s0", "matmul", "q", "kt"), n("s1", "scale", "s0", value=c),
+        n("iota", "iota", size="s"), n("pos", "cast", "iota", dtype="float"),
+        n("cols", "unsqueeze", "pos", dim=0), n("rows", "unsqueeze", "pos", dim=1),
+        n("mask", "gt", "cols", "rows"),
+        n("s2", "masked_fill", "s1", "mask", value=-1e9),
+        n("p", "softmax", "s2", dim=-1), n("o", "matmul", "p", "v", src="attention.py:12"),
+    ]
+    acc_merge_in = "acc" if bug == "no_max_correction" else "acc_r"
+    l_merge_in = "l" if bug == "no_max_correction" else "l_r"
+    body = [
+        n("kt", "permute", "k", dims=[0, 1, 3, 2], src="ring.py:20"),
+        n("s0", "matmul", "q", "kt", src="ring.py:20"), n("s1", "scale", "s0", value=c, src="ring.py:20"),
+        n("cols", "unsqueeze", "kpos", dim=0, src="ring.py:21"), n("rows", "unsqueeze", "qpos", dim=1, src="ring.py:21"),
+        n("mask", "gt", "cols", "rows", src="ring.py:21"),
+        n("s2", "masked_fill", "s1", "mask", value=-1e9, src="ring.py:22"),
+        n("bmax", "amax", "s2", dims=[-1], keepdim=True, src="ring.py:23"),
+        n("m2", "maximum", "m", "bmax", src="ring.py:23"),
+        n("dm", "sub", "m", "m2", src="ring.py:24"), n("corr", "exp", "dm", src="ring.py:24"),
+        n("ds", "sub", "s2", "m2", src="ring.py:25"), n("e", "exp", "ds", src="ring.py:25"),
+        n("l_r", "mul", "l", "corr", src="ring.py:26"), n("l_b", "sum", "e", dims=[-1], keepdim=True, src="ring.py:26"),
+        n("l2", "add", l_merge_in, "l_b", src="ring.py:26"),
+        n("acc_r", "mul", "acc", "corr", src="ring.py:27"), n("acc_b", "matmul", "e", "v", src="ring.py:27"),
+        n("acc2", "add", acc_merge_in, "acc_b", src="ring.py:27"),
+        n("k2", "ppermute", "k", axis="cp", shift=-1 if bug == "shift_backwards" else 1, src="ring.py:28"),
+        n("v2", "ppermute", "v", axis="cp", shift=-1 if bug == "shift_backwards" else 1, src="ring.py:28"),
+        n("kpos2", "ppermute", "kpos", axis="cp", shift=-1 if bug == "shift_backwards" else 1, src="ring.py:28"),
+    ]
+    outs = ["m2", "l2", "acc2", "k2", "v2", "kpos" if bug == "positions_not_passed" else "kpos2"]
+    nodes = [
+        n("iota", "iota", size="s", src="ring.py:10"),
+        n("blk", "slice", "iota", dim=0, start="rank.cp*(s/cp)", end="(rank.cp+1)*(s/cp)", src="ring.py:10"),
+        n("qpos", "cast", "blk", dtype="float", src="ring.py:10"),
+        n("m0", "const", value=0 if bug == "acc_starts_at_one" else -1e30, shape=rows, src="ring.py:14"),
+        n("l0", "const", value=1 if bug == "acc_starts_at_one" else 0, shape=rows, src="ring.py:15"),
+        n("acc0", "const", value=1 if bug == "acc_starts_at_one" else 0, shape=lshp, src="ring.py:16"),
+        {"outputs": ["m", "l", "acc", "k_", "v_", "kpos_"], "op": "ring_loop",
+         "inputs": ["m0", "l0", "acc0", "k", "v", "qpos", "q", "qpos"],
+         "attrs": {"axis": "cp", "carry": 6,
+                   "body": {"inputs": ["m", "l", "acc", "k", "v", "kpos", "q", "qpos"], "nodes": body, "outputs": outs}},
+         "src": "ring.py:18"},
+        n("o", "div", "acc", "l", src="ring.py:30"),
+    ]
+    what = {None: "Correct.",
+            "no_max_correction": "BUG: blocks are merged without the max correction exp(m - m').",
+            "positions_not_passed": "BUG: K and V travel the ring but the key positions do not (wrong causal mask).",
+            "acc_starts_at_one": "BUG: the running max, sum and accumulator start at 0, 1, 1 instead of -1e30, 0, 0.",
+            "shift_backwards": "Correct, but blocks travel the other way (shift -1): not the proved schedule, so "
+                               "UNKNOWN (the interpreter finds no difference)."}[bug]
+    return {
+        "tvcert_plan": 1,
+        "name": "ring_attention_cp2" + (f"_{bug}" if bug else ""),
+        "description": "Causal ring attention over cp=2: each rank keeps its query block; K, V and key positions "
+                       "travel the ring (ppermute), each block is merged with the online-softmax update, and the "
+                       "result is normalized at the end. " + what,
+        "dims": {"b": 1, "nh": 2, "s": 8, "hd": 2, "cp": 2},
+        "mesh": [["cp", "cp"]],
+        "logical": {"inputs": [t(x, shp) for x in "qkv"], "nodes": logical, "outputs": ["o"]},
+        "parallel": [{"name": "cp", "inputs": [t(x, lshp) for x in "qkv"], "nodes": nodes, "outputs": ["o"]}],
+        "inputs": {x: {"local": x, "placement": {"cp": "Shard(2)"}} for x in "qkv"},
+        "outputs": {"o": {"local": "o", "placement": {"cp": "Shard(2)"}}},
+    }
+
+
 if __name__ == "__main__":
     write("mlp_tp2", mlp_plan("mlp_tp2", "Two-layer MLP, Megatron tensor parallel over tp=2 (column- then "
                                           "row-parallel linear, all_reduce), forward and backward. Correct."))
@@ -285,3 +354,6 @@ if __name__ == "__main__":
     write("vocab_parallel_embedding_unmasked_bug", vocab_embedding_plan("no_output_mask"))
     write("vocab_parallel_target_logit", target_logit_plan())
     write("vocab_parallel_target_logit_mask_bug", target_logit_plan("wrong_mask"))
+    write("ring_attention_cp2", ring_attention_plan())
+    for bug in ("no_max_correction", "positions_not_passed", "acc_starts_at_one", "shift_backwards"):
+        write(f"ring_attention_cp2_{bug}", ring_attention_plan(bug))

@@ -160,8 +160,13 @@ class Graph:
                                  f"{n.op} over axis {ra['axis']!r}, which the mesh does not have (mesh axes: {sorted(mesh)})")
             in_types = [types[x] for x in n.inputs]
             try:
-                shapes = spec.infer([t[0] for t in in_types], ra)
-                dtypes = spec.out_dtypes([t[1] for t in in_types], ra)
+                if n.op == "ring_loop":
+                    shapes, dtypes = _infer_loop(n, ra, in_types, env, mesh, key)
+                else:
+                    shapes = spec.infer([t[0] for t in in_types], ra)
+                    dtypes = spec.out_dtypes([t[1] for t in in_types], ra)
+            except GraphError:
+                raise
             except (ShapeError, AttrError, DimError, ValueError) as exc:
                 desc = ", ".join(f"{x}:{list(t[0])}" for x, t in zip(n.inputs, in_types))
                 raise GraphError(n.path, f"op {n.op!r} on ({desc}): {exc}") from None
@@ -174,6 +179,40 @@ class Graph:
             n.meta[key] = [types[o] for o in n.outputs]
             n.meta["attrs"] = ra
         return types
+
+
+def loop_body(n: Node) -> Graph:
+    """The body graph of a ring_loop node (parsed by the plan loader)."""
+    body = n.meta.get("body")
+    if body is None:
+        raise GraphError(f"{n.path}.attrs.body", "ring_loop body was not parsed (build plans with tvcert.plan.load_plan)")
+    return body
+
+
+def _infer_loop(n: Node, ra, in_types, env, mesh, key):
+    """A loop's outputs have its carried inputs' types, and one body step must preserve them."""
+    body = loop_body(n)
+    k = ra["carry"]
+    if ra["axis"] not in mesh:
+        raise GraphError(f"{n.path}.attrs.axis", f"ring_loop over axis {ra['axis']!r}, which the mesh does not have "
+                                                 f"(mesh axes: {sorted(mesh)})")
+    if not 1 <= k <= len(in_types):
+        raise GraphError(f"{n.path}.attrs.carry", f"carry must be between 1 and the {len(in_types)} inputs, got {k}")
+    if len(body.inputs) != len(in_types):
+        raise GraphError(f"{n.path}.attrs.body.inputs", f"the body declares {len(body.inputs)} inputs, the loop passes "
+                                                        f"{len(in_types)}")
+    if len(body.outputs) != k:
+        raise GraphError(f"{n.path}.attrs.body.outputs", f"the body returns {len(body.outputs)} values for {k} carried")
+    for t, (shape, dt) in zip(body.inputs, in_types):
+        t.shape, t.dtype = list(shape), dt
+    n.meta[f"body_inputs@{key}"] = list(in_types)  # the body inputs' types at these dims (t.shape is the last run)
+    btypes = body.infer(env, mesh, key)
+    for j, (o, want) in enumerate(zip(body.outputs, in_types)):
+        if btypes[o] != want:
+            raise GraphError(f"{n.path}.attrs.body.outputs[{j}]",
+                             f"one step turns carried {body.inputs[j]!r} {list(want[0])} ({want[1]}) into {o!r} "
+                             f"{list(btypes[o][0])} ({btypes[o][1]}): the carried type must not change")
+    return [t[0] for t in in_types[:k]], [t[1] for t in in_types[:k]]
 
 
 def bind_shape(shape: list, env: Mapping[str, int], path: str) -> tuple[int, ...]:

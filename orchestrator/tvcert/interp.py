@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .graph import Graph, Node
+from .graph import Graph, Node, loop_body
 from .ops import REGISTRY, Ctx, resolve_attrs
 from .ops.collectives import axes_of
 from .plan import Binding, Placement, Plan
@@ -259,6 +259,9 @@ def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[st
 
 def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox, ctx: Ctx) -> bool:
     spec = REGISTRY[n.op]
+    if n.op == "ring_loop":
+        _run_loop(n, prog, ranks, vals, envs, mesh, mailbox, ctx)
+        return True
     if spec.category == "collective":
         ra = resolve_attrs(spec, n.attrs, envs[ranks[0]])
         axes = axes_of(ra)
@@ -299,6 +302,24 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
     return True
 
 
+def _run_loop(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox, ctx: Ctx) -> None:
+    """size(axis) steps of the body on every rank in lock step; the carried values thread through."""
+    body = loop_body(n)
+    ra = resolve_attrs(REGISTRY[n.op], n.attrs, envs[ranks[0]])
+    k = ra["carry"]
+    names = body.input_names()
+    state = {r: {b: vals[r][x] for b, x in zip(names, n.inputs)} for r in ranks}
+    for _ in range(mesh.sizes[ra["axis"]]):
+        for bn in body.nodes:
+            _step(bn, prog, ranks, state, envs, mesh, mailbox, ctx)
+        for r in ranks:
+            new = [state[r][o] for o in body.outputs]
+            state[r] = {b: state[r][b] for b in names[k:]} | dict(zip(names[:k], new))
+    for r in ranks:
+        for o, b in zip(n.outputs, names[:k]):
+            vals[r][o] = state[r][b]
+
+
 def _peer(mesh: Mesh, r: Rank, axis: str, c: int, n: Node) -> Rank:
     if not 0 <= c < mesh.sizes[axis]:
         raise RunError(f"{n.path} ({n.op}): peer coordinate {c} is outside axis {axis!r} of size {mesh.sizes[axis]}")
@@ -324,6 +345,7 @@ class RunResult:
     parallel: ParallelRun
     inputs: dict[str, np.ndarray]
     mesh: Mesh
+    tables: frozenset = frozenset()  # functions that ran as uninterpreted tables (exact mode)
 
     @property
     def equal(self) -> bool:
@@ -383,4 +405,5 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
             diffs.append(OutputDiff(name, False, float("inf"), f"shape {list(asm.value.shape)} vs logical {list(want.shape)}"))
         else:
             diffs.append(OutputDiff(name, values_equal(asm.value, want, exact), max_diff(asm.value, want)))
-    return RunResult(dims, "exact" if exact else "float64", seed, diffs, logical, par, dict(inputs), mesh)
+    return RunResult(dims, "exact" if exact else "float64", seed, diffs, logical, par, dict(inputs), mesh,
+                     frozenset(ctx.tables))

@@ -70,6 +70,12 @@ class GraphSpec(_Strict):
     outputs: list[str]
 
 
+class LoopBodySpec(_Strict):
+    inputs: list[str] = Field(description="body inputs: the loop's carried inputs, then its read-only ones")
+    nodes: list[NodeSpec]
+    outputs: list[str] = Field(description="the carried values after one step, in the order of the carried inputs")
+
+
 class ProgramSpec(GraphSpec):
     name: str = "main"
     stage: dict[str, int] = Field(default_factory=dict, description="mesh coordinates this program runs on, e.g. {'pp': 0}")
@@ -278,12 +284,36 @@ def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = No
                 raise GraphError(p, "a node needs exactly one of 'name' (one output) or 'outputs' (several)")
         else:
             outs = [n.name] if n.name is not None else list(n.outputs or [])
-        nodes.append(Node(op=n.op, inputs=list(n.inputs), outputs=outs, attrs=dict(n.attrs), src=n.src, path=p,
-                          layer=n.layer))
+        node = Node(op=n.op, inputs=list(n.inputs), outputs=outs, attrs=dict(n.attrs), src=n.src, path=p,
+                    layer=n.layer)
+        if n.op == "ring_loop":
+            node.meta["body"] = _loop_body(node)
+        nodes.append(node)
     inputs = [TensorDecl(t.name, list(t.shape), t.dtype, t.range) for t in g.inputs]
     gr = Graph(name=name, inputs=inputs, nodes=nodes, outputs=list(g.outputs), path=path, stage=dict(stage or {}))
     gr.check_structure()
     return gr
+
+
+def _loop_body(node: Node) -> Graph:
+    """Parse a ring_loop's body into a graph (its inputs' shapes are bound by Graph.infer)."""
+    path = f"{node.path}.attrs.body"
+    raw = node.attrs.get("body")
+    try:
+        body = LoopBodySpec.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise GraphError(path + _pyd_path(err["loc"])[1:], err["msg"]) from None
+    for i, b in enumerate(body.nodes):
+        if b.op in ("ring_loop", "send", "recv"):
+            raise GraphError(f"{path}.nodes[{i}].op", f"a loop body cannot contain {b.op!r}")
+    spec = GraphSpec(inputs=[TensorSpec(name=x, shape=[]) for x in body.inputs], nodes=body.nodes, outputs=body.outputs)
+    g = _graph(spec, f"{node.path}.body", path)
+    for b in g.nodes:
+        if _node_mentions_rank(b):
+            raise GraphError(f"{b.path}.attrs", "attributes inside a loop body cannot depend on rank coordinates "
+                                                "(pass rank-dependent values in as loop inputs)")
+    return g
 
 
 def _build(spec: PlanSpec, raw: dict, check_run_dims: bool = True) -> Plan:
@@ -318,6 +348,9 @@ def _build(spec: PlanSpec, raw: dict, check_run_dims: bool = True) -> Plan:
             if v <= 0:
                 raise PlanError(f"$.mesh.{a}", f"axis size {v} (with {which}) must be positive")
     logical = _graph(spec.logical, "logical", "$.logical")
+    for n in logical.nodes:
+        if REGISTRY[n.op].category in ("collective", "p2p", "loop"):
+            raise PlanError(f"{n.path}.op", f"the logical (single-device) graph cannot contain {n.op!r}")
     programs: dict[str, Graph] = {}
     if not spec.parallel:
         raise PlanError("$.parallel", "the plan needs at least one parallel program")

@@ -113,6 +113,8 @@ RULES: dict[str, str] = {
     "slice_other_dim": f"{_T}.Layout.slice_other_dim",
     "slice_block_to_shard": f"{_T}.Layout.slice_block_to_shard",
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
+    # ring attention (kernel/ring.py)
+    "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
     "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",
@@ -141,6 +143,7 @@ THEOREMS: dict[str, str] = {
     "reshape_transpose_swap_differs": f"{_T}.Layout.reshape_transpose_swap_differs",
     "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
     "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
+    "online_softmax_fold": f"{_T}.Ring.online_softmax_fold",
     "dp_mean_of_means": f"{_T}.Composite.dp_mean_of_means",
     "grad_accumulation": f"{_T}.Composite.grad_accumulation",
     "zero_sharded_adamw": f"{_T}.Composite.zero_sharded_adamw",

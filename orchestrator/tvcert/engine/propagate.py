@@ -14,6 +14,7 @@ from ..kernel.expr import Exprs
 from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
 from ..kernel.p2p import check_transfer, recv_key, send_key
 from ..kernel.patterns import PATTERN_OPS, PATTERNS
+from ..kernel.ring import RingMismatch
 from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
 from ..kernel.setup import input_facts, kctx, rank0_env
 from ..ops import REGISTRY, resolve_attrs
@@ -157,7 +158,12 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         prop.steps.append(Step(p, i, ["send_recv_preserves"], [fact], [sender, snode]))
         return True
     missing = [x for x in n.inputs if x not in facts]
-    if missing and _try_pattern(plan, prop, p, i, n, kc, exprs, facts):
+    if missing and _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail):
+        return True
+    if n.op == "ring_loop":
+        if not missing:
+            fail("a ring_loop's carried state has no fact of its own: the loop is justified as a whole by "
+                 "ring_attention_online_softmax at the division acc / l that normalizes its result")
         return True
     if n.op == "send":
         try:
@@ -183,14 +189,20 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     return True
 
 
-def _try_pattern(plan, prop, p, i, n, kc, exprs, facts) -> bool:
-    """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches."""
+def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
+    """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches.
+
+    A near miss (the ops have the pattern's shape but a side condition fails) is reported."""
     if n.op not in PATTERN_OPS:
         return False
     for name, match in PATTERNS.items():
         mark = exprs.mark()
         try:
             d, nodes = match(plan.programs[p], i, facts, kc)
+        except RingMismatch as exc:
+            exprs.rollback(mark)
+            fail(f"{name}: {exc}")
+            continue
         except RuleFailure:
             exprs.rollback(mark)
             continue

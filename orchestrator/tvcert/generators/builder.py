@@ -48,6 +48,8 @@ class G:
             outs.append(f"t{self._n}")
         d = {"outputs": outs, "op": op, "inputs": list(inputs), "attrs": attrs,
              "src": f"{self.scope}.{role or op}" if self.scope else (role or op)}
+        if self.label or self.scope.startswith("layer"):
+            d["layer"] = self.label or self.scope
         self.nodes.append(d)
         return outs
 
@@ -69,6 +71,7 @@ class Par:
     mb: int = 1  # micro-batches, a virtual (sequential) mesh axis
     zero: int = 0
     pp: int = 1  # pipeline stages: one program per stage, pinned to a coordinate of the pp axis
+    ring: bool = False  # context parallelism by ring attention (else all-gather K/V)
 
     @property
     def logical(self) -> bool:

@@ -12,7 +12,10 @@ from ..cli import _fail_bad, write_atomic
 @click.argument("model", metavar="MODEL")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel degree")
 @click.option("--sp", is_flag=True, help="Megatron sequence parallelism (needs --tp > 1)")
-@click.option("--cp", default=1, show_default=True, help="context-parallel degree (all-gather K/V)")
+@click.option("--cp", default=1, show_default=True, help="context-parallel degree")
+@click.option("--cp-style", type=click.Choice(["allgather", "ring"]), default="allgather", show_default=True,
+              help="context-parallel attention (llama3-*): all-gather K/V (Llama 3), or ring attention with the "
+                   "online-softmax merge")
 @click.option("--dp", default=1, show_default=True, help="data-parallel degree")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
 @click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")
@@ -21,7 +24,7 @@ from ..cli import _fail_bad, write_atomic
 @click.option("--layers", type=int, default=None, help="number of layers (default: the model card's)")
 @click.option("--dims", "dims_text", metavar="NAME=V,...", help="override model dims, e.g. h=64,f=128")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="plan file to write")
-def plan(model, tp, sp, cp, dp, zero, mb, ep, pp, layers, dims_text, out):
+def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, layers, dims_text, out):
     """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b,
     deepseek-v3-16b, deepseek-v3-236b, deepseek-v3-671b).
 
@@ -36,13 +39,16 @@ def plan(model, tp, sp, cp, dp, zero, mb, ep, pp, layers, dims_text, out):
         if model.startswith("deepseek-v3-"):
             from .deepseek import deepseek_plan
 
+            if cp_style != "allgather":
+                raise GenError("--cp-style ring is implemented for llama3-* (MLA attention uses all-gather K/V)")
+
             p = deepseek_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep, layers=layers,
                               dims=_parse_dims(dims_text), pp=pp)
         elif ep > 1:
             raise GenError("--ep applies to MoE models (deepseek-v3-*)")
         else:
             p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers,
-                            dims=_parse_dims(dims_text), pp=pp)
+                            dims=_parse_dims(dims_text), pp=pp, cp_style=cp_style)
     except GenError as exc:
         _fail_bad(str(exc))
     write_atomic(out, json.dumps(p, indent=1) + "\n")

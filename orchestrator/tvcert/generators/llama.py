@@ -8,8 +8,12 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
   the rank's vocab block of a one-hot matrix);
 * sp (with tp): the residual stream is sharded on the sequence; all_gather before column-parallel
   layers, reduce_scatter after row-parallel ones, norm-weight gradients all-reduced over tp;
-* cp: the sequence is sharded; K and V are all-gathered (Llama 3's all-gather context
-  parallelism), RoPE positions and causal-mask rows are the rank's block of positions;
+* cp: the sequence is sharded; RoPE positions and causal-mask rows are the rank's block of
+  positions.  Attention either all-gathers K and V (Llama 3's all-gather context parallelism) or,
+  with ``ring``, runs ring attention: a ``ring_loop`` over cp passes K, V and their positions
+  to the next rank and folds each block in with the online-softmax merge (max-corrected running
+  sum and accumulator), normalizing at the end.  Its backward recomputes the probabilities from
+  all-gathered K and V (activation recomputation) and reduce-scatters dK, dV;
 * dp and micro-batches (a virtual mesh axis ``mb``: accumulation = sum over it): weight
   gradients are partial sums over the token-splitting axes and are all-reduced;
 * zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
@@ -168,6 +172,7 @@ class Step:
         cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
                     role="mask.cols", dim=0)
         mask = g.op("gt", cols, rows, role="mask.causal")
+        self.positions = pos  # this stage's query positions (the ring's key positions start as the same block)
         return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), mask
 
     def heads(self, x, n, role):
@@ -180,11 +185,54 @@ class Step:
         x4 = g.op("permute", x, role=role + ".to_bshd", dims=[0, 2, 1, 3])
         return g.op("reshape", x4, role=role + ".merge_heads", shape=[self.B, self.S, f"{n}*hd"])
 
-    def expand_kv(self, k, role):
+    def expand_kv(self, k, role, seq="s"):
         g = self.g
         k5 = g.op("unsqueeze", k, role=role + ".unsqueeze", dim=2)
-        ke = g.op("expand", k5, role=role + ".expand", shape=[self.B, self.NKV, "nh/nkv", "s", "hd"])
-        return g.op("reshape", ke, role=role + ".merge", shape=[self.B, self.NH, "s", "hd"])
+        ke = g.op("expand", k5, role=role + ".expand", shape=[self.B, self.NKV, "nh/nkv", seq, "hd"])
+        return g.op("reshape", ke, role=role + ".merge", shape=[self.B, self.NH, seq, "hd"])
+
+    @property
+    def ring(self) -> bool:
+        return self.par.ring and self.par.has("cp")
+
+    def attn_probs(self, q, k, v, mask, c, pre=""):
+        """All-gather K/V over cp, expand GQA groups, masked scaled scores, softmax: (ke, ve, prob)."""
+        g = self.g
+        kf = self.gather(k, "cp", 2, pre + "cp_k_all_gather")
+        vf = self.gather(v, "cp", 2, pre + "cp_v_all_gather")
+        ke, ve = self.expand_kv(kf, pre + "k_gqa"), self.expand_kv(vf, pre + "v_gqa")
+        sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role=pre + "k_t", dims=[0, 1, 3, 2]), role=pre + "scores"),
+                  role=pre + "scores_scale", value=c)
+        sc = g.op("masked_fill", sc, mask, role=pre + "causal_mask", value=MASK)
+        return ke, ve, g.op("softmax", sc, role=pre + "softmax", dim=-1)
+
+    def ring_attention(self, q, k, v, c):
+        """Ring attention over cp: K, V and key positions travel the ring; online-softmax merge per block."""
+        g, S = self.g, self.S
+        ke, ve = self.expand_kv(k, "ring.k_gqa", seq=S), self.expand_kv(v, "ring.v_gqa", seq=S)
+        rows = [self.B, self.NH, S, 1]
+        m0 = g.op("const", role="ring.m0", value=-1e30, shape=rows)
+        l0 = g.op("const", role="ring.l0", value=0, shape=rows)
+        a0 = g.op("const", role="ring.acc0", value=0, shape=[self.B, self.NH, S, "hd"])
+        b = G()
+        m, l, acc, kb, vb, kp, qb, qp = "m", "l", "acc", "k", "v", "kpos", "q", "qpos"
+        sc = b.op("scale", b.op("matmul", qb, b.op("permute", kb, role="ring.k_t", dims=[0, 1, 3, 2]), role="ring.scores"),
+                  role="ring.scores_scale", value=c)
+        msk = b.op("gt", b.op("unsqueeze", kp, role="ring.mask.cols", dim=0),
+                   b.op("unsqueeze", qp, role="ring.mask.rows", dim=1), role="ring.mask.causal")
+        sc = b.op("masked_fill", sc, msk, role="ring.causal_mask", value=MASK)
+        mn = b.op("maximum", m, b.op("amax", sc, role="ring.block_max", dims=[-1], keepdim=True), role="ring.new_max")
+        corr = b.op("exp", b.op("sub", m, mn, role="ring.max_shift"), role="ring.correction")
+        e = b.op("exp", b.op("sub", sc, mn, role="ring.shift"), role="ring.exp")
+        l2 = b.op("add", b.op("mul", l, corr, role="ring.l_rescale"), b.op("sum", e, role="ring.l_block", dims=[-1],
+                                                                            keepdim=True), role="ring.l_merge")
+        a2 = b.op("add", b.op("mul", acc, corr, role="ring.acc_rescale"), b.op("matmul", e, vb, role="ring.acc_block"),
+                  role="ring.acc_merge")
+        nxt = [b.op("ppermute", t, role=f"ring.pass_{t}", axis="cp", shift=1) for t in (kb, vb, kp)]
+        body = {"inputs": [m, l, acc, kb, vb, kp, qb, qp], "nodes": b.nodes, "outputs": [mn, l2, a2, *nxt]}
+        outs = g.multi("ring_loop", m0, l0, a0, ke, ve, self.positions, q, self.positions, n=6, role="ring",
+                       axis="cp", carry=6, body=body)
+        return g.op("div", outs[2], outs[1], role="ring.normalize")
 
     def reduce_kv(self, dk, role):
         g = self.g
@@ -216,15 +264,13 @@ class Step:
         q = self.rope(self.heads(g.op("matmul", n1f, wq, role="q_proj"), self.NH, "q"), cos, sin, "q_rope")
         k = self.rope(self.heads(g.op("matmul", n1f, wk, role="k_proj"), self.NKV, "k"), cos, sin, "k_rope")
         v = self.heads(g.op("matmul", n1f, wv, role="v_proj"), self.NKV, "v")
-        kf = self.gather(k, "cp", 2, "cp_k_all_gather")
-        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
-        ke, ve = self.expand_kv(kf, "k_gqa"), self.expand_kv(vf, "v_gqa")
         c = 1.0 / math.sqrt(self.cfg.hd)
-        sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role="k_t", dims=[0, 1, 3, 2]), role="scores"),
-                  role="scores_scale", value=c)
-        sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
-        prob = g.op("softmax", sc, role="softmax", dim=-1)
-        o = self.unheads(g.op("matmul", prob, ve, role="attn_v"), self.NH, "o")
+        if self.ring:
+            ke = ve = prob = None  # recomputed by the backward
+            o = self.unheads(self.ring_attention(q, k, v, c), self.NH, "o")
+        else:
+            ke, ve, prob = self.attn_probs(q, k, v, mask, c)
+            o = self.unheads(g.op("matmul", prob, ve, role="attn_v"), self.NH, "o")
         attn = self.tp_out(g.op("matmul", o, wo, role="o_proj"), "o_proj")
         x2 = g.op("add", x, attn, role="attn_residual")
         n2, sn2 = self.rmsnorm(x2, wn2, "mlp_norm")
@@ -236,7 +282,7 @@ class Step:
         mo = self.tp_out(g.op("matmul", hm, w2, role="w2_proj"), "w2_proj")
         x3 = g.op("add", x2, mo, role="mlp_residual")
         g.scope = ""
-        saved = dict(x=x, n1f=n1f, sn1=sn1, q=q, ke=ke, ve=ve, prob=prob, o=o, x2=x2, sn2=sn2, n2f=n2f, a=a, cc=cc,
+        saved = dict(x=x, n1f=n1f, sn1=sn1, q=q, k=k, v=v, ke=ke, ve=ve, prob=prob, o=o, x2=x2, sn2=sn2, n2f=n2f, a=a, cc=cc,
                      sa=sa, hm=hm, c=c)
         return x3, saved
 
@@ -267,6 +313,9 @@ class Step:
         gr[f"{p}.wo"] = self.wgrad(s["o"], dattn, "wo_dw")
         do2 = self.linear_dx(dattn, f"{p}.wo", "wo_dx")
         do = self.heads(do2, self.NH, "do")
+        if s["prob"] is None:  # ring attention forward: recompute the probabilities from all-gathered K, V
+            s = dict(s)
+            s["ke"], s["ve"], s["prob"] = self.attn_probs(s["q"], s["k"], s["v"], mask, s["c"], pre="recompute.")
         dprob = g.op("matmul", do, g.op("permute", s["ve"], role="v_t", dims=[0, 1, 3, 2]), role="dprob")
         dve = g.op("matmul", g.op("permute", s["prob"], role="prob_t", dims=[0, 1, 3, 2]), do, role="dv")
         dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)

@@ -214,6 +214,58 @@ def _insert_positions_unoffset(p: dict) -> str:
     return rows["src"]
 
 
+# ---------------------------------------------------------------------- ring attention (cp with --cp-style ring)
+CP_RING = {"cp": 2, "cp_style": "ring"}
+CP_RING_TP = {"cp": 2, "cp_style": "ring", "tp": 2}
+
+
+def _ring_body(p: dict, pattern: str = r"layer0\.ring$") -> tuple[dict, dict]:
+    loop = _find(p, pattern)
+    return loop, loop["attrs"]["body"]
+
+
+def _body_node(body: dict, role: str) -> dict:
+    for n in body["nodes"]:
+        if n.get("src") == role:
+            return n
+    raise MutationError(f"the ring body has no op with role {role!r}")
+
+
+def _ring_no_max_correction(p: dict) -> str:
+    """The running sum and accumulator are added to without the exp(m - m') rescale."""
+    loop, body = _ring_body(p)
+    _body_node(body, "ring.acc_merge")["inputs"][0] = "acc"
+    _body_node(body, "ring.l_merge")["inputs"][0] = "l"
+    return loop["src"]
+
+
+def _ring_positions_not_passed(p: dict) -> str:
+    """K and V travel the ring but the key positions stay: the causal mask compares the wrong blocks."""
+    loop, body = _ring_body(p)
+    k = body["inputs"].index("kpos")
+    body["outputs"][k] = "kpos"
+    return loop["src"]
+
+
+def _ring_stale_reference(p: dict) -> str:
+    """The new block is exponentiated against the old reference m instead of the new one m'."""
+    loop, body = _ring_body(p)
+    _body_node(body, "ring.shift")["inputs"][1] = "m"
+    return loop["src"]
+
+
+RING_MUTATIONS: list[Mutation] = [
+    Mutation("ring_merge_no_max_correction", "ring attention merges blocks without the max correction exp(m - m')",
+             CP_RING, _ring_no_max_correction),
+    Mutation("ring_positions_not_passed", "ring attention passes K and V but not their positions (wrong causal mask)",
+             CP_RING, _ring_positions_not_passed),
+    Mutation("ring_stale_reference", "ring attention exponentiates a block against the previous running max",
+             CP_RING_TP, _ring_stale_reference),
+    Mutation("ring_rope_positions_not_offset", "RoPE (and ring-mask) positions are not offset by the cp rank",
+             CP_RING, lambda p: _set(p, r"rope\.cp_positions$", start=0, end="s/cp")),
+]
+MUTATIONS += RING_MUTATIONS
+
 BY_NAME = {m.name: m for m in MUTATIONS}
 
 

@@ -13,6 +13,7 @@ LLAMA3 = {
     "llama3-405b": dict(h=16384, layers=126, nh=128, nkv=8, hd=128, f=53248, v=128256, s=8192),
 }
 MODELS = sorted(LLAMA3)
+CP_STYLES = ("allgather", "ring")
 
 
 class GenError(ValueError):
@@ -29,15 +30,18 @@ def small_dims(par: Par) -> dict[str, int]:
 def small_mesh(par: Par) -> Par:
     """The same structure at degree 2 (or 3 for mb) on every axis, so it can be executed."""
     return Par(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
-               pp=par.pp)
+               pp=par.pp, ring=par.ring)
 
 
 def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
-                layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1) -> dict[str, Any]:
+                layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1,
+                cp_style: str = "allgather") -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp)
-    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp)
+    if cp_style not in CP_STYLES:
+        raise GenError(f"--cp-style must be one of {', '.join(CP_STYLES)}, got {cp_style!r}")
+    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ring=cp_style == "ring")
     card = dict(LLAMA3[model])
     nl = layers if layers is not None else card["layers"]
     card.pop("layers")
@@ -56,8 +60,10 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
     cfg = Cfg(full, nl)
-    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
-    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} pp={pp} "
+    ring = "ring" if par.ring and cp > 1 else ""
+    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
+    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp}{' (ring)' if ring else ''} "
+            f"dp={dp} pp={pp} "
             f"microbatches={mb} zero={zero}")
     return assemble(Step(G(), Par(), cfg), Step(G(), par, cfg), name, desc, full, run)
 

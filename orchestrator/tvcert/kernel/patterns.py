@@ -163,5 +163,7 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
 
 
-PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding}
-PATTERN_OPS = {"where", "masked_fill"}
+from .ring import RULE as _RING, match_ring  # noqa: E402
+
+PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding, _RING: match_ring}
+PATTERN_OPS = {"where", "masked_fill", "div"}

@@ -79,6 +79,8 @@ RULES: dict[str, str] = {
     "send_recv_preserves": "a received tensor equals the sent one, with its placement",
     "vocab_parallel_embedding": "masked local lookup of ids - rank*B in a vocab-sharded table (embedding rows, or the "
                                 "target logit gathered per token) is Partial(sum) of the lookup",
+    "ring_attention_online_softmax": "a ring_loop folding online-softmax merges over key blocks passed around the "
+                                     "ring, divided by its normalizer, is softmax attention (pattern, kernel/ring.py)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",

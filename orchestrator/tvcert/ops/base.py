@@ -180,6 +180,7 @@ class Ctx:
     def __init__(self, exact: bool = False, seed: int = 0):
         self.exact = exact
         self.seed = seed
+        self.tables: set[str] = set()  # functions evaluated through tables (exact mode): not their real values
 
     # nonlinear scalar functions -------------------------------------------------
     _FLOAT_FNS: ClassVar[dict[str, Callable]] = {
@@ -205,6 +206,7 @@ class Ctx:
                 raise ValueError(f"no float semantics for function {name!r}")
             with np.errstate(all="ignore"):
                 return f(x)
+        self.tables.add(name)
         return np.vectorize(lambda v: table_value(name, v, self.seed), otypes=[object])(x)
 
     def const(self, v: Any) -> Any:

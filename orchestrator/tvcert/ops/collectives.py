@@ -116,6 +116,20 @@ class AllToAll(Collective):
 
 
 @register
+class PPermute(Collective):
+    name = "ppermute"
+    attrs = {"axis": Attr("str"), "shift": Attr("int")}
+    doc = "ring shift: rank i receives the tensor of rank (i - shift) mod p (collective_permute)"
+
+    def infer(self, shapes, attrs):
+        return [shapes[0]]
+
+    def simulate(self, xs, attrs, ctx):
+        p = len(xs)
+        return [xs[(i - attrs["shift"]) % p].copy() for i in range(p)]
+
+
+@register
 class Broadcast(Collective):
     name = "broadcast"
     attrs = {"axis": AXIS, "root": Attr("int", False, 0)}
