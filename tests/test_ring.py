@@ -110,7 +110,10 @@ def test_generated_ring_plans_run_equal_and_verify(cfg):
     assert run_plan(plan).equal
     res = verify(plan, refute=False)
     assert res.verdict == "VERIFIED", res.reasons
-    assert sum(1 for s in res.prop.steps if "ring_attention_online_softmax" in s.rules) == cfg.get("layers", 1)
+    layers = cfg.get("layers", 1)
+    assert sum(1 for s in res.prop.steps if "ring_attention_online_softmax" in s.rules) == layers
+    assert sum(1 for s in res.prop.steps if "ring_attention_backward" in s.rules) == layers
+    assert not any(n.op == "all_gather" and n.attrs["axis"] == "cp" for g in plan.programs.values() for n in g.nodes)
 
 
 def test_ring_plan_size_does_not_grow_with_cp():
@@ -135,3 +138,75 @@ def test_ring_loop_round_trips_through_the_certificate_checker_tamper():
     row["pattern"] = row["pattern"][:-1]
     with pytest.raises(Invalid, match="ring_attention_online_softmax matches ops"):
         check_certificate(Certificate.model_validate(bad))
+
+
+# ------------------------------------------------------------------ soundness: random edits of ring bodies
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+SWAP_OPS = {"add": ["sub", "mul", "maximum"], "sub": ["add", "mul"], "mul": ["add", "div"], "maximum": ["minimum", "add"],
+            "exp": ["neg", "abs"], "div": ["mul", "sub"]}
+
+
+def _edit_body(body: dict, rng) -> str:
+    nodes = body["nodes"]
+    n = nodes[rng.randrange(len(nodes))]
+    kind = rng.choice(["swap", "reroute", "shift", "op", "value", "output"])
+    names = body["inputs"] + [m["name"] for m in nodes if "name" in m]
+    if kind == "swap" and len(n["inputs"]) >= 2:
+        n["inputs"][0], n["inputs"][1] = n["inputs"][1], n["inputs"][0]
+    elif kind == "reroute" and n["inputs"]:
+        j = rng.randrange(len(n["inputs"]))
+        n["inputs"][j] = rng.choice(names[: names.index(n["name"])] if n.get("name") in names else names)
+    elif kind == "shift":
+        pp = [m for m in nodes if m["op"] == "ppermute"]
+        rng.choice(pp)["attrs"]["shift"] = rng.choice([-1, 0, 2, 3])
+    elif kind == "op" and n["op"] in SWAP_OPS:
+        n["op"] = rng.choice(SWAP_OPS[n["op"]])
+    elif kind == "value" and "value" in n.get("attrs", {}):
+        n["attrs"]["value"] = rng.choice([0, 1, 2.0, -1e9, 0.25])
+    elif kind == "output":
+        j = rng.randrange(len(body["outputs"]))
+        body["outputs"][j] = rng.choice(names)
+    return f"{kind} at {n.get('name')}"
+
+
+def _never_wrongly_verified(plan_raw: dict, loops: list[int], seed: int, edits: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    bad = copy.deepcopy(plan_raw)
+    prog = bad["parallel"][0]["nodes"]
+    what = [_edit_body(prog[loops[rng.randrange(len(loops))]]["attrs"]["body"], rng) for _ in range(edits)]
+    try:
+        plan = load_plan(bad)
+    except PlanError:
+        return
+    if verify(plan, refute=False).verdict != "VERIFIED":
+        return
+    for s in range(3):  # a VERIFIED mutant must compute the same thing
+        assert run_plan(plan, seed=s).equal, f"VERIFIED but different after {what}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 10**9), st.integers(1, 3))
+def test_edited_forward_ring_is_never_wrongly_verified(seed, edits):
+    _never_wrongly_verified(raw(), [6], seed, edits)
+
+
+_GEN = None
+
+
+def _generated() -> tuple[dict, list[int]]:
+    global _GEN
+    if _GEN is None:
+        p = llama3_plan("llama3-8b", layers=1, cp=2, cp_style="ring")
+        p["dims"] = dict(p["run_dims"])
+        _GEN = p, [i for i, n in enumerate(p["parallel"][0]["nodes"]) if n["op"] == "ring_loop"]
+    return _GEN
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 10**9), st.integers(1, 2))
+def test_edited_training_ring_is_never_wrongly_verified(seed, edits):
+    p, loops = _generated()
+    _never_wrongly_verified(p, loops, seed, edits)

@@ -112,6 +112,7 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
         pname: {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items() if b.program == pname}
         for pname in plan.programs}
     sent: dict[tuple[str, str], str] = {}  # (tag, receiving program) -> explanation of the sent tensor
+    loop_only = _loop_only_inputs(plan)
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
         g = plan.programs[pname]
         n = g.nodes[i]
@@ -135,12 +136,36 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
             verdict = judge(pname, i, o) if judge else None
             ex = verdict if isinstance(verdict, str) else (None if verdict is False else
                                                           explain(plan, res, pname, o, by_shape))
+            if ex is None and (pname, o) in loop_only:
+                # an auxiliary value (e.g. a row sum a ring backward needs) is judged with the loop that reads it
+                kn[o] = "an input of a ring loop (judged with the loop)"
+                continue
             if ex is None:
                 ranks = res.mesh.ranks(g.stage)
                 sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}
                 return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, sample)
             kn[o] = str(ex)
     return None
+
+
+def _loop_only_inputs(plan: Plan) -> set[tuple[str, str]]:
+    """(program, tensor) used only to compute ring_loop inputs (not a program output, not sent)."""
+    out: set[tuple[str, str]] = set()
+    for pname, g in plan.programs.items():
+        readers: dict[str, list] = {}
+        for n in g.nodes:
+            for x in n.inputs:
+                readers.setdefault(x, []).append(n)
+        for x in g.outputs:
+            readers.setdefault(x, []).append(None)
+        for n in reversed(g.nodes):  # readers come later, so they are settled first
+            for o in n.outputs:
+                rs = readers.get(o, [])
+                if rs and all(r is not None and (r.op == "ring_loop" or
+                                                 (r.outputs and all((pname, y) in out for y in r.outputs)))
+                              for r in rs):
+                    out.add((pname, o))
+    return out
 
 
 def _short(v: np.ndarray, k: int = 6) -> list:

@@ -232,11 +232,45 @@ class Step:
         body = {"inputs": [m, l, acc, kb, vb, kp, qb, qp], "nodes": b.nodes, "outputs": [mn, l2, a2, *nxt]}
         outs = g.multi("ring_loop", m0, l0, a0, ke, ve, self.positions, q, self.positions, n=6, role="ring",
                        axis="cp", carry=6, body=body)
-        return g.op("div", outs[2], outs[1], role="ring.normalize")
+        o = g.op("div", outs[2], outs[1], role="ring.normalize")
+        return o, dict(ke=ke, ve=ve, m=outs[0], l=outs[1], oh=o, pos=self.positions)
 
-    def reduce_kv(self, dk, role):
+    def ring_attention_bwd(self, q, do, r, c):
+        """Ring backward: P recomputed from the forward's final (m, l); dQ accumulates locally, dK and dV
+        travel with their K, V blocks and are back at the owner after cp steps."""
+        g, S = self.g, self.S
+        blk = [self.B, self.NH, S, "hd"]
+        dmat = g.op("sum", g.op("mul", do, r["oh"], role="ring.bwd.do_o"), role="ring.bwd.D", dims=[-1], keepdim=True)
+        z = [g.op("const", role=f"ring.bwd.{n}0", value=0, shape=blk) for n in ("dq", "dk", "dv")]
+        b = G()
+        dq, kb, vb, kp, dk, dv, qb, qp, dob, m, l, dd = ("dq", "k", "v", "kpos", "dk", "dv", "q", "qpos", "do", "m",
+                                                         "l", "D")
+        sc = b.op("scale", b.op("matmul", qb, b.op("permute", kb, role="ring.bwd.k_t", dims=[0, 1, 3, 2]),
+                                role="ring.bwd.scores"), role="ring.bwd.scores_scale", value=c)
+        msk = b.op("gt", b.op("unsqueeze", kp, role="ring.bwd.mask.cols", dim=0),
+                   b.op("unsqueeze", qp, role="ring.bwd.mask.rows", dim=1), role="ring.bwd.mask.causal")
+        sc = b.op("masked_fill", sc, msk, role="ring.bwd.causal_mask", value=MASK)
+        pr = b.op("div", b.op("exp", b.op("sub", sc, m, role="ring.bwd.shift"), role="ring.bwd.exp"), l,
+                  role="ring.bwd.prob")
+        dv2 = b.op("add", dv, b.op("matmul", b.op("permute", pr, role="ring.bwd.prob_t", dims=[0, 1, 3, 2]), dob,
+                                   role="ring.bwd.dv_block"), role="ring.bwd.dv_acc")
+        dp = b.op("matmul", dob, b.op("permute", vb, role="ring.bwd.v_t", dims=[0, 1, 3, 2]), role="ring.bwd.dprob")
+        ds = b.op("mul", pr, b.op("sub", dp, dd, role="ring.bwd.dprob_minus_D"), role="ring.bwd.dscores")
+        ds = b.op("masked_fill", ds, msk, role="ring.bwd.mask_bwd", value=0)
+        ds = b.op("scale", ds, role="ring.bwd.scores_scale_bwd", value=c)
+        dq2 = b.op("add", dq, b.op("matmul", ds, kb, role="ring.bwd.dq_block"), role="ring.bwd.dq_acc")
+        dk2 = b.op("add", dk, b.op("matmul", b.op("permute", ds, role="ring.bwd.dscores_t", dims=[0, 1, 3, 2]), qb,
+                                   role="ring.bwd.dk_block"), role="ring.bwd.dk_acc")
+        nxt = [b.op("ppermute", t, role=f"ring.bwd.pass_{n}", axis="cp", shift=1)
+               for t, n in ((kb, "k"), (vb, "v"), (kp, "kpos"), (dk2, "dk"), (dv2, "dv"))]
+        body = {"inputs": [dq, kb, vb, kp, dk, dv, qb, qp, dob, m, l, dd], "nodes": b.nodes, "outputs": [dq2, *nxt]}
+        outs = g.multi("ring_loop", z[0], r["ke"], r["ve"], r["pos"], z[1], z[2], q, r["pos"], do, r["m"], r["l"], dmat,
+                       n=6, role="ring.bwd", axis="cp", carry=6, body=body)
+        return outs[0], outs[4], outs[5]
+
+    def reduce_kv(self, dk, role, seq="s"):
         g = self.g
-        d5 = g.op("reshape", dk, role=role + ".split", shape=[self.B, self.NKV, "nh/nkv", "s", "hd"])
+        d5 = g.op("reshape", dk, role=role + ".split", shape=[self.B, self.NKV, "nh/nkv", seq, "hd"])
         return g.op("sum", d5, role=role + ".sum_groups", dims=[2])
 
     def wgrad(self, x, dy, role):
@@ -265,9 +299,11 @@ class Step:
         k = self.rope(self.heads(g.op("matmul", n1f, wk, role="k_proj"), self.NKV, "k"), cos, sin, "k_rope")
         v = self.heads(g.op("matmul", n1f, wv, role="v_proj"), self.NKV, "v")
         c = 1.0 / math.sqrt(self.cfg.hd)
+        ring = None
         if self.ring:
-            ke = ve = prob = None  # recomputed by the backward
-            o = self.unheads(self.ring_attention(q, k, v, c), self.NH, "o")
+            ke = ve = prob = None
+            oh, ring = self.ring_attention(q, k, v, c)
+            o = self.unheads(oh, self.NH, "o")
         else:
             ke, ve, prob = self.attn_probs(q, k, v, mask, c)
             o = self.unheads(g.op("matmul", prob, ve, role="attn_v"), self.NH, "o")
@@ -282,7 +318,7 @@ class Step:
         mo = self.tp_out(g.op("matmul", hm, w2, role="w2_proj"), "w2_proj")
         x3 = g.op("add", x2, mo, role="mlp_residual")
         g.scope = ""
-        saved = dict(x=x, n1f=n1f, sn1=sn1, q=q, k=k, v=v, ke=ke, ve=ve, prob=prob, o=o, x2=x2, sn2=sn2, n2f=n2f, a=a, cc=cc,
+        saved = dict(x=x, n1f=n1f, sn1=sn1, q=q, k=k, v=v, ke=ke, ve=ve, prob=prob, o=o, ring=ring, x2=x2, sn2=sn2, n2f=n2f, a=a, cc=cc,
                      sa=sa, hm=hm, c=c)
         return x3, saved
 
@@ -313,18 +349,11 @@ class Step:
         gr[f"{p}.wo"] = self.wgrad(s["o"], dattn, "wo_dw")
         do2 = self.linear_dx(dattn, f"{p}.wo", "wo_dx")
         do = self.heads(do2, self.NH, "do")
-        if s["prob"] is None:  # ring attention forward: recompute the probabilities from all-gathered K, V
-            s = dict(s)
-            s["ke"], s["ve"], s["prob"] = self.attn_probs(s["q"], s["k"], s["v"], mask, s["c"], pre="recompute.")
-        dprob = g.op("matmul", do, g.op("permute", s["ve"], role="v_t", dims=[0, 1, 3, 2]), role="dprob")
-        dve = g.op("matmul", g.op("permute", s["prob"], role="prob_t", dims=[0, 1, 3, 2]), do, role="dv")
-        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
-        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
-        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
-        dq = g.op("matmul", dsc, s["ke"], role="dq")
-        dke = g.op("matmul", g.op("permute", dsc, role="dscores_t", dims=[0, 1, 3, 2]), s["q"], role="dk")
-        dkf = self.scatter(self.reduce_kv(dke, "dk_gqa"), "cp", 2, "cp_dk_reduce_scatter")
-        dvf = self.scatter(self.reduce_kv(dve, "dv_gqa"), "cp", 2, "cp_dv_reduce_scatter")
+        if s["ring"] is not None:
+            dq, dke, dve = self.ring_attention_bwd(s["q"], do, s["ring"], s["c"])
+            dkf, dvf = self.reduce_kv(dke, "dk_gqa", seq=self.S), self.reduce_kv(dve, "dv_gqa", seq=self.S)
+        else:
+            dq, dkf, dvf = self.attn_bwd(do, s, mask)
         dq2 = self.unheads(self.rope(dq, cos, sin, "q_rope", inverse=True), self.NH, "dq")
         dk2 = self.unheads(self.rope(dkf, cos, sin, "k_rope", inverse=True), self.NKV, "dk")
         dv2 = self.unheads(dvf, self.NKV, "dv")
@@ -338,6 +367,20 @@ class Step:
         dx = g.op("add", dx2, dxn, role="attn_residual_grad")
         g.scope = ""
         return dx, gr
+
+    def attn_bwd(self, do, s, mask):
+        """Attention backward with all-gathered K/V: dQ, and dK, dV reduce-scattered back over cp."""
+        g = self.g
+        dprob = g.op("matmul", do, g.op("permute", s["ve"], role="v_t", dims=[0, 1, 3, 2]), role="dprob")
+        dve = g.op("matmul", g.op("permute", s["prob"], role="prob_t", dims=[0, 1, 3, 2]), do, role="dv")
+        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
+        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
+        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
+        dq = g.op("matmul", dsc, s["ke"], role="dq")
+        dke = g.op("matmul", g.op("permute", dsc, role="dscores_t", dims=[0, 1, 3, 2]), s["q"], role="dk")
+        dkf = self.scatter(self.reduce_kv(dke, "dk_gqa"), "cp", 2, "cp_dk_reduce_scatter")
+        dvf = self.scatter(self.reduce_kv(dve, "dv_gqa"), "cp", 2, "cp_dv_reduce_scatter")
+        return dq, dkf, dvf
 
     # -------------------------------------------------------------- whole step
     def stage_layers(self) -> list[list[int]]:

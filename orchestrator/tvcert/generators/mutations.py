@@ -254,6 +254,22 @@ def _ring_stale_reference(p: dict) -> str:
     return loop["src"]
 
 
+def _ring_bwd_dk_not_passed(p: dict) -> str:
+    """The dK accumulator stays on its rank instead of travelling with its K block."""
+    loop, body = _ring_body(p, r"layer0\.bwd\.ring\.bwd$")
+    k = body["inputs"].index("dk")
+    body["outputs"][k] = _body_node(body, "ring.bwd.dk_acc")["name"]
+    return loop["src"]
+
+
+def _ring_bwd_unnormalized(p: dict) -> str:
+    """The recomputed probabilities are exp(s - m) without dividing by the forward's sum l."""
+    loop, body = _ring_body(p, r"layer0\.bwd\.ring\.bwd$")
+    prob = _body_node(body, "ring.bwd.prob")
+    prob.update(op="scale", inputs=prob["inputs"][:1], attrs={"value": 1})  # P = exp(s - m)
+    return loop["src"]
+
+
 RING_MUTATIONS: list[Mutation] = [
     Mutation("ring_merge_no_max_correction", "ring attention merges blocks without the max correction exp(m - m')",
              CP_RING, _ring_no_max_correction),
@@ -263,6 +279,10 @@ RING_MUTATIONS: list[Mutation] = [
              CP_RING_TP, _ring_stale_reference),
     Mutation("ring_rope_positions_not_offset", "RoPE (and ring-mask) positions are not offset by the cp rank",
              CP_RING, lambda p: _set(p, r"rope\.cp_positions$", start=0, end="s/cp")),
+    Mutation("ring_bwd_dk_not_passed", "ring backward: the dK accumulator does not travel with its K block",
+             CP_RING, _ring_bwd_dk_not_passed),
+    Mutation("ring_bwd_unnormalized_probs", "ring backward: probabilities recomputed without the forward's sum l",
+             CP_RING_TP, _ring_bwd_unnormalized),
 ]
 MUTATIONS += RING_MUTATIONS
 

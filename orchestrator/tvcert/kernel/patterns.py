@@ -163,7 +163,7 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
 
 
-from .ring import RULE as _RING, match_ring  # noqa: E402
+from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
 
-PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding, _RING: match_ring}
-PATTERN_OPS = {"where", "masked_fill", "div"}
+PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding, _RING: match_ring, _RING_BWD: match_ring_backward}
+PATTERN_OPS = {"where", "masked_fill", "div", "ring_loop"}

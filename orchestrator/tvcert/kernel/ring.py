@@ -23,10 +23,12 @@ Every check below is a side condition; a failure names the body op that breaks t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..graph import Graph, Node, loop_body
 from ..ops import REGISTRY, resolve_attrs
+from ..plan import Placement
 from .rules import Derivation, Fact, KCtx, R, RuleFailure, S, local_shape
 
 RULE = "ring_attention_online_softmax"
@@ -98,13 +100,134 @@ def _exp_minus(b: _Body, t: str, what: str) -> tuple[str, str]:
     return s.inputs[0], s.inputs[1]
 
 
-def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+@dataclass
+class _Scores:
+    """The score template of a ring body: scale(matmul(q, kᵀ)), optionally masked by key/query positions."""
+
+    q: str
+    k: str
+    kt: Node
+    chain: list[Node]  # masked_fill / scale, outermost first
+    mask: str | None = None  # the gt(...) tensor
+    kpos: str | None = None
+    qpos: str | None = None
+
+
+def _scores(b: _Body, s: str) -> _Scores:
+    chain, mask, kpos, qpos = [], None, None, None
+    sn = b.prod.get(s)
+    if sn is not None and sn.op == "masked_fill":
+        b.used.append(b.g.nodes.index(sn))
+        chain.append(sn)
+        gt = b.node(sn.inputs[1], "gt", "the causal mask")
+        mask = sn.inputs[1]
+        ucols = b.node(gt.inputs[0], "unsqueeze", "the mask's key positions")
+        urows = b.node(gt.inputs[1], "unsqueeze", "the mask's query positions")
+        if b.attrs(ucols)["dim"] != 0 or b.attrs(urows)["dim"] != 1:
+            raise RingMismatch("the causal mask is gt(unsqueeze(key positions, 0), unsqueeze(query positions, 1))")
+        kpos, qpos = ucols.inputs[0], urows.inputs[0]
+        s = sn.inputs[0]
+        sn = b.prod.get(s)
+    if sn is not None and sn.op == "scale":
+        b.used.append(b.g.nodes.index(sn))
+        chain.append(sn)
+        s = sn.inputs[0]
+    mm = b.node(s, "matmul", "the scores")
+    kt = _transposed(b, mm.inputs[1], "the transposed keys")
+    return _Scores(mm.inputs[0], kt.inputs[0], kt, chain, mask, kpos, qpos)
+
+
+def _transposed(b: _Body, t: str, what: str) -> Node:
+    """A permute / transpose swapping the last two dims."""
+    kt = b.node(t, ("permute", "transpose"), what)
+    a = b.attrs(kt)
+    r = len(b.shape(kt.inputs[0]))
+    swap = (a["dims"] == tuple(range(r - 2)) + (r - 1, r - 2)) if kt.op == "permute" else \
+        ({a["dim0"] % r, a["dim1"] % r} == {r - 2, r - 1})
+    if r < 2 or not swap:
+        raise RingMismatch(f"{what}: expected the last two dims swapped, got {kt.op} {a} at {kt.path}")
+    return kt
+
+
+def _score_expr(X, b: _Body, sc: _Scores, eq: int, ek: int, pos: tuple) -> tuple[int, int | None]:
+    """The full logical scores (and mask): the body's score ops applied to the full tensors."""
+    e = X.mk("matmul", {}, [eq, X.mk(sc.kt.op, b.attrs(sc.kt), [ek])])
+    emask = None
+    for cn in reversed(sc.chain):
+        if cn.op == "scale":
+            e = X.mk("scale", b.attrs(cn), [e])
+        else:
+            emask = X.mk("gt", {}, [X.mk("unsqueeze", {"dim": 0}, [pos[0]]), X.mk("unsqueeze", {"dim": 1}, [pos[1]])])
+            e = X.mk("masked_fill", b.attrs(cn), [e, emask])
+    return e, emask
+
+
+def _passed_on(b: _Body, t: str, new: str, A: str, what: str, body_value: str | None = None) -> None:
+    """``new`` = ppermute(body_value or t, axis=A, shift=1)."""
+    pn = b.node(new, "ppermute", f"the {what} passed on")
+    pa = b.attrs(pn)
+    src = body_value or t
+    if pn.inputs[0] != src or pa["axis"] != A or pa["shift"] != 1:
+        raise RingMismatch(f"the {what} must be passed on with ppermute(axis={A!r}, shift=1) each step, got "
+                           f"{pn.op}({pn.inputs[0]}) axis={pa['axis']!r} shift={pa['shift']} at {pn.path}")
+
+
+def _zero_start(producers, b: _Body, outer: str, what: str) -> None:
+    z = producers.get(outer)
+    zn = z[1] if z else None
+    if zn is None or zn.op != "const" or resolve_attrs(REGISTRY["const"], zn.attrs, b.env)["value"] not in (0, 0.0):
+        raise RingMismatch(f"the {what} must start at a zero constant")
+
+
+def _per_axis(kc: KCtx, A: str, seq: int, data: list[Fact], pos: list[Fact]) -> list[tuple[Placement, str]]:
+    """Ring axis: data Shard(seq), positions Shard(0).  Other axes: data share Replicate or a batch/head shard."""
+    out = []
+    for j, a in enumerate(kc.axes):
+        pls = {f.pl[j] for f in data}
+        if a == A:
+            if pls != {S(seq)} or any(f.pl[j] != S(0) for f in pos):
+                raise RingMismatch(f"over {A!r} the ring's tensors must be Shard({seq}) (the sequence) and the "
+                                   f"positions Shard(0)")
+            out.append((S(seq), RULE))
+        elif len(pls) == 1 and next(iter(pls)) in (R, S(0), S(1)) and all(f.pl[j] == R for f in pos):
+            pl = next(iter(pls))
+            out.append((pl, "replicate_any" if pl == R else "rowwise_shard"))
+        else:
+            raise RingMismatch(f"over {a!r}: the ring's tensors must share Replicate or a batch/head Shard, "
+                               f"positions Replicate")
+    return out
+
+
+def _loop(producers, t: str) -> tuple[int, Node] | None:
+    got = producers.get(t)
+    return got if got is not None and got[1].op == "ring_loop" else None
+
+
+@dataclass
+class _Forward:
+    index: int  # the ring_loop node
+    loop: Node
+    axis: str
+    m_out: str  # the loop's outputs holding the final reference and sum
+    l_out: str
+    e_q: int
+    e_k: int
+    e_v: int
+    e_s: int  # full masked scaled scores
+    e_mask: int | None
+    e_out: int  # softmax(e_s) @ e_v
+    per_axis: list
+    matched: list[int]
+
+
+def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> _Forward:
+    """Check the forward ring ending at the division ``acc / l`` at node ``index``."""
     producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
     out = g.nodes[index]
     if out.op != "div" or len(out.inputs) != 2:
         raise RuleFailure("not a division")
-    got = producers.get(out.inputs[0]), producers.get(out.inputs[1])
-    if got[0] is None or got[1] is None or got[0][1].op != "ring_loop" or got[0][1] is not got[1][1]:
+    got = _loop(producers, out.inputs[0]), _loop(producers, out.inputs[1])
+    if got[0] is None or got[1] is None or got[0][1] is not got[1][1]:
         raise RuleFailure("not acc / l of one ring_loop")
     li, loop = got[0]
     body = loop_body(loop)
@@ -114,8 +237,7 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
     if A not in kc.axes:
         raise RingMismatch(f"the loop runs over {A!r}, which is not an axis of this program")
     names = body.input_names()
-    j_acc, j_l = loop.outputs.index(out.inputs[0]), loop.outputs.index(out.inputs[1])
-    acc, l = names[j_acc], names[j_l]
+    acc, l = names[loop.outputs.index(out.inputs[0])], names[loop.outputs.index(out.inputs[1])]
     upd = dict(zip(names[:k], body.outputs))  # carried input -> its value after one step
 
     corr, pv = _rescaled(b, upd[acc], acc, "the accumulator update")
@@ -124,7 +246,7 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
         raise RingMismatch("the accumulator and the normalizer are rescaled by different corrections")
     m, mn = _exp_minus(b, corr, "the correction")
     if m not in names[:k] or upd[m] != mn:
-        raise RingMismatch(f"the correction is not exp(m - m') with m a carried value replaced by m' each step")
+        raise RingMismatch("the correction is not exp(m - m') with m a carried value replaced by m' each step")
     rsn = b.node(rs, "sum", "the normalizer's new term")
     ra = b.attrs(rsn)
     pe = rsn.inputs[0]
@@ -134,7 +256,7 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
                            f"keepdim={ra['keepdim']} at {rsn.path}")
     pvn = b.node(pv, "matmul", "the accumulator's new term")
     if pvn.inputs[0] != pe:
-        raise RingMismatch(f"the accumulator's new term is not matmul(e, v) with the same e as the normalizer")
+        raise RingMismatch("the accumulator's new term is not matmul(e, v) with the same e as the normalizer")
     vb = pvn.inputs[1]
     s, mn2 = _exp_minus(b, pe, "the block weights e")
     if mn2 != mn:
@@ -143,47 +265,15 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
     if ms[-1] != 1 or ms[:-1] != b.shape(s)[:-1] or b.shape(m) != ms:
         raise RingMismatch(f"the reference m' must be one value per query row (shape {list(b.shape(s)[:-1]) + [1]}), "
                            f"got {list(ms)}")
-    # the scores
-    mask = None
-    sn = b.prod.get(s)
-    chain = []
-    if sn is not None and sn.op == "masked_fill":
-        b.used.append(body.nodes.index(sn))
-        chain.append(sn)
-        mask = b.node(sn.inputs[1], "gt", "the causal mask")
-        s = sn.inputs[0]
-        sn = b.prod.get(s)
-    if sn is not None and sn.op == "scale":
-        b.used.append(body.nodes.index(sn))
-        chain.append(sn)
-        s = sn.inputs[0]
-    mm = b.node(s, "matmul", "the scores")
-    qb = mm.inputs[0]
-    kt = b.node(mm.inputs[1], ("permute", "transpose"), "the transposed keys")
-    kta = b.attrs(kt)
-    kb = kt.inputs[0]
-    r = len(b.shape(kb))
-    swap = (kta["dims"] == tuple(range(r - 2)) + (r - 1, r - 2)) if kt.op == "permute" else \
-        ({kta["dim0"] % r, kta["dim1"] % r} == {r - 2, r - 1})
-    if r < 2 or not swap:
-        raise RingMismatch(f"the scores use K with its last two dims swapped, got {kt.op} {kta} at {kt.path}")
-    rotating = {"keys": kb, "values": vb}
-    invariant = {"queries": qb}
-    if mask is not None:
-        rows, cols = mask.inputs[1], mask.inputs[0]
-        ucols, urows = b.node(cols, "unsqueeze", "the mask's key positions"), b.node(rows, "unsqueeze", "the mask's query positions")
-        if b.attrs(ucols)["dim"] != 0 or b.attrs(urows)["dim"] != 1:
-            raise RingMismatch("the causal mask is gt(unsqueeze(key positions, 0), unsqueeze(query positions, 1))")
-        rotating["key positions"] = ucols.inputs[0]
-        invariant["query positions"] = urows.inputs[0]
+    sc = _scores(b, s)
+    rotating = {"keys": sc.k, "values": vb}
+    invariant = {"queries": sc.q}
+    if sc.mask is not None:
+        rotating["key positions"], invariant["query positions"] = sc.kpos, sc.qpos
     for what, t in rotating.items():
         if t not in names[:k]:
             raise RingMismatch(f"the {what} {t!r} are not carried by the loop")
-        pn = b.node(upd[t], "ppermute", f"the {what} passed on")
-        pa = b.attrs(pn)
-        if pn.inputs[0] != t or pa["axis"] != A or pa["shift"] != 1:
-            raise RingMismatch(f"the {what} must be passed on unchanged with ppermute(axis={A!r}, shift=1) each step, "
-                               f"got {pn.op}({pn.inputs[0]}) axis={pa['axis']!r} shift={pa['shift']} at {pn.path}")
+        _passed_on(b, t, upd[t], A, what)
     for what, t in invariant.items():
         if t not in names[k:]:
             raise RingMismatch(f"the {what} {t!r} must be a read-only loop input")
@@ -191,48 +281,197 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
     if len(roles) != 3 + len(rotating) or set(names[:k]) != roles:
         raise RingMismatch(f"the loop carries {list(names[:k])}; ring attention carries exactly m, l, acc and the "
                            f"rotating {', '.join(rotating)}")
-    # the loop's initial values
-    outer = {nm: loop.inputs[i] for i, nm in enumerate(names)}
-    for t, what in ((acc, "accumulator"), (l, "normalizer")):
-        z = producers.get(outer[t])
-        zn = z[1] if z else None
-        if zn is None or zn.op != "const" or resolve_attrs(REGISTRY["const"], zn.attrs, b.env)["value"] not in (0, 0.0):
-            raise RingMismatch(f"the {what} must start at a zero constant")
+    outer = dict(zip(names, loop.inputs))
+    _zero_start(producers, b, outer[acc], "accumulator")
+    _zero_start(producers, b, outer[l], "normalizer")
     for t in [*rotating.values(), *invariant.values()]:
         if outer[t] not in facts:
             raise RingMismatch(f"the loop input {outer[t]!r} has no fact")
-    fq, fk, fv = facts[outer[qb]], facts[outer[kb]], facts[outer[vb]]
+    fq, fk, fv = facts[outer[sc.q]], facts[outer[sc.k]], facts[outer[vb]]
     X = kc.exprs
     nq = len(X[fq.expr].shape)
-    pos = (facts[outer[rotating["key positions"]]], facts[outer[invariant["query positions"]]]) if mask else ()
-    per_axis = []
-    for j, a in enumerate(kc.axes):
-        if a == A:
-            if not (fq.pl[j] == fk.pl[j] == fv.pl[j] == S(nq - 2)) or any(f.pl[j] != S(0) for f in pos):
-                raise RingMismatch(f"over {A!r} the queries, keys and values must be Shard({nq - 2}) (the sequence) "
-                                   f"and the positions Shard(0)")
-            per_axis.append((S(nq - 2), RULE))
-        elif fq.pl[j] == fk.pl[j] == fv.pl[j] and fq.pl[j] in (R, S(0), S(1)) and all(f.pl[j] == R for f in pos):
-            per_axis.append((fq.pl[j], "replicate_any" if fq.pl[j] == R else "rowwise_shard"))
-        else:
-            raise RingMismatch(f"over {a!r}: queries, keys and values must share Replicate or a batch/head Shard, "
-                               f"positions Replicate")
-    # conclusion: the score ops on the full tensors, softmax over the keys, times the values
-    if mask is not None and X[pos[0].expr].shape[0] != X[fk.expr].shape[nq - 2]:
+    pos = [facts[outer[sc.kpos]], facts[outer[sc.qpos]]] if sc.mask else []
+    if pos and X[pos[0].expr].shape[0] != X[fk.expr].shape[nq - 2]:
         raise RingMismatch("the key positions and the keys have different lengths")
-    ek = X.mk(kt.op, kta, [fk.expr])
-    e = X.mk("matmul", {}, [fq.expr, ek])
-    for cn in reversed(chain):
-        if cn.op == "scale":
-            e = X.mk("scale", b.attrs(cn), [e])
-        else:
-            ca = X.mk("unsqueeze", {"dim": 0}, [pos[0].expr])
-            ra_ = X.mk("unsqueeze", {"dim": 1}, [pos[1].expr])
-            e = X.mk("masked_fill", b.attrs(cn), [e, X.mk("gt", {}, [ca, ra_])])
-    e = X.mk("matmul", {}, [X.mk("softmax", {"dim": -1}, [e]), fv.expr])
-    pl = tuple(p for p, _ in per_axis)
-    have = out.meta["shape@dims"][0][0]
-    if local_shape(X[e].shape, kc.axes, pl, kc.sizes) != tuple(have):
+    per_axis = _per_axis(kc, A, nq - 2, [fq, fk, fv], pos)
+    e_s, e_mask = _score_expr(X, b, sc, fq.expr, fk.expr, tuple(f.expr for f in pos))
+    e_out = X.mk("matmul", {}, [X.mk("softmax", {"dim": -1}, [e_s]), fv.expr])
+    m_out = loop.outputs[names.index(m)]
+    l_out = loop.outputs[names.index(l)]
+    matched = sorted({li} | {producers[outer[t]][0] for t in (acc, l) if outer[t] in producers})
+    return _Forward(li, loop, A, m_out, l_out, fq.expr, fk.expr, fv.expr, e_s, e_mask, e_out, per_axis, matched)
+
+
+def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    fw = analyze_forward(g, index, facts, kc)
+    pl = tuple(p for p, _ in fw.per_axis)
+    have = g.nodes[index].meta["shape@dims"][0][0]
+    if local_shape(kc.exprs[fw.e_out].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RingMismatch(f"the concluded placement does not give the division's local shape {list(have)}")
-    matched = sorted({li} | {producers[loop.inputs[names.index(t)]][0] for t in (acc, l) if loop.inputs[names.index(t)] in producers})
-    return Derivation([Fact(e, pl)], [r for _, r in per_axis]), matched
+    return Derivation([Fact(fw.e_out, pl)], [r for _, r in fw.per_axis]), fw.matched
+
+
+# ---------------------------------------------------------------------------------------------- backward
+RULE_BWD = "ring_attention_backward"
+
+
+def _added(b: _Body, new: str, carried: str, what: str) -> str:
+    """``new = add(carried, term)`` (either order): the term."""
+    add = b.node(new, "add", what)
+    if carried not in add.inputs:
+        raise RingMismatch(f"{what}: {carried!r} is not accumulated (add(acc, term)) at {add.path}")
+    return add.inputs[1] if add.inputs[0] == carried else add.inputs[0]
+
+
+def _forward_of(g: Graph, index: int, loop: int, facts, kc) -> _Forward:
+    """The forward ring (loop node ``loop``) whose normalizing division precedes ``index`` and is proved."""
+    why = "no division acc / l normalizes the forward loop"
+    for j in range(loop + 1, index):
+        n = g.nodes[j]
+        if n.op == "div" and n.outputs and n.outputs[0] in facts:
+            try:
+                fw = analyze_forward(g, j, facts, kc)
+            except RuleFailure as exc:
+                why = str(exc)
+                continue
+            if fw.index == loop:
+                return fw
+    raise RingMismatch(f"the forward ring attention is not proved: {why}")
+
+
+def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    """The backward ring: probabilities recomputed from the forward's final (m, l); dQ accumulated locally;
+    dK, dV accumulated while travelling with their K, V blocks (Coq: ring_attention_backward)."""
+    producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    loop = g.nodes[index]
+    if loop.op != "ring_loop":
+        raise RuleFailure("not a ring loop")
+    body = loop_body(loop)
+    b = _Body(loop, body, _env(kc))
+    la = b.attrs(loop)
+    A, k = la["axis"], la["carry"]
+    names = body.input_names()
+    upd = dict(zip(names[:k], body.outputs))
+    outer = dict(zip(names, loop.inputs))
+    rot, travel, local = [], {}, {}
+    for t in names[:k]:
+        pn = b.prod.get(upd[t])
+        if pn is not None and pn.op == "ppermute":
+            b.used.append(body.nodes.index(pn))
+            if pn.inputs[0] == t:
+                rot.append(t)
+            else:
+                travel[t] = _added(b, pn.inputs[0], t, f"the travelling accumulator {t!r}")
+            _passed_on(b, t, upd[t], A, f"carried {t!r}", body_value=pn.inputs[0])
+        else:
+            local[t] = _added(b, upd[t], t, f"the local accumulator {t!r}")
+    if len(local) != 1 or len(travel) != 2:
+        raise RuleFailure("not a ring backward (one local and two travelling accumulators)")
+    if A not in kc.axes:
+        raise RingMismatch(f"the loop runs over {A!r}, which is not an axis of this program")
+    (dq, dq_term), = local.items()
+    mm = b.node(dq_term, "matmul", "dQ's term")
+    ds, kb = mm.inputs
+    dk = dv = None
+    for t, term in travel.items():
+        tm = b.node(term, "matmul", f"the term of {t!r}")
+        xt = _transposed(b, tm.inputs[0], f"the term of {t!r}")
+        if xt.inputs[0] == ds:
+            dk, q_dk = t, tm.inputs[1]
+        else:
+            dv, p_dv, do_dv = t, xt.inputs[0], tm.inputs[1]
+    if dk is None or dv is None:
+        raise RingMismatch("expected dK += matmul(dSᵀ, q) and dV += matmul(Pᵀ, dO) as the travelling accumulators")
+    # dS = [scale]( [masked_fill]( P * (dP - D) ) )
+    chain, t = [], ds
+    sn = b.prod.get(t)
+    if sn is not None and sn.op == "scale":
+        b.used.append(body.nodes.index(sn))
+        chain.append(sn)
+        t = sn.inputs[0]
+        sn = b.prod.get(t)
+    ds_mask = None
+    if sn is not None and sn.op == "masked_fill":
+        b.used.append(body.nodes.index(sn))
+        chain.append(sn)
+        ds_mask = sn.inputs[1]
+        if b.attrs(sn)["value"] not in (0, 0.0):
+            raise RingMismatch(f"masked score gradients must be zeroed, got value {b.attrs(sn)['value']} at {sn.path}")
+        t = sn.inputs[0]
+    mul = b.node(t, "mul", "dS = P * (dP - D)")
+    for pb, diff in (mul.inputs, mul.inputs[::-1]):
+        dn = b.prod.get(diff)
+        if dn is not None and dn.op == "sub":
+            break
+    else:
+        raise RingMismatch(f"dS is not P * (dP - D) at {mul.path}")
+    b.used.append(body.nodes.index(dn))
+    dp, db = dn.inputs
+    dpn = b.node(dp, "matmul", "dP = matmul(dO, Vᵀ)")
+    do_b = dpn.inputs[0]
+    vt = _transposed(b, dpn.inputs[1], "dP's transposed values")
+    vb = vt.inputs[0]
+    if pb != p_dv or do_b != do_dv:
+        raise RingMismatch("dV's term must use the same P and dO as dS")
+    pdiv = b.node(pb, "div", "P = exp(s - m) / l")
+    s, mb = _exp_minus(b, pdiv.inputs[0], "P's numerator")
+    lb = pdiv.inputs[1]
+    sc = _scores(b, s)
+    if sc.k != kb or sc.q != q_dk:
+        raise RingMismatch("dQ and dK must use the same K block and queries as the scores")
+    if (ds_mask is None) != (sc.mask is None) or (ds_mask is not None and ds_mask != sc.mask):
+        raise RingMismatch("dS must be masked with the scores' causal mask (and only then)")
+    rotating = [kb, vb] + ([sc.kpos] if sc.mask else [])
+    if sorted(rotating) != sorted(rot):
+        raise RingMismatch(f"the loop passes on {rot} unchanged; the ring backward passes exactly K, V"
+                           f"{' and the key positions' if sc.mask else ''}")
+    invariant = [sc.q, do_b, mb, lb, db] + ([sc.qpos] if sc.mask else [])
+    for t in invariant:
+        if t not in names[k:]:
+            raise RingMismatch(f"{t!r} must be a read-only loop input")
+    for t in (dq, dk, dv):
+        _zero_start(producers, b, outer[t], f"accumulator {t!r}")
+    # the forward ring whose final (m, l) recompute the probabilities
+    fm, fl = _loop(producers, outer[mb]), _loop(producers, outer[lb])
+    if fm is None or fl is None or fm[1] is not fl[1]:
+        raise RingMismatch("m and l must be the final reference and sum of one forward ring_loop")
+    fw = _forward_of(g, index, fm[0], facts, kc)
+    if (outer[mb], outer[lb]) != (fw.m_out, fw.l_out) or fw.axis != A:
+        raise RingMismatch("P must use the forward ring's final reference m and sum l, over the same axis")
+    for t in rotating + [sc.q, do_b, db] + ([sc.qpos] if sc.mask else []):
+        if outer[t] not in facts:
+            raise RingMismatch(f"the loop input {outer[t]!r} has no fact")
+    X = kc.exprs
+    fq, fk, fv, fdo, fd = (facts[outer[t]] for t in (sc.q, kb, vb, do_b, db))
+    pos = [facts[outer[sc.kpos]], facts[outer[sc.qpos]]] if sc.mask else []
+    e_s, e_mask = _score_expr(X, b, sc, fq.expr, fk.expr, tuple(f.expr for f in pos))
+    if e_s != fw.e_s or fv.expr != fw.e_v:
+        raise RingMismatch("the backward's scores or values are not the forward ring's")
+    nq = len(X[fq.expr].shape)
+    last = len(X[fw.e_out].shape) - 1
+    want_d = {X.mk("sum", {"dims": (last,), "keepdim": True}, [X.mk("mul", {}, pair)])
+              for pair in ([fdo.expr, fw.e_out], [fw.e_out, fdo.expr])}
+    if fd.expr not in want_d:
+        raise RingMismatch("D must be sum(dO * O, dims=[-1], keepdim=True) with O the forward ring's output")
+    per_axis = _per_axis(kc, A, nq - 2, [fq, fk, fv, fdo, fd], pos)
+    if [p for p, _ in per_axis] != [p for p, _ in fw.per_axis]:
+        raise RingMismatch("the backward's placements differ from the forward ring's")
+    e_p = X.mk("softmax", {"dim": -1}, [e_s])
+    e_ds = X.mk("softmax_backward", {"dim": -1}, [X.mk("matmul", {}, [fdo.expr, X.mk(vt.op, b.attrs(vt), [fv.expr])]),
+                                                  e_p])
+    for cn in reversed(chain):
+        e_ds = X.mk(cn.op, b.attrs(cn), [e_ds] + ([e_mask] if cn.op == "masked_fill" else []))
+    tr = lambda e: X.mk("permute", {"dims": tuple(range(nq - 2)) + (nq - 1, nq - 2)}, [e])  # noqa: E731
+    concl = {dq: X.mk("matmul", {}, [e_ds, fk.expr]), dk: X.mk("matmul", {}, [tr(e_ds), fq.expr]),
+             dv: X.mk("matmul", {}, [tr(e_p), fdo.expr])}
+    pl = tuple(p for p, _ in per_axis)
+    out = []
+    for j, t in enumerate(names[:k]):
+        f = Fact(concl[t], pl) if t in concl else facts[outer[t]]  # K, V, positions: back at their owner
+        have = loop.meta["shape@dims"][j][0]
+        if local_shape(X[f.expr].shape, kc.axes, f.pl, kc.sizes) != tuple(have):
+            raise RingMismatch(f"the concluded placement of {t!r} does not give its local shape {list(have)}")
+        out.append(f)
+    rules = [RULE_BWD if r == RULE else r for _, r in per_axis]
+    matched = sorted({index} | {producers[outer[t]][0] for t in (dq, dk, dv) if outer[t] in producers})
+    return Derivation(out, rules), matched

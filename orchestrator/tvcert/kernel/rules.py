@@ -81,6 +81,9 @@ RULES: dict[str, str] = {
                                 "target logit gathered per token) is Partial(sum) of the lookup",
     "ring_attention_online_softmax": "a ring_loop folding online-softmax merges over key blocks passed around the "
                                      "ring, divided by its normalizer, is softmax attention (pattern, kernel/ring.py)",
+    "ring_attention_backward": "a ring_loop recomputing probabilities from the forward ring's final (m, l), accumulating dQ "
+                               "locally and dK, dV travelling with their blocks, gives attention's gradients (pattern, "
+                               "kernel/ring.py)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
