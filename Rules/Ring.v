@@ -151,3 +151,207 @@ move=> l0 a0 /=; apply: online_softmax_fold => // [t tp|t u tp up].
 exact: ring_order_inj.
 Qed.
 End RingAttention.
+
+(** * Ring attention backward. *)
+
+(** ** Index arithmetic of the ring. *)
+
+(** Reading the schedule of rank [r - 1 mod p] at step [t] is reading the
+    schedule of rank [r] at step [t + 1]. *)
+Lemma ring_prev_step (p r t : nat) : (0 < p)%N -> (t < p)%N ->
+  (((r + p - 1) %% p + p - t) %% p = (r + p - t.+1) %% p)%N.
+Proof.
+move=> p0 tp; apply/eqP; rewrite -(eqn_modDr t.+1) addnS subnK; last first.
+  by rewrite (leq_trans (ltnW tp)) // leq_addl.
+rewrite subnK; last by rewrite (leq_trans tp) // leq_addl.
+by rewrite -addSn modnDr -addn1 modnDml subnK // (leq_trans p0) // leq_addl.
+Qed.
+
+(** ** Blocks passed around the ring. *)
+
+(** If every rank starts with its own block [B r] and at every step receives
+    what rank [r - 1 mod p] held, then at step [t <= p] rank [r] holds block
+    [(r + p - t) mod p]. *)
+Lemma ring_pass_block (T : Type) (p : nat) (B : nat -> T) (X : nat -> nat -> T) :
+  (0 < p)%N ->
+  (forall r, (r < p)%N -> X 0%N r = B r) ->
+  (forall t r, (r < p)%N -> X t.+1 r = X t ((r + p - 1) %% p)%N) ->
+  forall t r, (t <= p)%N -> (r < p)%N -> X t r = B ((r + p - t) %% p)%N.
+Proof.
+move=> p0 X0 XS; elim=> [|t IH] r tp rp; first by rewrite subn0 modnDr modn_small // X0.
+by rewrite XS // IH ?(ltnW tp) ?ltn_pmod // ring_prev_step.
+Qed.
+
+(** After [p] steps every block is back at its owner. *)
+Lemma ring_pass_block_home (T : Type) (p : nat) (B : nat -> T) (X : nat -> nat -> T) :
+  (0 < p)%N ->
+  (forall r, (r < p)%N -> X 0%N r = B r) ->
+  (forall t r, (r < p)%N -> X t.+1 r = X t ((r + p - 1) %% p)%N) ->
+  forall r, (r < p)%N -> X p r = B r.
+Proof.
+move=> p0 X0 XS r rp.
+by rewrite (ring_pass_block p0 X0 XS (leqnn p) rp) addnK modn_small.
+Qed.
+
+(** ** An accumulator travelling with its block (dK, dV). *)
+
+(** After [t <= p] steps rank [r] holds the accumulator of block
+    [(r + p - t) mod p], which holds the contributions of ranks
+    [r - 1, ..., r - t (mod p)] to that block. *)
+Lemma ring_travelling_sum_at {R : zmodType} (p : nat) (c : nat -> nat -> R)
+  (A : nat -> nat -> R) :
+  (0 < p)%N ->
+  (forall r, (r < p)%N -> A 0%N r = 0) ->
+  (forall t r, (r < p)%N -> A t.+1 r =
+     let q := ((r + p - 1) %% p)%N in A t q + c q ((q + p - t) %% p)%N) ->
+  forall t r, (t <= p)%N -> (r < p)%N ->
+  A t r = \sum_(0 <= j < t) c ((r + p - j.+1) %% p)%N ((r + p - t) %% p)%N.
+Proof.
+move=> p0 A0 AS; elim=> [|t IH] r tp rp; first by rewrite big_geq // A0.
+rewrite AS //= IH ?(ltnW tp) ?ltn_pmod // (ring_prev_step r p0 tp) big_nat_recl // addrC.
+congr (_ + _); apply: eq_big_nat => j /andP [_ jt].
+by rewrite ring_prev_step // (leq_ltn_trans jt tp).
+Qed.
+
+(** After [p] steps the accumulator that arrives back at the owner [r] of a
+    block holds the contributions of all [p] ranks to that block. *)
+Lemma ring_travelling_sum {R : zmodType} (p : nat) (c : nat -> nat -> R)
+  (A : nat -> nat -> R) :
+  (0 < p)%N ->
+  (forall r, (r < p)%N -> A 0%N r = 0) ->
+  (forall t r, (r < p)%N -> A t.+1 r =
+     let q := ((r + p - 1) %% p)%N in A t q + c q ((q + p - t) %% p)%N) ->
+  forall r, (r < p)%N -> A p r = \sum_(0 <= r' < p) c r' r.
+Proof.
+move=> p0 A0 AS r rp.
+rewrite (ring_travelling_sum_at p0 A0 AS (leqnn p) rp) addnK modn_small //.
+transitivity (\sum_(0 <= j < p) c (((r + p - 1) %% p + p - j) %% p)%N r).
+  by apply: eq_big_nat => j /andP [_ jp]; rewrite ring_prev_step.
+apply: (sum_reindex_inj (fun r' => c r' r)) => [t tp|t u tp up].
+  exact: ring_order_lt.
+exact: ring_order_inj.
+Qed.
+
+(** ** A local accumulator (dQ). *)
+
+(** After [t] steps the local accumulator of rank [r] holds the terms of the
+    [t] blocks it has seen. *)
+Lemma ring_local_sum_at {R : zmodType} (p r : nat) (g : nat -> R) (Q : nat -> R) :
+  Q 0%N = 0 -> (forall t, Q t.+1 = Q t + g ((r + p - t) %% p)%N) ->
+  forall t, Q t = \sum_(0 <= j < t) g ((r + p - j) %% p)%N.
+Proof.
+by move=> Q0 QS; elim=> [|t IH]; [rewrite big_geq | rewrite QS IH big_nat_recr].
+Qed.
+
+(** After [p] steps the local accumulator holds the terms of all [p] blocks. *)
+Lemma ring_local_sum {R : zmodType} (p r : nat) (g : nat -> R) (Q : nat -> R) :
+  (0 < p)%N ->
+  Q 0%N = 0 -> (forall t, Q t.+1 = Q t + g ((r + p - t) %% p)%N) ->
+  Q p = \sum_(0 <= b < p) g b.
+Proof.
+move=> p0 Q0 QS; rewrite (ring_local_sum_at Q0 QS).
+apply: (sum_reindex_inj g) => [t tp|t u tp up]; first exact: ring_order_lt.
+exact: ring_order_inj.
+Qed.
+
+(** ** Probabilities recomputed from the forward's final state. *)
+Section RingProbabilities.
+Variable R : realFieldType.
+Variable exp : R -> R.
+Hypothesis expD : forall a c, exp (a + c) = exp a * exp c.
+Hypothesis exp_pos : forall a, 0 < exp a.
+
+(** After a fold over a schedule visiting each of the [p] blocks once, from a
+    zero running sum, [exp (s k - ref) / l] is the softmax probability of key
+    [k] over all [p*b] keys, for any references. *)
+Lemma ring_fold_probabilities (p b : nat) (s v : nat -> R) (order : nat -> nat)
+  (refs : nat -> R) (x0 : ring_state R) :
+  (forall t, (t < p)%N -> (order t < p)%N) ->
+  (forall t u, (t < p)%N -> (u < p)%N -> order t = order u -> t = u) ->
+  ring_lsum x0 = 0 ->
+  let x := ring_fold exp b s v order refs x0 p in
+  forall k, exp (s k - ring_ref x) / ring_lsum x =
+            exp (s k) / \sum_(0 <= k' < p * b) exp (s k').
+Proof.
+move=> ord_lt ord_inj l0 x k; rewrite /x (ring_fold_lsum expD) // (exp_shift expD).
+rewrite div_cancel_l ?lt0r_neq0 //.
+by rewrite (sum_blocks_reindex b (fun k => exp (s k)) ord_lt ord_inj).
+Qed.
+
+(** The instance on rank [r] of the ring, which holds block
+    [(r + p - t) mod p] at step [t]. *)
+Theorem ring_probabilities (p b r : nat) (s v : nat -> R) (refs : nat -> R)
+  (x0 : ring_state R) :
+  ring_lsum x0 = 0 ->
+  let x := ring_fold exp b s v (fun t => ((r + p - t) %% p)%N) refs x0 p in
+  forall k, exp (s k - ring_ref x) / ring_lsum x =
+            exp (s k) / \sum_(0 <= k' < p * b) exp (s k').
+Proof.
+move=> l0; apply: ring_fold_probabilities => // [t tp|t u tp up].
+  by apply: ring_order_lt; case: p tp.
+exact: ring_order_inj.
+Qed.
+End RingProbabilities.
+
+(** ** The row sum [D]. *)
+
+(** [D = sum_h dO_h * Out_h], where [Out_h = sum_k P_k * V_(k,h)] is the
+    forward output, is [sum_k P_k * dP_k] with [dP_k = sum_h dO_h * V_(k,h)]
+    (exchange of the two finite sums). *)
+Lemma softmax_backward_rowsum {R : comRingType} (n H : nat) (P : nat -> R)
+  (V : nat -> nat -> R) (dO Out : nat -> R) :
+  (forall h, (h < H)%N -> Out h = \sum_(0 <= k < n) P k * V k h) ->
+  \sum_(0 <= h < H) dO h * Out h = \sum_(0 <= k < n) P k * \sum_(0 <= h < H) dO h * V k h.
+Proof.
+move=> hOut; transitivity (\sum_(0 <= h < H) \sum_(0 <= k < n) dO h * (P k * V k h)).
+  by apply: eq_big_nat => h /andP [_ hH]; rewrite hOut // mulr_sumr.
+rewrite exchange_big; apply: eq_bigr => k _; rewrite mulr_sumr.
+by apply: eq_bigr => h _; rewrite mulrCA.
+Qed.
+
+(** ** Ring attention backward: the facts the engine relies on.
+    (1) K and V blocks passed to rank [r + 1] at every step are back at their
+    owner after [p] steps; (2) a dK / dV accumulator travelling with its block
+    arrives back at the owner holding the contributions of all [p] ranks;
+    (3) the local dQ accumulator of rank [r] holds the terms of all [p] blocks;
+    (4) the probabilities recomputed from the forward's final state
+    [(ref, l)] are the softmax probabilities over all [p*b] keys;
+    (5) [D = sum_h dO_h * O_h] is [sum_k P_k * dP_k]. *)
+Theorem ring_attention_backward :
+  (forall (T : Type) (p : nat) (B : nat -> T) (X : nat -> nat -> T),
+     (0 < p)%N ->
+     (forall r, (r < p)%N -> X 0%N r = B r) ->
+     (forall t r, (r < p)%N -> X t.+1 r = X t ((r + p - 1) %% p)%N) ->
+     forall r, (r < p)%N -> X p r = B r) /\
+  (forall (R : zmodType) (p : nat) (c : nat -> nat -> R) (A : nat -> nat -> R),
+     (0 < p)%N ->
+     (forall r, (r < p)%N -> A 0%N r = 0) ->
+     (forall t r, (r < p)%N -> A t.+1 r =
+        let q := ((r + p - 1) %% p)%N in A t q + c q ((q + p - t) %% p)%N) ->
+     forall r, (r < p)%N -> A p r = \sum_(0 <= r' < p) c r' r) /\
+  (forall (R : zmodType) (p r : nat) (g : nat -> R) (Q : nat -> R),
+     (0 < p)%N ->
+     Q 0%N = 0 -> (forall t, Q t.+1 = Q t + g ((r + p - t) %% p)%N) ->
+     Q p = \sum_(0 <= b < p) g b) /\
+  (forall (R : realFieldType) (exp : R -> R),
+     (forall a c, exp (a + c) = exp a * exp c) ->
+     (forall a, 0 < exp a) ->
+     forall (p b r : nat) (s v : nat -> R) (refs : nat -> R) (x0 : ring_state R),
+     ring_lsum x0 = 0 ->
+     let x := ring_fold exp b s v (fun t => ((r + p - t) %% p)%N) refs x0 p in
+     forall k, exp (s k - ring_ref x) / ring_lsum x =
+               exp (s k) / \sum_(0 <= k' < p * b) exp (s k')) /\
+  (forall (R : comRingType) (n H : nat) (P : nat -> R) (V : nat -> nat -> R)
+     (dO Out : nat -> R),
+     (forall h, (h < H)%N -> Out h = \sum_(0 <= k < n) P k * V k h) ->
+     \sum_(0 <= h < H) dO h * Out h =
+     \sum_(0 <= k < n) P k * \sum_(0 <= h < H) dO h * V k h).
+Proof.
+split; first exact: ring_pass_block_home.
+split.
+  move=> R p c A p0 A0 AS; exact: (ring_travelling_sum p0 A0 AS).
+split.
+  move=> R p r g Q p0 Q0 QS; exact: (ring_local_sum p0 Q0 QS).
+split; first exact: ring_probabilities.
+move=> R n H P V dO Out hOut; exact: softmax_backward_rowsum.
+Qed.

@@ -115,6 +115,7 @@ RULES: dict[str, str] = {
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
     # ring attention (kernel/ring.py)
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
+    "ring_attention_backward": f"{_T}.Ring.ring_attention_backward",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
     "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",
@@ -144,6 +145,11 @@ THEOREMS: dict[str, str] = {
     "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
     "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
     "online_softmax_fold": f"{_T}.Ring.online_softmax_fold",
+    "ring_pass_block": f"{_T}.Ring.ring_pass_block",
+    "ring_travelling_sum": f"{_T}.Ring.ring_travelling_sum",
+    "ring_local_sum": f"{_T}.Ring.ring_local_sum",
+    "ring_fold_probabilities": f"{_T}.Ring.ring_fold_probabilities",
+    "softmax_backward_rowsum": f"{_T}.Ring.softmax_backward_rowsum",
     "dp_mean_of_means": f"{_T}.Composite.dp_mean_of_means",
     "grad_accumulation": f"{_T}.Composite.grad_accumulation",
     "zero_sharded_adamw": f"{_T}.Composite.zero_sharded_adamw",
