@@ -12,8 +12,9 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
   positions.  Attention either all-gathers K and V (Llama 3's all-gather context parallelism) or,
   with ``ring``, runs ring attention: a ``ring_loop`` over cp passes K, V and their positions
   to the next rank and folds each block in with the online-softmax merge (max-corrected running
-  sum and accumulator), normalizing at the end.  Its backward recomputes the probabilities from
-  all-gathered K and V (activation recomputation) and reduce-scatters dK, dV;
+  sum and accumulator), normalizing at the end.  Its backward is a second ring: probabilities
+  recomputed from the forward's final (max, sum), dQ accumulated locally, dK and dV travelling
+  with their K, V blocks until they are home;
 * dp and micro-batches (a virtual mesh axis ``mb``: accumulation = sum over it): weight
   gradients are partial sums over the token-splitting axes and are all-reduced;
 * zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
