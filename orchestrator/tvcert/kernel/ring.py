@@ -6,7 +6,7 @@ rank r+1 with ``ppermute(shift=1)``, so step t sees key block (r - t) mod p.  On
 
     s    = scale(matmul(q, permute(k, [.., -1, -2])), c)              (scale optional)
     s    = masked_fill(s, gt(unsqueeze(kpos, 0), unsqueeze(qpos, 1)), value)   (optional causal mask)
-    m'   = any per-row value (in practice max(m, amax(s)))
+    m'   = maximum(m, amax(s, -1, keepdim))
     c_   = exp(m - m');   e = exp(s - m')
     l'   = l * c_ + sum(e, -1, keepdim)
     acc' = acc * c_ + matmul(e, v)
@@ -14,7 +14,9 @@ rank r+1 with ``ppermute(shift=1)``, so step t sees key block (r - t) mod p.  On
 
 With l and acc starting at zero, ``acc / l`` after p steps is softmax attention of q over all
 keys (Coq: ``ring_attention_online_softmax``: any references m', any mask values, since the
-masked scores are just real scores).  The score of query i against key j is computed from
+masked scores are just real scores).  The matcher still demands the running max as m': other
+references are right over the reals but overflow in floating point, and a certificate for a
+plan that produces inf/NaN would be no help.  The score of query i against key j is computed from
 the rows i and j of the blocks; the matcher checks that the score ops are exactly the ones
 above, so the block of the full score matrix is the op applied to the blocks.  The conclusion
 is the same ops applied to the full logical tensors, then softmax and the value product.
@@ -265,6 +267,15 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
     if ms[-1] != 1 or ms[:-1] != b.shape(s)[:-1] or b.shape(m) != ms:
         raise RingMismatch(f"the reference m' must be one value per query row (shape {list(b.shape(s)[:-1]) + [1]}), "
                            f"got {list(ms)}")
+    # the reference is the running max: any reference is right over the reals (the theorem), but only the
+    # max keeps exp(s - m') <= 1, so a plan that would overflow in floating point is not certified
+    mx = b.node(mn, "maximum", "the new reference m'")
+    bm = mx.inputs[1] if mx.inputs[0] == m else mx.inputs[0] if mx.inputs[1] == m else None
+    bmn = b.prod.get(bm) if bm is not None else None
+    if bmn is None or bmn.op != "amax" or bmn.inputs[0] != s or [d % nd for d in b.attrs(bmn)["dims"]] != [nd - 1]:
+        raise RingMismatch(f"the new reference must be the running max maximum(m, amax(s, dims=[-1], keepdim=True)) "
+                           f"(at {mx.path})")
+    b.used.append(body.nodes.index(bmn))
     sc = _scores(b, s)
     rotating = {"keys": sc.k, "values": vb}
     invariant = {"queries": sc.q}
