@@ -55,7 +55,6 @@ class _Body:
         self.in_types = dict(zip(body.input_names(), loop.meta["body_inputs@shape@dims"]))
         self.prod: dict[str, Node] = {o: n for n in body.nodes for o in n.outputs}
         self.env = env
-        self.used: list[int] = []
 
     def node(self, t: str, op: str | tuple[str, ...], what: str) -> Node:
         n = self.prod.get(t)
@@ -63,7 +62,6 @@ class _Body:
         if n is None or n.op not in ops:
             got = "a loop input" if n is None else f"{n.op!r} at {n.path}"
             raise RingMismatch(f"{what}: expected {' or '.join(ops)}, got {got}")
-        self.used.append(self.g.nodes.index(n))
         return n
 
     def attrs(self, n: Node) -> dict[str, Any]:
@@ -89,7 +87,6 @@ def _rescaled(b: _Body, t: str, carried: str, what: str) -> tuple[str, str]:
     for old, new in (add.inputs, add.inputs[::-1]):
         m = b.prod.get(old)
         if m is not None and m.op == "mul" and carried in m.inputs:
-            b.used.append(b.g.nodes.index(m))
             corr = m.inputs[1] if m.inputs[0] == carried else m.inputs[0]
             return corr, new
     raise RingMismatch(f"{what}: the running value {carried!r} is not rescaled by the correction exp(m - m') "
@@ -119,7 +116,6 @@ def _scores(b: _Body, s: str) -> _Scores:
     chain, mask, kpos, qpos = [], None, None, None
     sn = b.prod.get(s)
     if sn is not None and sn.op == "masked_fill":
-        b.used.append(b.g.nodes.index(sn))
         chain.append(sn)
         gt = b.node(sn.inputs[1], "gt", "the causal mask")
         mask = sn.inputs[1]
@@ -131,7 +127,6 @@ def _scores(b: _Body, s: str) -> _Scores:
         s = sn.inputs[0]
         sn = b.prod.get(s)
     if sn is not None and sn.op == "scale":
-        b.used.append(b.g.nodes.index(sn))
         chain.append(sn)
         s = sn.inputs[0]
     mm = b.node(s, "matmul", "the scores")
@@ -275,7 +270,6 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
     if bmn is None or bmn.op != "amax" or bmn.inputs[0] != s or [d % nd for d in b.attrs(bmn)["dims"]] != [nd - 1]:
         raise RingMismatch(f"the new reference must be the running max maximum(m, amax(s, dims=[-1], keepdim=True)) "
                            f"(at {mx.path})")
-    b.used.append(body.nodes.index(bmn))
     sc = _scores(b, s)
     rotating = {"keys": sc.k, "values": vb}
     invariant = {"queries": sc.q}
@@ -368,7 +362,6 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     for t in names[:k]:
         pn = b.prod.get(upd[t])
         if pn is not None and pn.op == "ppermute":
-            b.used.append(body.nodes.index(pn))
             if pn.inputs[0] == t:
                 rot.append(t)
             else:
@@ -397,13 +390,11 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     chain, t = [], ds
     sn = b.prod.get(t)
     if sn is not None and sn.op == "scale":
-        b.used.append(body.nodes.index(sn))
         chain.append(sn)
         t = sn.inputs[0]
         sn = b.prod.get(t)
     ds_mask = None
     if sn is not None and sn.op == "masked_fill":
-        b.used.append(body.nodes.index(sn))
         chain.append(sn)
         ds_mask = sn.inputs[1]
         if b.attrs(sn)["value"] not in (0, 0.0):
@@ -416,7 +407,6 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
             break
     else:
         raise RingMismatch(f"dS is not P * (dP - D) at {mul.path}")
-    b.used.append(body.nodes.index(dn))
     dp, db = dn.inputs
     dpn = b.node(dp, "matmul", "dP = matmul(dO, Vᵀ)")
     do_b = dpn.inputs[0]
