@@ -210,7 +210,7 @@ def _infer_loop(n: Node, ra, in_types, env, mesh, key):
     for j, (o, want) in enumerate(zip(body.outputs, in_types)):
         if btypes[o] != want:
             raise GraphError(f"{n.path}.attrs.body.outputs[{j}]",
-                             f"one step turns carried {body.inputs[j]!r} {list(want[0])} ({want[1]}) into {o!r} "
+                             f"one step turns carried {body.inputs[j].name!r} {list(want[0])} ({want[1]}) into {o!r} "
                              f"{list(btypes[o][0])} ({btypes[o][1]}): the carried type must not change")
     return [t[0] for t in in_types[:k]], [t[1] for t in in_types[:k]]
 

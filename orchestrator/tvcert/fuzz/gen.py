@@ -54,7 +54,7 @@ class Pair:
     """One generated (logical, parallel) pair, as a plan dict plus metadata."""
 
     plan: dict
-    family: str  # "compose" | "c12" | "reshape_transpose"
+    family: str  # "compose" | "c12" | "reshape_transpose" | "ring"
     tags: list  # transforms used
     perturbed: bool = False
     mutation: str | None = None
@@ -817,9 +817,13 @@ def generate(seed: int, index: int, perturb_rate: float = 0.5) -> Pair:
     rng = random.Random(f"tvcert-fuzz/{seed}/{index}")
     name = f"fuzz_{seed}_{index}"
     r = rng.random()
-    if r < 0.08:
+    if r < 0.06:
+        from .ring import gen_ring
+
+        pair = gen_ring(rng, name, perturb_rate)
+    elif r < 0.12:
         pair = gen_c12(rng, name, bug=rng.random() < 0.75)
-    elif r < 0.16:
+    elif r < 0.20:
         pair = gen_reshape_transpose(rng, name, bug=rng.random() < 0.75)
     else:
         pair = gen_compose(rng, name)
