@@ -14,6 +14,14 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
   gradients are partial sums over the token-splitting axes and are all-reduced;
 * zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
   shard, parameters all-gathered.
+* tied embeddings (``Cfg.tie_embeddings``; Llama 3.2 1B/3B tie, 8B/70B/405B do not): the LM head
+  is the embedding table transposed ([v, h] used as [h, v]; under tp both are vocab-sharded), and
+  the table's gradient is the lookup gradient plus the transposed head gradient.  Under pp the
+  table lives on stage 0 and the head on the last stage, as in Megatron's embedding group: the
+  last stage's copy equals stage 0's at the start of the step (sent forward here, since a logical
+  input binds one program), its head-gradient contribution is sent back to stage 0 and added to
+  the lookup gradient *before* the gradient sync (all_reduce / ZeRO reduce_scatter), and stage 0
+  applies the single update (the parameter output is bound there; the clip norm counts it once).
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ B1, B2, LR, WD, ADAM_EPS, STEP, MAX_NORM = 0.9, 0.95, 3e-4, 0.1, 1e-8, 10, 1.0
 class Cfg:
     dims: dict[str, int]  # b s h nh nkv hd f v
     layers: int
+    tie_embeddings: bool = False  # LM head = embedding table transposed
 
     @property
     def hd(self) -> int:
@@ -335,8 +344,11 @@ class Step:
         g = self.on(last)
         tgt = g.input("targets", [self.B, self.S], "int", "v")
         wf = self.param("final_norm", ["h"], None)
-        wout = self.param("lm_head", ["h", "v"], 1)
         g.scope = "head"
+        if self.tied:
+            wout = self.tied_head_weight(wemb)
+        else:
+            wout = self.param("lm_head", ["h", "v"], 1)
         nf, snf = self.rmsnorm(x, wf, "final_norm")
         nff = self.tp_in(nf, "lm_in")
         logits = g.op("matmul", nff, wout, role="lm_head")
@@ -358,8 +370,13 @@ class Step:
         soft = g.op("div", ez, se, role="ce.softmax")
         dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
         grads: list[dict] = [{} for _ in range(pp)]
-        grads[last]["lm_head"] = self.wgrad(nff, dlogits, "lm_head.dw")
-        dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
+        if self.tied:
+            # the head's contribution to the table's gradient, in the table's [v, h] layout
+            head_dw = g.op("einsum", nff, dlogits, role="lm_head.dw", equation="bsi,bso->oi")
+            dnf = self.tp_out(self.linear_dx(dlogits, wout, "lm_head.dx"), "lm_dx")
+        else:
+            grads[last]["lm_head"] = self.wgrad(nff, dlogits, "lm_head.dw")
+            dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
         dx, grads[last]["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
         g.scope = ""
         for st in reversed(range(pp)):
@@ -373,8 +390,36 @@ class Step:
         g = self.on(0)
         demb = self.tp_in(dx, "embed.dy")
         grads[0]["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        if self.tied:
+            grads[0]["embedding"] = self.tied_grad_sum(grads[0]["embedding"], head_dw)
         outs = self.sync_and_update(grads)
         return loss, outs
+
+    # -------------------------------------------------------------- tied embeddings
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.cfg, "tie_embeddings", False))
+
+    def tied_head_weight(self, wemb):
+        """The LM head of a tied model: the embedding table [v, h] (vocab-sharded over tp, Shard(0)) transposed
+        to [h, v] (Shard(1), as a column-parallel head).  Under pp, the last stage's copy of the table is
+        stage 0's (Megatron keeps the two copies identical; here stage 0 sends it at the start of the step)."""
+        last = self.par.pp - 1
+        table = self.p2p(wemb, 0, last, "tied_weight", [self.V, "h"], "tied_embedding.weight")
+        return self.on(last).op("permute", table, role="lm_head.tied_t", dims=[1, 0])
+
+    def tied_grad_sum(self, lookup_dw, head_dw):
+        """Stage 0: lookup gradient + the head's contribution (sent from the last stage under pp, Megatron's
+        embedding-group all-reduce), both still Partial over the data axes: the sum precedes the gradient
+        sync, so ZeRO's reduce_scatter sees the full tied gradient."""
+        last = self.par.pp - 1
+        head = self.p2p(head_dw, last, 0, "tied_grad", [self.V, "h"], "tied_embedding.grad")
+        g = self.on(0)
+        prev, g.scope = g.scope, "embed.bwd"
+        try:
+            return g.op("add", lookup_dw, head, role="tied_grad_sum")
+        finally:
+            g.scope = prev
 
     # -------------------------------------------------------------- gradient sync, clipping, AdamW
     def sync_and_update(self, grads: list[dict]):
