@@ -464,16 +464,22 @@ class Step:
         if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
             axes = ["tp"] + axes  # norm weights see sequence shards under SP
         if self._zero():
-            part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
-            flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
-            return self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+            return self.zero_scatter(gt, name, [a for a in axes if a != "dp"])
         return self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
+
+    def zero_scatter(self, gt, name, other_axes):
+        """ZeRO-1: all_reduce over the other token-splitting axes, flatten, reduce_scatter over dp."""
+        part = self.all_reduce(gt, other_axes, f"{name}.grad_all_reduce")
+        flat = self.g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten",
+                         shape=self._zero_flat_shape(name))
+        return self.scatter(flat, "dp", self._zero_lead(name), f"{name}.grad_reduce_scatter")
 
     def sumsq(self, name, gt):
         """This gradient's sum of squares: partial over tp when tp-sharded; replicated ones count once (/tp)."""
         g = self.g
         ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
-                   dims=list(range(len(self._local_shape(name)))) if not self._zero() else [0])
+                   dims=list(range(len(self._local_shape(name)))) if not self._zero() else
+                   list(range(self._zero_lead(name) + 1)))
         if self._zero():
             ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
         if self.params[name].tp_dim is None and self.par.has("tp"):
@@ -528,8 +534,9 @@ class Step:
         v_in = g.input(f"{name}.exp_avg_sq", self._state_shape(name))
         pr = name
         if z:
-            flat = g.op("reshape", self._tp_first(name, name), role=f"{name}.param_flatten", shape=[-1])
-            pr = self.block(flat, "dp", 0, self._flat_numel(name), f"{name}.param_shard")
+            flat = g.op("reshape", self._tp_first(name, name), role=f"{name}.param_flatten",
+                        shape=self._zero_flat_shape(name))
+            pr = self.block(flat, "dp", self._zero_lead(name), self._zero_numel(name), f"{name}.param_shard")
         m = g.op("add", g.op("scale", m_in, role=f"{name}.m_decay", value=B1),
                  g.op("scale", grad, role=f"{name}.m_new", value=1 - B1), role=f"{name}.m")
         v = g.op("add", g.op("scale", v_in, role=f"{name}.v_decay", value=B2),
@@ -542,7 +549,7 @@ class Step:
         upd = g.op("add", upd, g.op("scale", pr, role=f"{name}.wd", value=WD), role=f"{name}.decayed")
         newp = g.op("sub", pr, g.op("scale", upd, role=f"{name}.lr", value=LR), role=f"{name}.update")
         if z:
-            full = self.gather(newp, "dp", 0, f"{name}.param_all_gather")
+            full = self.gather(newp, "dp", self._zero_lead(name), f"{name}.param_all_gather")
             local = self._local_param_shape(name)
             d = self.params[name].tp_dim
             if d not in (None, 0):
@@ -569,16 +576,46 @@ class Step:
 
     def _state_shape(self, name):
         if self._zero():
-            return [f"({self._flat_numel(name)})/dp"]
+            lead = self._zero_lead(name)
+            return [*self._local_param_shape(name)[:lead], f"({self._zero_numel(name)})/dp"]
         return self._local_param_shape(name)
+
+    # ZeRO views: a parameter is flattened whole (tp-sharded dim first), except an expert parameter, which
+    # keeps its leading ep-sharded expert dim and has each local expert's weights flattened; the dp shard is
+    # taken on the flattened dim.  (The kernel's reduce_scatter over dp cannot split a dim that the inner ep
+    # axis already shards, so an expert block is not flattened across experts.)
+    def _zero_lead(self, name) -> int:
+        return 1 if ep_sharded(self, name) else 0
+
+    def _zero_flat_shape(self, name) -> list:
+        lead = self._zero_lead(name)
+        return [*self._local_param_shape(name)[:lead], -1]
+
+    def _zero_numel(self, name) -> str:
+        lead = self._zero_lead(name)
+        return "*".join(f"({x})" for x in self._local_param_shape(name)[lead:])
 
 
 def state_layout(step: Step, name: str) -> list[dict]:
-    """Layout of a ZeRO-sharded optimizer state: tp-sharded dim first, then flattened."""
+    """Layout of a ZeRO-sharded optimizer state: tp-sharded dim first, then flattened; an expert parameter
+    keeps its expert dim ([ne, rest], Shard(0) over ep, Shard(1) over dp)."""
     p = step.params[name]
+    if ep_sharded(step, name):
+        return [{"op": "reshape", "attrs": {"shape": [p.shape[0], -1]}}]
     out = []
     if p.tp_dim not in (None, 0):
         n = len(p.shape)
         out.append({"op": "permute", "attrs": {"dims": [p.tp_dim] + [i for i in range(n) if i != p.tp_dim]}})
     out.append({"op": "reshape", "attrs": {"shape": [-1]}})
     return out
+
+
+def ep_sharded(step: Step, name: str) -> bool:
+    """Is this parameter sharded over an expert-parallel mesh axis (its dim 0; no tp sharding with it)?"""
+    p = step.params[name]
+    d = getattr(p, "ep_dim", None)
+    if d is None or not step.par.has("ep"):
+        return False
+    if d != 0 or p.tp_dim is not None:
+        raise ValueError(f"{name}: ZeRO state layout covers expert parameters sharded on dim 0 over ep only")
+    return True

@@ -267,6 +267,7 @@ def mutate(plan: dict, name: str) -> tuple[dict, str]:
 # names the model it applies to.  Generate with tvcert.generators.deepseek.deepseek_plan(**config).
 DS_EP = {"model": "deepseek-v3-671b", "ep": 2}
 DS_DP_EP = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2}
+DS_DP_EP_ZERO = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2, "zero": 1}
 
 
 def _combine_dispatch_order(p: dict) -> str:
@@ -309,6 +310,9 @@ MOE_MUTATIONS: list[Mutation] = [
              DS_EP, lambda p: _bypass(p, r"layer\d+\.gate\.normalize$"), "consumer"),
     Mutation("moe_gate_grad_not_normalized", "the gate backward skips the normalization's Jacobian", DS_EP,
              lambda p: _bypass(p, r"layer\d+\.bwd\.gate\.bwd\.normalize$"), "consumer"),
+    Mutation("expert_grad_wrong_group", "ZeRO: expert gradients are reduce-scattered over the expert-parallel group "
+             "(ep) instead of their expert-data-parallel group (dp)", DS_DP_EP_ZERO,
+             lambda p: _set(p, r"layer\d+\.experts\.w1\.grad_reduce_scatter$", axis="ep")),
     Mutation("router_grad_not_reduced", "the router weight gradient is not all-reduced over ep (a data axis for it)",
              DS_EP, lambda p: _bypass(p, r"layer\d+\.router\.grad_all_reduce$"), "consumer"),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .builder import G, Par
-from .llama import Cfg, Step, state_layout
+from .llama import Cfg, Step, ep_sharded, state_layout
 
 # Llama 3 model cards (hidden, layers, heads, kv heads, head dim, ffn, vocab, seq)
 LLAMA3 = {
@@ -151,6 +151,8 @@ def _input_placements(step: Step) -> dict[str, Any]:
 def _state_binding(step: Step, name: str, local: str) -> dict[str, Any]:
     if not step.zero_of(name):
         return {"local": local, "placement": step.param_placement(name)}
+    if ep_sharded(step, name):  # expert dim kept: [ne, rest]
+        return {"local": local, "placement": {"ep": "Shard(0)", "dp": "Shard(1)"}, "layout": state_layout(step, name)}
     pl = {"dp": "Shard(0)"}
     if step.params[name].tp_dim is not None and step.par.has("tp"):
         pl["tp"] = "Shard(0)"
