@@ -30,6 +30,11 @@ CONFIGS = {
     "tied_tp_sp_dp_microbatches": {"tie_embeddings": True, "tp": 2, "sp": True, "dp": 2, "mb": 2},
     "tied_pp_tp_dp_zero1": {"tie_embeddings": True, "pp": 2, "layers": 2, "tp": 2, "dp": 2, "zero": 1},
     "tied_pp3_cp_sp_mb": {"tie_embeddings": True, "pp": 3, "layers": 3, "cp": 2, "tp": 2, "sp": True, "mb": 2},
+    "masked_embedding": {"masked_embedding": True},
+    "masked_embedding_tp_dp_zero1": {"masked_embedding": True, "tp": 2, "dp": 2, "zero": 1},
+    "masked_embedding_cp_tp_sp_mb": {"masked_embedding": True, "cp": 2, "tp": 2, "sp": True, "mb": 2},
+    "masked_embedding_tied_pp_tp_dp_zero1": {"masked_embedding": True, "tie_embeddings": True, "pp": 2, "layers": 2,
+                                             "tp": 2, "dp": 2, "zero": 1},
 }
 
 
@@ -125,6 +130,17 @@ def test_tied_embeddings_share_one_table(pp):
     assert res.verdict == "VERIFIED", res.reasons
 
 
+def test_masked_embedding_is_the_megatron_lookup():
+    """--masked-embedding: the forward is embedding(W_local, ids - rank*B) with out-of-block tokens zeroed,
+    proved by the vocab_parallel_embedding pattern; the logical forward is embedding(W, ids)."""
+    p = llama3_plan("llama3-8b", layers=2, tp=8, dp=4, mb=4, sp=True, zero=1, masked_embedding=True)
+    assert any(n["op"] == "embedding" for n in p["logical"]["nodes"])
+    assert not any(n["src"] == "embed.one_hot" for n in p["parallel"][0]["nodes"])
+    res = verify(load_plan(p), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    assert any("vocab_parallel_embedding" in s.rules for s in res.prop.steps)
+
+
 def test_at_least_25_mutation_kinds():
     assert len(MUTATIONS) >= 25
 
@@ -143,6 +159,9 @@ def test_plan_and_mutate_cli(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["plan", "deepseek-v3-16b", "--tie-embeddings", "-o", str(tmp_path / "x.json")])
     assert r.exit_code == 3 and "--tie-embeddings applies to the llama family" in r.output
+    r = CliRunner().invoke(main, ["plan", "llama3-8b", "--masked-embedding", "--tp", "2", "--layers", "1",
+                                  "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 0 and "masked vocab-parallel lookup" in r.output, r.output
     r = CliRunner().invoke(main, ["mutate", "--list"])
     assert "--tie-embeddings" in r.output
     r = CliRunner().invoke(main, ["plan", "llama3-9b", "-o", str(tmp_path / "x.json")])

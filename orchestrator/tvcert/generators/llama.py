@@ -5,7 +5,8 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
 
 * tp: column-parallel q/k/v/w1/w3 and LM head, row-parallel o/w2, vocab-parallel embedding and
   cross-entropy (one-hot formulation: the target logit and the embedding row are read through
-  the rank's vocab block of a one-hot matrix);
+  the rank's vocab block of a one-hot matrix; ``Cfg.masked_embedding``: Megatron's masked local
+  lookup ``embedding(W_local, ids - rank*B)`` for the embedding forward, see ``embed_lookup``);
 * sp (with tp): the residual stream is sharded on the sequence; all_gather before column-parallel
   layers, reduce_scatter after row-parallel ones, norm-weight gradients all-reduced over tp;
 * cp: the sequence is sharded; K and V are all-gathered (Llama 3's all-gather context
@@ -41,6 +42,7 @@ class Cfg:
     dims: dict[str, int]  # b s h nh nkv hd f v
     layers: int
     tie_embeddings: bool = False  # LM head = embedding table transposed
+    masked_embedding: bool = False  # Megatron's masked vocab-parallel lookup instead of the one-hot matmul
 
     @property
     def hd(self) -> int:
@@ -334,9 +336,7 @@ class Step:
             if st == 0:
                 ids = g.input("tokens", [self.B, self.S], "int", "v")
                 wemb = self.param("embedding", ["v", "h"], 0)
-                oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v",
-                                "embed.vocab_block")
-                x = self.tp_out(g.op("matmul", oh, wemb, role="embed.lookup"), "embed")
+                x = self.tp_out(self.embed_lookup(ids, wemb), "embed")
             else:
                 x = self.p2p(x, st - 1, st, f"act{st}", act, f"act{st}")
             for i in layers[st]:
@@ -389,11 +389,57 @@ class Step:
                 grads[st].update(gl)
         g = self.on(0)
         demb = self.tp_in(dx, "embed.dy")
-        grads[0]["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        grads[0]["embedding"] = self.embed_grad(ids, demb)
         if self.tied:
             grads[0]["embedding"] = self.tied_grad_sum(grads[0]["embedding"], head_dw)
         outs = self.sync_and_update(grads)
         return loss, outs
+
+    # -------------------------------------------------------------- embedding lookup
+    @property
+    def masked(self) -> bool:
+        return bool(getattr(self.cfg, "masked_embedding", False))
+
+    def embed_lookup(self, ids, wemb):
+        """The rank's contribution to the embedding rows (Partial over tp when the table is vocab-sharded).
+
+        Default: one-hot formulation, the rank's vocab block of one_hot(ids) times its table rows.
+        ``masked_embedding``: Megatron's VocabParallelEmbedding forward, ``embedding(W_local, ids - rank*B)``
+        with tokens outside the rank's block [rank*B, rank*B + B) zeroed (the kernel's vocab_parallel_embedding
+        pattern); the logical step is ``embedding(W, ids)``."""
+        g = self.g
+        if not self.masked:
+            self._onehot = self.vocab_onehot(ids, "embed")
+            return g.op("matmul", self._onehot, wemb, role="embed.lookup")
+        if not self.par.has("tp"):
+            return g.op("embedding", wemb, ids, role="embed.lookup")
+        blk = "v/tp"
+        lo = g.op("const", role="embed.vocab_lo", value=f"rank.tp*({blk})", dtype="int")
+        hi = g.op("const", role="embed.vocab_hi", value=f"rank.tp*({blk})+{blk}", dtype="int")
+        outside = g.op("logical_or", g.op("lt", ids, lo, role="embed.below"), g.op("ge", ids, hi, role="embed.above"),
+                       role="embed.outside")
+        lid = g.op("masked_fill", g.op("sub", ids, lo, role="embed.shift"), outside, role="embed.local_ids", value=0)
+        rows = g.op("embedding", wemb, lid, role="embed.lookup")
+        return g.op("masked_fill", rows, g.op("unsqueeze", outside, role="embed.outside_rows", dim=-1),
+                    role="embed.mask_rows", value=0)
+
+    def vocab_onehot(self, ids, role):
+        return self.block(self.g.op("one_hot", ids, role=role + ".one_hot", num_classes="v"), "tp", 2, "v",
+                          role + ".vocab_block")
+
+    def embed_grad(self, ids, demb):
+        """The table's gradient from the lookup: the rank's vocab block of one_hot(ids), contracted with demb
+        (the full-sequence output gradient, replicated over tp), in both lookup forms.
+
+        Not used, and why: Megatron's backward, embedding_backward of the masked gradient at the local ids
+        with B rows, has no kernel rule (the local ids are rank-dependent values without a fact; the
+        vocab_parallel_embedding pattern covers the forward only).  The rank's vocab block of the full
+        embedding_backward(demb, ids, v) verifies under tp alone, but with any data axis the full gradient
+        is Partial(sum) there and slice_block_to_shard refuses a Partial input on another axis; and a logical
+        embedding_backward is not proved equal to the one-hot einsum, so the logical step keeps the einsum."""
+        if not hasattr(self, "_onehot"):  # masked forward: the one-hot block serves the backward only
+            self._onehot = self.vocab_onehot(ids, "embed.bwd")
+        return self.g.op("einsum", self._onehot, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
 
     # -------------------------------------------------------------- tied embeddings
     @property

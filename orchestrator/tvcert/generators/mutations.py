@@ -115,6 +115,7 @@ MB = {"dp": 2, "microbatches": 2}
 ZERO = {"tp": 2, "dp": 2, "zero": 1}
 PP = {"pp": 2, "layers": 2}
 PP3 = {"pp": 3, "layers": 3}
+TP_MASKED = {"tp": 2, "masked_embedding": True}
 PP_TIED = {"pp": 2, "layers": 2, "tie_embeddings": True}
 PP_TIED_ZERO = {"pp": 2, "layers": 2, "tie_embeddings": True, "dp": 2, "zero": 1}
 
@@ -183,6 +184,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("bias_row_parallel_every_rank", "a replicated term is added on every rank before the row-parallel all_reduce",
              TP, lambda p: _insert_after(p, r"layer0\.o_proj$", "add", "bias_on_every_rank",
                                          [{"name": "bias__mut", "op": "const", "attrs": {"value": 1}, "src": "bias"}])),
+    Mutation("masked_embedding_rows_not_zeroed", "masked vocab-parallel lookup: rows of tokens outside the rank's "
+             "vocab block are not zeroed (every rank adds its row 0 for them)", TP_MASKED,
+             lambda p: _bypass(p, r"^embed\.mask_rows$"), "consumer"),
     Mutation("tied_grad_not_synced", "tied embeddings under pp: the LM head's gradient contribution from the last "
              "stage is dropped (only the lookup gradient updates the table)", PP_TIED,
              lambda p: _bypass(p, r"^embed\.bwd\.tied_grad_sum$"), "consumer"),

@@ -34,7 +34,7 @@ def small_mesh(par: Par) -> Par:
 
 def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                 layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1,
-                tie_embeddings: bool = False) -> dict[str, Any]:
+                tie_embeddings: bool = False, masked_embedding: bool = False) -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp)
@@ -56,9 +56,10 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     run = small_dims(small)
     run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
-    cfg = Cfg(full, nl, tie_embeddings=tie_embeddings)
-    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}{'-tied' if tie_embeddings else ''}"
-    desc = (f"{model} training step ({nl} layers{', tied embeddings' if tie_embeddings else ''}): "
+    cfg = Cfg(full, nl, tie_embeddings=tie_embeddings, masked_embedding=masked_embedding)
+    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}{'-tied' if tie_embeddings else ''}{'-masked' if masked_embedding else ''}"
+    desc = (f"{model} training step ({nl} layers{', tied embeddings' if tie_embeddings else ''}"
+            f"{', masked vocab-parallel lookup' if masked_embedding else ''}): "
             f"tp={tp}{' +sp' if sp else ''} cp={cp} dp={dp} pp={pp} microbatches={mb} zero={zero}")
     return assemble(Step(G(), Par(), cfg), Step(G(), par, cfg), name, desc, full, run)
 
