@@ -109,11 +109,29 @@ def test_every_moe_mutation_is_refuted_and_localized(mut):
     assert div["tensor"] in _descendants(bad, roots) or div["src"] == role, (div, role)
 
 
+def test_zero_shards_expert_optimizer_state():
+    """ZeRO-1 covers expert parameters: each local expert's flattened weights are sharded over dp (the expert
+    data-parallel group), gradients reduce-scattered over dp only; dense parameters keep the flat layout."""
+    p = deepseek_plan("deepseek-v3-671b", layers=2, dp=2, ep=2, tp=2, zero=1)
+    st = p["inputs"]["layer1.experts.w2.exp_avg_sq"]
+    assert st["placement"] == {"ep": "Shard(0)", "dp": "Shard(1)"}
+    assert st["layout"] == [{"op": "reshape", "attrs": {"shape": ["ne", -1]}}]
+    assert p["outputs"]["layer1.experts.w2.exp_avg_sq_out"]["placement"] == st["placement"]
+    assert p["inputs"]["layer1.wo.exp_avg"]["placement"] == {"dp": "Shard(0)", "tp": "Shard(0)"}
+    rs = [n for n in p["parallel"][0]["nodes"] if n["src"].endswith("experts.w1.grad_reduce_scatter")]
+    assert len(rs) == 1 and rs[0]["attrs"]["axis"] == "dp" and rs[0]["attrs"]["dim"] == 1
+    big = deepseek_plan("deepseek-v3-671b", layers=4, dp=32, tp=8, ep=8, mb=16, zero=1)
+    res = verify(load_plan(big), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+
+
 def test_bad_options_are_refused():
     from tvcert.generators.plans import GenError
 
     with pytest.raises(GenError, match="not divisible"):
         deepseek_plan("deepseek-v3-671b", layers=1, ep=3)
+    with pytest.raises(GenError, match="h\\*mf=.* not divisible by dp"):
+        deepseek_plan("deepseek-v3-671b", layers=1, dp=3, ep=2, zero=1, dims={"h": 4, "mf": 2})
     with pytest.raises(GenError, match="unknown model"):
         deepseek_plan("deepseek-v3-7b")
 

@@ -21,10 +21,14 @@ from ..cli import _fail_bad, write_atomic
 @click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel degree (deepseek-v3-* models)")
 @click.option("--pp", default=1, show_default=True, help="pipeline stages (one program per stage, send/recv between them)")
+@click.option("--tie-embeddings", "tie", is_flag=True,
+              help="llama: the LM head is the embedding table transposed (as in Llama 3.2 1B/3B)")
+@click.option("--masked-embedding", "masked", is_flag=True,
+              help="llama: Megatron's masked vocab-parallel embedding lookup instead of the one-hot matmul")
 @click.option("--layers", type=int, default=None, help="number of layers (default: the model card's)")
 @click.option("--dims", "dims_text", metavar="NAME=V,...", help="override model dims, e.g. h=64,f=128")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="plan file to write")
-def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, layers, dims_text, out):
+def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, tie, masked, layers, dims_text, out):
     """Generate the full training-step plan of MODEL (llama3-8b, llama3-70b, llama3-405b,
     deepseek-v3-16b, deepseek-v3-236b, deepseek-v3-671b).
 
@@ -41,14 +45,18 @@ def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, layers, dims_text, o
 
             if cp_style != "allgather":
                 raise GenError("--cp-style ring is implemented for llama3-* (MLA attention uses all-gather K/V)")
-
+            if tie:
+                raise GenError("--tie-embeddings applies to the llama family (DeepSeek-V2/V3 are untied)")
+            if masked:
+                raise GenError("--masked-embedding applies to the llama family")
             p = deepseek_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep, layers=layers,
                               dims=_parse_dims(dims_text), pp=pp)
         elif ep > 1:
             raise GenError("--ep applies to MoE models (deepseek-v3-*)")
         else:
             p = llama3_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, layers=layers,
-                            dims=_parse_dims(dims_text), pp=pp, cp_style=cp_style)
+                            dims=_parse_dims(dims_text), pp=pp, cp_style=cp_style, tie_embeddings=tie,
+                            masked_embedding=masked)
     except GenError as exc:
         _fail_bad(str(exc))
     write_atomic(out, json.dumps(p, indent=1) + "\n")
@@ -68,7 +76,8 @@ def mutate(plan_path, bug, list_, out):
 
     if list_:
         for m in MUTATIONS + MOE_MUTATIONS:
-            opts = " ".join(f"--{k} {v}" if v is not True else f"--{k}" for k, v in m.config.items())
+            opts = " ".join(f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k.replace('_', '-')}"
+                            for k, v in m.config.items())
             click.echo(f"{m.name:36s} {m.doc}  [needs: {opts}]")
         return
     if not (plan_path and bug and out):

@@ -30,8 +30,13 @@ AdamW).  With every degree 1 it is the logical single-device step.
   takes its ep block of s/sc, and the all_to_all concatenates along that dim (one extra
   all_gather of the MoE input and output per layer compared with DeepSeek's dispatch).
 * Pipeline stages, micro-batches and the cross-stage clip norm come from ``Step.build``; ZeRO-1
-  shards the optimizer state of the non-expert parameters over dp (expert states stay whole on
-  their ep rank: their flattened shards would need dp outside ep in the mesh).
+  shards the optimizer state of every parameter over dp.  Expert parameters are Shard(0) over ep
+  and replicated over dp (and cp / micro-batches, and tp): their gradients are all-reduced over
+  the token-splitting axes other than ep and dp, then reduce-scattered over dp (the
+  expert-data-parallel group of their ep coordinate).  The ZeRO view of an expert parameter
+  keeps the expert dim and flattens each expert's weights ([ne/ep, h*mf], dp shards dim 1): the
+  mesh nests ep inside dp, and the kernel's reduce_scatter over dp cannot split a dim that the
+  inner ep axis already shards, so the local expert block is not flattened across experts.
 """
 from __future__ import annotations
 
@@ -510,19 +515,15 @@ class DStep(Step):
         return dict(self.buffer_stage)
 
     def zero_of(self, name) -> bool:
-        """ZeRO-1 shards the optimizer state of non-expert parameters (expert states stay per ep rank)."""
-        return Step._zero(self) and self.params[name].ep_dim is None
-
-    def _zero(self) -> bool:
-        return self.zero_of(self._cur) if getattr(self, "_cur", None) else Step._zero(self)
+        """ZeRO-1 shards every parameter's optimizer state over dp, expert parameters included: an expert's
+        replicas are its ep coordinate's dp ranks (the expert-data-parallel group), so its gradient is
+        reduce-scattered over dp, each local expert's weights flattened (see Step._zero_lead, state_layout)."""
+        return Step._zero(self)
 
     def sync(self, name, gt):
-        g = self.g
         axes = self.sync_axes(name)
         if self.zero_of(name):
-            part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
-            flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
-            return self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+            return self.zero_scatter(gt, name, [a for a in axes if a != "dp"])
         return self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
 
     def group_of(self, name) -> str:
@@ -534,24 +535,10 @@ class DStep(Step):
         g = self.g
         z = self.zero_of(name)
         ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
-                   dims=[0] if z else list(range(len(self.params[name].shape))))
+                   dims=list(range(self._zero_lead(name) + 1)) if z else list(range(len(self.params[name].shape))))
         if z:
             ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
         return ssq
-
-    def adamw(self, name, grad):
-        prev, self._cur = getattr(self, "_cur", None), name
-        try:
-            return Step.adamw(self, name, grad)
-        finally:
-            self._cur = prev
-
-    def _state_shape(self, name):
-        prev, self._cur = getattr(self, "_cur", None), name
-        try:
-            return Step._state_shape(self, name)
-        finally:
-            self._cur = prev
 
     def sync_and_update(self, grads: list[dict]):
         """Sync, clip by the global norm (three running sums across stages: replicated, tp-, ep-partial), AdamW."""
@@ -648,6 +635,8 @@ def _check(d: dict[str, int], par: DPar) -> None:
         need.append(("s", "cp*tp"))
     if par.ep > 1 and (par.dp > 1 or par.mb > 1):
         need.append(("s", "sc*ep"))
+    if par.ep > 1 and par.zero and par.dp > 1:
+        need.append(("h*mf", "dp"))  # ZeRO shards each expert's flattened weights over dp
     for a, b in need:
         num = 1
         for part in a.split("*"):

@@ -5,7 +5,8 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
 
 * tp: column-parallel q/k/v/w1/w3 and LM head, row-parallel o/w2, vocab-parallel embedding and
   cross-entropy (one-hot formulation: the target logit and the embedding row are read through
-  the rank's vocab block of a one-hot matrix);
+  the rank's vocab block of a one-hot matrix; ``Cfg.masked_embedding``: Megatron's masked local
+  lookup ``embedding(W_local, ids - rank*B)`` for the embedding forward, see ``embed_lookup``);
 * sp (with tp): the residual stream is sharded on the sequence; all_gather before column-parallel
   layers, reduce_scatter after row-parallel ones, norm-weight gradients all-reduced over tp;
 * cp: the sequence is sharded; RoPE positions and causal-mask rows are the rank's block of
@@ -19,6 +20,14 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
   gradients are partial sums over the token-splitting axes and are all-reduced;
 * zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
   shard, parameters all-gathered.
+* tied embeddings (``Cfg.tie_embeddings``; Llama 3.2 1B/3B tie, 8B/70B/405B do not): the LM head
+  is the embedding table transposed ([v, h] used as [h, v]; under tp both are vocab-sharded), and
+  the table's gradient is the lookup gradient plus the transposed head gradient.  Under pp the
+  table lives on stage 0 and the head on the last stage, as in Megatron's embedding group: the
+  last stage's copy equals stage 0's at the start of the step (sent forward here, since a logical
+  input binds one program), its head-gradient contribution is sent back to stage 0 and added to
+  the lookup gradient *before* the gradient sync (all_reduce / ZeRO reduce_scatter), and stage 0
+  applies the single update (the parameter output is bound there; the clip norm counts it once).
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ B1, B2, LR, WD, ADAM_EPS, STEP, MAX_NORM = 0.9, 0.95, 3e-4, 0.1, 1e-8, 10, 1.0
 class Cfg:
     dims: dict[str, int]  # b s h nh nkv hd f v
     layers: int
+    tie_embeddings: bool = False  # LM head = embedding table transposed
+    masked_embedding: bool = False  # Megatron's masked vocab-parallel lookup instead of the one-hot matmul
 
     @property
     def hd(self) -> int:
@@ -418,9 +429,7 @@ class Step:
             if st == 0:
                 ids = g.input("tokens", [self.B, self.S], "int", "v")
                 wemb = self.param("embedding", ["v", "h"], 0)
-                oh = self.block(g.op("one_hot", ids, role="embed.one_hot", num_classes="v"), "tp", 2, "v",
-                                "embed.vocab_block")
-                x = self.tp_out(g.op("matmul", oh, wemb, role="embed.lookup"), "embed")
+                x = self.tp_out(self.embed_lookup(ids, wemb), "embed")
             else:
                 x = self.p2p(x, st - 1, st, f"act{st}", act, f"act{st}")
             for i in layers[st]:
@@ -428,8 +437,11 @@ class Step:
         g = self.on(last)
         tgt = g.input("targets", [self.B, self.S], "int", "v")
         wf = self.param("final_norm", ["h"], None)
-        wout = self.param("lm_head", ["h", "v"], 1)
         g.scope = "head"
+        if self.tied:
+            wout = self.tied_head_weight(wemb)
+        else:
+            wout = self.param("lm_head", ["h", "v"], 1)
         nf, snf = self.rmsnorm(x, wf, "final_norm")
         nff = self.tp_in(nf, "lm_in")
         logits = g.op("matmul", nff, wout, role="lm_head")
@@ -451,8 +463,13 @@ class Step:
         soft = g.op("div", ez, se, role="ce.softmax")
         dlogits = g.op("mul", g.op("sub", soft, toh, role="ce.bwd.sub"), dtok, role="ce.bwd.dlogits")
         grads: list[dict] = [{} for _ in range(pp)]
-        grads[last]["lm_head"] = self.wgrad(nff, dlogits, "lm_head.dw")
-        dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
+        if self.tied:
+            # the head's contribution to the table's gradient, in the table's [v, h] layout
+            head_dw = g.op("einsum", nff, dlogits, role="lm_head.dw", equation="bsi,bso->oi")
+            dnf = self.tp_out(self.linear_dx(dlogits, wout, "lm_head.dx"), "lm_dx")
+        else:
+            grads[last]["lm_head"] = self.wgrad(nff, dlogits, "lm_head.dw")
+            dnf = self.tp_out(self.linear_dx(dlogits, "lm_head", "lm_head.dx"), "lm_dx")
         dx, grads[last]["final_norm"] = self.rmsnorm_bwd(dnf, "final_norm", snf, "final_norm")
         g.scope = ""
         for st in reversed(range(pp)):
@@ -465,9 +482,83 @@ class Step:
                 grads[st].update(gl)
         g = self.on(0)
         demb = self.tp_in(dx, "embed.dy")
-        grads[0]["embedding"] = g.op("einsum", oh, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        grads[0]["embedding"] = self.embed_grad(ids, demb)
+        if self.tied:
+            grads[0]["embedding"] = self.tied_grad_sum(grads[0]["embedding"], head_dw)
         outs = self.sync_and_update(grads)
         return loss, outs
+
+    # -------------------------------------------------------------- embedding lookup
+    @property
+    def masked(self) -> bool:
+        return bool(getattr(self.cfg, "masked_embedding", False))
+
+    def embed_lookup(self, ids, wemb):
+        """The rank's contribution to the embedding rows (Partial over tp when the table is vocab-sharded).
+
+        Default: one-hot formulation, the rank's vocab block of one_hot(ids) times its table rows.
+        ``masked_embedding``: Megatron's VocabParallelEmbedding forward, ``embedding(W_local, ids - rank*B)``
+        with tokens outside the rank's block [rank*B, rank*B + B) zeroed (the kernel's vocab_parallel_embedding
+        pattern); the logical step is ``embedding(W, ids)``."""
+        g = self.g
+        if not self.masked:
+            self._onehot = self.vocab_onehot(ids, "embed")
+            return g.op("matmul", self._onehot, wemb, role="embed.lookup")
+        if not self.par.has("tp"):
+            return g.op("embedding", wemb, ids, role="embed.lookup")
+        blk = "v/tp"
+        lo = g.op("const", role="embed.vocab_lo", value=f"rank.tp*({blk})", dtype="int")
+        hi = g.op("const", role="embed.vocab_hi", value=f"rank.tp*({blk})+{blk}", dtype="int")
+        outside = g.op("logical_or", g.op("lt", ids, lo, role="embed.below"), g.op("ge", ids, hi, role="embed.above"),
+                       role="embed.outside")
+        lid = g.op("masked_fill", g.op("sub", ids, lo, role="embed.shift"), outside, role="embed.local_ids", value=0)
+        rows = g.op("embedding", wemb, lid, role="embed.lookup")
+        return g.op("masked_fill", rows, g.op("unsqueeze", outside, role="embed.outside_rows", dim=-1),
+                    role="embed.mask_rows", value=0)
+
+    def vocab_onehot(self, ids, role):
+        return self.block(self.g.op("one_hot", ids, role=role + ".one_hot", num_classes="v"), "tp", 2, "v",
+                          role + ".vocab_block")
+
+    def embed_grad(self, ids, demb):
+        """The table's gradient from the lookup: the rank's vocab block of one_hot(ids), contracted with demb
+        (the full-sequence output gradient, replicated over tp), in both lookup forms.
+
+        Not used, and why: Megatron's backward, embedding_backward of the masked gradient at the local ids
+        with B rows, has no kernel rule (the local ids are rank-dependent values without a fact; the
+        vocab_parallel_embedding pattern covers the forward only).  The rank's vocab block of the full
+        embedding_backward(demb, ids, v) verifies under tp alone, but with any data axis the full gradient
+        is Partial(sum) there and slice_block_to_shard refuses a Partial input on another axis; and a logical
+        embedding_backward is not proved equal to the one-hot einsum, so the logical step keeps the einsum."""
+        if not hasattr(self, "_onehot"):  # masked forward: the one-hot block serves the backward only
+            self._onehot = self.vocab_onehot(ids, "embed.bwd")
+        return self.g.op("einsum", self._onehot, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+
+    # -------------------------------------------------------------- tied embeddings
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.cfg, "tie_embeddings", False))
+
+    def tied_head_weight(self, wemb):
+        """The LM head of a tied model: the embedding table [v, h] (vocab-sharded over tp, Shard(0)) transposed
+        to [h, v] (Shard(1), as a column-parallel head).  Under pp, the last stage's copy of the table is
+        stage 0's (Megatron keeps the two copies identical; here stage 0 sends it at the start of the step)."""
+        last = self.par.pp - 1
+        table = self.p2p(wemb, 0, last, "tied_weight", [self.V, "h"], "tied_embedding.weight")
+        return self.on(last).op("permute", table, role="lm_head.tied_t", dims=[1, 0])
+
+    def tied_grad_sum(self, lookup_dw, head_dw):
+        """Stage 0: lookup gradient + the head's contribution (sent from the last stage under pp, Megatron's
+        embedding-group all-reduce), both still Partial over the data axes: the sum precedes the gradient
+        sync, so ZeRO's reduce_scatter sees the full tied gradient."""
+        last = self.par.pp - 1
+        head = self.p2p(head_dw, last, 0, "tied_grad", [self.V, "h"], "tied_embedding.grad")
+        g = self.on(0)
+        prev, g.scope = g.scope, "embed.bwd"
+        try:
+            return g.op("add", lookup_dw, head, role="tied_grad_sum")
+        finally:
+            g.scope = prev
 
     # -------------------------------------------------------------- gradient sync, clipping, AdamW
     def sync_and_update(self, grads: list[dict]):
@@ -512,16 +603,22 @@ class Step:
         if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
             axes = ["tp"] + axes  # norm weights see sequence shards under SP
         if self._zero():
-            part = self.all_reduce(gt, [a for a in axes if a != "dp"], f"{name}.grad_all_reduce")
-            flat = g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten", shape=[-1])
-            return self.scatter(flat, "dp", 0, f"{name}.grad_reduce_scatter")
+            return self.zero_scatter(gt, name, [a for a in axes if a != "dp"])
         return self.all_reduce(gt, axes, f"{name}.grad_all_reduce")
+
+    def zero_scatter(self, gt, name, other_axes):
+        """ZeRO-1: all_reduce over the other token-splitting axes, flatten, reduce_scatter over dp."""
+        part = self.all_reduce(gt, other_axes, f"{name}.grad_all_reduce")
+        flat = self.g.op("reshape", self._tp_first(part, name), role=f"{name}.grad_flatten",
+                         shape=self._zero_flat_shape(name))
+        return self.scatter(flat, "dp", self._zero_lead(name), f"{name}.grad_reduce_scatter")
 
     def sumsq(self, name, gt):
         """This gradient's sum of squares: partial over tp when tp-sharded; replicated ones count once (/tp)."""
         g = self.g
         ssq = g.op("sum", g.op("square", gt, role=f"{name}.sq"), role=f"{name}.sumsq",
-                   dims=list(range(len(self._local_shape(name)))) if not self._zero() else [0])
+                   dims=list(range(len(self._local_shape(name)))) if not self._zero() else
+                   list(range(self._zero_lead(name) + 1)))
         if self._zero():
             ssq = self.all_reduce(ssq, ["dp"], f"{name}.sumsq_all_reduce")
         if self.params[name].tp_dim is None and self.par.has("tp"):
@@ -576,8 +673,9 @@ class Step:
         v_in = g.input(f"{name}.exp_avg_sq", self._state_shape(name))
         pr = name
         if z:
-            flat = g.op("reshape", self._tp_first(name, name), role=f"{name}.param_flatten", shape=[-1])
-            pr = self.block(flat, "dp", 0, self._flat_numel(name), f"{name}.param_shard")
+            flat = g.op("reshape", self._tp_first(name, name), role=f"{name}.param_flatten",
+                        shape=self._zero_flat_shape(name))
+            pr = self.block(flat, "dp", self._zero_lead(name), self._zero_numel(name), f"{name}.param_shard")
         m = g.op("add", g.op("scale", m_in, role=f"{name}.m_decay", value=B1),
                  g.op("scale", grad, role=f"{name}.m_new", value=1 - B1), role=f"{name}.m")
         v = g.op("add", g.op("scale", v_in, role=f"{name}.v_decay", value=B2),
@@ -590,7 +688,7 @@ class Step:
         upd = g.op("add", upd, g.op("scale", pr, role=f"{name}.wd", value=WD), role=f"{name}.decayed")
         newp = g.op("sub", pr, g.op("scale", upd, role=f"{name}.lr", value=LR), role=f"{name}.update")
         if z:
-            full = self.gather(newp, "dp", 0, f"{name}.param_all_gather")
+            full = self.gather(newp, "dp", self._zero_lead(name), f"{name}.param_all_gather")
             local = self._local_param_shape(name)
             d = self.params[name].tp_dim
             if d not in (None, 0):
@@ -617,16 +715,46 @@ class Step:
 
     def _state_shape(self, name):
         if self._zero():
-            return [f"({self._flat_numel(name)})/dp"]
+            lead = self._zero_lead(name)
+            return [*self._local_param_shape(name)[:lead], f"({self._zero_numel(name)})/dp"]
         return self._local_param_shape(name)
+
+    # ZeRO views: a parameter is flattened whole (tp-sharded dim first), except an expert parameter, which
+    # keeps its leading ep-sharded expert dim and has each local expert's weights flattened; the dp shard is
+    # taken on the flattened dim.  (The kernel's reduce_scatter over dp cannot split a dim that the inner ep
+    # axis already shards, so an expert block is not flattened across experts.)
+    def _zero_lead(self, name) -> int:
+        return 1 if ep_sharded(self, name) else 0
+
+    def _zero_flat_shape(self, name) -> list:
+        lead = self._zero_lead(name)
+        return [*self._local_param_shape(name)[:lead], -1]
+
+    def _zero_numel(self, name) -> str:
+        lead = self._zero_lead(name)
+        return "*".join(f"({x})" for x in self._local_param_shape(name)[lead:])
 
 
 def state_layout(step: Step, name: str) -> list[dict]:
-    """Layout of a ZeRO-sharded optimizer state: tp-sharded dim first, then flattened."""
+    """Layout of a ZeRO-sharded optimizer state: tp-sharded dim first, then flattened; an expert parameter
+    keeps its expert dim ([ne, rest], Shard(0) over ep, Shard(1) over dp)."""
     p = step.params[name]
+    if ep_sharded(step, name):
+        return [{"op": "reshape", "attrs": {"shape": [p.shape[0], -1]}}]
     out = []
     if p.tp_dim not in (None, 0):
         n = len(p.shape)
         out.append({"op": "permute", "attrs": {"dims": [p.tp_dim] + [i for i in range(n) if i != p.tp_dim]}})
     out.append({"op": "reshape", "attrs": {"shape": [-1]}})
     return out
+
+
+def ep_sharded(step: Step, name: str) -> bool:
+    """Is this parameter sharded over an expert-parallel mesh axis (its dim 0; no tp sharding with it)?"""
+    p = step.params[name]
+    d = getattr(p, "ep_dim", None)
+    if d is None or not step.par.has("ep"):
+        return False
+    if d != 0 or p.tp_dim is not None:
+        raise ValueError(f"{name}: ZeRO state layout covers expert parameters sharded on dim 0 over ep only")
+    return True

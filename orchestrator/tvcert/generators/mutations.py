@@ -115,6 +115,9 @@ MB = {"dp": 2, "microbatches": 2}
 ZERO = {"tp": 2, "dp": 2, "zero": 1}
 PP = {"pp": 2, "layers": 2}
 PP3 = {"pp": 3, "layers": 3}
+TP_MASKED = {"tp": 2, "masked_embedding": True}
+PP_TIED = {"pp": 2, "layers": 2, "tie_embeddings": True}
+PP_TIED_ZERO = {"pp": 2, "layers": 2, "tie_embeddings": True, "dp": 2, "zero": 1}
 
 MUTATIONS: list[Mutation] = [
     Mutation("missing_allreduce_o_proj", "the all_reduce after the attention output projection is missing (data flow intact)",
@@ -181,6 +184,15 @@ MUTATIONS: list[Mutation] = [
     Mutation("bias_row_parallel_every_rank", "a replicated term is added on every rank before the row-parallel all_reduce",
              TP, lambda p: _insert_after(p, r"layer0\.o_proj$", "add", "bias_on_every_rank",
                                          [{"name": "bias__mut", "op": "const", "attrs": {"value": 1}, "src": "bias"}])),
+    Mutation("masked_embedding_rows_not_zeroed", "masked vocab-parallel lookup: rows of tokens outside the rank's "
+             "vocab block are not zeroed (every rank adds its row 0 for them)", TP_MASKED,
+             lambda p: _bypass(p, r"^embed\.mask_rows$"), "consumer"),
+    Mutation("tied_grad_not_synced", "tied embeddings under pp: the LM head's gradient contribution from the last "
+             "stage is dropped (only the lookup gradient updates the table)", PP_TIED,
+             lambda p: _bypass(p, r"^embed\.bwd\.tied_grad_sum$"), "consumer"),
+    Mutation("zero_reduce_scatter_before_tied_sync", "tied embeddings under pp + ZeRO: stage 0 reduce-scatters its own "
+             "contribution first, then adds its dp block of the head's contribution, which never gets reduced over dp",
+             PP_TIED_ZERO, lambda p: _tied_sum_after_reduce_scatter(p)),
 ]
 
 
@@ -196,6 +208,32 @@ def _pp_skip_stage(p: dict) -> str:
     recv = _find(p, r"pipeline\.grad1\.recv$")
     send["inputs"] = [recv["name"]]
     return send["src"]
+
+
+def _tied_sum_after_reduce_scatter(p: dict) -> str:
+    """Move the cross-stage tied-gradient sum after stage 0's ZeRO reduce_scatter: the received head contribution
+    (Partial over dp) is flattened and the rank's dp block of it is added to the reduce-scattered lookup gradient."""
+    tsum = _find(p, r"^embed\.bwd\.tied_grad_sum$")
+    lookup, head = tsum["inputs"]
+    _bypass(p, r"^embed\.bwd\.tied_grad_sum$")
+    rs = _find(p, r"^optim\.embedding\.grad_reduce_scatter$")
+    for prog in p["parallel"]:
+        if rs in prog["nodes"]:
+            decl = next(t for t in prog["inputs"] if t["name"] == "embedding")
+            numel = "*".join(f"({x})" for x in decl["shape"])
+            k = prog["nodes"].index(rs)
+            base, src = rs["name"], rs["src"]
+            flat = {"name": base + "__head_flat", "op": "reshape", "inputs": [head], "attrs": {"shape": [-1]},
+                    "src": src + ".tied_head_flatten"}
+            blk = {"name": base + "__head_block", "op": "slice", "inputs": [flat["name"]],
+                   "attrs": {"dim": 0, "start": f"rank.dp*(({numel})/dp)", "end": f"(rank.dp+1)*(({numel})/dp)"},
+                   "src": src + ".tied_head_block"}
+            add = {"name": base + "__mut", "op": "add", "inputs": [base, blk["name"]], "src": src + ".tied_sum_after"}
+            for m in prog["nodes"][k + 1:]:
+                m["inputs"] = [add["name"] if x == base else x for x in m.get("inputs", [])]
+            prog["nodes"][k + 1:k + 1] = [flat, blk, add]
+            return add["src"]
+    raise MutationError("node not found")
 
 
 def _insert_positions_unoffset(p: dict) -> str:
@@ -305,6 +343,7 @@ def mutate(plan: dict, name: str) -> tuple[dict, str]:
 # names the model it applies to.  Generate with tvcert.generators.deepseek.deepseek_plan(**config).
 DS_EP = {"model": "deepseek-v3-671b", "ep": 2}
 DS_DP_EP = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2}
+DS_DP_EP_ZERO = {"model": "deepseek-v3-671b", "dp": 2, "ep": 2, "zero": 1}
 
 
 def _combine_dispatch_order(p: dict) -> str:
@@ -347,6 +386,9 @@ MOE_MUTATIONS: list[Mutation] = [
              DS_EP, lambda p: _bypass(p, r"layer\d+\.gate\.normalize$"), "consumer"),
     Mutation("moe_gate_grad_not_normalized", "the gate backward skips the normalization's Jacobian", DS_EP,
              lambda p: _bypass(p, r"layer\d+\.bwd\.gate\.bwd\.normalize$"), "consumer"),
+    Mutation("expert_grad_wrong_group", "ZeRO: expert gradients are reduce-scattered over the expert-parallel group "
+             "(ep) instead of their expert-data-parallel group (dp)", DS_DP_EP_ZERO,
+             lambda p: _set(p, r"layer\d+\.experts\.w1\.grad_reduce_scatter$", axis="ep")),
     Mutation("router_grad_not_reduced", "the router weight gradient is not all-reduced over ep (a data axis for it)",
              DS_EP, lambda p: _bypass(p, r"layer\d+\.router\.grad_all_reduce$"), "consumer"),
 ]

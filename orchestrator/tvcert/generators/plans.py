@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .builder import G, Par
-from .llama import Cfg, Step, state_layout
+from .llama import Cfg, Step, ep_sharded, state_layout
 
 # Llama 3 model cards (hidden, layers, heads, kv heads, head dim, ffn, vocab, seq)
 LLAMA3 = {
@@ -35,7 +35,8 @@ def small_mesh(par: Par) -> Par:
 
 def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                 layers: int | None = None, dims: dict[str, int] | None = None, pp: int = 1,
-                cp_style: str = "allgather") -> dict[str, Any]:
+                cp_style: str = "allgather", tie_embeddings: bool = False,
+                masked_embedding: bool = False) -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp)
@@ -59,12 +60,14 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     run = small_dims(small)
     run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
-    cfg = Cfg(full, nl)
+    cfg = Cfg(full, nl, tie_embeddings=tie_embeddings, masked_embedding=masked_embedding)
     ring = "ring" if par.ring and cp > 1 else ""
-    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
-    desc = (f"{model} training step ({nl} layers): tp={tp}{' +sp' if sp else ''} cp={cp}{' (ring)' if ring else ''} "
-            f"dp={dp} pp={pp} "
-            f"microbatches={mb} zero={zero}")
+    name = (f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
+            f"{'-tied' if tie_embeddings else ''}{'-masked' if masked_embedding else ''}")
+    desc = (f"{model} training step ({nl} layers{', tied embeddings' if tie_embeddings else ''}"
+            f"{', masked vocab-parallel lookup' if masked_embedding else ''}): "
+            f"tp={tp}{' +sp' if sp else ''} cp={cp}{' (ring)' if ring else ''} dp={dp} pp={pp} microbatches={mb} "
+            f"zero={zero}")
     return assemble(Step(G(), Par(), cfg), Step(G(), par, cfg), name, desc, full, run)
 
 
@@ -156,6 +159,8 @@ def _input_placements(step: Step) -> dict[str, Any]:
 def _state_binding(step: Step, name: str, local: str) -> dict[str, Any]:
     if not step.zero_of(name):
         return {"local": local, "placement": step.param_placement(name)}
+    if ep_sharded(step, name):  # expert dim kept: [ne, rest]
+        return {"local": local, "placement": {"ep": "Shard(0)", "dp": "Shard(1)"}, "layout": state_layout(step, name)}
     pl = {"dp": "Shard(0)"}
     if step.params[name].tp_dim is not None and step.par.has("tp"):
         pl["tp"] = "Shard(0)"
