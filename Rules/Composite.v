@@ -36,6 +36,36 @@ Theorem vocab_parallel_embedding {J : Type} {R : zmodType} (p b t : nat)
   replicate p (W t) (all_reduce_sum p (masked_lookup b LW t)).
 Proof. by move=> b0 tpb h r j _; rewrite /all_reduce_sum (masked_lookup_sum b0 tpb h). Qed.
 
+(** Per token, the rank's shifted-id scatter of its zeroed gradient hits
+    local row [j] exactly when the global id is [r*b + j]. *)
+Lemma vp_embed_grad_token {R : zmodType} (b r v j : nat) (x : R) :
+  (j < b)%N ->
+  (if (if ((r * b <= v) && (v < r * b + b))%N then (v - r * b)%N else 0%N) == j
+   then (if ((r * b <= v) && (v < r * b + b))%N then x else 0) else 0)
+  = (if v == (r * b + j)%N then x else 0).
+Proof.
+move=> jb; case: andP => [[lo _] | out]; last first.
+  rewrite if_same; case: eqP => // ev; case: out.
+  by rewrite ev leq_addr ltn_add2l.
+by rewrite -(eqn_add2l (r * b)) subnKC.
+Qed.
+
+(** Vocab-parallel embedding backward (Megatron): rank [r] zeroes the
+    gradient of tokens outside its vocab block, shifts ids into the block
+    (outside tokens get local id 0) and scatter-adds; local row [j] is row
+    [r*b + j] of the logical embedding gradient, i.e. the rank's shard. *)
+Theorem vocab_parallel_embedding_backward {R : zmodType} (p b r T : nat)
+  (ids : nat -> nat) (g : nat -> R) :
+  (r < p)%N -> (0 < b)%N -> forall j, (j < b)%N ->
+  let in_block t := ((r * b <= ids t) && (ids t < r * b + b))%N in
+  let lid t := if in_block t then (ids t - r * b)%N else 0%N in
+  let g' t := if in_block t then g t else 0 in
+  \sum_(0 <= t < T) (if lid t == j then g' t else 0)
+  = \sum_(0 <= t < T) (if ids t == (r * b + j)%N then g t else 0).
+Proof.
+by move=> _ _ j jb /=; apply: eq_bigr => t _; rewrite vp_embed_grad_token.
+Qed.
+
 (** ** Vocab-parallel cross-entropy. *)
 Section CrossEntropy.
 Variable R : realFieldType.

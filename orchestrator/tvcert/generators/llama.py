@@ -6,7 +6,8 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
 * tp: column-parallel q/k/v/w1/w3 and LM head, row-parallel o/w2, vocab-parallel embedding and
   cross-entropy (one-hot formulation: the target logit and the embedding row are read through
   the rank's vocab block of a one-hot matrix; ``Cfg.masked_embedding``: Megatron's masked local
-  lookup ``embedding(W_local, ids - rank*B)`` for the embedding forward, see ``embed_lookup``);
+  lookup ``embedding(W_local, ids - rank*B)`` and its backward, the masked gradient scattered at
+  the local ids, see ``embed_lookup`` / ``embed_grad``);
 * sp (with tp): the residual stream is sharded on the sequence; all_gather before column-parallel
   layers, reduce_scatter after row-parallel ones, norm-weight gradients all-reduced over tp;
 * cp: the sequence is sharded; RoPE positions and causal-mask rows are the rank's block of
@@ -512,6 +513,7 @@ class Step:
         outside = g.op("logical_or", g.op("lt", ids, lo, role="embed.below"), g.op("ge", ids, hi, role="embed.above"),
                        role="embed.outside")
         lid = g.op("masked_fill", g.op("sub", ids, lo, role="embed.shift"), outside, role="embed.local_ids", value=0)
+        self._masked_ids = (outside, lid)  # reused by the backward
         rows = g.op("embedding", wemb, lid, role="embed.lookup")
         return g.op("masked_fill", rows, g.op("unsqueeze", outside, role="embed.outside_rows", dim=-1),
                     role="embed.mask_rows", value=0)
@@ -521,18 +523,20 @@ class Step:
                           role + ".vocab_block")
 
     def embed_grad(self, ids, demb):
-        """The table's gradient from the lookup: the rank's vocab block of one_hot(ids), contracted with demb
-        (the full-sequence output gradient, replicated over tp), in both lookup forms.
-
-        Not used, and why: Megatron's backward, embedding_backward of the masked gradient at the local ids
-        with B rows, has no kernel rule (the local ids are rank-dependent values without a fact; the
-        vocab_parallel_embedding pattern covers the forward only).  The rank's vocab block of the full
-        embedding_backward(demb, ids, v) verifies under tp alone, but with any data axis the full gradient
-        is Partial(sum) there and slice_block_to_shard refuses a Partial input on another axis; and a logical
-        embedding_backward is not proved equal to the one-hot einsum, so the logical step keeps the einsum."""
-        if not hasattr(self, "_onehot"):  # masked forward: the one-hot block serves the backward only
-            self._onehot = self.vocab_onehot(ids, "embed.bwd")
-        return self.g.op("einsum", self._onehot, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
+        """The table's gradient from the lookup, from demb (the full-sequence output gradient, replicated
+        over tp).  One-hot form: the rank's vocab block of one_hot(ids) contracted with demb.  Masked form
+        (Megatron): the gradient of tokens outside the rank's block zeroed, scattered into the B local rows
+        at the forward's local ids, ``embedding_backward(where(m, 0, demb), lid, B)`` (the kernel's
+        vocab_parallel_embedding_backward pattern); the logical step is ``embedding_backward(demb, ids, v)``."""
+        g = self.g
+        if self.masked:
+            if not self.par.has("tp"):
+                return g.op("embedding_backward", demb, ids, role="embed.bwd.dw", num_weights="v")
+            outside, lid = self._masked_ids
+            gm = g.op("masked_fill", demb, g.op("unsqueeze", outside, role="embed.bwd.outside_rows", dim=-1),
+                      role="embed.bwd.mask_grad", value=0)
+            return g.op("embedding_backward", gm, lid, role="embed.bwd.dw", num_weights="v/tp")
+        return g.op("einsum", self._onehot, demb, role="embed.bwd.dw", equation="bsv,bsh->vh")
 
     # -------------------------------------------------------------- tied embeddings
     @property

@@ -187,6 +187,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("masked_embedding_rows_not_zeroed", "masked vocab-parallel lookup: rows of tokens outside the rank's "
              "vocab block are not zeroed (every rank adds its row 0 for them)", TP_MASKED,
              lambda p: _bypass(p, r"^embed\.mask_rows$"), "consumer"),
+    Mutation("masked_embedding_grad_not_masked", "masked vocab-parallel embedding backward: the gradient of tokens "
+             "outside the rank's vocab block is not zeroed (it lands on local row 0)", {**TP_MASKED, "dp": 2},
+             lambda p: _bypass(p, r"^embed\.bwd\.mask_grad$"), "consumer"),
     Mutation("tied_grad_not_synced", "tied embeddings under pp: the LM head's gradient contribution from the last "
              "stage is dropped (only the lookup gradient updates the table)", PP_TIED,
              lambda p: _bypass(p, r"^embed\.bwd\.tied_grad_sum$"), "consumer"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..graph import Graph, Node
+from ..ops import REGISTRY, resolve_attrs
 from ..shapes import affine_in_rank
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
 
@@ -96,16 +97,9 @@ def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
     return kind, table_t, lid_t, m_t, a, V // p, wf, kc.axes.index(a), pick
 
 
-def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
-    """Match the masked vocab-parallel lookup ending at node ``index``; returns the derivation and matched nodes."""
-    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
-    out = g.nodes[index]
-    got = _masked(out, producers)
-    if got is None:
-        raise RuleFailure("not a masked embedding result")
-    val_t, outer_mask = got
-    look = _lookup(producers, val_t, outer_mask, facts, kc)
-    kind, table_t, lid_t, m_t, a, B, wf, ai, pick = look
+def _local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx, a: str, B: int) -> tuple[str, str, Node]:
+    """``lid = where(m, 0, ids - rank.a*B)`` with ``m = (ids < rank.a*B) | (ids >= rank.a*B + B)``:
+    returns (ids, the offset tensor, the mask node)."""
     lid = _prod(producers, lid_t)
     inner = _masked(lid, producers) if lid is not None else None
     if inner is None or inner[1] != m_t:
@@ -130,6 +124,20 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
         sides[c.op] = _rank_affine(_const_value(_prod(producers, c.inputs[1])), kc, a)
     if sides != {"lt": (0, B), "ge": (B, B)}:
         raise RuleFailure(f"the token mask is not the block [rank.{a}*{B}, rank.{a}*{B}+{B})")
+    return ids_t, inner[0], m
+
+
+def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    """Match the masked vocab-parallel lookup ending at node ``index``; returns the derivation and matched nodes."""
+    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    out = g.nodes[index]
+    got = _masked(out, producers)
+    if got is None:
+        raise RuleFailure("not a masked embedding result")
+    val_t, outer_mask = got
+    look = _lookup(producers, val_t, outer_mask, facts, kc)
+    kind, table_t, lid_t, m_t, a, B, wf, ai, pick = look
+    ids_t, inner_t, m = _local_ids(producers, lid_t, m_t, kc, a, B)
     if ids_t not in facts:
         raise RuleFailure("the token ids have no fact")
     idf = facts[ids_t]
@@ -159,11 +167,78 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
     have = out.meta["shape@dims"][0][0]
     if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
-    matched = [producers[t][0] for t in (val_t, lid_t, inner[0]) + tuple(m.inputs) + pick if t in producers]
+    matched = [producers[t][0] for t in (val_t, lid_t, inner_t) + tuple(m.inputs) + pick if t in producers]
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+
+
+def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                                      ) -> tuple[Derivation, list[int]]:
+    """Megatron's VocabParallelEmbedding backward: ``embedding_backward(where(m[..., None], 0, dy), lid, B)``
+    with the forward's local ids ``lid`` and token mask ``m`` is rank a's block of rows (Shard(0) over a) of
+    the logical ``embedding_backward(dy, ids, p*B)`` (Coq: vocab_parallel_embedding_backward)."""
+    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    out = g.nodes[index]
+    if out.op != "embedding_backward":
+        raise RuleFailure("not an embedding backward")
+    gm_t, lid_t = out.inputs
+    got = _masked(_prod(producers, gm_t), producers) if _prod(producers, gm_t) is not None else None
+    if got is None:
+        raise RuleFailure("the gradient is not masked")
+    dy_t, um_t = got
+    um = _prod(producers, um_t)
+    if um is None or um.op not in ("unsqueeze", "reshape", "view"):
+        raise RuleFailure("the gradient mask is not the token mask with a trailing unit dim")
+    m_t = um.inputs[0]
+    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, _rank0(kc))["num_weights"]
+    cands, last = [], RuleFailure("the program has no mesh axis")
+    for a in kc.axes:
+        try:
+            cands.append((a, _local_ids(producers, lid_t, m_t, kc, a, B)))
+        except RuleFailure as exc:
+            last = exc
+    if len(cands) != 1:
+        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
+    a, (ids_t, inner_t, m) = cands[0]
+    if dy_t not in facts or ids_t not in facts:
+        raise RuleFailure("the output gradient or the token ids have no fact")
+    fg, fi = facts[dy_t], facts[ids_t]
+    X = kc.exprs
+    V = B * kc.sizes[a]
+    expr = X.mk("embedding_backward", {"num_weights": V}, [fg.expr, fi.expr])
+    gshape = X[fg.expr].shape
+    per_axis: list[tuple[Any, str]] = []
+    for j, b in enumerate(kc.axes):
+        pg, pi = fg.pl[j], fi.pl[j]
+        if b == a:
+            if pg.kind != "R" or pi.kind != "R":
+                raise RuleFailure(f"the output gradient and the ids must be replicated over {a!r}")
+            per_axis.append((S(0), "vocab_parallel_embedding_backward"))
+        elif pg.kind == "R" and pi.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif pg.kind == "P" and pi.kind == "R" and pg.reduce in ("sum", "avg"):
+            per_axis.append((pg, "partial_linear_map"))
+        elif pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < len(gshape) - 1:
+            per_axis.append((P("sum"), "einsum_shard_contracted_index"))
+        else:
+            raise RuleFailure(f"axis {b!r}: gradient {pg}, ids {pi}: not covered")
+    pl = tuple(p for p, _ in per_axis)
+    have = out.meta["shape@dims"][0][0]
+    if local_shape(X[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
+        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
+    matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+
+
+def _rank0(kc: KCtx) -> dict[str, int]:
+    env = dict(kc.dims)
+    for a in kc.axes:
+        env[f"rank.{a}"] = 0
+    return env
 
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
 
-PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding, _RING: match_ring, _RING_BWD: match_ring_backward}
-PATTERN_OPS = {"where", "masked_fill", "div", "ring_loop"}
+PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
+            "vocab_parallel_embedding_backward": vocab_parallel_embedding_backward,
+            _RING: match_ring, _RING_BWD: match_ring_backward}
+PATTERN_OPS = {"where", "masked_fill", "embedding_backward", "div", "ring_loop"}

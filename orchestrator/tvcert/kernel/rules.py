@@ -84,6 +84,8 @@ RULES: dict[str, str] = {
     "ring_attention_backward": "a ring_loop recomputing probabilities from the forward ring's final (m, l), accumulating dQ "
                                "locally and dK, dV travelling with their blocks, gives attention's gradients (pattern, "
                                "kernel/ring.py)",
+    "vocab_parallel_embedding_backward": "the masked gradient scattered at the local ids ids - rank*B is the rank's "
+                                         "block of rows of the embedding gradient (Megatron's backward)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
