@@ -55,8 +55,7 @@ def cases(quick: bool):
         full = dict(kw, **{k: v for k, v in EXTRA.items()
                            if (k != "ep" or model.startswith("deepseek")) and (k != "sp" or kw.get("tp", 1) > 1)})
         out.append(("headline +sp cp2 zero1 (ep8)", model, full))
-        if model.startswith("llama3"):
-            out.append(("headline +sp ring-cp2 zero1", model, dict(full, cp_style="ring")))
+        out.append(("headline +sp ring-cp2 zero1 (ep8)", model, dict(full, cp_style="ring")))
     sweeps = [("layers", "llama3-8b", {"tp": 8, "dp": 8}, "layers", [4, 8, 16, 32] if quick else [4, 8, 16, 32, 64, 126]),
               ("tp", "llama3-70b", {"layers": 8}, "tp", [1, 2, 4, 8]),
               ("dp", "llama3-70b", {"layers": 8, "tp": 8}, "dp", [2, 64, 4096]),

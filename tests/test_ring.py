@@ -116,6 +116,21 @@ def test_generated_ring_plans_run_equal_and_verify(cfg):
     assert not any(n.op == "all_gather" and n.attrs["axis"] == "cp" for g in plan.programs.values() for n in g.nodes)
 
 
+@pytest.mark.parametrize("cfg", [{"cp": 2, "tp": 2}, {"cp": 2, "tp": 2, "sp": True, "dp": 2, "ep": 2}],
+                         ids=["cp_tp", "cp_tp_sp_dp_ep"])
+def test_generated_deepseek_ring_plans_run_equal_and_verify(cfg):
+    """MLA: two score terms (no-rope and rope parts), the rope key shared by all heads."""
+    from tvcert.generators.deepseek import deepseek_plan
+
+    p = deepseek_plan("deepseek-v3-671b", layers=2, **cfg, cp_style="ring")
+    p["dims"] = dict(p["run_dims"])
+    plan = load_plan(p)
+    assert run_plan(plan).equal
+    res = verify(plan, refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    assert sum(1 for s in res.prop.steps if "ring_attention_backward" in s.rules) == 2
+
+
 def test_ring_plan_size_does_not_grow_with_cp():
     def size(cp):
         p = llama3_plan("llama3-8b", layers=1, cp=cp, cp_style="ring")

@@ -14,7 +14,7 @@ from ..cli import _fail_bad, write_atomic
 @click.option("--sp", is_flag=True, help="Megatron sequence parallelism (needs --tp > 1)")
 @click.option("--cp", default=1, show_default=True, help="context-parallel degree")
 @click.option("--cp-style", type=click.Choice(["allgather", "ring"]), default="allgather", show_default=True,
-              help="context-parallel attention (llama3-*): all-gather K/V (Llama 3), or ring attention with the "
+              help="context-parallel attention: all-gather K/V (Llama 3), or ring attention with the "
                    "online-softmax merge")
 @click.option("--dp", default=1, show_default=True, help="data-parallel degree")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
@@ -43,14 +43,12 @@ def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, tie, masked, layers,
         if model.startswith("deepseek-v3-"):
             from .deepseek import deepseek_plan
 
-            if cp_style != "allgather":
-                raise GenError("--cp-style ring is implemented for llama3-* (MLA attention uses all-gather K/V)")
             if tie:
                 raise GenError("--tie-embeddings applies to the llama family (DeepSeek-V2/V3 are untied)")
             if masked:
                 raise GenError("--masked-embedding applies to the llama family")
             p = deepseek_plan(model, tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, ep=ep, layers=layers,
-                              dims=_parse_dims(dims_text), pp=pp)
+                              dims=_parse_dims(dims_text), pp=pp, cp_style=cp_style)
         elif ep > 1:
             raise GenError("--ep applies to MoE models (deepseek-v3-*)")
         else:

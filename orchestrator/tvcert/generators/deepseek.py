@@ -241,18 +241,24 @@ class DStep(Step):
         v = self.heads_d(g.op("matmul", ckvn, P["wv"], role="v_proj"), "dv", "v")
         kp = g.op("unsqueeze", g.op("matmul", n1f, P["wk_rope"], role="k_rope_proj"), role="k_pe.shared_head", dim=1)
         kp = self.rope(kp, cos, sin, "k_rope")  # [B, 1, S, dr]: one rope key for all heads
-        knf = self.gather(kn, "cp", 2, "cp_k_nope_all_gather")
-        kpf = self.gather(kp, "cp", 2, "cp_k_pe_all_gather")
-        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
         c = 1.0 / math.sqrt(self.cfg.dims["dn"] + self.cfg.dims["dr"])
-        sc = g.op("add", g.op("matmul", qn, self.t(knf, "k_nope_t"), role="scores_nope"),
-                  g.op("matmul", qp, self.t(kpf, "k_pe_t"), role="scores_pe"), role="scores")
-        sc = g.op("scale", sc, role="scores_scale", value=c)
-        sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
-        prob = g.op("softmax", sc, role="softmax", dim=-1)
-        o = self.unheads_d(g.op("matmul", prob, vf, role="attn_v"), "dv", "o")
+        if self.ring:  # two score terms (nope, rope); the rope key is shared by all heads
+            oh, ring = self.ring_forward([(qn, kn), (qp, kp)], v, c, "dv")
+            o = self.unheads_d(oh, "dv", "o")
+            s.update(ring=ring, kn=kn, kp=kp)
+        else:
+            knf = self.gather(kn, "cp", 2, "cp_k_nope_all_gather")
+            kpf = self.gather(kp, "cp", 2, "cp_k_pe_all_gather")
+            vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+            sc = g.op("add", g.op("matmul", qn, self.t(knf, "k_nope_t"), role="scores_nope"),
+                      g.op("matmul", qp, self.t(kpf, "k_pe_t"), role="scores_pe"), role="scores")
+            sc = g.op("scale", sc, role="scores_scale", value=c)
+            sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
+            prob = g.op("softmax", sc, role="softmax", dim=-1)
+            o = self.unheads_d(g.op("matmul", prob, vf, role="attn_v"), "dv", "o")
+            s.update(knf=knf, kpf=kpf, vf=vf, prob=prob)
         attn = self.tp_out(g.op("matmul", o, P["wo"], role="o_proj"), "o_proj")
-        s.update(qsrc=qsrc, qn=qn, qp=qp, ckvn=ckvn, knf=knf, kpf=kpf, vf=vf, prob=prob, o=o, c=c)
+        s.update(qsrc=qsrc, qn=qn, qp=qp, ckvn=ckvn, o=o, c=c)
         return attn, s
 
     def mla_bwd(self, dattn_in, P, s, cos, sin, mask, gr):
@@ -260,20 +266,11 @@ class DStep(Step):
         dattn = self.tp_in(dattn_in, "o_dy")
         gr[P["wo"]] = self.wgrad(s["o"], dattn, "wo_dw")
         do = self.heads_d(self.linear_dx(dattn, P["wo"], "wo_dx"), "dv", "do")
-        dprob = g.op("matmul", do, self.t(s["vf"], "v_t"), role="dprob")
-        dvf = g.op("matmul", self.t(s["prob"], "prob_t"), do, role="dv")
-        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
-        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
-        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
-        dsct = self.t(dsc, "dscores_t")
-        dqn = g.op("matmul", dsc, s["knf"], role="dq_nope")
-        dqp = g.op("matmul", dsc, s["kpf"], role="dq_pe")
-        dknf = g.op("matmul", dsct, s["qn"], role="dk_nope")
-        dkp_h = g.op("matmul", dsct, s["qp"], role="dk_pe_per_head")
-        dkpf = g.op("sum", dkp_h, role="dk_pe_sum_heads", dims=[1], keepdim=True)
-        dkn = self.scatter(dknf, "cp", 2, "cp_dk_nope_reduce_scatter")
-        dkp = self.scatter(dkpf, "cp", 2, "cp_dk_pe_reduce_scatter")
-        dv = self.scatter(dvf, "cp", 2, "cp_dv_reduce_scatter")
+        if s.get("ring") is not None:
+            (dqn, dqp), (dkn, dkp), dv = self.ring_backward([(s["qn"], s["kn"], False, "dn"), (s["qp"], s["kp"], True, "dr")],
+                                                            do, s["ring"], s["c"], "dv")
+        else:
+            dqn, dqp, dkn, dkp, dv = self.mla_attn_bwd(do, s, mask)
         dqn2 = self.unheads_d(dqn, "dn", "dq_nope")
         dqp2 = self.unheads_d(self.rope(dqp, cos, sin, "q_rope", inverse=True), "dr", "dq_pe")
         dkn2 = self.unheads_d(dkn, "dn", "dk_nope")
@@ -301,6 +298,25 @@ class DStep(Step):
         dn1 = self.tp_out(dn1f, "attn_dx")
         dxn, gr[P["attn_norm"]] = self.rmsnorm_bwd(dn1, P["attn_norm"], s["sn1"], "attn_norm")
         return dxn
+
+    def mla_attn_bwd(self, do, s, mask):
+        """MLA attention backward with all-gathered K/V: dQ parts, and dK parts, dV reduce-scattered over cp."""
+        g = self.g
+        dprob = g.op("matmul", do, self.t(s["vf"], "v_t"), role="dprob")
+        dvf = g.op("matmul", self.t(s["prob"], "prob_t"), do, role="dv")
+        dsc = g.op("softmax_backward", dprob, s["prob"], role="softmax_bwd", dim=-1)
+        dsc = g.op("masked_fill", dsc, mask, role="mask_bwd", value=0)
+        dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
+        dsct = self.t(dsc, "dscores_t")
+        dqn = g.op("matmul", dsc, s["knf"], role="dq_nope")
+        dqp = g.op("matmul", dsc, s["kpf"], role="dq_pe")
+        dknf = g.op("matmul", dsct, s["qn"], role="dk_nope")
+        dkp_h = g.op("matmul", dsct, s["qp"], role="dk_pe_per_head")
+        dkpf = g.op("sum", dkp_h, role="dk_pe_sum_heads", dims=[1], keepdim=True)
+        dkn = self.scatter(dknf, "cp", 2, "cp_dk_nope_reduce_scatter")
+        dkp = self.scatter(dkpf, "cp", 2, "cp_dk_pe_reduce_scatter")
+        dv = self.scatter(dvf, "cp", 2, "cp_dv_reduce_scatter")
+        return dqn, dqp, dkn, dkp, dv
 
     # -------------------------------------------------------------- MoE
     def moe_params(self, p):
@@ -482,6 +498,7 @@ class DStep(Step):
         cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
                     role="mask.cols", dim=0)
         m = g.op("gt", cols, rows, role="mask.causal")
+        self.positions = pos  # this stage's query positions (ring attention's key positions start as them)
         return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), m
 
     # build(): Step.build (embedding, layers per pipeline stage, head, vocab-parallel CE, backward, p2p)
@@ -583,18 +600,20 @@ def small_dims(par: DPar, q_lora: bool) -> dict[str, int]:
 
 def small_mesh(par: DPar) -> DPar:
     return DPar(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
-                pp=par.pp, ep=min(par.ep, 2))
+                pp=par.pp, ep=min(par.ep, 2), ring=par.ring)
 
 
 def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                   ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
-                  dense_layers: int | None = None, pp: int = 1) -> dict[str, Any]:
-    from .plans import GenError, assemble, check_degrees
+                  dense_layers: int | None = None, pp: int = 1, cp_style: str = "allgather") -> dict[str, Any]:
+    from .plans import CP_STYLES, GenError, assemble, check_degrees
 
     if model not in DEEPSEEK:
         raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, ep=ep, pp=pp)
-    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep)
+    if cp_style not in CP_STYLES:
+        raise GenError(f"--cp-style must be one of {', '.join(CP_STYLES)}, got {cp_style!r}")
+    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep, ring=cp_style == "ring")
     card = dict(DEEPSEEK[model])
     nl = layers if layers is not None else card["layers"]
     if dense_layers is None:
@@ -621,9 +640,10 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
         raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
     cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"],
                moe_chunks=ep > 1 and (dp > 1 or mb > 1))
-    desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp} "
-            f"dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
-    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}"
+    ring = "ring" if par.ring and cp > 1 else ""
+    desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp}"
+            f"{' (ring)' if ring else ''} dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
+    name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}"
     return assemble(DStep(G(), DPar(), cfg), DStep(G(), par, cfg), name, desc, full, run)
 
 

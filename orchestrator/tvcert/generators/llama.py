@@ -220,17 +220,31 @@ class Step:
         return ke, ve, g.op("softmax", sc, role=pre + "softmax", dim=-1)
 
     def ring_attention(self, q, k, v, c):
-        """Ring attention over cp: K, V and key positions travel the ring; online-softmax merge per block."""
-        g, S = self.g, self.S
+        """Llama: one score term q·kᵀ with GQA-expanded K and V."""
+        S = self.S
         ke, ve = self.expand_kv(k, "ring.k_gqa", seq=S), self.expand_kv(v, "ring.v_gqa", seq=S)
+        return self.ring_forward([(q, ke)], ve, c, "hd")
+
+    def ring_attention_bwd(self, q, do, r, c):
+        dqs, dks, dv = self.ring_backward([(q, r["keys"][0], False, "hd")], do, r, c, "hd")
+        return dqs[0], dks[0], dv
+
+    def ring_forward(self, terms, v, c, vdim):
+        """Ring attention over cp: the keys (one per score term), V and the key positions travel the ring;
+        scores scale(Σ_i q_i·k_iᵀ), causal mask from positions, online-softmax merge per block."""
+        g, S = self.g, self.S
         rows = [self.B, self.NH, S, 1]
         m0 = g.op("const", role="ring.m0", value=-1e30, shape=rows)
         l0 = g.op("const", role="ring.l0", value=0, shape=rows)
-        a0 = g.op("const", role="ring.acc0", value=0, shape=[self.B, self.NH, S, "hd"])
+        a0 = g.op("const", role="ring.acc0", value=0, shape=[self.B, self.NH, S, vdim])
         b = G()
-        m, l, acc, kb, vb, kp, qb, qp = "m", "l", "acc", "k", "v", "kpos", "q", "qpos"
-        sc = b.op("scale", b.op("matmul", qb, b.op("permute", kb, role="ring.k_t", dims=[0, 1, 3, 2]), role="ring.scores"),
-                  role="ring.scores_scale", value=c)
+        ks = [f"k{i}" for i in range(len(terms))]
+        qs = [f"q{i}" for i in range(len(terms))]
+        m, l, acc, vb, kp, qp = "m", "l", "acc", "v", "kpos", "qpos"
+        prods = [b.op("matmul", qi, b.op("permute", ki, role=f"ring.k{i}_t", dims=[0, 1, 3, 2]), role=f"ring.scores{i}")
+                 for i, (qi, ki) in enumerate(zip(qs, ks))]
+        sc = prods[0] if len(prods) == 1 else b.op("add", *prods, role="ring.scores")
+        sc = b.op("scale", sc, role="ring.scores_scale", value=c)
         msk = b.op("gt", b.op("unsqueeze", kp, role="ring.mask.cols", dim=0),
                    b.op("unsqueeze", qp, role="ring.mask.rows", dim=1), role="ring.mask.causal")
         sc = b.op("masked_fill", sc, msk, role="ring.causal_mask", value=MASK)
@@ -241,25 +255,30 @@ class Step:
                                                                             keepdim=True), role="ring.l_merge")
         a2 = b.op("add", b.op("mul", acc, corr, role="ring.acc_rescale"), b.op("matmul", e, vb, role="ring.acc_block"),
                   role="ring.acc_merge")
-        nxt = [b.op("ppermute", t, role=f"ring.pass_{t}", axis="cp", shift=1) for t in (kb, vb, kp)]
-        body = {"inputs": [m, l, acc, kb, vb, kp, qb, qp], "nodes": b.nodes, "outputs": [mn, l2, a2, *nxt]}
-        outs = g.multi("ring_loop", m0, l0, a0, ke, ve, self.positions, q, self.positions, n=6, role="ring",
-                       axis="cp", carry=6, body=body)
+        nxt = [b.op("ppermute", t, role=f"ring.pass_{t}", axis="cp", shift=1) for t in (*ks, vb, kp)]
+        body = {"inputs": [m, l, acc, *ks, vb, kp, *qs, qp], "nodes": b.nodes, "outputs": [mn, l2, a2, *nxt]}
+        n = 4 + len(terms) + 1
+        keys = [kt for _, kt in terms]
+        outs = g.multi("ring_loop", m0, l0, a0, *keys, v, self.positions, *[qt for qt, _ in terms], self.positions,
+                       n=n, role="ring", axis="cp", carry=n, body=body)
         o = g.op("div", outs[2], outs[1], role="ring.normalize")
-        return o, dict(ke=ke, ve=ve, m=outs[0], l=outs[1], oh=o, pos=self.positions)
+        return o, dict(keys=keys, v=v, m=outs[0], l=outs[1], oh=o, pos=self.positions)
 
-    def ring_attention_bwd(self, q, do, r, c):
-        """Ring backward: P recomputed from the forward's final (m, l); dQ accumulates locally, dK and dV
-        travel with their K, V blocks and are back at the owner after cp steps."""
+    def ring_backward(self, terms, do, r, c, vdim):
+        """Ring backward: P recomputed from the forward's final (m, l); dQ_i accumulate locally, dK_i and dV
+        travel with their K_i, V blocks and are home after cp steps.  ``terms``: (q_i, k_i, whether k_i is
+        shared by all heads (its gradient is summed over them), the head dim of q_i and k_i)."""
         g, S = self.g, self.S
-        blk = [self.B, self.NH, S, "hd"]
         dmat = g.op("sum", g.op("mul", do, r["oh"], role="ring.bwd.do_o"), role="ring.bwd.D", dims=[-1], keepdim=True)
-        z = [g.op("const", role=f"ring.bwd.{n}0", value=0, shape=blk) for n in ("dq", "dk", "dv")]
         b = G()
-        dq, kb, vb, kp, dk, dv, qb, qp, dob, m, l, dd = ("dq", "k", "v", "kpos", "dk", "dv", "q", "qpos", "do", "m",
-                                                         "l", "D")
-        sc = b.op("scale", b.op("matmul", qb, b.op("permute", kb, role="ring.bwd.k_t", dims=[0, 1, 3, 2]),
-                                role="ring.bwd.scores"), role="ring.bwd.scores_scale", value=c)
+        n = len(terms)
+        ks, qs = [f"k{i}" for i in range(n)], [f"q{i}" for i in range(n)]
+        dqs, dks = [f"dq{i}" for i in range(n)], [f"dk{i}" for i in range(n)]
+        vb, kp, dv, qp, dob, m, l, dd = "v", "kpos", "dv", "qpos", "do", "m", "l", "D"
+        prods = [b.op("matmul", qi, b.op("permute", ki, role=f"ring.bwd.k{i}_t", dims=[0, 1, 3, 2]),
+                      role=f"ring.bwd.scores{i}") for i, (qi, ki) in enumerate(zip(qs, ks))]
+        sc = prods[0] if n == 1 else b.op("add", *prods, role="ring.bwd.scores")
+        sc = b.op("scale", sc, role="ring.bwd.scores_scale", value=c)
         msk = b.op("gt", b.op("unsqueeze", kp, role="ring.bwd.mask.cols", dim=0),
                    b.op("unsqueeze", qp, role="ring.bwd.mask.rows", dim=1), role="ring.bwd.mask.causal")
         sc = b.op("masked_fill", sc, msk, role="ring.bwd.causal_mask", value=MASK)
@@ -271,15 +290,30 @@ class Step:
         ds = b.op("mul", pr, b.op("sub", dp, dd, role="ring.bwd.dprob_minus_D"), role="ring.bwd.dscores")
         ds = b.op("masked_fill", ds, msk, role="ring.bwd.mask_bwd", value=0)
         ds = b.op("scale", ds, role="ring.bwd.scores_scale_bwd", value=c)
-        dq2 = b.op("add", dq, b.op("matmul", ds, kb, role="ring.bwd.dq_block"), role="ring.bwd.dq_acc")
-        dk2 = b.op("add", dk, b.op("matmul", b.op("permute", ds, role="ring.bwd.dscores_t", dims=[0, 1, 3, 2]), qb,
-                                   role="ring.bwd.dk_block"), role="ring.bwd.dk_acc")
-        nxt = [b.op("ppermute", t, role=f"ring.bwd.pass_{n}", axis="cp", shift=1)
-               for t, n in ((kb, "k"), (vb, "v"), (kp, "kpos"), (dk2, "dk"), (dv2, "dv"))]
-        body = {"inputs": [dq, kb, vb, kp, dk, dv, qb, qp, dob, m, l, dd], "nodes": b.nodes, "outputs": [dq2, *nxt]}
-        outs = g.multi("ring_loop", z[0], r["ke"], r["ve"], r["pos"], z[1], z[2], q, r["pos"], do, r["m"], r["l"], dmat,
-                       n=6, role="ring.bwd", axis="cp", carry=6, body=body)
-        return outs[0], outs[4], outs[5]
+        dst = b.op("permute", ds, role="ring.bwd.dscores_t", dims=[0, 1, 3, 2])
+        dq2 = [b.op("add", dqi, b.op("matmul", ds, ki, role=f"ring.bwd.dq{i}_block"), role=f"ring.bwd.dq{i}_acc")
+               for i, (dqi, ki) in enumerate(zip(dqs, ks))]
+        dk2 = []
+        for i, (dki, qi, (_, _, shared, _)) in enumerate(zip(dks, qs, terms)):
+            t = b.op("matmul", dst, qi, role=f"ring.bwd.dk{i}_block")
+            if shared:
+                t = b.op("sum", t, role=f"ring.bwd.dk{i}_sum_heads", dims=[1], keepdim=True)
+            dk2.append(b.op("add", dki, t, role=f"ring.bwd.dk{i}_acc"))
+        nxt = [b.op("ppermute", t, role=f"ring.bwd.pass_{nm}", axis="cp", shift=1)
+               for t, nm in [(ki, ki) for ki in ks] + [(vb, "v"), (kp, "kpos")] + list(zip(dk2, dks)) + [(dv2, "dv")]]
+        body = {"inputs": [*dqs, *ks, vb, kp, *dks, dv, *qs, qp, dob, m, l, dd], "nodes": b.nodes,
+                "outputs": [*dq2, *nxt]}
+        def zero(nm, heads, d):
+            return g.op("const", role=f"ring.bwd.{nm}0", value=0, shape=[self.B, heads, S, d])
+
+        z_dq = [zero(f"dq{i}", self.NH, d) for i, (_, _, _, d) in enumerate(terms)]
+        z_dk = [zero(f"dk{i}", 1 if shared else self.NH, d) for i, (_, _, shared, d) in enumerate(terms)]
+        z_dv = g.op("const", role="ring.bwd.dv0", value=0, shape=[self.B, self.NH, S, vdim])
+        carry = 2 * n + 2 + n + 1
+        outs = g.multi("ring_loop", *z_dq, *[kt for _, kt, _, _ in terms], r["v"], r["pos"], *z_dk, z_dv,
+                       *[qt for qt, _, _, _ in terms], r["pos"], do, r["m"], r["l"], dmat,
+                       n=carry, role="ring.bwd", axis="cp", carry=carry, body=body)
+        return outs[:n], outs[2 * n + 2: 3 * n + 2], outs[3 * n + 2]
 
     def reduce_kv(self, dk, role, seq="s"):
         g = self.g

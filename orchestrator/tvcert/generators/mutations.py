@@ -298,8 +298,8 @@ def _ring_stale_reference(p: dict) -> str:
 def _ring_bwd_dk_not_passed(p: dict) -> str:
     """The dK accumulator stays on its rank instead of travelling with its K block."""
     loop, body = _ring_body(p, r"layer0\.bwd\.ring\.bwd$")
-    k = body["inputs"].index("dk")
-    body["outputs"][k] = _body_node(body, "ring.bwd.dk_acc")["name"]
+    k = body["inputs"].index("dk0")
+    body["outputs"][k] = _body_node(body, "ring.bwd.dk0_acc")["name"]
     return loop["src"]
 
 
@@ -369,7 +369,30 @@ def _combine_dispatch_order(p: dict) -> str:
     raise MutationError("node not found")
 
 
+DS_CP_RING = {"model": "deepseek-v3-671b", "cp": 2, "cp_style": "ring", "tp": 2}
+
+
+def _mla_ring_rope_key_stays(p: dict) -> str:
+    """MLA ring attention: the no-rope keys and values travel, the shared rope key stays on its rank."""
+    loop, body = _ring_body(p)
+    k = body["inputs"].index("k1")
+    body["outputs"][k] = "k1"
+    return loop["src"]
+
+
+def _mla_ring_bwd_rope_grad_not_summed(p: dict) -> str:
+    """MLA ring backward: the shared rope key's gradient keeps head 0's term instead of summing the heads."""
+    loop, body = _ring_body(p, r"layer0\.bwd\.ring\.bwd$")
+    n = _body_node(body, "ring.bwd.dk1_sum_heads")
+    n.update(op="slice", attrs={"dim": 1, "start": 0, "end": 1})
+    return loop["src"]
+
+
 MOE_MUTATIONS: list[Mutation] = [
+    Mutation("mla_ring_rope_key_stays", "MLA ring attention passes the no-rope keys and values but not the shared rope "
+             "key", DS_CP_RING, _mla_ring_rope_key_stays),
+    Mutation("mla_ring_bwd_rope_grad_one_head", "MLA ring backward: the shared rope key's gradient takes one head's "
+             "term instead of the sum over heads", DS_CP_RING, _mla_ring_bwd_rope_grad_not_summed),
     Mutation("expert_grad_wrong_group_size", "expert gradients are divided by ep, as if averaged over the ep group",
              DS_EP, lambda p: _insert_after(p, r"layer\d+\.bwd\.experts\.w1_dw$", "div", "div_ep",
                                             [{"name": "ep__mut", "op": "const", "attrs": {"value": "ep"},

@@ -4,7 +4,8 @@ Recognized at the division that normalizes the loop's result, ``out = acc / l``.
 axis A starts with its own key block and at every step passes K, V (and the key positions) to
 rank r+1 with ``ppermute(shift=1)``, so step t sees key block (r - t) mod p.  One step is::
 
-    s    = scale(matmul(q, permute(k, [.., -1, -2])), c)              (scale optional)
+    s    = scale(matmul(q, permute(k, [.., -1, -2])), c)              (scale optional; or a sum of two
+           such products, as MLA's no-rope and rope parts, each key block travelling)
     s    = masked_fill(s, gt(unsqueeze(kpos, 0), unsqueeze(qpos, 1)), value)   (optional causal mask)
     m'   = maximum(m, amax(s, -1, keepdim))
     c_   = exp(m - m');   e = exp(s - m')
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 from ..graph import Graph, Node, loop_body
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Placement
-from .rules import Derivation, Fact, KCtx, R, RuleFailure, S, local_shape
+from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
 
 RULE = "ring_attention_online_softmax"
 
@@ -101,15 +102,23 @@ def _exp_minus(b: _Body, t: str, what: str) -> tuple[str, str]:
 
 @dataclass
 class _Scores:
-    """The score template of a ring body: scale(matmul(q, kᵀ)), optionally masked by key/query positions."""
+    """The score template of a ring body: scale(Σ_i matmul(q_i, k_iᵀ)) (one term, or two as in MLA's
+    nope + rope parts), optionally masked by key / query positions."""
 
-    q: str
-    k: str
-    kt: Node
+    terms: list[tuple[str, str, Node]]  # (queries, keys, the transpose node), in the order of the body's adds
+    core: str  # the (summed) product tensor
     chain: list[Node]  # masked_fill / scale, outermost first
     mask: str | None = None  # the gt(...) tensor
     kpos: str | None = None
     qpos: str | None = None
+
+    @property
+    def queries(self) -> list[str]:
+        return [q for q, _, _ in self.terms]
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for _, k, _ in self.terms]
 
 
 def _scores(b: _Body, s: str) -> _Scores:
@@ -129,9 +138,16 @@ def _scores(b: _Body, s: str) -> _Scores:
     if sn is not None and sn.op == "scale":
         chain.append(sn)
         s = sn.inputs[0]
-    mm = b.node(s, "matmul", "the scores")
-    kt = _transposed(b, mm.inputs[1], "the transposed keys")
-    return _Scores(mm.inputs[0], kt.inputs[0], kt, chain, mask, kpos, qpos)
+        sn = b.prod.get(s)
+    parts = sn.inputs if sn is not None and sn.op == "add" else [s]
+    terms = []
+    for t in parts:
+        mm = b.node(t, "matmul", "the scores")
+        kt = _transposed(b, mm.inputs[1], "the transposed keys")
+        terms.append((mm.inputs[0], kt.inputs[0], kt))
+    if len({k for _, k, _ in terms}) != len(terms):
+        raise RingMismatch("the score terms must use distinct key tensors")
+    return _Scores(terms, s, chain, mask, kpos, qpos)
 
 
 def _transposed(b: _Body, t: str, what: str) -> Node:
@@ -146,9 +162,10 @@ def _transposed(b: _Body, t: str, what: str) -> Node:
     return kt
 
 
-def _score_expr(X, b: _Body, sc: _Scores, eq: int, ek: int, pos: tuple) -> tuple[int, int | None]:
+def _score_expr(X, b: _Body, sc: _Scores, eqs: list[int], eks: list[int], pos: tuple) -> tuple[int, int | None]:
     """The full logical scores (and mask): the body's score ops applied to the full tensors."""
-    e = X.mk("matmul", {}, [eq, X.mk(sc.kt.op, b.attrs(sc.kt), [ek])])
+    prods = [X.mk("matmul", {}, [eq, X.mk(kt.op, b.attrs(kt), [ek])]) for (_, _, kt), eq, ek in zip(sc.terms, eqs, eks)]
+    e = prods[0] if len(prods) == 1 else X.mk("add", {}, prods)
     emask = None
     for cn in reversed(sc.chain):
         if cn.op == "scale":
@@ -177,8 +194,10 @@ def _zero_start(producers, b: _Body, outer: str, what: str) -> None:
 
 
 def _per_axis(kc: KCtx, A: str, seq: int, data: list[Fact], pos: list[Fact]) -> list[tuple[Placement, str]]:
-    """Ring axis: data Shard(seq), positions Shard(0).  Other axes: data share Replicate or a batch/head shard."""
+    """Ring axis: data Shard(seq), positions Shard(0).  Other axes: data share Replicate or a batch/head shard
+    (a tensor of size 1 on that dim, broadcast like MLA's shared rope key, may stay replicated)."""
     out = []
+    X = kc.exprs
     for j, a in enumerate(kc.axes):
         pls = {f.pl[j] for f in data}
         if a == A:
@@ -186,12 +205,19 @@ def _per_axis(kc: KCtx, A: str, seq: int, data: list[Fact], pos: list[Fact]) -> 
                 raise RingMismatch(f"over {A!r} the ring's tensors must be Shard({seq}) (the sequence) and the "
                                    f"positions Shard(0)")
             out.append((S(seq), RULE))
-        elif len(pls) == 1 and next(iter(pls)) in (R, S(0), S(1)) and all(f.pl[j] == R for f in pos):
-            pl = next(iter(pls))
-            out.append((pl, "replicate_any" if pl == R else "rowwise_shard"))
+            continue
+        sharded = pls - {R}
+        if len(sharded) == 1 and next(iter(sharded)) in (S(0), S(1)):
+            pl = next(iter(sharded))
+            if any(f.pl[j] == R and X[f.expr].shape[pl.dim] != 1 for f in data):
+                raise RingMismatch(f"over {a!r}: a ring tensor is replicated where the others are {pl}")
+        elif pls == {R}:
+            pl = R
         else:
-            raise RingMismatch(f"over {a!r}: the ring's tensors must share Replicate or a batch/head Shard, "
-                               f"positions Replicate")
+            raise RingMismatch(f"over {a!r}: the ring's tensors must share Replicate or a batch/head Shard")
+        if any(f.pl[j] != R for f in pos):
+            raise RingMismatch(f"over {a!r}: the positions must be replicated")
+        out.append((pl, "replicate_any" if pl == R else "rowwise_shard"))
     return out
 
 
@@ -207,8 +233,8 @@ class _Forward:
     axis: str
     m_out: str  # the loop's outputs holding the final reference and sum
     l_out: str
-    e_q: int
-    e_k: int
+    e_q: list[int]
+    e_k: list[int]
     e_v: int
     e_s: int  # full masked scaled scores
     e_mask: int | None
@@ -271,8 +297,10 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
         raise RingMismatch(f"the new reference must be the running max maximum(m, amax(s, dims=[-1], keepdim=True)) "
                            f"(at {mx.path})")
     sc = _scores(b, s)
-    rotating = {"keys": sc.k, "values": vb}
-    invariant = {"queries": sc.q}
+    rotating = {f"keys {i}": k for i, k in enumerate(sc.keys)} | {"values": vb}
+    invariant = {f"queries {i}": q for i, q in enumerate(sc.queries)}
+    if len(set(invariant.values())) != len(invariant):
+        raise RingMismatch("the score terms must use distinct query tensors")
     if sc.mask is not None:
         rotating["key positions"], invariant["query positions"] = sc.kpos, sc.qpos
     for what, t in rotating.items():
@@ -292,19 +320,20 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
     for t in [*rotating.values(), *invariant.values()]:
         if outer[t] not in facts:
             raise RingMismatch(f"the loop input {outer[t]!r} has no fact")
-    fq, fk, fv = facts[outer[sc.q]], facts[outer[sc.k]], facts[outer[vb]]
+    fqs, fks, fv = [facts[outer[q]] for q in sc.queries], [facts[outer[k_]] for k_ in sc.keys], facts[outer[vb]]
     X = kc.exprs
-    nq = len(X[fq.expr].shape)
+    nq = len(X[fqs[0].expr].shape)
     pos = [facts[outer[sc.kpos]], facts[outer[sc.qpos]]] if sc.mask else []
-    if pos and X[pos[0].expr].shape[0] != X[fk.expr].shape[nq - 2]:
+    if pos and X[pos[0].expr].shape[0] != X[fks[0].expr].shape[nq - 2]:
         raise RingMismatch("the key positions and the keys have different lengths")
-    per_axis = _per_axis(kc, A, nq - 2, [fq, fk, fv], pos)
-    e_s, e_mask = _score_expr(X, b, sc, fq.expr, fk.expr, tuple(f.expr for f in pos))
+    per_axis = _per_axis(kc, A, nq - 2, fqs + fks + [fv], pos)
+    e_s, e_mask = _score_expr(X, b, sc, [f.expr for f in fqs], [f.expr for f in fks], tuple(f.expr for f in pos))
     e_out = X.mk("matmul", {}, [X.mk("softmax", {"dim": -1}, [e_s]), fv.expr])
     m_out = loop.outputs[names.index(m)]
     l_out = loop.outputs[names.index(l)]
     matched = sorted({li} | {producers[outer[t]][0] for t in (acc, l) if outer[t] in producers})
-    return _Forward(li, loop, A, m_out, l_out, fq.expr, fk.expr, fv.expr, e_s, e_mask, e_out, per_axis, matched)
+    return _Forward(li, loop, A, m_out, l_out, [f.expr for f in fqs], [f.expr for f in fks], fv.expr, e_s, e_mask,
+                    e_out, per_axis, matched)
 
 
 def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
@@ -344,9 +373,24 @@ def _forward_of(g: Graph, index: int, loop: int, facts, kc) -> _Forward:
     raise RingMismatch(f"the forward ring attention is not proved: {why}")
 
 
+def _key_grad_term(b: _Body, term: str, what: str) -> tuple[str, str, bool]:
+    """``matmul(xᵀ, y)``, optionally summed over the heads dim (dim 1, keepdim) for a head-broadcast key:
+    returns (x, y, summed over heads)."""
+    n = b.prod.get(term)
+    heads = False
+    if n is not None and n.op == "sum":
+        a = b.attrs(n)
+        if list(a["dims"]) != [1] or not a["keepdim"]:
+            raise RingMismatch(f"{what}: a head-broadcast key's gradient sums over dims=[1] with keepdim")
+        heads, term = True, n.inputs[0]
+    tm = b.node(term, "matmul", what)
+    xt = _transposed(b, tm.inputs[0], what)
+    return xt.inputs[0], tm.inputs[1], heads
+
+
 def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
-    """The backward ring: probabilities recomputed from the forward's final (m, l); dQ accumulated locally;
-    dK, dV accumulated while travelling with their K, V blocks (Coq: ring_attention_backward)."""
+    """The backward ring: probabilities recomputed from the forward's final (m, l); dQ_i accumulated locally;
+    dK_i, dV accumulated while travelling with their K_i, V blocks (Coq: ring_attention_backward)."""
     producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
     loop = g.nodes[index]
     if loop.op != "ring_loop":
@@ -369,23 +413,30 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
             _passed_on(b, t, upd[t], A, f"carried {t!r}", body_value=pn.inputs[0])
         else:
             local[t] = _added(b, upd[t], t, f"the local accumulator {t!r}")
-    if len(local) != 1 or len(travel) != 2:
-        raise RuleFailure("not a ring backward (one local and two travelling accumulators)")
+    if not local or len(travel) != len(local) + 1:
+        raise RuleFailure("not a ring backward (local dQ accumulators and travelling dK, dV accumulators)")
     if A not in kc.axes:
         raise RingMismatch(f"the loop runs over {A!r}, which is not an axis of this program")
-    (dq, dq_term), = local.items()
-    mm = b.node(dq_term, "matmul", "dQ's term")
-    ds, kb = mm.inputs
-    dk = dv = None
+    dq_of: dict[str, str] = {}  # key block -> its local dQ accumulator
+    ds = None
+    for t, term in local.items():
+        mm = b.node(term, "matmul", f"the term of {t!r}")
+        if ds is not None and mm.inputs[0] != ds:
+            raise RingMismatch("every dQ term must use the same dS")
+        ds = mm.inputs[0]
+        dq_of[mm.inputs[1]] = t
+    dk_of: dict[str, tuple[str, bool]] = {}  # queries -> (travelling dK accumulator, summed over heads)
+    dv = None
     for t, term in travel.items():
-        tm = b.node(term, "matmul", f"the term of {t!r}")
-        xt = _transposed(b, tm.inputs[0], f"the term of {t!r}")
-        if xt.inputs[0] == ds:
-            dk, q_dk = t, tm.inputs[1]
+        x, y, heads = _key_grad_term(b, term, f"the term of {t!r}")
+        if x == ds:
+            dk_of[y] = (t, heads)
+        elif dv is None and not heads:
+            dv, p_dv, do_dv = t, x, y
         else:
-            dv, p_dv, do_dv = t, xt.inputs[0], tm.inputs[1]
-    if dk is None or dv is None:
-        raise RingMismatch("expected dK += matmul(dSᵀ, q) and dV += matmul(Pᵀ, dO) as the travelling accumulators")
+            raise RingMismatch(f"the travelling accumulator {t!r} is neither dK += dSᵀ·q nor dV += Pᵀ·dO")
+    if dv is None:
+        raise RingMismatch("expected dV += matmul(Pᵀ, dO) among the travelling accumulators")
     # dS = [scale]( [masked_fill]( P * (dP - D) ) )
     chain, t = [], ds
     sn = b.prod.get(t)
@@ -418,19 +469,19 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     s, mb = _exp_minus(b, pdiv.inputs[0], "P's numerator")
     lb = pdiv.inputs[1]
     sc = _scores(b, s)
-    if sc.k != kb or sc.q != q_dk:
-        raise RingMismatch("dQ and dK must use the same K block and queries as the scores")
+    if sorted(dq_of) != sorted(sc.keys) or sorted(dk_of) != sorted(sc.queries):
+        raise RingMismatch("each score term needs dQ += dS·K and dK += dSᵀ·Q with its own K block and queries")
     if (ds_mask is None) != (sc.mask is None) or (ds_mask is not None and ds_mask != sc.mask):
         raise RingMismatch("dS must be masked with the scores' causal mask (and only then)")
-    rotating = [kb, vb] + ([sc.kpos] if sc.mask else [])
+    rotating = sc.keys + [vb] + ([sc.kpos] if sc.mask else [])
     if sorted(rotating) != sorted(rot):
-        raise RingMismatch(f"the loop passes on {rot} unchanged; the ring backward passes exactly K, V"
+        raise RingMismatch(f"the loop passes on {rot} unchanged; the ring backward passes exactly the keys, V"
                            f"{' and the key positions' if sc.mask else ''}")
-    invariant = [sc.q, do_b, mb, lb, db] + ([sc.qpos] if sc.mask else [])
+    invariant = sc.queries + [do_b, mb, lb, db] + ([sc.qpos] if sc.mask else [])
     for t in invariant:
         if t not in names[k:]:
             raise RingMismatch(f"{t!r} must be a read-only loop input")
-    for t in (dq, dk, dv):
+    for t in [*local, *travel]:
         _zero_start(producers, b, outer[t], f"accumulator {t!r}")
     # the forward ring whose final (m, l) recompute the probabilities
     fm, fl = _loop(producers, outer[mb]), _loop(producers, outer[lb])
@@ -439,22 +490,23 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     fw = _forward_of(g, index, fm[0], facts, kc)
     if (outer[mb], outer[lb]) != (fw.m_out, fw.l_out) or fw.axis != A:
         raise RingMismatch("P must use the forward ring's final reference m and sum l, over the same axis")
-    for t in rotating + [sc.q, do_b, db] + ([sc.qpos] if sc.mask else []):
+    for t in rotating + sc.queries + [do_b, db] + ([sc.qpos] if sc.mask else []):
         if outer[t] not in facts:
             raise RingMismatch(f"the loop input {outer[t]!r} has no fact")
     X = kc.exprs
-    fq, fk, fv, fdo, fd = (facts[outer[t]] for t in (sc.q, kb, vb, do_b, db))
+    fqs, fks = [facts[outer[q]] for q in sc.queries], [facts[outer[k_]] for k_ in sc.keys]
+    fv, fdo, fd = (facts[outer[t]] for t in (vb, do_b, db))
     pos = [facts[outer[sc.kpos]], facts[outer[sc.qpos]]] if sc.mask else []
-    e_s, e_mask = _score_expr(X, b, sc, fq.expr, fk.expr, tuple(f.expr for f in pos))
+    e_s, e_mask = _score_expr(X, b, sc, [f.expr for f in fqs], [f.expr for f in fks], tuple(f.expr for f in pos))
     if e_s != fw.e_s or fv.expr != fw.e_v:
         raise RingMismatch("the backward's scores or values are not the forward ring's")
-    nq = len(X[fq.expr].shape)
+    nq = len(X[fqs[0].expr].shape)
     last = len(X[fw.e_out].shape) - 1
     want_d = {X.mk("sum", {"dims": (last,), "keepdim": True}, [X.mk("mul", {}, pair)])
               for pair in ([fdo.expr, fw.e_out], [fw.e_out, fdo.expr])}
     if fd.expr not in want_d:
         raise RingMismatch("D must be sum(dO * O, dims=[-1], keepdim=True) with O the forward ring's output")
-    per_axis = _per_axis(kc, A, nq - 2, [fq, fk, fv, fdo, fd], pos)
+    per_axis = _per_axis(kc, A, nq - 2, fqs + fks + [fv, fdo, fd], pos)
     if [p for p, _ in per_axis] != [p for p, _ in fw.per_axis]:
         raise RingMismatch("the backward's placements differ from the forward ring's")
     e_p = X.mk("softmax", {"dim": -1}, [e_s])
@@ -463,16 +515,45 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     for cn in reversed(chain):
         e_ds = X.mk(cn.op, b.attrs(cn), [e_ds] + ([e_mask] if cn.op == "masked_fill" else []))
     tr = lambda e: X.mk("permute", {"dims": tuple(range(nq - 2)) + (nq - 1, nq - 2)}, [e])  # noqa: E731
-    concl = {dq: X.mk("matmul", {}, [e_ds, fk.expr]), dk: X.mk("matmul", {}, [tr(e_ds), fq.expr]),
-             dv: X.mk("matmul", {}, [tr(e_p), fdo.expr])}
-    pl = tuple(p for p, _ in per_axis)
-    out = []
+    concl: dict[str, int] = {dv: X.mk("matmul", {}, [tr(e_p), fdo.expr])}
+    for kb_, fk in zip(sc.keys, fks):
+        concl[dq_of[kb_]] = X.mk("matmul", {}, [e_ds, fk.expr])
+    for qb, fq in zip(sc.queries, fqs):
+        t, heads = dk_of[qb]
+        e = X.mk("matmul", {}, [tr(e_ds), fq.expr])
+        concl[t] = X.mk("sum", {"dims": (1,), "keepdim": True}, [e]) if heads else e
+    out, extra = [], []
+    summed = {dk_of[q][0] for q in sc.queries if dk_of[q][1]}
     for j, t in enumerate(names[:k]):
-        f = Fact(concl[t], pl) if t in concl else facts[outer[t]]  # K, V, positions: back at their owner
+        if t in concl:
+            # an accumulator is placed like the tensor it is the gradient of
+            src = {dq_of[kb_]: q for kb_, q in zip(sc.keys, sc.queries)}.get(t) or \
+                {dk_of[q][0]: kb_ for q, kb_ in zip(sc.queries, sc.keys)}.get(t) or vb
+            pl = _placement_like(facts[outer[src]], per_axis, t in summed)
+            if P("sum") in pl:
+                extra = ["reduce_sum_sharded_dim"]
+            f = Fact(concl[t], pl)
+        else:
+            f = facts[outer[t]]  # K, V, positions: back at their owner
         have = loop.meta["shape@dims"][j][0]
         if local_shape(X[f.expr].shape, kc.axes, f.pl, kc.sizes) != tuple(have):
             raise RingMismatch(f"the concluded placement of {t!r} does not give its local shape {list(have)}")
         out.append(f)
-    rules = [RULE_BWD if r == RULE else r for _, r in per_axis]
-    matched = sorted({index} | {producers[outer[t]][0] for t in (dq, dk, dv) if outer[t] in producers})
+    rules = [RULE_BWD if r == RULE else r for _, r in per_axis] + extra
+    matched = sorted({index} | {producers[outer[t]][0] for t in [*local, *travel] if outer[t] in producers})
     return Derivation(out, rules), matched
+
+
+def _placement_like(f: Fact, per_axis: list, head_summed: bool) -> tuple:
+    """A gradient is placed like its tensor: the shared placement, except on an axis where that tensor is
+    replicated because it broadcasts over the heads: there a head-summed gradient of a rank's heads is a
+    partial sum over the axis (Partial(sum)), and with the heads not sharded it is whole (Replicate)."""
+    out = []
+    for j, (p, _) in enumerate(per_axis):
+        if f.pl[j] == R and p != R:
+            if not (head_summed and p == S(1)):
+                raise RingMismatch("a replicated (broadcast) key needs its gradient summed over the sharded heads")
+            out.append(P("sum"))
+        else:
+            out.append(p)
+    return tuple(out)
