@@ -162,8 +162,8 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         return True
     if n.op == "ring_loop":
         if not missing:
-            fail("a ring_loop's carried state has no fact of its own: the loop is justified as a whole by "
-                 "ring_attention_online_softmax at the division acc / l that normalizes its result")
+            fail(f"{LOOP_STATE}: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
+                 f"at the division acc / l that normalizes it, or by ring_attention_backward at a backward loop")
         return True
     if n.op == "send":
         try:
@@ -189,6 +189,16 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     return True
 
 
+LOOP_STATE = "a ring_loop's carried state has no fact of its own"
+
+
+def _drop_generic_loop_failures(prop, p, g, n) -> None:
+    """A ring rule's precise complaint about a loop replaces the generic "loop state has no fact" entry."""
+    feeding = {i for i, m in enumerate(g.nodes) if m.op == "ring_loop" and set(m.outputs) & set(n.inputs)}
+    prop.failures = [f for f in prop.failures
+                     if not (f.program == p and f.node in feeding and f.reason.startswith(LOOP_STATE))]
+
+
 def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
     """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches.
 
@@ -201,6 +211,7 @@ def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
             d, nodes = match(plan.programs[p], i, facts, kc)
         except RingMismatch as exc:
             exprs.rollback(mark)
+            _drop_generic_loop_failures(prop, p, plan.programs[p], n)
             fail(f"{name}: {exc}")
             continue
         except RuleFailure:
@@ -209,5 +220,6 @@ def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
         for o, f in zip(n.outputs, d.facts):
             facts[o] = f
         prop.steps.append(Step(p, i, d.rules, d.facts, pattern=nodes))
+        _drop_generic_loop_failures(prop, p, plan.programs[p], n)  # the loop is justified by this rule
         return True
     return False
