@@ -91,6 +91,35 @@ def test_loop_body_errors_name_the_field():
         load_plan(bad)
 
 
+BAD_LOOPS = {
+    "body_missing": (lambda lp: lp["attrs"].pop("body"), r"nodes\[6\]\.attrs: op 'ring_loop' needs attribute 'body'"),
+    "body_not_object": (lambda lp: lp["attrs"].__setitem__("body", 5), r"nodes\[6\]\.attrs\.body: "),
+    "carry_too_big": (lambda lp: lp["attrs"].__setitem__("carry", 99), r"attrs\.carry: carry must be between 1 and"),
+    "unknown_axis": (lambda lp: lp["attrs"].__setitem__("axis", "zz"), r"attrs\.axis: ring_loop over axis 'zz'"),
+    "nested_loop": (lambda lp: lp["attrs"]["body"]["nodes"].append({"outputs": ["z"], "op": "ring_loop", "inputs": ["q"],
+                                                                     "attrs": {"axis": "cp", "carry": 1, "body": {}}}),
+                    r"body\.nodes\[22\]\.op: a loop body cannot contain 'ring_loop'"),
+    "send_in_body": (lambda lp: lp["attrs"]["body"]["nodes"].append({"op": "send", "inputs": ["q"],
+                                                                      "attrs": {"axis": "cp", "to": 0, "tag": "x"}}),
+                     r"cannot contain 'send'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LOOPS))
+def test_malformed_loops_exit_3_naming_the_field(case, tmp_path):
+    bad = raw()
+    edit, pattern = BAD_LOOPS[case]
+    edit(bad["parallel"][0]["nodes"][6])
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(bad))
+    r = CliRunner().invoke(main, ["verify", str(f)])
+    assert r.exit_code == 3, r.output
+    assert "Traceback" not in r.output
+    import re
+
+    assert re.search(pattern, r.output), r.output
+
+
 def test_cli_exit_codes():
     r = CliRunner().invoke(main, ["verify", str(EX / "ring_attention_cp2.json"), "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["verdict"] == "VERIFIED"

@@ -298,7 +298,9 @@ def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = No
 def _loop_body(node: Node) -> Graph:
     """Parse a ring_loop's body into a graph (its inputs' shapes are bound by Graph.infer)."""
     path = f"{node.path}.attrs.body"
-    raw = node.attrs.get("body")
+    if "body" not in node.attrs:
+        raise GraphError(f"{node.path}.attrs", "op 'ring_loop' needs attribute 'body' (the loop's graph)")
+    raw = node.attrs["body"]
     try:
         body = LoopBodySpec.model_validate(raw)
     except ValidationError as exc:
