@@ -1,0 +1,387 @@
+"""torchtitan loader: build a torchtitan model and torchtitan's own parallelization as inputs of
+:func:`tvcert.frontends.trace.trace_plan`.
+
+Pinned: ``torchtitan==0.3.0`` (installed ``--no-deps``, see the Makefile), ``spmd_types==0.2.3``,
+torch 2.13.0 CPU.
+
+What is torchtitan's and what is ours
+-------------------------------------
+* **Model.** torchtitan's config classes (``Llama3Model.Config`` built by torchtitan's own
+  ``_build_llama3_layers``, the DeepSeek-V3 builders) with the debug flavour's structure and small
+  dimensions, built on the meta device.  Two substitutions, both forced by CPU tracing: the inner
+  attention is torchtitan's ``ScaledDotProductAttention`` (causal) instead of FlexAttention (a
+  compiled higher-order op with no CPU trace), and nothing is materialised (parameters and buffers
+  are inputs of the traced function).
+* **Sharding.** torchtitan's own sharding declarations (``set_llama3_sharding_config``: the same
+  call ``Llama3Model.Config.update_from_config`` makes, without the trainer-only part that imports
+  the data loaders) and torchtitan's ``Module.parallelize(parallel_dims)`` -- the TP/EP step of
+  ``parallelize_llama`` / ``parallelize_deepseekv3``.  The rest of those functions (activation
+  checkpointing, compile, FSDP at degree 1) changes no values or runs in hooks the trace cannot see,
+  and is left out.
+* **Backend.** torchtitan 0.3.0's default ``spmd_backend="spmd_types"``: parameters are plain local
+  shards and every redistribution is an explicit ``spmd_types`` collective issued against the
+  *current SPMD mesh* -- what the trainer's ``train_context`` sets
+  (``dist_utils.get_spmd_context``).  ``mesh_context=False`` runs the very same parallelized model
+  without it: ``spmd_redistribute_per_axis`` then returns its input, no collective happens and every
+  rank computes on its local shards.  That is the negative of issue 7.
+* **Collectives.** ``spmd_types`` issues classic in-place collectives
+  (``dist.all_reduce(t)``, ``dist.all_gather_into_tensor(out, t)``), whose results alias their
+  inputs and which the ATen converter refuses.  ``spmd_types`` has a documented seam for replacing
+  its ``torch.distributed`` (``spmd_types._dist.set_dist``); while tracing it is pointed at
+  :class:`_FuncolDist`, which performs each collective with the functional collective of the same
+  semantics and copies the result into the output buffer.
+* **Loss.** torchtitan's ``cross_entropy_loss`` (sum reduction): under TP it is the vocab-parallel
+  ``_LossParallelCrossEntropy`` on the ``Shard(-1)`` logits of ``lm_head``.
+* **Gradients.** Read back with the parameter's TP placement.  Norm weights under sequence
+  parallelism are TP-Replicate whose gradient is a pending sum ("pending BWD AR handled by FSDP",
+  torchtitan ``decoder_sharding.norm_config``); FSDP does that all-reduce in hooks, outside autograd,
+  so it is passed to :func:`trace_plan` as ``grad_sync`` (an all_reduce over tp of exactly those
+  gradients).  ``grad_sync=False`` leaves it out.
+
+Environment shims (only inside this process, nothing is written to site-packages)
+--------------------------------------------------------------------------------
+* ``triton`` is not installed (a 286 MB GPU wheel).  torchtitan imports it only for the kernels of
+  the symmetric-memory EP backend (``torchtitan.distributed.minimal_async_ep.kernels``), imported
+  unconditionally by ``models.common``.  When ``import triton`` fails, that one module is registered
+  in ``sys.modules`` as a stand-in whose kernels raise; ``triton`` itself is never faked (torch probes
+  for it).
+* ``torchtitan.tools.utils.device_type`` falls back to "cuda" without a GPU;
+  ``parallel_dims.device_type`` is set to "cpu" so the meshes are built on the fake process group.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .trace import TraceError, trace_plan
+
+_KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
+_KERNEL_NAMES = ("copy_full_counts_to_peers_kernel", "copy_rows_to_peers_kernel", "expand_topk_grad_kernel",
+                 "fill_combine_metadata_kernel", "fill_dispatch_metadata_kernel", "invert_flat_indices_kernel",
+                 "reduce_topk_slots_kernel", "topk_scores_grad_kernel")
+
+
+def prepare() -> None:
+    """Make torchtitan importable on a CPU-only machine and select its default SPMD backend."""
+    if _KERNELS not in sys.modules:
+        try:
+            importlib.import_module("triton")
+        except ImportError:
+            stub = types.ModuleType(_KERNELS)
+            stub.__doc__ = "tvcert stand-in: triton is not installed; these GPU kernels are never traced."
+
+            def _kernel(name):
+                def f(*a, **k):
+                    raise RuntimeError(f"{name}: a triton kernel (torchtitan minimal_async_ep); triton is not installed")
+                f.__name__ = name
+                return f
+
+            for n in _KERNEL_NAMES:
+                setattr(stub, n, _kernel(n))
+            sys.modules[_KERNELS] = stub
+    import torchtitan.distributed.parallel_dims as pdm
+    from torchtitan.distributed import utils as du
+
+    pdm.device_type = "cpu"
+    du.set_spmd_backend("spmd_types")
+
+
+# ====================================================================== collectives seam
+class _FuncolDist:
+    """``torch.distributed`` as ``spmd_types`` uses it, with the in-place collectives performed by
+    functional collectives (same values; the output buffer receives a copy).  Everything else is
+    ``torch.distributed``."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self._dist = dist
+
+    def __getattr__(self, name):
+        return getattr(self._dist, name)
+
+    @staticmethod
+    def _op(op) -> str:
+        import torch.distributed as dist
+
+        if op is None or op == dist.ReduceOp.SUM:
+            return "sum"
+        if op == dist.ReduceOp.MAX:
+            return "max"
+        if op == dist.ReduceOp.AVG:
+            return "avg"
+        raise TraceError(f"spmd_types collective with reduce op {op!r}", "unsupported", "all_reduce")
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        import torch.distributed._functional_collectives as funcol
+
+        tensor.copy_(funcol.all_reduce(tensor, self._op(op), group))
+        return None
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        import torch.distributed._functional_collectives as funcol
+
+        output_tensor.copy_(funcol.all_gather_tensor(input_tensor, 0, group))
+        return None
+
+    def reduce_scatter_tensor(self, output, input, op=None, group=None, async_op=False):
+        import torch.distributed._functional_collectives as funcol
+
+        output.copy_(funcol.reduce_scatter_tensor(input, self._op(op), 0, group))
+        return None
+
+    def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
+        import torch
+        import torch.distributed._functional_collectives as funcol
+
+        sizes_in = [int(t.shape[0]) for t in input_tensor_list]
+        sizes_out = [int(t.shape[0]) for t in output_tensor_list]
+        out = funcol.all_to_all_single(torch.cat([t.contiguous() for t in input_tensor_list], 0),
+                                       sizes_out, sizes_in, group)
+        for dst, piece in zip(output_tensor_list, torch.split(out, sizes_out, 0)):
+            dst.copy_(piece)
+        return None
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        import torch.distributed._functional_collectives as funcol
+
+        output.copy_(funcol.all_to_all_single(input, output_split_sizes, input_split_sizes, group))
+        return None
+
+
+@contextlib.contextmanager
+def funcol_collectives():
+    from spmd_types import _dist
+
+    old = _dist.dist
+    _dist.set_dist(_FuncolDist())
+    try:
+        yield
+    finally:
+        _dist.set_dist(old)
+
+
+# ====================================================================== models
+@dataclass
+class TitanModel:
+    """A torchtitan model flavour at small dimensions: ``config(tp, sp)`` -> a model config with
+    torchtitan's sharding declarations."""
+
+    name: str
+    config: Callable[..., Any]
+    vocab: int
+    dims: dict = field(default_factory=dict)
+
+
+def _sdpa_attention(cfg) -> None:
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    for layer in cfg.layers:
+        if getattr(layer, "attention", None) is not None:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+
+
+MASK_FILL = -1e4  # the finite causal-mask fill (the IR has no infinities); as in examples/torch/hf_llama_tp.py
+
+
+def _causal_sdpa_forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False,
+                         is_causal=True, **kwargs):
+    """torchtitan ``ScaledDotProductAttention.forward`` with ``is_causal=True`` written as an additive
+    mask ``triu(full(-1e4), 1)``, on SDPA's math backend.
+
+    Why: the fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``) is one opaque ATen op,
+    and SDPA's math backend implements ``is_causal`` with a ``-inf`` fill, which no IR constant can
+    hold.  A finite fill changes the attention weights of masked positions from 0 to exp(-1e4 - m),
+    identically in the logical and the parallel program."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if attention_masks is not None:
+        raise ValueError("ScaledDotProductAttention does not support attention_masks")
+    q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
+    mask = None
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        mask = torch.full((L, S), MASK_FILL, dtype=q.dtype, device=q.device).triu(1)
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    return out.transpose(1, 2)
+
+
+def _build(cfg):
+    """Build on the meta device, with the CPU-traceable causal SDPA (:func:`_causal_sdpa_forward`)
+    installed on every ``ScaledDotProductAttention`` before ``parallelize`` wraps it."""
+    import types as _types
+
+    import torch
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    with torch.device("meta"):
+        m = cfg.build()
+    for mod in m.modules():
+        if isinstance(mod, ScaledDotProductAttention):
+            mod.forward = _types.MethodType(_causal_sdpa_forward, mod)
+    return m
+
+
+def llama3_debug(layers: int = 2, dim: int = 64, n_heads: int = 8, vocab: int = 128, hidden: int = 128,
+                 max_seq_len: int = 64) -> TitanModel:
+    """torchtitan's ``llama3`` ``debugmodel`` flavour (fused QKV, complex RoPE with llama scaling,
+    SwiGLU FFN, untied lm_head) at ``layers`` layers and small dimensions."""
+
+    def config(tp: int = 1, sp: bool = False):
+        import torchtitan.models.llama3 as L
+        from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        cfg = L.Llama3Model.Config(
+            dim=dim, vocab_size=vocab,
+            tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=L._EMBEDDING_INIT),
+            norm=RMSNorm.Config(normalized_shape=dim, param_init=L._NORM_INIT),
+            lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=L._output_linear_init(dim)),
+            layers=L._build_llama3_layers(
+                fuse_qkv=True, n_layers=layers, dim=dim, n_heads=n_heads, hidden_dim=hidden,
+                rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=max_seq_len, theta=500000, scaling="llama"),
+                attn_backend="flex"),
+        )
+        _sdpa_attention(cfg)
+        set_llama3_sharding_config(cfg, enable_sp=sp)
+        return cfg
+
+    return TitanModel("llama3_debug", config, vocab, dict(layers=layers, dim=dim, n_heads=n_heads, hidden=hidden))
+
+
+MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug}
+
+
+# ====================================================================== tracing
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+def _tp_placement(layout, local_shape, full_shape) -> dict[str, str]:
+    """The TP placement of a parameter from its torchtitan ``SpmdLayout`` (checked against shapes)."""
+    import spmd_types as spmd
+    from torchtitan.distributed.parallel_dims import MeshAxisName
+
+    if layout is None:
+        return {}
+    t = layout.per_axis_spmd_types().get(MeshAxisName.TP)
+    if isinstance(t, spmd.Shard):
+        return {"tp": f"Shard({t.dim % len(full_shape)})"}
+    return {}
+
+
+def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
+                batch: int = 2, seq: int = 8, name: str | None = None, **kw) -> dict:
+    """Trace ``model`` at degree 1 (logical) and under torchtitan's TP (``sp``: sequence parallel) on a
+    ``tp``-rank fake process group into a plan.  ``mesh_context=False``: the parallel ranks run without
+    the SPMD mesh context (no collectives)."""
+    prepare()
+    import torch
+    import torch.distributed._functional_collectives as funcol
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.spmd_types import set_current_spmd_mesh, set_spmd_meshes
+
+    logical_model = _build(model.config(1, False))
+    pnames = [n for n, _ in logical_model.named_parameters()]
+    shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
+    bufs = {n: b for n, b in logical_model.named_buffers()}
+    for n, b in bufs.items():  # complex RoPE caches travel as their real view [..., 2]
+        shapes[n] = list(b.shape) + ([2] if b.is_complex() else [])
+    bnames = list(bufs)
+    complex_bufs = {n for n, b in bufs.items() if b.is_complex()}
+
+    # placements from torchtitan's sharding declarations, as parallelize() applies them (rank 0)
+    from .trace import fake_world
+
+    def build_parallel(world):
+        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=world,
+                          spmd_backend="spmd_types")
+        pd.build_mesh()
+        m = _build(model.config(tp, sp))
+        m.parallelize(pd)
+        return m, pd
+
+    def layouts(m):
+        out = {}
+        for mn, mod in m.named_modules():
+            sc = getattr(mod, "_sharding_config", None)
+            if sc is None:
+                continue
+            for pn, _ in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+                out[f"{mn}.{pn}" if mn else pn] = sc.state_shardings.get(pn)
+        return out
+
+    with fake_world(0, tp):
+        m0, _ = build_parallel(tp)
+        lay = layouts(m0)
+        local0 = {n: list(t.shape) for n, t in [*m0.named_parameters(), *m0.named_buffers()]}
+    placements, pending = {}, []
+    for n in pnames + bnames:
+        full = shapes[n][:len(local0[n])]
+        pl = _tp_placement(lay.get(n), local0[n], full)
+        want = [s // tp if f"Shard({d})" == pl.get("tp") else s for d, s in enumerate(full)]
+        if want != local0[n]:
+            raise TraceError(f"{n}: local shape {local0[n]} after parallelize() is not {full} under {pl or 'Replicate'}",
+                             "input")
+        placements[n] = pl
+        import spmd_types as spmd
+        from torchtitan.distributed.parallel_dims import MeshAxisName
+
+        t = lay.get(n).per_axis_spmd_types().get(MeshAxisName.TP) if lay.get(n) is not None else None
+        if n in pnames and t is spmd.R:
+            pending.append(n)  # TP-Replicate parameter: its gradient is a pending sum over tp
+
+    inputs: dict[str, dict] = {}
+    for n in pnames:
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "param": True}
+    for n in bnames:
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n]}
+    inputs["tokens"] = {"shape": [batch, seq], "dtype": "int", "range": model.vocab}
+    inputs["labels"] = {"shape": [batch, seq], "dtype": "int", "range": model.vocab}
+
+    def state(kw_):
+        st = {n: kw_[_safe(n)] for n in pnames}
+        for n in bnames:
+            st[n] = torch.view_as_complex(kw_[_safe(n)]) if n in complex_bufs else kw_[_safe(n)]
+        return st
+
+    def logical(**kw_):
+        pred = torch.func.functional_call(logical_model, state(kw_), (kw_["tokens"],))
+        return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
+
+    def setup(ctx):
+        m, pd = build_parallel(tp)
+        return m, pd
+
+    def parallel(ctx, **kw_):
+        m, pd = ctx.state
+        with contextlib.ExitStack() as st:
+            if mesh_context:
+                set_spmd_meshes(dense_mesh=pd.spmd_dense_mesh(), sparse_mesh=pd.spmd_sparse_mesh())
+                st.enter_context(set_current_spmd_mesh(pd.spmd_dense_mesh()))
+            pred = torch.func.functional_call(m, state(kw_), (kw_["tokens"],))
+            return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
+
+    def sync(ctx, grads):
+        m, pd = ctx.state
+        group = pd.get_mesh("tp").get_group()
+        out = dict(grads)
+        for n in pending:
+            out[_safe(n)] = funcol.all_reduce(grads[_safe(n)], "sum", group)
+        return out
+
+    with funcol_collectives():  # forward and backward (autograd runs after ``parallel`` returns)
+        return trace_plan(logical, parallel, inputs=inputs, mesh={"tp": tp}, name=name or model.name,
+                          description=kw.pop("description", None) or
+                          f"torchtitan {model.name} {model.dims}, TP={tp}{' + SP' if sp else ''}"
+                          f"{'' if mesh_context else ', run WITHOUT the SPMD mesh context (no collectives)'}",
+                          parallel_setup=setup, grad_sync=sync if (grad_sync and pending) else None, **kw)
