@@ -1050,6 +1050,45 @@ def _broadcast(c, n, x, src, group):
     return c.emit("broadcast", [c.ir(x)], {"axis": _axis(c, group), "root": int(src)})
 
 
+# -------------------------------------------------------------- spmd_types local conversions
+# ``spmd_types`` (torchtitan's default SPMD backend) registers its communication-free type conversions as
+# custom ops; ``rank`` is this rank's index in the group, a python int, so the offsets differ per rank and
+# SPMD compression turns them into ``rank.<axis>`` expressions.
+def _spmd_chunk(c, x, world_size, split_dim, rank):
+    shp = _shape(c.val(x))
+    d = int(split_dim) % len(shp)
+    if shp[d] % int(world_size):
+        c.fail(f"uneven split of size {shp[d]} over {world_size} ranks")
+    return d, shp[d] // int(world_size), int(rank)
+
+
+@reg("spmd_types.replicate_to_varying")
+def _spmd_r2v(c, n, x, world_size, split_dim, rank, stack):
+    """This rank's chunk of a replicated tensor: ``chunk(x, ws, d)[rank]`` (``stack``: ``x.select(d, rank)``)."""
+    if stack:
+        return _select(c, n, x, split_dim, rank)
+    d, k, r = _spmd_chunk(c, x, world_size, split_dim, rank)
+    return c.emit("slice", [c.ir(x)], {"dim": d, "start": r * k, "end": r * k + k})
+
+
+@reg("spmd_types.varying_to_partial")
+def _spmd_v2p(c, n, x, world_size, split_dim, rank, stack):
+    """Zeros with ``x`` at this rank's block along ``d`` (``stack``: at index ``rank`` of a new dim ``d``)."""
+    shp = _shape(c.val(x))
+    ws, r = int(world_size), int(rank)
+    src = c.ir(x)
+    if stack:
+        d = int(split_dim) % (len(shp) + 1)
+        src = c.emit("unsqueeze", [src], {"dim": d}, base=f"{n.name}_u")
+        k = 1
+    else:
+        d, k = int(split_dim) % len(shp), shp[int(split_dim) % len(shp)]
+    pads = []
+    for i in range(len(_shape(_out(c, n)))):
+        pads += [r * k, (ws - r - 1) * k] if i == d else [0, 0]
+    return c.emit("pad", [src], {"pads": pads})
+
+
 # -------------------------------------------------------------- complex tensors
 # A complex tensor of shape S is carried as its real view, a float tensor of shape S + [2] (real, imaginary
 # parts), exactly what ``torch.view_as_real`` returns.  ``view_as_complex`` / ``view_as_real`` are then

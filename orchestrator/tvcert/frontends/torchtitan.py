@@ -235,7 +235,7 @@ def llama3_debug(layers: int = 2, dim: int = 64, n_heads: int = 8, vocab: int = 
     """torchtitan's ``llama3`` ``debugmodel`` flavour (fused QKV, complex RoPE with llama scaling,
     SwiGLU FFN, untied lm_head) at ``layers`` layers and small dimensions."""
 
-    def config(tp: int = 1, sp: bool = False):
+    def config(tp: int = 1, sp: bool = False, vocab_parallel: bool = True):
         import torchtitan.models.llama3 as L
         from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -252,9 +252,28 @@ def llama3_debug(layers: int = 2, dim: int = 64, n_heads: int = 8, vocab: int = 
         )
         _sdpa_attention(cfg)
         set_llama3_sharding_config(cfg, enable_sp=sp)
+        if not vocab_parallel:
+            _replicated_embedding(cfg, sp)
         return cfg
 
     return TitanModel("llama3_debug", config, vocab, dict(layers=layers, dim=dim, n_heads=n_heads, hidden=hidden))
+
+
+def _replicated_embedding(cfg, sp: bool) -> None:
+    """Not torchtitan's plan: ``tok_embeddings`` TP-Replicate instead of torchtitan's vocab-parallel
+    embedding (see ``vocab_parallel`` in :func:`trace_titan`).  Under SP the token ids are split along
+    the sequence first (an int tensor, no gradient) and the lookup yields the SP activation directly;
+    the weight's gradient is then a pending sum over tp like the SP norm weights'."""
+    import spmd_types as spmd
+    from torchtitan.models.common.decoder_sharding import (dense_activation_placement, dense_param_placement,
+                                                           dense_sequence_parallel_placement)
+    from torchtitan.protocols.sharding import ShardingConfig
+
+    rep = dense_activation_placement(tp=spmd.R)
+    act = dense_sequence_parallel_placement() if sp else dense_activation_placement(tp=spmd.I)
+    cfg.tok_embeddings.sharding_config = ShardingConfig(
+        state_shardings={"weight": dense_param_placement(tp=spmd.R)},
+        in_src_shardings={"input": rep}, in_dst_shardings={"input": act if sp else rep}, out_src_shardings=act)
 
 
 MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug}
@@ -279,10 +298,17 @@ def _tp_placement(layout, local_shape, full_shape) -> dict[str, str]:
 
 
 def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
-                batch: int = 2, seq: int = 8, name: str | None = None, **kw) -> dict:
+                vocab_parallel: bool = True, batch: int = 2, seq: int = 8, name: str | None = None, **kw) -> dict:
     """Trace ``model`` at degree 1 (logical) and under torchtitan's TP (``sp``: sequence parallel) on a
-    ``tp``-rank fake process group into a plan.  ``mesh_context=False``: the parallel ranks run without
-    the SPMD mesh context (no collectives)."""
+    ``tp``-rank fake process group into a plan.
+
+    ``mesh_context=False``: the model's forward (and so its backward) runs on every rank without the
+    SPMD mesh context -- no collective in the model; the loss still runs in it.
+    ``vocab_parallel=False`` departs from torchtitan's plan at the two vocabulary-sharded ends, whose
+    torchtitan forms have no engine rule yet: ``tok_embeddings`` is TP-Replicate and the loss
+    all-gathers the ``Shard(-1)`` logits of torchtitan's ``lm_head`` (``spmd_types.all_gather`` to
+    Invariant) and takes the plain cross-entropy, instead of torchtitan's vocab-parallel embedding and
+    ``_LossParallelCrossEntropy``.  Every transformer layer keeps torchtitan's TP/SP plan."""
     prepare()
     import torch
     import torch.distributed._functional_collectives as funcol
@@ -290,7 +316,7 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.spmd_types import set_current_spmd_mesh, set_spmd_meshes
 
-    logical_model = _build(model.config(1, False))
+    logical_model = _build(model.config(1, False, True))
     pnames = [n for n, _ in logical_model.named_parameters()]
     shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
     bufs = {n: b for n, b in logical_model.named_buffers()}
@@ -306,8 +332,10 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=world,
                           spmd_backend="spmd_types")
         pd.build_mesh()
-        m = _build(model.config(tp, sp))
+        m = _build(model.config(tp, sp, vocab_parallel))
         m.parallelize(pd)
+        if not vocab_parallel:
+            m.tok_embeddings.tp_group = None  # Embedding.parallelize sets it whenever a tp mesh exists
         return m, pd
 
     def layouts(m):
@@ -356,6 +384,9 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
 
     def logical(**kw_):
         pred = torch.func.functional_call(logical_model, state(kw_), (kw_["tokens"],))
+        if not vocab_parallel:
+            return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), kw_["labels"].flatten(0, 1),
+                                                     reduction="sum")
         return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
 
     def setup(ctx):
@@ -364,11 +395,20 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
 
     def parallel(ctx, **kw_):
         m, pd = ctx.state
+        set_spmd_meshes(dense_mesh=pd.spmd_dense_mesh(), sparse_mesh=pd.spmd_sparse_mesh())
         with contextlib.ExitStack() as st:
             if mesh_context:
-                set_spmd_meshes(dense_mesh=pd.spmd_dense_mesh(), sparse_mesh=pd.spmd_sparse_mesh())
                 st.enter_context(set_current_spmd_mesh(pd.spmd_dense_mesh()))
             pred = torch.func.functional_call(m, state(kw_), (kw_["tokens"],))
+        # the loss always runs in the mesh context (torchtitan's loss-parallel CE of the local vocab
+        # shard): without it the plain CE would read labels >= V/tp out of range and crash
+        with set_current_spmd_mesh(pd.spmd_dense_mesh()):
+            if not vocab_parallel:
+                import spmd_types as spmd
+
+                full = spmd.all_gather(pred, pd.get_mesh("tp").get_group(), src=spmd.S(pred.dim() - 1), dst=spmd.I)
+                return torch.nn.functional.cross_entropy(full.flatten(0, 1).float(), kw_["labels"].flatten(0, 1),
+                                                         reduction="sum")
             return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
 
     def sync(ctx, grads):
