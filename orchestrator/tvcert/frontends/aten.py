@@ -442,6 +442,17 @@ def _clamp(c, n, x, min=None, max=None):
     return out
 
 
+@reg("aten.topk")
+def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
+    """The k largest along dim, descending.  torch leaves the order of ties (and with ``sorted=False``
+    the order of the k results) unspecified; the IR op's order -- descending, lower index first on
+    ties -- is one of the orders torch may return."""
+    if not largest:
+        c.fail("topk with largest=False")
+    d = int(dim) % len(_shape(c.val(x)))
+    return c.emit("topk", [c.ir(x)], {"k": int(k), "dim": d}, n_out=2)
+
+
 @reg("aten.rsub")
 def _rsub(c, n, a, b, alpha=1):
     if alpha != 1:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -83,8 +84,15 @@ def prepare() -> None:
             for n in _KERNEL_NAMES:
                 setattr(stub, n, _kernel(n))
             sys.modules[_KERNELS] = stub
+    import spmd_types
     import torchtitan.distributed.parallel_dims as pdm
     from torchtitan.distributed import utils as du
+
+    from . import trace
+
+    sd = os.path.dirname(os.path.abspath(spmd_types.__file__))
+    if sd not in trace.SKIP_FRAME_DIRS:  # its runtime wraps every op: locate ops at torchtitan's lines
+        trace.SKIP_FRAME_DIRS.append(sd)
 
     pdm.device_type = "cpu"
     du.set_spmd_backend("spmd_types")
@@ -125,13 +133,13 @@ class _FuncolDist:
     def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
         import torch.distributed._functional_collectives as funcol
 
-        output_tensor.copy_(funcol.all_gather_tensor(input_tensor, 0, group))
+        output_tensor.copy_(funcol.all_gather_single(input_tensor, 0, group))
         return None
 
     def reduce_scatter_tensor(self, output, input, op=None, group=None, async_op=False):
         import torch.distributed._functional_collectives as funcol
 
-        output.copy_(funcol.reduce_scatter_tensor(input, self._op(op), 0, group))
+        output.copy_(funcol.reduce_scatter_single(input, self._op(op), 0, group))
         return None
 
     def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -276,7 +284,42 @@ def _replicated_embedding(cfg, sp: bool) -> None:
         in_src_shardings={"input": rep}, in_dst_shardings={"input": act if sp else rep}, out_src_shardings=act)
 
 
-MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug}
+def deepseek_v3_debug(layers: int = 2, dim: int = 64, n_heads: int = 4, vocab: int = 128, num_experts: int = 8,
+                      top_k: int = 3, max_seq_len: int = 64) -> TitanModel:
+    """torchtitan's ``deepseek_v3`` ``debugmodel`` flavour (MLA attention with kv LoRA, complex RoPE with
+    YaRN scaling, first layer dense, then MoE: softmax router top-3 of 8 experts + 2 shared experts,
+    "standard" all-to-all token dispatch, no MTP) at ``layers`` layers and small dimensions."""
+
+    def config(tp: int = 1, sp: bool = False, vocab_parallel: bool = True, ep: int = 1):
+        import torchtitan.models.deepseek_v3 as D
+        from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+        from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+
+        lay = D._build_dsv3_layers(
+            n_layers=layers, n_dense_layers=1, dim=dim, n_heads=n_heads, q_lora_rank=0, kv_lora_rank=16,
+            qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, mscale=0.70, dense_hidden_dim=128,
+            moe_hidden_dim=16, num_experts=num_experts, num_shared_experts=2, router_top_k=top_k,
+            router_score_func="softmax", attn_backend="flex", moe_comm_backend="standard",
+            non_blocking_capacity_factor=None,
+            rope=ComplexRoPE.Config(dim=8, max_seq_len=max_seq_len, theta=10000.0, scaling="yarn", rope_factor=40.0,
+                                    beta_fast=32.0, beta_slow=1.0, original_seq_len=4096))
+        cfg = D.DeepSeekV3Model.Config(
+            vocab_size=vocab, dim=dim,
+            tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=D._EMBEDDING_INIT),
+            norm=RMSNorm.Config(normalized_shape=dim, param_init=D._NORM_INIT),
+            lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=D._output_linear_init(dim)),
+            layers=lay, mtp_layers=D._build_mtp_layers(lay[-1], dim=dim, num_mtp_layers=0))
+        _sdpa_attention(cfg)
+        set_deepseek_v3_sharding_config(cfg, enable_sp=sp, enable_ep=ep > 1)
+        if not vocab_parallel:
+            _replicated_embedding(cfg, sp)
+        return cfg
+
+    return TitanModel("deepseek_v3_debug", config, vocab,
+                      dict(layers=layers, dim=dim, n_heads=n_heads, num_experts=num_experts, top_k=top_k))
+
+
+MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug, "deepseek-v3-debug": deepseek_v3_debug}
 
 
 # ====================================================================== tracing
@@ -291,14 +334,18 @@ def _tp_placement(layout, local_shape, full_shape) -> dict[str, str]:
 
     if layout is None:
         return {}
-    t = layout.per_axis_spmd_types().get(MeshAxisName.TP)
-    if isinstance(t, spmd.Shard):
-        return {"tp": f"Shard({t.dim % len(full_shape)})"}
+    types_ = layout.per_axis_spmd_types()
+    shards = [t for a, t in types_.items() if a in (MeshAxisName.TP, MeshAxisName.EP) and isinstance(t, spmd.Shard)]
+    if len(shards) > 1:
+        raise TraceError(f"a parameter sharded over both tp and ep ({types_}): tp and ep share the ranks here", "input")
+    if shards:
+        return {"tp": f"Shard({shards[0].dim % len(full_shape)})"}
     return {}
 
 
 def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
-                vocab_parallel: bool = True, batch: int = 2, seq: int = 8, name: str | None = None, **kw) -> dict:
+                vocab_parallel: bool = True, ep: int = 1, batch: int = 2, seq: int = 8, name: str | None = None,
+                **kw) -> dict:
     """Trace ``model`` at degree 1 (logical) and under torchtitan's TP (``sp``: sequence parallel) on a
     ``tp``-rank fake process group into a plan.
 
@@ -329,10 +376,10 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     from .trace import fake_world
 
     def build_parallel(world):
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=world,
+        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=ep, world_size=world,
                           spmd_backend="spmd_types")
         pd.build_mesh()
-        m = _build(model.config(tp, sp, vocab_parallel))
+        m = _build(model.config(tp, sp, vocab_parallel, ep) if ep > 1 else model.config(tp, sp, vocab_parallel))
         m.parallelize(pd)
         if not vocab_parallel:
             m.tok_embeddings.tp_group = None  # Embedding.parallelize sets it whenever a tp mesh exists
@@ -364,8 +411,8 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         import spmd_types as spmd
         from torchtitan.distributed.parallel_dims import MeshAxisName
 
-        t = lay.get(n).per_axis_spmd_types().get(MeshAxisName.TP) if lay.get(n) is not None else None
-        if n in pnames and t is spmd.R:
+        ts = lay.get(n).per_axis_spmd_types() if lay.get(n) is not None else {}
+        if n in pnames and spmd.R in (ts.get(MeshAxisName.TP), ts.get(MeshAxisName.EP)):
             pending.append(n)  # TP-Replicate parameter: its gradient is a pending sum over tp
 
     inputs: dict[str, dict] = {}
