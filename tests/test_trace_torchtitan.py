@@ -65,11 +65,12 @@ def test_llama3_tp4_sp_torchtitan_plan_is_unknown_no_rule_for_vocab_parallel_end
     assert all(r.startswith(("no rule for", "output ")) for r in res.reasons), res.reasons
 
 
-def test_llama3_tp4_sp_verifies_with_replicated_vocab_ends():
-    """Every transformer layer with torchtitan's TP + SP plan (fused QKV colwise, wo / w2 rowwise with
-    reduce-scatter, SP norms, complex RoPE, causal attention on head shards), with the embedding
-    replicated and the loss on all-gathered logits: VERIFIED."""
-    raw = trace_titan(llama3_debug(layers=2), tp=4, sp=True, vocab_parallel=False)
+@pytest.mark.parametrize("sp", [True, False])
+def test_llama3_tp4_verifies_with_replicated_vocab_ends(sp):
+    """Every transformer layer with torchtitan's TP (+ SP) plan (fused QKV colwise, wo / w2 rowwise with
+    reduce-scatter or all-reduce, SP norms, complex RoPE, causal attention on head shards), with the
+    embedding replicated and the loss on all-gathered logits: VERIFIED."""
+    raw = trace_titan(llama3_debug(layers=2), tp=4, sp=sp, vocab_parallel=False)
     assert raw["inputs"]["tok_embeddings__weight"]["placement"] == {}
     assert raw["inputs"]["layers__0__attention__wo__weight"]["placement"] == {"tp": "Shard(1)"}
     plan = load_plan(raw)

@@ -956,13 +956,18 @@ def _index_put_rows(c, n, x, idx, values):
 
 def _check_unaliased(c, n, x, what: str) -> None:
     """An in-place write to ``x`` is converted by rebinding ``x`` to the result for the nodes after it;
-    that is only sound when nothing aliases ``x``: ``x`` must be produced by a non-view op and have no
-    users before this node."""
-    prod = x.target if isinstance(x, torch.fx.Node) and x.op == "call_function" else None
-    pname = getattr(getattr(prod, "overloadpacket", None), "__name__", str(prod))
+    that is only sound when nothing aliases ``x``: ``x`` must be produced by a non-view op and no view of
+    it may be taken before this node (ops that merely *read* ``x`` before the write read the old value,
+    as the graph says; make_fx records later reads against the write's result)."""
+    def packet(m):
+        t = m.target if isinstance(m, torch.fx.Node) and m.op == "call_function" else None
+        return getattr(getattr(t, "overloadpacket", None), "__name__", str(t)), t
+
+    pname, prod = packet(x)
     order = {m: i for i, m in enumerate(c.gm.graph.nodes)}
-    if prod is None or pname in _VIEW_OPS or any(order[u] < order[n] for u in x.users if u is not n):
-        c.fail(f"in-place {what} on a tensor that may be aliased (a view, an input, or used before the write)")
+    if prod is None or pname in _VIEW_OPS or any(
+            order[u] < order[n] and (packet(u)[0] in _VIEW_OPS or packet(u)[1] is None) for u in x.users if u is not n):
+        c.fail(f"in-place {what} on a tensor that may be aliased (a view, an input, or viewed before the write)")
 
 
 def _inplace(packet: str):

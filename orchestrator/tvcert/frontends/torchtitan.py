@@ -243,7 +243,9 @@ def llama3_debug(layers: int = 2, dim: int = 64, n_heads: int = 8, vocab: int = 
     """torchtitan's ``llama3`` ``debugmodel`` flavour (fused QKV, complex RoPE with llama scaling,
     SwiGLU FFN, untied lm_head) at ``layers`` layers and small dimensions."""
 
-    def config(tp: int = 1, sp: bool = False, vocab_parallel: bool = True):
+    def config(tp: int = 1, sp: bool = False, vocab_parallel: bool = True, ep: int = 1):
+        if ep > 1:
+            raise TraceError("llama3 has no experts: ep must be 1", "input")
         import torchtitan.models.llama3 as L
         from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -271,7 +273,8 @@ def _replicated_embedding(cfg, sp: bool) -> None:
     """Not torchtitan's plan: ``tok_embeddings`` TP-Replicate instead of torchtitan's vocab-parallel
     embedding (see ``vocab_parallel`` in :func:`trace_titan`).  Under SP the token ids are split along
     the sequence first (an int tensor, no gradient) and the lookup yields the SP activation directly;
-    the weight's gradient is then a pending sum over tp like the SP norm weights'."""
+    the weight's gradient is then a pending sum over tp like the SP norm weights' (without SP the
+    weight is Invariant, like the norm weights: every rank computes the whole gradient)."""
     import spmd_types as spmd
     from torchtitan.models.common.decoder_sharding import (dense_activation_placement, dense_param_placement,
                                                            dense_sequence_parallel_placement)
@@ -280,7 +283,7 @@ def _replicated_embedding(cfg, sp: bool) -> None:
     rep = dense_activation_placement(tp=spmd.R)
     act = dense_sequence_parallel_placement() if sp else dense_activation_placement(tp=spmd.I)
     cfg.tok_embeddings.sharding_config = ShardingConfig(
-        state_shardings={"weight": dense_param_placement(tp=spmd.R)},
+        state_shardings={"weight": dense_param_placement(tp=spmd.R if sp else spmd.I)},  # as norm_config
         in_src_shardings={"input": rep}, in_dst_shardings={"input": act if sp else rep}, out_src_shardings=act)
 
 
@@ -327,20 +330,22 @@ def _safe(name: str) -> str:
     return name.replace(".", "__")
 
 
-def _tp_placement(layout, local_shape, full_shape) -> dict[str, str]:
-    """The TP placement of a parameter from its torchtitan ``SpmdLayout`` (checked against shapes)."""
+def _placement(layout, rank: int) -> tuple[dict[str, str], bool]:
+    """(plan placement, gradient pending) of a parameter from its torchtitan ``SpmdLayout``: ``Shard(d)``
+    on tp or ep (they share the ranks here) -> ``{"tp": "Shard(d)"}``; spmd type R (Replicate) on tp or
+    ep -> its gradient is a pending sum over the ranks (spmd_types: the gradient of R is P)."""
     import spmd_types as spmd
     from torchtitan.distributed.parallel_dims import MeshAxisName
 
     if layout is None:
-        return {}
+        return {}, False
     types_ = layout.per_axis_spmd_types()
-    shards = [t for a, t in types_.items() if a in (MeshAxisName.TP, MeshAxisName.EP) and isinstance(t, spmd.Shard)]
+    ours = [types_.get(a) for a in (MeshAxisName.TP, MeshAxisName.EP) if a in types_]
+    shards = [t for t in ours if isinstance(t, spmd.Shard)]
     if len(shards) > 1:
         raise TraceError(f"a parameter sharded over both tp and ep ({types_}): tp and ep share the ranks here", "input")
-    if shards:
-        return {"tp": f"Shard({shards[0].dim % len(full_shape)})"}
-    return {}
+    pl = {"tp": f"Shard({shards[0].dim % rank})"} if shards else {}
+    return pl, any(t is spmd.R for t in ours)
 
 
 def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
@@ -350,18 +355,27 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     ``tp``-rank fake process group into a plan.
 
     ``mesh_context=False``: the model's forward (and so its backward) runs on every rank without the
-    SPMD mesh context -- no collective in the model; the loss still runs in it.
+    SPMD mesh context -- no collective in the model; the loss still runs in it, and the pending
+    gradients are still summed (``grad_sync``: FSDP's job, independent of the mesh context).
+    ``ep``: expert parallelism on the same ranks as tp (``ep == tp``, torchtitan's EP borrowing TP).
     ``vocab_parallel=False`` departs from torchtitan's plan at the two vocabulary-sharded ends, whose
     torchtitan forms have no engine rule yet: ``tok_embeddings`` is TP-Replicate and the loss
     all-gathers the ``Shard(-1)`` logits of torchtitan's ``lm_head`` (``spmd_types.all_gather`` to
     Invariant) and takes the plain cross-entropy, instead of torchtitan's vocab-parallel embedding and
     ``_LossParallelCrossEntropy``.  Every transformer layer keeps torchtitan's TP/SP plan."""
+    if ep not in (1, tp):
+        raise TraceError(f"ep={ep}: expert parallelism runs on the tp ranks here (ep must be 1 or tp={tp})", "input")
+    if sp and seq % tp:
+        raise TraceError(f"sequence parallelism needs seq ({seq}) divisible by tp ({tp})", "input")
     prepare()
+    import spmd_types as spmd
     import torch
     import torch.distributed._functional_collectives as funcol
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.spmd_types import set_current_spmd_mesh, set_spmd_meshes
+
+    from .trace import fake_world
 
     logical_model = _build(model.config(1, False, True))
     pnames = [n for n, _ in logical_model.named_parameters()]
@@ -372,14 +386,12 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     bnames = list(bufs)
     complex_bufs = {n for n, b in bufs.items() if b.is_complex()}
 
-    # placements from torchtitan's sharding declarations, as parallelize() applies them (rank 0)
-    from .trace import fake_world
-
-    def build_parallel(world):
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=ep, world_size=world,
+    def build_parallel():
+        """torchtitan's meshes (on the fake process group) and ``Module.parallelize``."""
+        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=ep, world_size=tp,
                           spmd_backend="spmd_types")
         pd.build_mesh()
-        m = _build(model.config(tp, sp, vocab_parallel, ep) if ep > 1 else model.config(tp, sp, vocab_parallel))
+        m = _build(model.config(tp, sp, vocab_parallel, ep))
         m.parallelize(pd)
         if not vocab_parallel:
             m.tok_embeddings.tp_group = None  # Embedding.parallelize sets it whenever a tp mesh exists
@@ -395,25 +407,23 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
                 out[f"{mn}.{pn}" if mn else pn] = sc.state_shardings.get(pn)
         return out
 
+    # placements from torchtitan's sharding declarations as parallelize() applied them on rank 0,
+    # checked against the local shapes it produced
     with fake_world(0, tp):
-        m0, _ = build_parallel(tp)
+        m0, _ = build_parallel()
         lay = layouts(m0)
         local0 = {n: list(t.shape) for n, t in [*m0.named_parameters(), *m0.named_buffers()]}
     placements, pending = {}, []
     for n in pnames + bnames:
-        full = shapes[n][:len(local0[n])]
-        pl = _tp_placement(lay.get(n), local0[n], full)
+        full = shapes[n][:len(local0[n])]  # a complex buffer's real view has a trailing [2]
+        pl, pend = _placement(lay.get(n), len(full))
         want = [s // tp if f"Shard({d})" == pl.get("tp") else s for d, s in enumerate(full)]
         if want != local0[n]:
             raise TraceError(f"{n}: local shape {local0[n]} after parallelize() is not {full} under {pl or 'Replicate'}",
                              "input")
         placements[n] = pl
-        import spmd_types as spmd
-        from torchtitan.distributed.parallel_dims import MeshAxisName
-
-        ts = lay.get(n).per_axis_spmd_types() if lay.get(n) is not None else {}
-        if n in pnames and spmd.R in (ts.get(MeshAxisName.TP), ts.get(MeshAxisName.EP)):
-            pending.append(n)  # TP-Replicate parameter: its gradient is a pending sum over tp
+        if pend and n in pnames:
+            pending.append(n)
 
     inputs: dict[str, dict] = {}
     for n in pnames:
@@ -437,8 +447,7 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
 
     def setup(ctx):
-        m, pd = build_parallel(tp)
-        return m, pd
+        return build_parallel()
 
     def parallel(ctx, **kw_):
         m, pd = ctx.state
@@ -451,14 +460,13 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         # shard): without it the plain CE would read labels >= V/tp out of range and crash
         with set_current_spmd_mesh(pd.spmd_dense_mesh()):
             if not vocab_parallel:
-                import spmd_types as spmd
-
                 full = spmd.all_gather(pred, pd.get_mesh("tp").get_group(), src=spmd.S(pred.dim() - 1), dst=spmd.I)
                 return torch.nn.functional.cross_entropy(full.flatten(0, 1).float(), kw_["labels"].flatten(0, 1),
                                                          reduction="sum")
             return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
 
     def sync(ctx, grads):
+        """What FSDP does for the pending gradients (outside autograd, so not in the trace otherwise)."""
         m, pd = ctx.state
         group = pd.get_mesh("tp").get_group()
         out = dict(grads)
