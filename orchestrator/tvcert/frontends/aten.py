@@ -17,6 +17,10 @@ Conventions
   ones that differ into ``rank.<axis>`` expressions (SPMD compression).
 * Collectives (``_c10d_functional.*``) are mapped through ``axis_of_group(group_name) -> axis``,
   supplied by the tracer, which resolves the group to ranks and the ranks to mesh axes.
+* In-place ops (``add_``, ``copy_``, ``index_put_``, ...) rebind the written fx node to the result,
+  only when nothing can alias it (see ``_check_unaliased``).
+* Complex tensors are carried as their real view ``[..., 2]`` and have their own table
+  (``COMPLEX_TABLE``); an op touching a complex tensor is never converted as if it were real.
 """
 from __future__ import annotations
 

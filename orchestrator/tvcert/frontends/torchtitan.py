@@ -8,10 +8,12 @@ What is torchtitan's and what is ours
 -------------------------------------
 * **Model.** torchtitan's config classes (``Llama3Model.Config`` built by torchtitan's own
   ``_build_llama3_layers``, the DeepSeek-V3 builders) with the debug flavour's structure and small
-  dimensions, built on the meta device.  Two substitutions, both forced by CPU tracing: the inner
-  attention is torchtitan's ``ScaledDotProductAttention`` (causal) instead of FlexAttention (a
-  compiled higher-order op with no CPU trace), and nothing is materialised (parameters and buffers
-  are inputs of the traced function).
+  dimensions, built on the meta device; nothing is materialised (parameters and buffers are inputs
+  of the traced function; complex RoPE caches as their real view ``[..., 2]``).  One substitution,
+  forced by CPU tracing and the IR: the inner attention is torchtitan's ``ScaledDotProductAttention``
+  instead of FlexAttention (a compiled higher-order op with no CPU trace), with its ``is_causal`` mask
+  written as an additive ``-1e4`` mask on SDPA's math backend (:func:`_causal_sdpa_forward`: the fused
+  CPU kernel is one opaque op, and the math backend's ``-inf`` fill has no IR constant).
 * **Sharding.** torchtitan's own sharding declarations (``set_llama3_sharding_config``: the same
   call ``Llama3Model.Config.update_from_config`` makes, without the trainer-only part that imports
   the data loaders) and torchtitan's ``Module.parallelize(parallel_dims)`` -- the TP/EP step of
@@ -32,6 +34,20 @@ What is torchtitan's and what is ours
   semantics and copies the result into the output buffer.
 * **Loss.** torchtitan's ``cross_entropy_loss`` (sum reduction): under TP it is the vocab-parallel
   ``_LossParallelCrossEntropy`` on the ``Shard(-1)`` logits of ``lm_head``.
+
+Verdicts (tests/test_trace_torchtitan.py)
+-----------------------------------------
+* Llama 3 debug, 2 layers, TP=4 + SP, torchtitan's plan unchanged: traces (~600 parallel ops) and the
+  reference interpreter agrees, but UNKNOWN: torchtitan's vocab-parallel embedding
+  (``(ids - off).clamp(..)``, ``out * in_range``) and ``_LossParallelCrossEntropy`` (target logit
+  masked right after the gather) are not the forms the engine's ``vocab_parallel_embedding`` pattern
+  matches, so their rank-dependent offsets have no rule.  ``vocab_parallel=False`` (replicated
+  embedding, gathered-logits loss; every layer as torchtitan shards it): VERIFIED.
+* The same model without the mesh context: REFUTED with a float64 counterexample.
+* DeepSeek-V3 debug with EP: UNKNOWN -- the MoE needs ops with no IR (``sort``, ``cumsum``,
+  ``_grouped_mm`` with data-dependent offsets, torchtitan's ``deterministic_scatter_add``) and the EP
+  all-to-all split sizes are data-dependent (``.tolist()`` of token counts: not traceable on fake
+  tensors).
 * **Gradients.** Read back with the parameter's TP placement.  Norm weights under sequence
   parallelism are TP-Replicate whose gradient is a pending sum ("pending BWD AR handled by FSDP",
   torchtitan ``decoder_sharding.norm_config``); FSDP does that all-reduce in hooks, outside autograd,
