@@ -7,10 +7,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test proofs coq venv bench fuzz clean
 
-$(STAMP): pyproject.toml
+# torchtitan's declared deps (datasets, wandb, tensorboard, torchdata, ...: ~40 packages) serve its
+# trainer; tests/test_trace_torchtitan.py imports only the models: --no-deps, plus what they import.
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps torchtitan==0.3.0
+	$(PIP) install -q spmd_types==0.2.3 tyro==1.0.17
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -17,6 +17,10 @@ Conventions
   ones that differ into ``rank.<axis>`` expressions (SPMD compression).
 * Collectives (``_c10d_functional.*``) are mapped through ``axis_of_group(group_name) -> axis``,
   supplied by the tracer, which resolves the group to ranks and the ranks to mesh axes.
+* In-place ops (``add_``, ``copy_``, ``index_put_``, ...) rebind the written fx node to the result,
+  only when nothing can alias it (see ``_check_unaliased``).
+* Complex tensors are carried as their real view ``[..., 2]`` and have their own table
+  (``COMPLEX_TABLE``); an op touching a complex tensor is never converted as if it were real.
 """
 from __future__ import annotations
 
@@ -201,11 +205,15 @@ class Converter:
             if not isinstance(v, (list, tuple)):
                 self.fail("getitem of a non-tuple")
             return v[i]
-        h = TABLE.get(str(t))
+        table = COMPLEX_TABLE if _touches_complex(n) else TABLE
+        h = table.get(str(t))
         if h is None:
             pk = getattr(t, "overloadpacket", None)
-            h = TABLE.get(str(pk)) if pk is not None else None
+            h = table.get(str(pk)) if pk is not None else None
         if h is None:
+            if table is COMPLEX_TABLE:
+                raise Unconverted(str(t), self.cur_src, "an op on complex tensors without a conversion (complex "
+                                  "tensors are carried as their real view [..., 2]; see COMPLEX_TABLE)")
             raise Unconverted(str(t), self.cur_src, "add a handler in tvcert/frontends/aten.py")
         return h(self, n, *n.args, **n.kwargs)
 
@@ -422,6 +430,33 @@ reg("aten.bitwise_and")(_binary("logical_and"))
 reg("aten.bitwise_or")(_binary("logical_or"))
 
 
+@reg("aten.clamp")
+def _clamp(c, n, x, min=None, max=None):
+    """clamp(x, lo, hi) = minimum(maximum(x, lo), hi) (torch applies the lower bound first)."""
+    dt = ir_dtype(_out(c, n))
+    if ir_dtype(c.val(x)) != dt:
+        c.fail("clamp changing the dtype class")
+    out = c.ir(x)
+    for op, bound in (("maximum", min), ("minimum", max)):
+        if bound is None:
+            continue
+        if isinstance(bound, float) and dt == "int":
+            c.fail("clamp of an int tensor with a float bound")
+        out = c.emit(op, [out, c.ir(bound, dt)], base=f"{n.name}_{op[:3]}")
+    return out
+
+
+@reg("aten.topk")
+def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
+    """The k largest along dim, descending.  torch leaves the order of ties (and with ``sorted=False``
+    the order of the k results) unspecified; the IR op's order -- descending, lower index first on
+    ties -- is one of the orders torch may return."""
+    if not largest:
+        c.fail("topk with largest=False")
+    d = int(dim) % len(_shape(c.val(x)))
+    return c.emit("topk", [c.ir(x)], {"k": int(k), "dim": d}, n_out=2)
+
+
 @reg("aten.rsub")
 def _rsub(c, n, a, b, alpha=1):
     if alpha != 1:
@@ -529,6 +564,15 @@ reg("aten.amin")(_reduction("amin"))
 @reg("aten._softmax")
 def _softmax(c, n, x, dim, half=False):
     return c.emit("softmax", [c.ir(x)], {"dim": int(dim)})
+
+
+@reg("aten._safe_softmax")
+def _safe_softmax(c, n, x, dim, dtype=None):
+    """SDPA's math backend: softmax, except that rows which are entirely -inf give 0 instead of NaN.
+    IR values are finite (no constant can be infinite), so no row is entirely -inf: softmax."""
+    if dtype is not None and ir_dtype(_out(c, n)) != "float":
+        c.fail(f"_safe_softmax to dtype {dtype}")
+    return c.emit("softmax", [c.ir(x)], {"dim": int(dim) % len(_shape(c.val(x)))})
 
 
 @reg("aten._log_softmax")
@@ -834,11 +878,12 @@ def _index_add(c, n, x, dim, index, src, alpha=1):
     return c.emit("index_add", [c.ir(x), c.ir(index, "int"), c.ir(src)], {"dim": int(dim)})
 
 
-@reg("aten.empty", "aten.empty_strided", "aten.empty_like")
+@reg("aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty")
 def _empty(c, n, *a, **k):
     """Uninitialised memory has no value; only an unused one (``torch.empty(shape, device="meta").stride()``
-    in transformers' TP layers) is accepted, and it produces nothing."""
-    if n.users:
+    in transformers' TP layers) or one that is only ever the destination of ``copy_`` (a collective's
+    output buffer) is accepted, and it produces nothing."""
+    if any(not (_pk(u) == "aten.copy_" and u.args[0] is n and n not in u.args[1:]) for u in n.users):
         c.fail("uninitialised tensor (torch.empty) whose contents are read")
     return None
 
@@ -858,6 +903,8 @@ def _index_put(c, n, x, indices, values, accumulate=False):
     if accumulate:
         c.fail("index_put with accumulate=True")
     idx = list(indices)
+    if len(idx) == 2 and all(isinstance(i, torch.fx.Node) for i in idx):
+        return _index_put_rows(c, n, x, idx, values)
     if len(idx) != 1 or not isinstance(idx[0], torch.fx.Node) or c.val(idx[0]).dtype != torch.bool:
         c.fail("index_put with other than one boolean mask index")
     xv, mv, vv = c.val(x), c.val(idx[0]), c.val(values)
@@ -867,11 +914,7 @@ def _index_put(c, n, x, indices, values, accumulate=False):
         c.fail("index_put with a values tensor of more than one element")
     inplace = str(n.target).startswith("aten.index_put_")
     if inplace:
-        prod = x.target if x.op == "call_function" else None
-        pname = getattr(getattr(prod, "overloadpacket", None), "__name__", str(prod))
-        order = {m: i for i, m in enumerate(c.gm.graph.nodes)}
-        if prod is None or pname in _VIEW_OPS or any(order[u] < order[n] for u in x.users if u is not n):
-            c.fail("in-place index_put on a tensor that may be aliased (a view, an input, or used before the write)")
+        _check_unaliased(c, n, x, "index_put")
     m = c.ir(idx[0], "int")
     for _ in range(len(xv.shape) - len(mv.shape)):
         m = c.emit("unsqueeze", [m], {"dim": len(c.val(idx[0]).shape) + _}, base=f"{n.name}_m")
@@ -882,6 +925,87 @@ def _index_put(c, n, x, indices, values, accumulate=False):
     out = c.emit("where", [m, v, c.ir(x, dt)])
     if inplace:
         c.env[x] = out
+    return out
+
+
+def _index_put_rows(c, n, x, idx, values):
+    """``x[arange(N), j] = v`` on a 2-D ``x`` [N, C] (one element per row, e.g. the target column of a
+    cross-entropy gradient): ``where(one_hot(j, C), v[:, None], x)``.  Exact because the row index is
+    literally ``arange(N)`` (every row written once); the one_hot conversion checks 0 <= j < C."""
+    rows, cols = idx
+    xv, rv, jv, vv = c.val(x), c.val(rows), c.val(cols), c.val(values)
+    N = _shape(xv)[0] if len(_shape(xv)) == 2 else None
+    is_arange = (_pk(rows) == "aten.arange" and _shape(rv) == [N]
+                 and [a for a in rows.args if not isinstance(a, torch.device)] in ([N], [0, N], [0, N, 1]))
+    if N is None or not is_arange or _shape(jv) != [N] or jv.dtype.is_floating_point:
+        c.fail("index_put with two indices other than x[arange(N), j] on a 2-D x")
+    if str(n.target).startswith("aten.index_put_"):
+        _check_unaliased(c, n, x, "index_put")
+    dt = ir_dtype(xv)
+    v = c.ir(values, dt)
+    if isinstance(values, torch.fx.Node):
+        vs = _shape(vv)
+        if vs == [N]:
+            v = c.emit("unsqueeze", [v], {"dim": 1}, base=f"{n.name}_v")
+        elif vv.numel() == 1 and vs:
+            v = c.emit("reshape", [v], {"shape": []}, base=f"{n.name}_v")
+        elif vs:
+            c.fail(f"index_put values of shape {vs} for {N} rows")
+    oh = c.emit("one_hot", [c.ir(cols, "int")], {"num_classes": _shape(xv)[1]}, base=f"{n.name}_oh")
+    out = c.emit("where", [oh, v, c.ir(x, dt)])
+    if str(n.target).startswith("aten.index_put_"):
+        c.env[x] = out
+    return out
+
+
+def _check_unaliased(c, n, x, what: str) -> None:
+    """An in-place write to ``x`` is converted by rebinding ``x`` to the result for the nodes after it;
+    that is only sound when nothing aliases ``x``: ``x`` must be produced by a non-view op and no view of
+    it may be taken before this node (ops that merely *read* ``x`` before the write read the old value,
+    as the graph says; make_fx records later reads against the write's result)."""
+    def packet(m):
+        t = m.target if isinstance(m, torch.fx.Node) and m.op == "call_function" else None
+        return getattr(getattr(t, "overloadpacket", None), "__name__", str(t)), t
+
+    pname, prod = packet(x)
+    order = {m: i for i, m in enumerate(c.gm.graph.nodes)}
+    if prod is None or pname in _VIEW_OPS or any(
+            order[u] < order[n] and (packet(u)[0] in _VIEW_OPS or packet(u)[1] is None) for u in x.users if u is not n):
+        c.fail(f"in-place {what} on a tensor that may be aliased (a view, an input, or viewed before the write)")
+
+
+def _inplace(packet: str):
+    """``x.op_(...)``: the out-of-place conversion, then ``x`` is rebound to the result."""
+    def h(c, n, x, *a, **k):
+        _check_unaliased(c, n, x, packet)
+        if ir_dtype(c.val(x)) != ir_dtype(_out(c, n)):
+            c.fail("an in-place op changing the dtype class")
+        base = TABLE[packet]
+        out = base(c, n, x, *a, **k)
+        c.env[x] = out
+        return out
+    return h
+
+
+for _ip in ("add", "sub", "mul", "div"):
+    reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
+
+
+@reg("aten.copy_")
+def _copy_(c, n, dst, src, non_blocking=False):
+    """``dst.copy_(src)`` (how a collective's result lands in its output buffer): ``dst`` is rebound to
+    ``src`` broadcast to ``dst``'s shape and cast to its dtype class."""
+    _check_unaliased(c, n, dst, "copy_")
+    dv, sv = c.val(dst), c.val(src)
+    out = c.ir(src, ir_dtype(dv))
+    if isinstance(src, torch.fx.Node):
+        if ir_dtype(sv) != ir_dtype(dv):
+            out = c.emit("cast", [out], {"dtype": ir_dtype(dv)}, base=f"{n.name}_cast")
+        if _shape(sv) != _shape(dv):
+            out = c.emit("expand", [out], {"shape": _shape(dv)})
+    elif _shape(dv):
+        out = c.emit("expand", [out], {"shape": _shape(dv)})
+    c.env[dst] = out
     return out
 
 
@@ -944,3 +1068,156 @@ def _all_to_all(c, n, x, out_splits, in_splits, group):
 @reg("_c10d_functional.broadcast")
 def _broadcast(c, n, x, src, group):
     return c.emit("broadcast", [c.ir(x)], {"axis": _axis(c, group), "root": int(src)})
+
+
+# -------------------------------------------------------------- spmd_types local conversions
+# ``spmd_types`` (torchtitan's default SPMD backend) registers its communication-free type conversions as
+# custom ops; ``rank`` is this rank's index in the group, a python int, so the offsets differ per rank and
+# SPMD compression turns them into ``rank.<axis>`` expressions.
+def _spmd_chunk(c, x, world_size, split_dim, rank):
+    shp = _shape(c.val(x))
+    d = int(split_dim) % len(shp)
+    if shp[d] % int(world_size):
+        c.fail(f"uneven split of size {shp[d]} over {world_size} ranks")
+    return d, shp[d] // int(world_size), int(rank)
+
+
+@reg("spmd_types.replicate_to_varying")
+def _spmd_r2v(c, n, x, world_size, split_dim, rank, stack):
+    """This rank's chunk of a replicated tensor: ``chunk(x, ws, d)[rank]`` (``stack``: ``x.select(d, rank)``)."""
+    if stack:
+        return _select(c, n, x, split_dim, rank)
+    d, k, r = _spmd_chunk(c, x, world_size, split_dim, rank)
+    return c.emit("slice", [c.ir(x)], {"dim": d, "start": r * k, "end": r * k + k})
+
+
+@reg("spmd_types.varying_to_partial")
+def _spmd_v2p(c, n, x, world_size, split_dim, rank, stack):
+    """Zeros with ``x`` at this rank's block along ``d`` (``stack``: at index ``rank`` of a new dim ``d``)."""
+    shp = _shape(c.val(x))
+    ws, r = int(world_size), int(rank)
+    src = c.ir(x)
+    if stack:
+        d = int(split_dim) % (len(shp) + 1)
+        src = c.emit("unsqueeze", [src], {"dim": d}, base=f"{n.name}_u")
+        k = 1
+    else:
+        d, k = int(split_dim) % len(shp), shp[int(split_dim) % len(shp)]
+    pads = []
+    for i in range(len(_shape(_out(c, n)))):
+        pads += [r * k, (ws - r - 1) * k] if i == d else [0, 0]
+    return c.emit("pad", [src], {"pads": pads})
+
+
+# -------------------------------------------------------------- complex tensors
+# A complex tensor of shape S is carried as its real view, a float tensor of shape S + [2] (real, imaginary
+# parts), exactly what ``torch.view_as_real`` returns.  ``view_as_complex`` / ``view_as_real`` are then
+# aliases, and the few ops complex RoPE (torchtitan ``ComplexRoPE``, Meta's Llama reference) applies to
+# complex values are written out on the two parts with real IR ops.  An op that reads or produces a complex
+# tensor and is not in this table is unsupported (never converted as if the tensor were real).
+COMPLEX_TABLE: dict[str, Callable[..., Any]] = {}
+
+
+def _is_complex(v: Any) -> bool:
+    dt = getattr(v, "dtype", None)
+    return dt is not None and dt.is_complex
+
+
+def _touches_complex(n: torch.fx.Node) -> bool:
+    if any(_is_complex(o) for o in _flat(n.meta.get("val"))):
+        return True
+    return any(isinstance(a, torch.fx.Node) and _is_complex(a.meta.get("val")) for a in _flat(list(n.args)))
+
+
+def creg(*names: str):
+    def deco(fn):
+        for nm in names:
+            COMPLEX_TABLE[nm] = fn
+        return fn
+    return deco
+
+
+@creg("aten.view_as_complex", "aten.view_as_real")
+def _c_view_as(c, n, x):
+    return c.ir(x)
+
+
+@creg("aten.clone", "aten.alias", "aten.detach", "aten.contiguous", "aten.resolve_conj", "aten._to_copy")
+def _c_alias(c, n, x, *a, **k):
+    v, out = c.val(x), _out(c, n)
+    if v.dtype != out.dtype:
+        c.fail(f"dtype change {v.dtype} -> {out.dtype} of a complex value")
+    return c.ir(x)
+
+
+def _c_parts(c, x, base):
+    """(real, imaginary) of a complex operand, each [..., 1]; a real tensor operand is (x[..., None], None)."""
+    v = c.val(x)
+    if not isinstance(x, torch.fx.Node):
+        c.fail("a python scalar operand of a complex op")
+    if not _is_complex(v):
+        return c.emit("unsqueeze", [c.ir(x)], {"dim": len(_shape(v))}, base=f"{base}_u"), None
+    r = len(_shape(v))
+    re = c.emit("slice", [c.ir(x)], {"dim": r, "start": 0, "end": 1}, base=f"{base}_re")
+    im = c.emit("slice", [c.ir(x)], {"dim": r, "start": 1, "end": 2}, base=f"{base}_im")
+    return re, im
+
+
+@creg("aten._conj", "aten.conj", "aten.conj_physical")
+def _c_conj(c, n, x):
+    re, im = _c_parts(c, x, n.name)
+    if im is None:
+        c.fail("conj of a real tensor")
+    nim = c.emit("neg", [im], base=f"{n.name}_nim")
+    return c.emit("concat", [re, nim], {"dim": len(_shape(c.val(x)))})
+
+
+@creg("aten.mul")
+def _c_mul(c, n, a, b):
+    """(ar + i ai)(br + i bi) = (ar br - ai bi) + i (ar bi + ai br); a real operand scales both parts."""
+    if not isinstance(a, torch.fx.Node) or not isinstance(b, torch.fx.Node):
+        s = b if isinstance(a, torch.fx.Node) else a
+        x = a if isinstance(a, torch.fx.Node) else b
+        if isinstance(s, complex) or not isinstance(s, (int, float)):
+            c.fail(f"complex scalar factor {s!r}")
+        return c.emit("scale", [c.ir(x)], {"value": s})
+    ar, ai = _c_parts(c, a, f"{n.name}_a")
+    br, bi = _c_parts(c, b, f"{n.name}_b")
+    out_rank = len(_shape(_out(c, n)))
+    if ai is None or bi is None:  # real * complex: the real factor [..., 1] broadcasts over both parts
+        z, r = (b, ar) if ai is None else (a, br)
+        return c.emit("mul", [c.ir(z), r])
+    rr = c.emit("mul", [ar, br], base=f"{n.name}_rr")
+    ii = c.emit("mul", [ai, bi], base=f"{n.name}_ii")
+    ri = c.emit("mul", [ar, bi], base=f"{n.name}_ri")
+    ir_ = c.emit("mul", [ai, br], base=f"{n.name}_ir")
+    re = c.emit("sub", [rr, ii], base=f"{n.name}_re")
+    im = c.emit("add", [ri, ir_], base=f"{n.name}_im")
+    return c.emit("concat", [re, im], {"dim": out_rank})
+
+
+@creg("aten.view", "aten._unsafe_view", "aten.reshape")
+def _c_view(c, n, x, shape):
+    out = _shape(_out(c, n))
+    if out == _shape(c.val(x)):
+        return c.ir(x)
+    return c.emit("reshape", [c.ir(x)], {"shape": out + [2]})
+
+
+@creg("aten.slice")
+def _c_slice(c, n, x, dim=0, start=None, end=None, step=1):
+    # leading dims of the real view are the complex tensor's dims: the real slice applies as is
+    return _slice(c, n, x, int(dim) % len(_shape(c.val(x))), start, end, step)
+
+
+@creg("aten.unsqueeze")
+def _c_unsqueeze(c, n, x, dim):
+    return _unsqueeze(c, n, x, dim)
+
+
+@creg("aten.expand")
+def _c_expand(c, n, x, shape, implicit=False):
+    out = _shape(_out(c, n))
+    if out == _shape(c.val(x)):
+        return c.ir(x)
+    return c.emit("expand", [c.ir(x)], {"shape": out + [2]})

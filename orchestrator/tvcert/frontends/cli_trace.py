@@ -1,5 +1,8 @@
 """`tvcert trace SPEC -o PLAN.json [--verify]`: PyTorch code -> plan (-> verdict).
 
+``tvcert trace --torchtitan llama3-debug --tp 4 --sp -o plan.json`` traces a torchtitan model with
+torchtitan's own parallelization instead (:mod:`tvcert.frontends.torchtitan`).
+
 SPEC is ``path/to/file.py`` or ``path/to/file.py:function``; the function (default
 ``tvcert_trace``) returns the keyword arguments of :func:`tvcert.frontends.trace.trace_plan`
 (or a plan dict already traced).  ``--set key=value`` passes arguments to that function
@@ -52,14 +55,33 @@ def _parse_set(items) -> dict:
     return out
 
 
+TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.torchtitan.MODELS (no import here)
+
+
 @click.command("trace")
-@click.argument("spec")
+@click.argument("spec", required=False)
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), help="write the plan JSON here")
 @click.option("--verify", "do_verify", is_flag=True, help="verify the traced plan (exit code as `tvcert verify`)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="argument of the spec function")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable result on stdout")
-def trace(spec: str, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool) -> None:
-    """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it."""
+@click.option("--torchtitan", "titan", type=click.Choice(TORCHTITAN_MODELS),
+              help="instead of SPEC: a torchtitan model with torchtitan's own parallelization (needs torchtitan==0.3.0)")
+@click.option("--tp", type=int, default=4, show_default=True, help="--torchtitan: tensor-parallel degree")
+@click.option("--ep", type=int, default=1, show_default=True, help="--torchtitan: expert-parallel degree (on the tp ranks)")
+@click.option("--sp/--no-sp", default=False, show_default=True, help="--torchtitan: sequence parallelism")
+@click.option("--layers", type=int, default=2, show_default=True, help="--torchtitan: transformer layers")
+@click.option("--no-mesh-context", is_flag=True,
+              help="--torchtitan: run the model without the SPMD mesh context (no collectives; a negative)")
+@click.option("--replicated-vocab", is_flag=True,
+              help="--torchtitan: replicated embedding + gathered-logits loss instead of torchtitan's "
+                   "vocab-parallel ones (which have no engine rule yet)")
+def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, titan: str | None,
+          tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool, replicated_vocab: bool) -> None:
+    """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
+
+    SPEC is a Python file (see the module docstring), or use --torchtitan MODEL."""
+    if (spec is None) == (titan is None):
+        raise click.UsageError("give exactly one of SPEC or --torchtitan MODEL")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -73,8 +95,14 @@ def trace(spec: str, out_path: str | None, do_verify: bool, sets: tuple, as_json
         sys.exit(code)
 
     try:
-        kw = load_spec(spec, _parse_set(sets))
-        plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
+        if titan is not None:
+            from .torchtitan import MODELS, trace_titan
+
+            plan_dict = trace_titan(MODELS[titan](layers=layers), tp=tp, ep=ep, sp=sp,
+                                    mesh_context=not no_mesh_context, vocab_parallel=not replicated_vocab)
+        else:
+            kw = load_spec(spec, _parse_set(sets))
+            plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
     except TraceError as exc:
         # crash: the parallel program raises at trace time (shape / sharding-propagation error), which
         # no input avoids -- it cannot compute the logical function: REFUTED, the error is the witness

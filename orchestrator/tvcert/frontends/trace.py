@@ -188,6 +188,9 @@ def _axis_resolver(axes, sizes, rank) -> Callable[[str], Any]:
 
 # ====================================================================== source locations
 _FRONTEND_DIR = os.path.dirname(os.path.abspath(__file__))
+# Directories of libraries whose frames are never the "user" location of an op (a front end adds the
+# SPMD runtime that wraps every op, e.g. ``spmd_types``, so the location names the model's line).
+SKIP_FRAME_DIRS: list[str] = []
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
@@ -209,8 +212,9 @@ def _user_stack_traces():
         for i, fr in enumerate(frames):
             if os.path.abspath(fr.filename).startswith(_FRONTEND_DIR) and fr.name == "joint":
                 last = i
-        kept = [fr for fr in frames[last + 1:] if not os.path.abspath(fr.filename).startswith(torch_dir)
-                and not os.path.abspath(fr.filename).startswith(_FRONTEND_DIR)] if last >= 0 else []
+        skip = (torch_dir, _FRONTEND_DIR, *SKIP_FRAME_DIRS)
+        kept = [fr for fr in frames[last + 1:] if not os.path.abspath(fr.filename).startswith(skip)] \
+            if last >= 0 else []
         return traceback.StackSummary.from_list(kept)
 
     fxp.TracerBase._filter_traceback_frames = filt
