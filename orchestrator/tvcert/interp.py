@@ -368,7 +368,9 @@ def make_inputs(plan: Plan, dims: Mapping[str, int], seed: int, ctx: Ctx) -> dic
 
 
 def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, exact: bool = False,
-             inputs: Mapping[str, np.ndarray] | None = None) -> RunResult:
+             inputs: Mapping[str, np.ndarray] | None = None, no_tables: bool = False) -> RunResult:
+    """``no_tables`` (exact mode): raise :class:`tvcert.ops.base.TablesNeeded` at the first nonlinear
+    function rather than replacing it by a table (a run whose difference could not count anyway)."""
     dims = dict(plan.run_dims if dims is None else dims)
     if dims == plan.run_dims and "run_dims" not in plan.checked:
         from .plan import PlanError, check_shapes
@@ -378,7 +380,7 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
         except PlanError as exc:
             raise RunError(f"the plan is ill-shaped at its run dims: {exc}") from None
         plan.checked.add("run_dims")
-    ctx = Ctx(exact=exact, seed=seed)
+    ctx = Ctx(exact=exact, seed=seed, no_tables=no_tables)
     mesh = plan_mesh(plan, dims)
     if inputs is None:
         inputs = make_inputs(plan, dims, seed, ctx)

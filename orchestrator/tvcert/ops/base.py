@@ -174,12 +174,17 @@ def identity_dep(in_shape: Shape, out_shape: Shape) -> InputDep:
 
 
 # ---------------------------------------------------------------- eval context
+class TablesNeeded(Exception):
+    """An exact run that must not use function tables reached a nonlinear function."""
+
+
 class Ctx:
     """Evaluation context: float64 or exact arithmetic with function tables."""
 
-    def __init__(self, exact: bool = False, seed: int = 0):
+    def __init__(self, exact: bool = False, seed: int = 0, no_tables: bool = False):
         self.exact = exact
         self.seed = seed
+        self.no_tables = no_tables  # exact mode: stop at the first nonlinear function instead of tabling it
         self.tables: set[str] = set()  # functions evaluated through tables (exact mode): not their real values
 
     # nonlinear scalar functions -------------------------------------------------
@@ -206,6 +211,8 @@ class Ctx:
                 raise ValueError(f"no float semantics for function {name!r}")
             with np.errstate(all="ignore"):
                 return f(x)
+        if self.no_tables:
+            raise TablesNeeded(name)
         self.tables.add(name)
         return np.vectorize(lambda v: table_value(name, v, self.seed), otypes=[object])(x)
 
