@@ -22,6 +22,12 @@ the rows i and j of the blocks; the matcher checks that the score ops are exactl
 above, so the block of the full score matrix is the op applied to the blocks.  The conclusion
 is the same ops applied to the full logical tensors, then softmax and the value product.
 
+The backward ring (``ring_attention_backward``, matched at its own loop) passes the same key and
+value blocks, recomputes ``P = exp(s - m) / l`` from the forward ring's *final* m and l (proved
+forward, same scores), takes ``D = sum(dO * O)`` with O the forward's output, and accumulates
+``dS = [scale]([mask](P * (dP - D)))`` into dQ_i (locally) and dK_i, dV (travelling with their
+blocks, home after p steps).  Its conclusions are the logical ``softmax_backward`` gradients.
+
 Every check below is a side condition; a failure names the body op that breaks the template.
 """
 from __future__ import annotations
