@@ -66,6 +66,33 @@ Proof.
 by move=> _ _ j jb /=; apply: eq_bigr => t _; rewrite vp_embed_grad_token.
 Qed.
 
+(** torchtitan's clamped lookup: clamp the shifted id into the block and
+    multiply by the in-block indicator; this is Megatron's masked lookup. *)
+Lemma clamped_lookup_masked {J : Type} {R : ringType} (b t r : nat)
+  (LW : nat -> nat -> J -> R) (j : J) :
+  (0 < b)%N ->
+  LW r (minn (t - r * b) b.-1) j
+    * (if ((r * b <= t) && (t < r * b + b))%N then 1 else 0)
+  = masked_lookup b LW t r j.
+Proof.
+move=> b0; rewrite /masked_lookup; case: andP => [[lo hi] | _]; last by rewrite mulr0.
+have lt : (t - r * b < b)%N by rewrite ltn_subLR // addnC.
+by rewrite mulr1 (minn_idPl _) // -ltnS prednK.
+Qed.
+
+(** torchtitan's vocab-parallel embedding (clamped local id times in-block
+    indicator) followed by all_reduce sum is the logical row, on every rank. *)
+Theorem vocab_parallel_embedding_clamped {J : Type} {R : ringType} (p b t : nat)
+  (W : nat -> J -> R) (LW : nat -> nat -> J -> R) :
+  (0 < b)%N -> (t < p * b)%N -> shard p b W LW ->
+  replicate p (W t) (all_reduce_sum p (fun r j =>
+    LW r (minn (t - r * b) b.-1) j
+      * (if ((r * b <= t) && (t < r * b + b))%N then 1 else 0))).
+Proof.
+move=> b0 tpb h r j _; rewrite /all_reduce_sum -(masked_lookup_sum b0 tpb h).
+by apply: eq_bigr => r' _; rewrite clamped_lookup_masked.
+Qed.
+
 (** ** Vocab-parallel cross-entropy. *)
 Section CrossEntropy.
 Variable R : realFieldType.

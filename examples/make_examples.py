@@ -231,6 +231,46 @@ def vocab_embedding_plan(bug=None):
     }
 
 
+def clamped_embedding_plan(bug=None):
+    """torchtitan's vocab-parallel embedding: clamp the shifted ids into the block, multiply rows by the mask."""
+    nodes = [
+        n("lo", "const", value="rank.tp*(v/tp)", dtype="int", src="embedding.py:30"),
+        n("hi", "const", value="rank.tp*(v/tp)+v/tp", dtype="int", src="embedding.py:31"),
+        n("ge_lo", "ge", "ids", "lo", src="embedding.py:32"),
+        n("lt_hi", "lt", "ids", "hi", src="embedding.py:32"),
+        n("inside", "logical_and", "ge_lo", "lt_hi", src="embedding.py:32"),
+        n("shifted", "add_scalar", "ids", value="rank.tp*-(v/tp)", src="embedding.py:33"),
+        n("zero", "const", value=0, dtype="int", src="embedding.py:34"),
+        n("top", "const", value="v/tp-1", dtype="int", src="embedding.py:34"),
+        n("clamp_lo", "maximum", "shifted", "zero", src="embedding.py:34"),
+        n("lid", "minimum", "clamp_lo", "top", src="embedding.py:34"),
+        n("rows", "embedding", "w", "lid", src="embedding.py:35"),
+        n("inside2", "unsqueeze", "inside", dim=-1, src="embedding.py:36"),
+        n("insidef", "cast", "inside2", dtype="float", src="embedding.py:36"),
+    ]
+    if bug == "no_row_mask":
+        nodes.append(n("masked", "cast", "rows", src="embedding.py:36"))
+    else:
+        nodes.append(n("masked", "mul", "rows", "insidef", src="embedding.py:36"))
+    nodes.append(n("y", "all_reduce", "masked", axis="tp", reduce="sum", src="embedding.py:37"))
+    return {
+        "tvcert_plan": 1,
+        "name": "vocab_parallel_embedding_clamped" + (f"_{bug}" if bug else ""),
+        "description": "torchtitan's vocab-parallel embedding over tp=2: each rank looks up clamp(ids - rank*V/tp, 0, "
+                       "V/tp - 1) in its rows and multiplies by the in-block mask; all_reduce sums. "
+                       + {None: "Correct.", "no_row_mask": "BUG: rows are not multiplied by the in-block mask "
+                                                           "(clamped out-of-block tokens read an edge row)."}[bug],
+        "dims": {"n": 16, "v": 8, "h": 3, "tp": 2},
+        "mesh": [["tp", "tp"]],
+        "logical": {"inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v", "h"])],
+                    "nodes": [n("y", "embedding", "w", "ids", src="model.py:5")], "outputs": ["y"]},
+        "parallel": [{"name": "tp", "inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v/tp", "h"])],
+                      "nodes": nodes, "outputs": ["y"]}],
+        "inputs": {"ids": {"local": "ids"}, "w": {"local": "w", "placement": {"tp": "Shard(0)"}}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}},
+    }
+
+
 # ----------------------------------------------------------------- vocab-parallel target logit (Megatron CE)
 def target_logit_plan(bug=None):
     nodes = [
@@ -352,6 +392,8 @@ if __name__ == "__main__":
     write("vocab_parallel_embedding", vocab_embedding_plan())
     write("vocab_parallel_embedding_short_block_bug", vocab_embedding_plan("short_block"))
     write("vocab_parallel_embedding_unmasked_bug", vocab_embedding_plan("no_output_mask"))
+    write("vocab_parallel_embedding_clamped", clamped_embedding_plan())
+    write("vocab_parallel_embedding_clamped_no_row_mask", clamped_embedding_plan("no_row_mask"))
     write("vocab_parallel_target_logit", target_logit_plan())
     write("vocab_parallel_target_logit_mask_bug", target_logit_plan("wrong_mask"))
     write("ring_attention_cp2", ring_attention_plan())

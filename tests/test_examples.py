@@ -13,7 +13,8 @@ from tvcert.interp import run_plan
 from tvcert.plan import load_plan
 
 EX = Path(__file__).resolve().parents[1] / "examples"
-CORRECT = ["mlp_tp2", "heads_ok", "mlp_tp2_rewritten", "vocab_parallel_embedding", "vocab_parallel_target_logit"]
+CORRECT = ["mlp_tp2", "heads_ok", "mlp_tp2_rewritten", "vocab_parallel_embedding", "vocab_parallel_target_logit",
+           "vocab_parallel_embedding_clamped"]
 # example -> (op named as first divergence, its node path)
 WRONG = {
     "mlp_tp2_no_allreduce": ("add", "$.parallel[0].nodes[4]"),
@@ -23,6 +24,7 @@ WRONG = {
     "vocab_parallel_embedding_short_block_bug": ("embedding", "$.parallel[0].nodes[8]"),
     "vocab_parallel_embedding_unmasked_bug": ("embedding", "$.parallel[0].nodes[8]"),
     "vocab_parallel_target_logit_mask_bug": ("gather", "$.parallel[0].nodes[8]"),
+    "vocab_parallel_embedding_clamped_no_row_mask": ("embedding", "$.parallel[0].nodes[10]"),
 }
 
 

@@ -154,6 +154,7 @@ def case_table():
     add("send_recv_preserves", None, None)
     add("vocab_parallel_embedding", None, None)  # multi-op pattern: examples/vocab_parallel_embedding*.json
     add("ring_attention_online_softmax", None, None)  # multi-op pattern: tests/test_ring.py
+    add("vocab_parallel_embedding_clamped", None, None)  # multi-op pattern: examples/vocab_parallel_embedding_clamped*
     add("vocab_parallel_embedding_backward", None, None)  # multi-op pattern: masked_embedding mutations, generators
     add("ring_attention_backward", None, None)  # multi-op pattern: tests/test_ring.py, ring mutations
     add("stage_repeat", None, None)  # memoized stages: tests/test_generators.py, tests/test_certificate.py

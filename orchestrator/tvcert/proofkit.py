@@ -116,6 +116,7 @@ RULES: dict[str, str] = {
     # ring attention (kernel/ring.py)
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",
+    "vocab_parallel_embedding_clamped": f"{_T}.Composite.vocab_parallel_embedding_clamped",
     "ring_attention_backward": f"{_T}.Ring.ring_attention_backward",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",

@@ -171,6 +171,116 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
 
 
+def _const_int(n: Node | None, kc: KCtx) -> Any:
+    """A rank-independent integer constant (a literal, or a dim expression such as ``v/tp-1``)."""
+    v = _const_value(n)
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and kc.axes:
+        got = _rank_affine(v, kc, kc.axes[0])
+        if got is not None and got[1] == 0 and all(_rank_affine(v, kc, a) == got for a in kc.axes):
+            return got[0]
+    return None
+
+
+def _clamped_ids(producers: Producers, lid_t: str, kc: KCtx, a: str, B: int) -> tuple[str, list[str]]:
+    """``lid = minimum(maximum(ids - rank.a*B, 0), B - 1)`` (torch's clamp): returns (ids, tensors matched)."""
+    mn = _prod(producers, lid_t)
+    if mn is None or mn.op != "minimum":
+        raise RuleFailure("the local ids are not clamped from above (minimum)")
+    inner, hi = (mn.inputs if _const_int(_prod(producers, mn.inputs[1]), kc) is not None else mn.inputs[::-1])
+    if _const_int(_prod(producers, hi), kc) != B - 1:
+        raise RuleFailure(f"the local ids are not clamped to {B - 1}")
+    mx = _prod(producers, inner)
+    if mx is None or mx.op != "maximum":
+        raise RuleFailure("the local ids are not clamped from below (maximum)")
+    off, lo = (mx.inputs if _const_int(_prod(producers, mx.inputs[1]), kc) is not None else mx.inputs[::-1])
+    if _const_int(_prod(producers, lo), kc) != 0:
+        raise RuleFailure("the local ids are not clamped at 0")
+    o = _prod(producers, off)
+    if o is not None and o.op == "add_scalar" and _rank_affine(o.attrs.get("value"), kc, a) == (0, -B):
+        return o.inputs[0], [lid_t, inner, off, hi, lo]
+    if o is not None and o.op == "sub" and _rank_affine(_const_value(_prod(producers, o.inputs[1])), kc, a) == (0, B):
+        return o.inputs[0], [lid_t, inner, off, hi, lo, o.inputs[1]]
+    raise RuleFailure(f"the clamped ids are not ids - rank.{a}*{B}")
+
+
+def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                                     ) -> tuple[Derivation, list[int]]:
+    """torchtitan's vocab-parallel embedding: ``embedding(W_local, clamp(ids - rank*B, 0, B-1))`` times the
+    float in-block mask ``(ids >= rank*B) & (ids < rank*B + B)`` is Partial(sum) over the vocab axis of
+    ``embedding(W, ids)`` (Coq: vocab_parallel_embedding_clamped)."""
+    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    out = g.nodes[index]
+    if out.op != "mul":
+        raise RuleFailure("not a product")
+    for e_t, m_t in (out.inputs, out.inputs[::-1]):
+        emb = _prod(producers, e_t)
+        if emb is not None and emb.op == "embedding":
+            break
+    else:
+        raise RuleFailure("not an embedding times a mask")
+    mask_chain, t = [m_t], m_t
+    n = _prod(producers, t)
+    for op in ("cast", "unsqueeze"):  # cast(unsqueeze(m)) or unsqueeze(cast(m))
+        if n is not None and n.op == op:
+            t = n.inputs[0]
+            mask_chain.append(t)
+            n = _prod(producers, t)
+    if len(mask_chain) != 3 or n is None or n.op != "logical_and":
+        raise RuleFailure("the row mask is not the float in-block mask with a trailing unit dim")
+    um = _prod(producers, mask_chain[1]) if _prod(producers, m_t).op == "cast" else _prod(producers, m_t)
+    nd = len(out.meta["shape@dims"][0][0])
+    if um.op != "unsqueeze" or um.attrs.get("dim") not in (-1, nd - 1):
+        raise RuleFailure("the row mask is not unsqueezed on the last dim")
+    table_t, lid_t = emb.inputs
+    if table_t not in facts:
+        raise RuleFailure("the vocab-sharded table has no fact")
+    wf = facts[table_t]
+    axes = [a for a, p in zip(kc.axes, wf.pl) if p == S(0)]
+    if len(axes) != 1:
+        raise RuleFailure("the table is not Shard(0) on exactly one axis")
+    a = axes[0]
+    V, p = kc.exprs[wf.expr].shape[0], kc.sizes[a]
+    if V % p:
+        raise RuleFailure(f"vocabulary {V} does not split evenly over {a!r}")
+    B = V // p
+    ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
+    sides, bounds = {}, []
+    for c_t in n.inputs:
+        c = _prod(producers, c_t)
+        if c is None or c.op not in ("ge", "lt") or c.inputs[0] != ids_t:
+            raise RuleFailure("the in-block mask does not compare the same ids")
+        sides[c.op] = _rank_affine(_const_value(_prod(producers, c.inputs[1])), kc, a)
+        bounds.append(c.inputs[1])
+    if sides != {"ge": (0, B), "lt": (B, B)}:
+        raise RuleFailure(f"the in-block mask is not [rank.{a}*{B}, rank.{a}*{B}+{B})")
+    if ids_t not in facts:
+        raise RuleFailure("the token ids have no fact")
+    idf = facts[ids_t]
+    per_axis: list[tuple[Any, str]] = []
+    for j, b in enumerate(kc.axes):
+        wp, ip = wf.pl[j], idf.pl[j]
+        if b == a:
+            if ip.kind != "R":
+                raise RuleFailure(f"token ids must be replicated over {a!r}")
+            per_axis.append((P("sum"), "vocab_parallel_embedding_clamped"))
+        elif wp.kind == "R" and ip.kind == "R":
+            per_axis.append((R, "replicate_any"))
+        elif wp.kind == "R" and ip.kind == "S":
+            per_axis.append((ip, "rowwise_shard"))
+        else:
+            raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
+    expr = kc.exprs.mk("embedding", {}, [wf.expr, idf.expr])
+    pl = tuple(q for q, _ in per_axis)
+    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(out.meta["shape@dims"][0][0]):
+        raise RuleFailure("the concluded placement does not give the op's local shape")
+    matched = [producers[x][0] for x in [e_t, *mask_chain, *clamp_ts, *n.inputs, *bounds] if x in producers]
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+
+
 def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
                                       ) -> tuple[Derivation, list[int]]:
     """Megatron's VocabParallelEmbedding backward: ``embedding_backward(where(m[..., None], 0, dy), lid, B)``
@@ -239,6 +349,7 @@ def _rank0(kc: KCtx) -> dict[str, int]:
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
 
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
+            "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,
             "vocab_parallel_embedding_backward": vocab_parallel_embedding_backward,
             _RING: match_ring, _RING_BWD: match_ring_backward}
-PATTERN_OPS = {"where", "masked_fill", "embedding_backward", "div", "ring_loop"}
+PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop"}

@@ -86,6 +86,8 @@ RULES: dict[str, str] = {
                                "kernel/ring.py)",
     "vocab_parallel_embedding_backward": "the masked gradient scattered at the local ids ids - rank*B is the rank's "
                                          "block of rows of the embedding gradient (Megatron's backward)",
+    "vocab_parallel_embedding_clamped": "embedding at clamp(ids - rank*B, 0, B-1) in a vocab-sharded table times the "
+                                        "in-block mask is Partial(sum) of the lookup (torchtitan's form)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
