@@ -105,6 +105,15 @@ def test_deep_nesting_is_a_clear_error(tmp_path):
     assert r.exit_code == 3 and "Traceback" not in r.output
 
 
+def test_deeply_nested_tensor_literal_is_a_clear_error(tmp_path):
+    """Found by hostile fuzzing: a const value nested ~900 deep overflowed the attribute resolver."""
+    plan = json.loads((Path(__file__).resolve().parents[1] / "examples" / "mlp_tp2.json").read_text())
+    plan["parallel"][0]["nodes"].insert(0, {"name": "cst", "op": "const", "attrs": {"value": "@@"}})
+    r = run_cli(tmp_path, json.dumps(plan).replace('"@@"', "[" * 900 + "1" + "]" * 900))
+    assert r.exit_code == 3 and "Traceback" not in r.output
+    assert "$.parallel[0].nodes[0].attrs" in r.output and "nested more than" in r.output
+
+
 def test_missing_file(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path / "nope.json")])
     assert r.exit_code == 3 and "cannot read" in r.output

@@ -125,10 +125,15 @@ def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> 
         raise AttrError(f"{where}: {exc}") from None
 
 
-def _resolve_tensor(where: str, v: Any, env: Mapping[str, int]) -> Any:
+MAX_TENSOR_NESTING = 32  # a tensor literal nested deeper than any real tensor's rank is bad input
+
+
+def _resolve_tensor(where: str, v: Any, env: Mapping[str, int], depth: int = 0) -> Any:
     """A number, a dim expression, or a nested list of them (resolved element by element)."""
     if isinstance(v, list):
-        return [_resolve_tensor(where, x, env) for x in v]
+        if depth >= MAX_TENSOR_NESTING:
+            raise AttrError(f"{where} is a tensor literal nested more than {MAX_TENSOR_NESTING} levels deep")
+        return [_resolve_tensor(where, x, env, depth + 1) for x in v]
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise AttrError(f"{where} must be a number or a nested list of numbers, got {v!r}")
     return dim_value(v, env) if isinstance(v, str) else v
