@@ -345,7 +345,6 @@ class RunResult:
     parallel: ParallelRun
     inputs: dict[str, np.ndarray]
     mesh: Mesh
-    tables: frozenset = frozenset()  # functions that ran as uninterpreted tables (exact mode)
 
     @property
     def equal(self) -> bool:
@@ -407,5 +406,4 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
             diffs.append(OutputDiff(name, False, float("inf"), f"shape {list(asm.value.shape)} vs logical {list(want.shape)}"))
         else:
             diffs.append(OutputDiff(name, values_equal(asm.value, want, exact), max_diff(asm.value, want)))
-    return RunResult(dims, "exact" if exact else "float64", seed, diffs, logical, par, dict(inputs), mesh,
-                     frozenset(ctx.tables))
+    return RunResult(dims, "exact" if exact else "float64", seed, diffs, logical, par, dict(inputs), mesh)

@@ -208,16 +208,16 @@ class Step:
     def ring(self) -> bool:
         return self.par.ring and self.par.has("cp")
 
-    def attn_probs(self, q, k, v, mask, c, pre=""):
+    def attn_probs(self, q, k, v, mask, c):
         """All-gather K/V over cp, expand GQA groups, masked scaled scores, softmax: (ke, ve, prob)."""
         g = self.g
-        kf = self.gather(k, "cp", 2, pre + "cp_k_all_gather")
-        vf = self.gather(v, "cp", 2, pre + "cp_v_all_gather")
-        ke, ve = self.expand_kv(kf, pre + "k_gqa"), self.expand_kv(vf, pre + "v_gqa")
-        sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role=pre + "k_t", dims=[0, 1, 3, 2]), role=pre + "scores"),
-                  role=pre + "scores_scale", value=c)
-        sc = g.op("masked_fill", sc, mask, role=pre + "causal_mask", value=MASK)
-        return ke, ve, g.op("softmax", sc, role=pre + "softmax", dim=-1)
+        kf = self.gather(k, "cp", 2, "cp_k_all_gather")
+        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+        ke, ve = self.expand_kv(kf, "k_gqa"), self.expand_kv(vf, "v_gqa")
+        sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role="k_t", dims=[0, 1, 3, 2]), role="scores"),
+                  role="scores_scale", value=c)
+        sc = g.op("masked_fill", sc, mask, role="causal_mask", value=MASK)
+        return ke, ve, g.op("softmax", sc, role="softmax", dim=-1)
 
     def ring_attention(self, q, k, v, c):
         """Llama: one score term q·kᵀ with GQA-expanded K and V."""

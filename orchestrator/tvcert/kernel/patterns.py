@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from ..graph import Graph, Node
 from ..ops import REGISTRY, resolve_attrs
 from ..shapes import affine_in_rank
-from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
+from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, embedding_backward_axis, local_shape
 
 Producers = Mapping[str, tuple[int, Node]]
 
@@ -44,11 +44,8 @@ def _masked(n: Node, producers: Producers) -> tuple[str, str] | None:
 
 
 def _rank_affine(value: Any, kc: KCtx, axis: str) -> tuple[int, int] | None:
-    env = dict(kc.dims)
-    for a in kc.axes:
-        env[f"rank.{a}"] = 0
     try:
-        return affine_in_rank(value, env, axis)
+        return affine_in_rank(value, kc.env0(), axis)
     except ValueError:
         return None
 
@@ -86,15 +83,20 @@ def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
     if table_t not in facts:
         raise RuleFailure("the vocab-sharded table has no fact")
     wf = facts[table_t]
+    a, B = _vocab_axis(wf, sdim, kc)
+    return kind, table_t, lid_t, m_t, a, B, wf, pick
+
+
+def _vocab_axis(wf: Fact, sdim: int, kc: KCtx) -> tuple[str, int]:
+    """The one axis sharding the table's vocab dim, and the block each rank holds."""
     axes = [a for a, p in zip(kc.axes, wf.pl) if p == S(sdim)]
     if len(axes) != 1:
         raise RuleFailure(f"the table is not Shard({sdim}) on exactly one axis")
     a = axes[0]
     V = kc.exprs[wf.expr].shape[sdim]
-    p = kc.sizes[a]
-    if V % p:
+    if V % kc.sizes[a]:
         raise RuleFailure(f"vocabulary {V} does not split evenly over {a!r}")
-    return kind, table_t, lid_t, m_t, a, V // p, wf, kc.axes.index(a), pick
+    return a, V // kc.sizes[a]
 
 
 def _local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx, a: str, B: int) -> tuple[str, str, Node]:
@@ -104,27 +106,59 @@ def _local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx, a: str, B: 
     inner = _masked(lid, producers) if lid is not None else None
     if inner is None or inner[1] != m_t:
         raise RuleFailure("local ids are not zeroed with the same token mask")
-    off = _prod(producers, inner[0])
-    if off is None:
-        raise RuleFailure("local ids are not an offset of the token ids")
-    if off.op == "add_scalar" and _rank_affine(off.attrs.get("value"), kc, a) == (0, -B):
-        ids_t = off.inputs[0]
-    elif off.op == "sub" and _rank_affine(_const_value(_prod(producers, off.inputs[1])), kc, a) == (0, B):
-        ids_t = off.inputs[0]
-    else:
-        raise RuleFailure(f"local ids are not ids - rank.{a}*{B}")
+    ids_t, _ = _offset_ids(producers, inner[0], kc, a, B)
     m = _prod(producers, m_t)
-    if m is None or m.op != "logical_or":
-        raise RuleFailure("the token mask is not (ids < lo) | (ids >= hi)")
-    sides = {}
+    _block_mask(producers, m, ids_t, kc, a, B, inside=False)
+    return ids_t, inner[0], m
+
+
+def _offset_ids(producers: Producers, off_t: str, kc: KCtx, a: str, B: int) -> tuple[str, list[str]]:
+    """``ids - rank.a*B`` (add_scalar, or sub of a constant): returns (ids, the offset constant if any)."""
+    off = _prod(producers, off_t)
+    if off is not None and off.op == "add_scalar" and _rank_affine(off.attrs.get("value"), kc, a) == (0, -B):
+        return off.inputs[0], []
+    if off is not None and off.op == "sub" and \
+            _rank_affine(_const_value(_prod(producers, off.inputs[1])), kc, a) == (0, B):
+        return off.inputs[0], [off.inputs[1]]
+    raise RuleFailure(f"local ids are not ids - rank.{a}*{B}")
+
+
+def _block_mask(producers: Producers, m: Node | None, ids_t: str, kc: KCtx, a: str, B: int, inside: bool
+                ) -> list[str]:
+    """The token mask of rank a's block [rank.a*B, rank.a*B + B): ``(ids >= lo) & (ids < hi)`` when ``inside``,
+    else ``(ids < lo) | (ids >= hi)``.  Returns the bound tensors."""
+    join, want = ("logical_and", {"ge": (0, B), "lt": (B, B)}) if inside else ("logical_or", {"lt": (0, B), "ge": (B, B)})
+    if m is None or m.op != join:
+        raise RuleFailure(f"the token mask is not a {join} of two comparisons")
+    sides, bounds = {}, []
     for t in m.inputs:
         c = _prod(producers, t)
-        if c is None or c.op not in ("lt", "ge") or c.inputs[0] != ids_t:
+        if c is None or c.op not in want or c.inputs[0] != ids_t:
             raise RuleFailure("the token mask does not compare the same ids")
         sides[c.op] = _rank_affine(_const_value(_prod(producers, c.inputs[1])), kc, a)
-    if sides != {"lt": (0, B), "ge": (B, B)}:
+        bounds.append(c.inputs[1])
+    if sides != want:
         raise RuleFailure(f"the token mask is not the block [rank.{a}*{B}, rank.{a}*{B}+{B})")
-    return ids_t, inner[0], m
+    return bounds
+
+
+def _lookup_axes(kc: KCtx, a: str, wf: Fact, idf: Fact, rule: str, kind: str) -> list[tuple[Any, str]]:
+    """Per axis of a masked lookup: Partial(sum) over the vocab axis ``a`` (ids replicated there); elsewhere
+    replicated, or sharded by token (embedding rows: ids sharded; picked logits: both on the same dim)."""
+    out: list[tuple[Any, str]] = []
+    for j, b in enumerate(kc.axes):
+        wp, ip = wf.pl[j], idf.pl[j]
+        if b == a:
+            if ip.kind != "R":
+                raise RuleFailure(f"token ids must be replicated over {a!r}")
+            out.append((P("sum"), rule))
+        elif wp.kind == "R" and ip.kind == "R":
+            out.append((R, "replicate_any"))
+        elif ip.kind == "S" and (wp.kind == "R" if kind == "embedding" else wp == ip):
+            out.append((ip, "rowwise_shard"))
+        else:
+            raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
+    return out
 
 
 def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
@@ -136,26 +170,12 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
         raise RuleFailure("not a masked embedding result")
     val_t, outer_mask = got
     look = _lookup(producers, val_t, outer_mask, facts, kc)
-    kind, table_t, lid_t, m_t, a, B, wf, ai, pick = look
+    kind, table_t, lid_t, m_t, a, B, wf, pick = look
     ids_t, inner_t, m = _local_ids(producers, lid_t, m_t, kc, a, B)
     if ids_t not in facts:
         raise RuleFailure("the token ids have no fact")
     idf = facts[ids_t]
-    per_axis: list[tuple[Any, str]] = []
-    for j, b in enumerate(kc.axes):
-        wp, ip = wf.pl[j], idf.pl[j]
-        if j == ai:
-            if ip.kind != "R":
-                raise RuleFailure(f"token ids must be replicated over {a!r}")
-            per_axis.append((P("sum"), "vocab_parallel_embedding"))
-        elif wp.kind == "R" and ip.kind == "R":
-            per_axis.append((R, "replicate_any"))
-        elif wp.kind == "R" and ip.kind == "S" and kind == "embedding":
-            per_axis.append((ip, "rowwise_shard"))
-        elif kind == "gather" and ip.kind == "S" and wp == ip:  # logits and targets sharded on the same token dim
-            per_axis.append((ip, "rowwise_shard"))
-        else:
-            raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
+    per_axis = _lookup_axes(kc, a, wf, idf, "vocab_parallel_embedding", kind)
     if kind == "embedding":
         expr = kc.exprs.mk("embedding", {}, [wf.expr, idf.expr])
     else:  # the target logit: gather along the last (vocab) dim at the ids, back to the ids' shape
@@ -199,12 +219,8 @@ def _clamped_ids(producers: Producers, lid_t: str, kc: KCtx, a: str, B: int) -> 
     off, lo = (mx.inputs if _const_int(_prod(producers, mx.inputs[1]), kc) is not None else mx.inputs[::-1])
     if _const_int(_prod(producers, lo), kc) != 0:
         raise RuleFailure("the local ids are not clamped at 0")
-    o = _prod(producers, off)
-    if o is not None and o.op == "add_scalar" and _rank_affine(o.attrs.get("value"), kc, a) == (0, -B):
-        return o.inputs[0], [lid_t, inner, off, hi, lo]
-    if o is not None and o.op == "sub" and _rank_affine(_const_value(_prod(producers, o.inputs[1])), kc, a) == (0, B):
-        return o.inputs[0], [lid_t, inner, off, hi, lo, o.inputs[1]]
-    raise RuleFailure(f"the clamped ids are not ids - rank.{a}*{B}")
+    ids_t, extra = _offset_ids(producers, off, kc, a, B)
+    return ids_t, [lid_t, inner, off, hi, lo, *extra]
 
 
 def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
@@ -222,57 +238,24 @@ def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, F
             break
     else:
         raise RuleFailure("not an embedding times a mask")
-    mask_chain, t = [m_t], m_t
-    n = _prod(producers, t)
-    for op in ("cast", "unsqueeze"):  # cast(unsqueeze(m)) or unsqueeze(cast(m))
-        if n is not None and n.op == op:
-            t = n.inputs[0]
-            mask_chain.append(t)
-            n = _prod(producers, t)
-    if len(mask_chain) != 3 or n is None or n.op != "logical_and":
-        raise RuleFailure("the row mask is not the float in-block mask with a trailing unit dim")
-    um = _prod(producers, mask_chain[1]) if _prod(producers, m_t).op == "cast" else _prod(producers, m_t)
+    cast = _prod(producers, m_t)  # cast(unsqueeze(in_block, -1), float), as torch writes it
+    um = _prod(producers, cast.inputs[0]) if cast is not None and cast.op == "cast" else None
     nd = len(out.meta["shape@dims"][0][0])
-    if um.op != "unsqueeze" or um.attrs.get("dim") not in (-1, nd - 1):
-        raise RuleFailure("the row mask is not unsqueezed on the last dim")
+    if um is None or um.op != "unsqueeze" or um.attrs.get("dim") not in (-1, nd - 1):
+        raise RuleFailure("the row mask is not the float in-block mask with a trailing unit dim")
+    mask_chain = [m_t, cast.inputs[0], um.inputs[0]]
+    n = _prod(producers, um.inputs[0])
     table_t, lid_t = emb.inputs
     if table_t not in facts:
         raise RuleFailure("the vocab-sharded table has no fact")
     wf = facts[table_t]
-    axes = [a for a, p in zip(kc.axes, wf.pl) if p == S(0)]
-    if len(axes) != 1:
-        raise RuleFailure("the table is not Shard(0) on exactly one axis")
-    a = axes[0]
-    V, p = kc.exprs[wf.expr].shape[0], kc.sizes[a]
-    if V % p:
-        raise RuleFailure(f"vocabulary {V} does not split evenly over {a!r}")
-    B = V // p
+    a, B = _vocab_axis(wf, 0, kc)
     ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
-    sides, bounds = {}, []
-    for c_t in n.inputs:
-        c = _prod(producers, c_t)
-        if c is None or c.op not in ("ge", "lt") or c.inputs[0] != ids_t:
-            raise RuleFailure("the in-block mask does not compare the same ids")
-        sides[c.op] = _rank_affine(_const_value(_prod(producers, c.inputs[1])), kc, a)
-        bounds.append(c.inputs[1])
-    if sides != {"ge": (0, B), "lt": (B, B)}:
-        raise RuleFailure(f"the in-block mask is not [rank.{a}*{B}, rank.{a}*{B}+{B})")
+    bounds = _block_mask(producers, n, ids_t, kc, a, B, inside=True)
     if ids_t not in facts:
         raise RuleFailure("the token ids have no fact")
     idf = facts[ids_t]
-    per_axis: list[tuple[Any, str]] = []
-    for j, b in enumerate(kc.axes):
-        wp, ip = wf.pl[j], idf.pl[j]
-        if b == a:
-            if ip.kind != "R":
-                raise RuleFailure(f"token ids must be replicated over {a!r}")
-            per_axis.append((P("sum"), "vocab_parallel_embedding_clamped"))
-        elif wp.kind == "R" and ip.kind == "R":
-            per_axis.append((R, "replicate_any"))
-        elif wp.kind == "R" and ip.kind == "S":
-            per_axis.append((ip, "rowwise_shard"))
-        else:
-            raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
+    per_axis = _lookup_axes(kc, a, wf, idf, "vocab_parallel_embedding_clamped", "embedding")
     expr = kc.exprs.mk("embedding", {}, [wf.expr, idf.expr])
     pl = tuple(q for q, _ in per_axis)
     if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(out.meta["shape@dims"][0][0]):
@@ -299,7 +282,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     if um is None or um.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the gradient mask is not the token mask with a trailing unit dim")
     m_t = um.inputs[0]
-    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, _rank0(kc))["num_weights"]
+    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
     cands, last = [], RuleFailure("the program has no mesh axis")
     for a in kc.axes:
         try:
@@ -315,7 +298,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     X = kc.exprs
     V = B * kc.sizes[a]
     expr = X.mk("embedding_backward", {"num_weights": V}, [fg.expr, fi.expr])
-    gshape = X[fg.expr].shape
+    rank = len(X[fg.expr].shape)
     per_axis: list[tuple[Any, str]] = []
     for j, b in enumerate(kc.axes):
         pg, pi = fg.pl[j], fi.pl[j]
@@ -323,27 +306,17 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
             if pg.kind != "R" or pi.kind != "R":
                 raise RuleFailure(f"the output gradient and the ids must be replicated over {a!r}")
             per_axis.append((S(0), "vocab_parallel_embedding_backward"))
-        elif pg.kind == "R" and pi.kind == "R":
-            per_axis.append((R, "replicate_any"))
-        elif pg.kind == "P" and pi.kind == "R" and pg.reduce in ("sum", "avg"):
-            per_axis.append((pg, "partial_linear_map"))
-        elif pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < len(gshape) - 1:
-            per_axis.append((P("sum"), "einsum_shard_contracted_index"))
-        else:
+            continue
+        got = embedding_backward_axis(pg, pi, rank)
+        if got is None or got[0] == S(1):  # the gradient's hidden dim sharded: not with a vocab-sharded result
             raise RuleFailure(f"axis {b!r}: gradient {pg}, ids {pi}: not covered")
+        per_axis.append(got)
     pl = tuple(p for p, _ in per_axis)
     have = out.meta["shape@dims"][0][0]
     if local_shape(X[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
     matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
-
-
-def _rank0(kc: KCtx) -> dict[str, int]:
-    env = dict(kc.dims)
-    for a in kc.axes:
-        env[f"rank.{a}"] = 0
-    return env
 
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402

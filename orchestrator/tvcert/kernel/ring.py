@@ -47,13 +47,6 @@ class RingMismatch(RuleFailure):
     """The ops are a ring loop, but one side condition of the ring-attention rule fails."""
 
 
-def _env(kc: KCtx) -> dict[str, int]:
-    env = dict(kc.dims)
-    for a in kc.axes:
-        env[f"rank.{a}"] = 0
-    return env
-
-
 class _Body:
     """Producers and resolved attributes of the body ops."""
 
@@ -260,7 +253,7 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
         raise RuleFailure("not acc / l of one ring_loop")
     li, loop = got[0]
     body = loop_body(loop)
-    b = _Body(loop, body, _env(kc))
+    b = _Body(loop, body, kc.env0())
     la = b.attrs(loop)
     A, k = la["axis"], la["carry"]
     if A not in kc.axes:
@@ -402,7 +395,7 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
     if loop.op != "ring_loop":
         raise RuleFailure("not a ring loop")
     body = loop_body(loop)
-    b = _Body(loop, body, _env(kc))
+    b = _Body(loop, body, kc.env0())
     la = b.attrs(loop)
     A, k = la["axis"], la["carry"]
     names = body.input_names()

@@ -126,6 +126,13 @@ class KCtx:
     sizes: Mapping[str, int]
     dims: Mapping[str, int]
 
+    def env0(self) -> dict[str, int]:
+        """The dims with every rank coordinate at 0 (rank-independent attributes resolve the same anywhere)."""
+        env = dict(self.dims)
+        for a in self.axes:
+            env[f"rank.{a}"] = 0
+        return env
+
 
 @dataclass
 class Derivation:
@@ -479,21 +486,28 @@ def _embedding_backward(kc, op, ra, raw, facts):
     """grad [..., H], ids [...]: sum over tokens of one_hot(ids)^T grad."""
     X = kc.exprs
     expr = X.mk(op, ra, [f.expr for f in facts])
-    gshape = X[facts[0].expr].shape
+    rank = len(X[facts[0].expr].shape)
     per_axis = []
     for ai, a in enumerate(kc.axes):
         pg, pi = facts[0].pl[ai], facts[1].pl[ai]
-        if pg.kind == "R" and pi.kind == "R":
-            per_axis.append((R, "replicate_any"))
-        elif pg.kind == "P" and pi.kind == "R" and pg.reduce in ("sum", "avg"):
-            per_axis.append((pg, "partial_linear_map"))
-        elif pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < len(gshape) - 1:
-            per_axis.append((P("sum"), "einsum_shard_contracted_index"))
-        elif pg.kind == "S" and pg.dim == len(gshape) - 1 and pi.kind == "R":
-            per_axis.append((S(1), "einsum_shard_free_index"))
-        else:
+        got = embedding_backward_axis(pg, pi, rank)
+        if got is None:
             raise RuleFailure(f"embedding_backward on axis {a!r}: no rule for grad {pg}, ids {pi}")
+        per_axis.append(got)
     return _combine(kc, per_axis, expr)
+
+
+def embedding_backward_axis(pg: Placement, pi: Placement, grad_rank: int) -> tuple[Placement, str] | None:
+    """One axis of ``embedding_backward(grad, ids)`` (a sum over tokens of one_hot(ids)ᵀ grad)."""
+    if pg.kind == "R" and pi.kind == "R":
+        return R, "replicate_any"
+    if pg.kind == "P" and pi.kind == "R" and pg.reduce in ("sum", "avg"):
+        return pg, "partial_linear_map"
+    if pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < grad_rank - 1:
+        return P("sum"), "einsum_shard_contracted_index"
+    if pg.kind == "S" and pg.dim == grad_rank - 1 and pi.kind == "R":
+        return S(1), "einsum_shard_free_index"
+    return None
 
 
 # ====================================================================== reductions

@@ -190,7 +190,6 @@ class Ctx:
         self.exact = exact
         self.seed = seed
         self.no_tables = no_tables  # exact mode: stop at the first nonlinear function instead of tabling it
-        self.tables: set[str] = set()  # functions evaluated through tables (exact mode): not their real values
 
     # nonlinear scalar functions -------------------------------------------------
     _FLOAT_FNS: ClassVar[dict[str, Callable]] = {
@@ -218,7 +217,6 @@ class Ctx:
                 return f(x)
         if self.no_tables:
             raise TablesNeeded(name)
-        self.tables.add(name)
         return np.vectorize(lambda v: table_value(name, v, self.seed), otypes=[object])(x)
 
     def const(self, v: Any) -> Any:
