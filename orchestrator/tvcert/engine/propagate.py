@@ -54,6 +54,15 @@ class Propagation:
     stages: int = 0
     distinct_stages: int = 0
 
+    def pattern_nodes(self) -> set[tuple[str, int]]:
+        """(program, node) of every op a proved multi-op rule spans."""
+        return {(s.program, k) for s in self.steps if s.pattern for k in s.pattern}
+
+    def open_failures(self) -> list[Failure]:
+        """Failures not settled by a multi-op rule proved later (a rank offset, a mask, a loop's state)."""
+        inside = self.pattern_nodes()
+        return [f for f in self.failures if (f.program, f.node) not in inside]
+
 
 MEMOIZE = True  # reuse the derivation of a repeated stage (off: derive every op; used to cross-check)
 
@@ -162,7 +171,7 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         return True
     if n.op == "ring_loop":
         if not missing:
-            fail(f"{LOOP_STATE}: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
+            fail(f"a ring_loop's carried state has no fact of its own: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
                  f"at the division acc / l that normalizes it, or by ring_attention_backward at a backward loop")
         return True
     if n.op == "send":
@@ -189,16 +198,6 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     return True
 
 
-LOOP_STATE = "a ring_loop's carried state has no fact of its own"
-
-
-def _drop_generic_loop_failures(prop, p, g, n) -> None:
-    """A ring rule's precise complaint about a loop replaces the generic "loop state has no fact" entry."""
-    feeding = {i for i, m in enumerate(g.nodes) if m.op == "ring_loop" and set(m.outputs) & set(n.inputs)}
-    prop.failures = [f for f in prop.failures
-                     if not (f.program == p and f.node in feeding and f.reason.startswith(LOOP_STATE))]
-
-
 def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
     """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches.
 
@@ -211,7 +210,6 @@ def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
             d, nodes = match(plan.programs[p], i, facts, kc)
         except RingMismatch as exc:
             exprs.rollback(mark)
-            _drop_generic_loop_failures(prop, p, plan.programs[p], n)
             fail(f"{name}: {exc}")
             continue
         except RuleFailure:
@@ -220,6 +218,5 @@ def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
         for o, f in zip(n.outputs, d.facts):
             facts[o] = f
         prop.steps.append(Step(p, i, d.rules, d.facts, pattern=nodes))
-        _drop_generic_loop_failures(prop, p, plan.programs[p], n)  # the loop is justified by this rule
         return True
     return False

@@ -140,10 +140,7 @@ def _match(plan, prop: Propagation, prover: Prover, exprs: Exprs, name: str, tar
 
 def _reasons(res: Result) -> list[str]:
     out = []
-    inside = {(s.program, k) for s in res.prop.steps if s.pattern for k in s.pattern}
-    for f in res.prop.failures:
-        if (f.program, f.node) in inside:  # an intermediate of a proved multi-op rule (a rank offset, a mask)
-            continue
+    for f in res.prop.open_failures():
         where = f" ({f.src})" if f.src else ""
         ins = "; ".join(f.inputs) if f.inputs else "no tensor inputs with facts"
         out.append(f"no rule for {f.op!r} at {f.path}{where} in program {f.program!r}: {f.reason} [inputs: {ins}]")
@@ -190,7 +187,7 @@ def _refute(res: Result, seeds: int) -> None:
                 "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
                 "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
             "engine_stuck_at": [{"program": f.program, "node": f.path, "op": f.op, "src": f.src, "reason": f.reason}
-                                for f in res.prop.failures[:3]],
+                                for f in res.prop.open_failures()[:3]],
         }
         return
     res.reasons.append(f"the interpreter found no difference at run dims {plan.run_dims} over {seeds} float64 seeds "
@@ -258,7 +255,7 @@ def _judge(res: Result):
         return ok
 
     steps = {(s.program, s.node) for s in res.prop.steps}
-    inside = {(s.program, k) for s in res.prop.steps if s.pattern for k in s.pattern}  # proved as part of a pattern
+    inside = res.prop.pattern_nodes()
 
     def judge(program: str, node: int, tensor: str):
         if (program, node) in inside and (program, node) not in steps:
