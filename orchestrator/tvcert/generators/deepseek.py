@@ -151,6 +151,7 @@ class DStep(Step):
         return self._local_param_shape(name)
 
     rope_dim = "dr"  # RoPE rotates MLA's decoupled dims
+    rope_theta = ROPE_THETA
 
     def heads_d(self, x, hd, role):
         g = self.g
@@ -483,24 +484,6 @@ class DStep(Step):
         g.scope = ""
         return dx, gr
 
-    def rope_tables(self):
-        g = self.g
-        # inverse frequencies theta^(-2i/dr) of the decoupled rope dims, in-graph (every stage rebuilds them)
-        inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size="dr/2"),
-                                             role="rope.freq_i", dtype="float"), role="rope.freq_exponent",
-                               value=-2.0 * math.log(ROPE_THETA) / self.cfg.dims["dr"]), role="rope.inv_freq")
-        pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
-                   role="rope.pos", dtype="float")
-        ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
-                   g.op("unsqueeze", inv, role="rope.row", dim=0), role="rope.angles")
-        ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
-        rows = g.op("unsqueeze", pos, role="mask.rows", dim=1)
-        cols = g.op("unsqueeze", g.op("cast", g.op("iota", role="mask.iota", size="s"), role="mask.colpos", dtype="float"),
-                    role="mask.cols", dim=0)
-        m = g.op("gt", cols, rows, role="mask.causal")
-        self.positions = pos  # this stage's query positions (ring attention's key positions start as them)
-        return g.op("cos", ang2, role="rope.cos"), g.op("sin", ang2, role="rope.sin"), m
-
     # build(): Step.build (embedding, layers per pipeline stage, head, vocab-parallel CE, backward, p2p)
 
     # -------------------------------------------------------------- gradient sync, clipping, AdamW
@@ -606,13 +589,11 @@ def small_mesh(par: DPar) -> DPar:
 def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                   ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
                   dense_layers: int | None = None, pp: int = 1, cp_style: str = "allgather") -> dict[str, Any]:
-    from .plans import CP_STYLES, GenError, assemble, check_degrees
+    from .plans import GenError, assemble, check_degrees, ring_label
 
     if model not in DEEPSEEK:
         raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
-    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, ep=ep, pp=pp)
-    if cp_style not in CP_STYLES:
-        raise GenError(f"--cp-style must be one of {', '.join(CP_STYLES)}, got {cp_style!r}")
+    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, ep=ep, pp=pp, cp_style=cp_style)
     par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep, ring=cp_style == "ring")
     card = dict(DEEPSEEK[model])
     nl = layers if layers is not None else card["layers"]
@@ -640,7 +621,7 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
         raise GenError(f"{nl} layers cannot fill {pp} pipeline stages")
     cfg = DCfg(full, nl, dense_layers, q_lora, card["score"], card["norm_topk"], card["rsf"],
                moe_chunks=ep > 1 and (dp > 1 or mb > 1))
-    ring = "ring" if par.ring and cp > 1 else ""
+    ring = ring_label(par)
     desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp}"
             f"{' (ring)' if ring else ''} dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
     name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}"

@@ -70,6 +70,7 @@ class Step:
     cfg: Cfg
     params: dict[str, Param] = field(default_factory=dict)
     rope_dim = "hd"  # the dim RoPE rotates (DeepSeek's MLA rotates a decoupled part)
+    rope_theta = ROPE_THETA
 
     # -------------------------------------------------------------- dims
     def d(self, name: str, *axes: str) -> str:
@@ -172,10 +173,12 @@ class Step:
 
     def rope_tables(self):
         g = self.g
-        # inverse frequencies theta^(-2i/hd), computed in-graph so every pipeline stage can rebuild them
-        inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size="hd/2"), role="rope.freq_i",
+        # inverse frequencies theta^(-2i/d) of the rotated dims, computed in-graph so every pipeline stage can
+        # rebuild them
+        d = self.rope_dim
+        inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size=f"{d}/2"), role="rope.freq_i",
                                              dtype="float"), role="rope.freq_exponent",
-                               value=-2.0 * math.log(ROPE_THETA) / self.cfg.hd), role="rope.inv_freq")
+                               value=-2.0 * math.log(self.rope_theta) / self.cfg.dims[d]), role="rope.inv_freq")
         pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
                    role="rope.pos", dtype="float")
         ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),

@@ -39,9 +39,7 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
                 masked_embedding: bool = False) -> dict[str, Any]:
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
-    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp)
-    if cp_style not in CP_STYLES:
-        raise GenError(f"--cp-style must be one of {', '.join(CP_STYLES)}, got {cp_style!r}")
+    check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp, cp_style=cp_style)
     par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ring=cp_style == "ring")
     card = dict(LLAMA3[model])
     nl = layers if layers is not None else card["layers"]
@@ -61,7 +59,7 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     run.update({a: getattr(small, a) for a in axes})
     _check(full, par)
     cfg = Cfg(full, nl, tie_embeddings=tie_embeddings, masked_embedding=masked_embedding)
-    ring = "ring" if par.ring and cp > 1 else ""
+    ring = ring_label(par)
     name = (f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-L{nl}"
             f"{'-tied' if tie_embeddings else ''}{'-masked' if masked_embedding else ''}")
     desc = (f"{model} training step ({nl} layers{', tied embeddings' if tie_embeddings else ''}"
@@ -73,6 +71,9 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
 
 def check_degrees(**degrees: Any) -> None:
     """The generic option checks every model family shares."""
+    style = degrees.pop("cp_style", "allgather")
+    if style not in CP_STYLES:
+        raise GenError(f"--cp-style must be one of {', '.join(CP_STYLES)}, got {style!r}")
     for k, v in degrees.items():
         if k not in ("sp", "zero") and v < 1:
             raise GenError(f"--{k} must be >= 1")
@@ -80,6 +81,11 @@ def check_degrees(**degrees: Any) -> None:
         raise GenError("--sp needs --tp > 1")
     if degrees.get("zero") and degrees.get("dp", 1) == 1:
         raise GenError("--zero needs --dp > 1")
+
+
+def ring_label(par: Par) -> str:
+    """"ring" in plan names when context parallelism runs ring attention."""
+    return "ring" if par.ring and par.has("cp") else ""
 
 
 def assemble(logical: Step, step: Step, name: str, desc: str, full: dict, run: dict) -> dict[str, Any]:
