@@ -213,13 +213,20 @@ def vocab_embedding_plan(bug=None):
     else:
         nodes.append(n("masked", "masked_fill", "rows", "outside3", value=0, src="vocab_parallel.py:16"))
     nodes.append(n("y", "all_reduce", "masked", axis="tp", reduce="sum", src="vocab_parallel.py:17"))
+    return embedding_plan("vocab_parallel_embedding" + (f"_{bug}" if bug else ""),
+                          "Megatron vocab-parallel embedding over tp=2: each rank looks up ids - rank*V/tp in its rows, "
+                          "zeroes tokens outside its block, all_reduce sums. "
+                          + {None: "Correct.", "short_block": "BUG: the block mask drops the last row of every rank's "
+                                                              "block.",
+                             "no_output_mask": "BUG: rows of tokens outside the block are not zeroed."}[bug], nodes)
+
+
+def embedding_plan(name, description, nodes):
+    """A vocab-parallel embedding over tp=2: logical embedding(w, ids); the table sharded by vocab rows."""
     return {
         "tvcert_plan": 1,
-        "name": "vocab_parallel_embedding" + (f"_{bug}" if bug else ""),
-        "description": "Megatron vocab-parallel embedding over tp=2: each rank looks up ids - rank*V/tp in its rows, "
-                       "zeroes tokens outside its block, all_reduce sums. "
-                       + {None: "Correct.", "short_block": "BUG: the block mask drops the last row of every rank's block.",
-                          "no_output_mask": "BUG: rows of tokens outside the block are not zeroed."}[bug],
+        "name": name,
+        "description": description,
         "dims": {"n": 16, "v": 8, "h": 3, "tp": 2},
         "mesh": [["tp", "tp"]],
         "logical": {"inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v", "h"])],
@@ -239,7 +246,8 @@ def clamped_embedding_plan(bug=None):
         n("ge_lo", "ge", "ids", "lo", src="embedding.py:32"),
         n("lt_hi", "lt", "ids", "hi", src="embedding.py:32"),
         n("inside", "logical_and", "ge_lo", "lt_hi", src="embedding.py:32"),
-        n("shifted", "add_scalar", "ids", value="rank.tp*-(v/tp)", src="embedding.py:33"),
+        n("shifted", "add_scalar", "ids", value="(tp-1-rank.tp)*-(v/tp)" if bug == "mirrored_shift" else "rank.tp*-(v/tp)",
+          src="embedding.py:33"),
         n("zero", "const", value=0, dtype="int", src="embedding.py:34"),
         n("top", "const", value="v/tp-1", dtype="int", src="embedding.py:34"),
         n("clamp_lo", "maximum", "shifted", "zero", src="embedding.py:34"),
@@ -253,22 +261,15 @@ def clamped_embedding_plan(bug=None):
     else:
         nodes.append(n("masked", "mul", "rows", "insidef", src="embedding.py:36"))
     nodes.append(n("y", "all_reduce", "masked", axis="tp", reduce="sum", src="embedding.py:37"))
-    return {
-        "tvcert_plan": 1,
-        "name": "vocab_parallel_embedding_clamped" + (f"_{bug}" if bug else ""),
-        "description": "torchtitan's vocab-parallel embedding over tp=2: each rank looks up clamp(ids - rank*V/tp, 0, "
-                       "V/tp - 1) in its rows and multiplies by the in-block mask; all_reduce sums. "
-                       + {None: "Correct.", "no_row_mask": "BUG: rows are not multiplied by the in-block mask "
-                                                           "(clamped out-of-block tokens read an edge row)."}[bug],
-        "dims": {"n": 16, "v": 8, "h": 3, "tp": 2},
-        "mesh": [["tp", "tp"]],
-        "logical": {"inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v", "h"])],
-                    "nodes": [n("y", "embedding", "w", "ids", src="model.py:5")], "outputs": ["y"]},
-        "parallel": [{"name": "tp", "inputs": [t("ids", ["n"], "int", range="v"), t("w", ["v/tp", "h"])],
-                      "nodes": nodes, "outputs": ["y"]}],
-        "inputs": {"ids": {"local": "ids"}, "w": {"local": "w", "placement": {"tp": "Shard(0)"}}},
-        "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}},
-    }
+    return embedding_plan(
+        "vocab_parallel_embedding_clamped" + (f"_{bug}" if bug else ""),
+        "torchtitan's vocab-parallel embedding over tp=2: each rank looks up clamp(ids - rank*V/tp, 0, V/tp - 1) in "
+        "its rows and multiplies by the in-block mask; all_reduce sums. "
+        + {None: "Correct.",
+           "no_row_mask": "BUG: rows are not multiplied by the in-block mask (clamped out-of-block tokens read an "
+                          "edge row).",
+           "mirrored_shift": "BUG: the ids are shifted by the mirrored rank's offset, so in-block tokens read the "
+                             "wrong (clamped) row."}[bug], nodes)
 
 
 # ----------------------------------------------------------------- vocab-parallel target logit (Megatron CE)
@@ -394,6 +395,7 @@ if __name__ == "__main__":
     write("vocab_parallel_embedding_unmasked_bug", vocab_embedding_plan("no_output_mask"))
     write("vocab_parallel_embedding_clamped", clamped_embedding_plan())
     write("vocab_parallel_embedding_clamped_no_row_mask", clamped_embedding_plan("no_row_mask"))
+    write("vocab_parallel_embedding_clamped_mirrored_shift", clamped_embedding_plan("mirrored_shift"))
     write("vocab_parallel_target_logit", target_logit_plan())
     write("vocab_parallel_target_logit_mask_bug", target_logit_plan("wrong_mask"))
     write("ring_attention_cp2", ring_attention_plan())

@@ -25,6 +25,7 @@ WRONG = {
     "vocab_parallel_embedding_unmasked_bug": ("embedding", "$.parallel[0].nodes[8]"),
     "vocab_parallel_target_logit_mask_bug": ("gather", "$.parallel[0].nodes[8]"),
     "vocab_parallel_embedding_clamped_no_row_mask": ("embedding", "$.parallel[0].nodes[10]"),
+    "vocab_parallel_embedding_clamped_mirrored_shift": ("embedding", "$.parallel[0].nodes[10]"),
 }
 
 
