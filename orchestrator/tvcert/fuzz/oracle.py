@@ -72,23 +72,33 @@ def float_oracle(plan: Plan, seeds, alt_dims: Mapping[str, int] | None = None) -
     """float64 over several seeds, for ring plans: their correctness rests on exp(a+b) = exp(a)exp(b),
     which exact mode's function tables do not have.  A difference beyond float64's tolerance (or a
     NaN / inf mismatch) counts as unequal; agreement on every seed as equal (evidence, not proof)."""
+    return _runs(plan, alt_dims, seeds, exact=False)
+
+
+def _runs(plan: Plan, alt_dims: Mapping[str, int] | None, seeds, exact: bool) -> Verdict:
+    """Run at the run dims over ``seeds`` (and once at ``alt_dims``); the first difference decides."""
     v = Verdict(None)
+    mode = "exact" if exact else "float64"
     attempts = [(None, s) for s in seeds]
     if alt_dims and dict(alt_dims) != dict(plan.run_dims):
         attempts.append((dict(alt_dims), 7))
     for dims, seed in attempts:
         try:
-            r = run_plan(plan, dims=dims, seed=seed, exact=False)
+            r = run_plan(plan, dims=dims, seed=seed, exact=exact)
         except RunError as exc:
-            v.notes.append(f"float64 run failed: {exc}")
+            v.notes.append(f"{mode} run at {dims or 'run_dims'} failed: {exc}")
             continue
-        except Exception as exc:
+        except (ValueError, ArithmeticError, IndexError) as exc:
+            v.notes.append(f"{mode} run at {dims or 'run_dims'} raised {type(exc).__name__}: {exc}")
+            continue
+        except Exception as exc:  # an interpreter crash: recorded, reported, never hidden
             v.crash = f"{type(exc).__name__}: {exc}"
-            return v
+            v.notes.append(f"{mode} run at {dims or 'run_dims'} crashed: {v.crash}")
+            continue
         v.runs += 1
         if not r.equal:
             v.equal = False
-            v.witness = {"dims": r.dims, "seed": seed, "mode": "float64",
+            v.witness = {"dims": r.dims, "seed": seed, "mode": mode,
                          "outputs": [(o.name, o.equal, o.problem) for o in r.outputs]}
             return v
     if v.runs:
@@ -153,33 +163,7 @@ def oracle(plan: Plan, alt_dims: Mapping[str, int] | None = None, seeds=(0, 1, 2
             v.equal = None
             v.notes.append("float64 shows a large difference that no exact run confirms: uncertain")
         return v
-    v = Verdict(None)
-    attempts = [(None, s) for s in seeds]
-    if alt_dims and dict(alt_dims) != dict(plan.run_dims):
-        attempts.append((dict(alt_dims), 7))
-    any_ok = False
-    for dims, seed in attempts:
-        try:
-            r = run_plan(plan, dims=dims, seed=seed, exact=True)
-        except RunError as exc:
-            v.notes.append(f"exact run at {dims or 'run_dims'} failed: {exc}")
-            continue
-        except (ValueError, ArithmeticError, IndexError) as exc:
-            v.notes.append(f"exact run at {dims or 'run_dims'} raised {type(exc).__name__}: {exc}")
-            continue
-        except Exception as exc:  # an interpreter crash: recorded, reported, never hidden
-            v.crash = f"{type(exc).__name__}: {exc}"
-            v.notes.append(f"exact run at {dims or 'run_dims'} crashed: {v.crash}")
-            continue
-        any_ok = True
-        v.runs += 1
-        if not r.equal:
-            v.equal = False
-            v.witness = {"dims": r.dims, "seed": seed, "mode": "exact",
-                         "outputs": [(o.name, o.equal, o.problem) for o in r.outputs]}
-            break
-    if v.equal is None and any_ok:
-        v.equal = True
+    v = _runs(plan, alt_dims, seeds, exact=True)
     if use_float and v.equal is not None:
         try:
             rf = run_plan(plan, seed=0, exact=False)
