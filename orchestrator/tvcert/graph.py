@@ -64,9 +64,16 @@ class Graph:
     outputs: list[str]
     path: str = "$"
     stage: dict[str, int] = field(default_factory=dict)  # mesh coordinates this program runs on
+    _producer_index: dict | None = field(default=None, repr=False, compare=False)
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs}
+
+    def producer_index(self) -> dict[str, tuple[int, Node]]:
+        """tensor -> (index, node) of the op producing it; built once (graphs are not edited after loading)."""
+        if self._producer_index is None:
+            self._producer_index = {o: (i, n) for i, n in enumerate(self.nodes) for o in n.outputs}
+        return self._producer_index
 
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]

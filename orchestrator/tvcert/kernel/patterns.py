@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from ..graph import Graph, Node
 from ..ops import REGISTRY, resolve_attrs
 from ..shapes import affine_in_rank
+from .producers import ProducersBefore
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, embedding_backward_axis, local_shape
 
 Producers = Mapping[str, tuple[int, Node]]
@@ -163,7 +164,7 @@ def _lookup_axes(kc: KCtx, a: str, wf: Fact, idf: Fact, rule: str, kind: str) ->
 
 def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
     """Match the masked vocab-parallel lookup ending at node ``index``; returns the derivation and matched nodes."""
-    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    producers: Producers = ProducersBefore(g, index)
     out = g.nodes[index]
     got = _masked(out, producers)
     if got is None:
@@ -228,7 +229,7 @@ def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, F
     """torchtitan's vocab-parallel embedding: ``embedding(W_local, clamp(ids - rank*B, 0, B-1))`` times the
     float in-block mask ``(ids >= rank*B) & (ids < rank*B + B)`` is Partial(sum) over the vocab axis of
     ``embedding(W, ids)`` (Coq: vocab_parallel_embedding_clamped)."""
-    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    producers: Producers = ProducersBefore(g, index)
     out = g.nodes[index]
     if out.op != "mul":
         raise RuleFailure("not a product")
@@ -269,7 +270,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     """Megatron's VocabParallelEmbedding backward: ``embedding_backward(where(m[..., None], 0, dy), lid, B)``
     with the forward's local ids ``lid`` and token mask ``m`` is rank a's block of rows (Shard(0) over a) of
     the logical ``embedding_backward(dy, ids, p*B)`` (Coq: vocab_parallel_embedding_backward)."""
-    producers: Producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    producers: Producers = ProducersBefore(g, index)
     out = g.nodes[index]
     if out.op != "embedding_backward":
         raise RuleFailure("not an embedding backward")

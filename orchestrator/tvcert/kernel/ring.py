@@ -38,6 +38,7 @@ from typing import Any, Mapping
 from ..graph import Graph, Node, loop_body
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Placement
+from .producers import ProducersBefore
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
 
 RULE = "ring_attention_online_softmax"
@@ -244,7 +245,7 @@ class _Forward:
 
 def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> _Forward:
     """Check the forward ring ending at the division ``acc / l`` at node ``index``."""
-    producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    producers = ProducersBefore(g, index)
     out = g.nodes[index]
     if out.op != "div" or len(out.inputs) != 2:
         raise RuleFailure("not a division")
@@ -390,7 +391,7 @@ def _key_grad_term(b: _Body, term: str, what: str) -> tuple[str, str, bool]:
 def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
     """The backward ring: probabilities recomputed from the forward's final (m, l); dQ_i accumulated locally;
     dK_i, dV accumulated while travelling with their K_i, V blocks (Coq: ring_attention_backward)."""
-    producers = {o: (i, n) for i, n in enumerate(g.nodes[:index]) for o in n.outputs}
+    producers = ProducersBefore(g, index)
     loop = g.nodes[index]
     if loop.op != "ring_loop":
         raise RuleFailure("not a ring loop")
