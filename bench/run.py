@@ -25,7 +25,11 @@ from tvcert.generators.plans import generate_plan
 from tvcert.plan import load_plan
 from tvcert.engine.verify import verify
 kw = json.loads(sys.argv[1])
+bug = kw.pop("bug", None)
 t0 = time.perf_counter(); p = generate_plan(**kw); t1 = time.perf_counter()
+if bug:
+    from tvcert.generators.mutations import mutate
+    p, _ = mutate(p, bug)
 text = json.dumps(p); t2 = time.perf_counter()
 plan = load_plan(json.loads(text), check_run_dims=False); t3 = time.perf_counter()
 res = verify(plan, refute=False); t4 = time.perf_counter()
@@ -74,6 +78,9 @@ def cases(quick: bool):
             else:
                 kw[key] = v
             out.append((f"sweep {name}={v}", model, kw))
+    # a plan with one bug: the proof stops early and every later op is a candidate for multi-op rules
+    out.append(("one bug (UNKNOWN before refutation)", "llama3-405b",
+                dict(HEADLINE[2][1], bug="missing_allreduce_o_proj")))
     if quick:
         out = [c for c in out if "405b" not in c[1] and "671b" not in c[1]]
     return out
