@@ -80,6 +80,36 @@ def test_every_mutation_is_refuted_and_localized(mut):
     assert_refuted_and_localized(good, bad, role)
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_tied_embeddings_share_one_table(pp):
+    """Tied: no lm_head parameter; the head reads the embedding table (sent to the last stage under pp) and the
+    table's gradient adds the head's contribution before the gradient sync (ZeRO's reduce_scatter)."""
+    p = llama3_plan("llama3-8b", layers=pp, pp=pp, tp=2, dp=2, zero=1, tie_embeddings=True)
+    assert "lm_head" not in p["inputs"] and "lm_head_out" not in p["outputs"] and "embedding_out" in p["outputs"]
+    assert "lm_head" not in {t["name"] for t in p["logical"]["inputs"]}
+    stage0 = p["parallel"][0]["nodes"]
+    srcs = [n["src"] for n in stage0]
+    assert srcs.index("embed.bwd.tied_grad_sum") < srcs.index("optim.embedding.grad_reduce_scatter")
+    tags = {n["attrs"]["tag"] for g in p["parallel"] for n in g["nodes"] if n["op"] == "send"}
+    assert ({"tied_weight", "tied_grad"} <= tags) == (pp > 1)
+    untied = llama3_plan("llama3-8b", layers=pp, pp=pp, tp=2, dp=2, zero=1)
+    assert "lm_head" in untied["inputs"] and not any("tied" in n["src"] for g in untied["parallel"] for n in g["nodes"])
+    res = verify(load_plan(llama3_plan("llama3-8b", layers=2 * pp, pp=pp, tp=8, dp=4, mb=4, zero=1, tie_embeddings=True)),
+                 refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+
+
+def test_masked_embedding_is_the_megatron_lookup():
+    """--masked-embedding: the forward is embedding(W_local, ids - rank*B) with out-of-block tokens zeroed,
+    proved by the vocab_parallel_embedding pattern; the logical forward is embedding(W, ids)."""
+    p = llama3_plan("llama3-8b", layers=2, tp=8, dp=4, mb=4, sp=True, zero=1, masked_embedding=True)
+    assert any(n["op"] == "embedding" for n in p["logical"]["nodes"])
+    assert not any(n["src"] == "embed.one_hot" for n in p["parallel"][0]["nodes"])
+    res = verify(load_plan(p), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    assert any("vocab_parallel_embedding" in s.rules for s in res.prop.steps)
+
+
 def test_at_least_25_mutation_kinds():
     assert len(MUTATIONS) >= 25
 
