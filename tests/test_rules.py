@@ -14,6 +14,7 @@ import pytest
 from tvcert.kernel.equality import Prover
 from tvcert.kernel.expr import Exprs
 from tvcert.kernel.rules import RULES, Fact, KCtx, P, R, RuleFailure, S, derive, local_shape
+from tvcert.kernel.zigzag import Z
 from tvcert.ops import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,27 @@ def case_table():
     add("vocab_parallel_embedding_clamped", None, None)  # multi-op pattern: examples/vocab_parallel_embedding_clamped*
     add("vocab_parallel_embedding_backward", None, None)  # multi-op pattern: masked_embedding mutations, generators
     add("ring_attention_backward", None, None)  # multi-op pattern: tests/test_ring.py, ring mutations
+    # load-balanced (zig-zag) shards: the Shard rule read on the zig-zag axis, accepted only with a zig-zag theorem
+    add("zigzag_ew_unary", lambda e: e.apply("tanh", [e.t([4, 4], Z(1))]),
+        lambda e: e.apply("amin", [e.t([4, 4], Z(0))], dims=[0]))
+    add("zigzag_ew_binary", lambda e: e.apply("add", [e.t([4, 4], Z(0)), e.t([4, 4], Z(0))]),
+        lambda e: e.apply("add", [e.t([4, 4], Z(0)), e.t([4, 4], S(0))]))  # zig-zag mixed with a block shard
+    add("zigzag_ew_binary_broadcast", lambda e: e.apply("add", [e.t([4, 4], Z(0)), e.t([1, 4], R)]),
+        lambda e: e.apply("add", [e.t([4, 4], Z(0)), e.t([2, 4], R)]))  # replicated operand not broadcast on dim 0
+    add("zigzag_rowwise", lambda e: e.apply("softmax", [e.t([4, 4], Z(0))], dim=1),
+        lambda e: e.apply("softmax", [e.t([4, 4], Z(0))], dim=0))
+    add("zigzag_rowwise2", lambda e: e.apply("concat", [e.t([4, 2], Z(0)), e.t([4, 2], Z(0))], dim=1),
+        lambda e: e.apply("concat", [e.t([4, 2], Z(0)), e.t([4, 2], Z(0))], dim=0))
+    add("zigzag_reduce_sum", lambda e: e.apply("sum", [e.t([4, 4], Z(0))], dims=[0]),
+        lambda e: e.apply("all_gather", [e.t([4, 4], Z(0))], axis="tp", dim=0))  # chunks not contiguous
+    add("zigzag_reduce_max", lambda e: e.apply("amax", [e.t([4, 4], Z(0))], dims=[0]),
+        lambda e: e.apply("amin", [e.t([4, 4], Z(0))], dims=[0]))
+    add("zigzag_reduce_mean", lambda e: e.apply("mean", [e.t([4, 4], Z(0))], dims=[0]),
+        lambda e: e.apply("reshape", [e.t([4, 4], Z(0))], shape=[8]))  # merges the zig-zag dim
+    add("zigzag_contraction", lambda e: e.apply("matmul", [e.t([4, 4], Z(1)), e.t([4, 4], Z(0))]),
+        lambda e: e.apply("matmul", [e.t([4, 4], Z(1)), e.t([4, 4], S(0))]))
+    add("zigzag_from_slices", None, None)  # multi-op pattern: tests/test_zigzag.py, zig-zag mutations
+    add("ring_attention_zigzag", None, None)  # with the ring patterns: tests/test_zigzag.py
     add("stage_repeat", None, None)  # memoized stages: tests/test_generators.py, tests/test_certificate.py
     for rule in ("congruence", "scale_commutes_linear", "layout_commutes_pointwise", "elementwise_smt"):
         add(rule, None, None)

@@ -158,6 +158,9 @@ def _local_piece(pl: Placement, v, c, p, axis, b, rng, ctx):
         return v
     if pl.kind == "S":
         return np.split(v, p, axis=pl.dim % v.ndim)[c]
+    if pl.kind == "Z":
+        chunks = np.split(v, 2 * p, axis=pl.dim % v.ndim)
+        return np.concatenate([chunks[c], chunks[2 * p - 1 - c]], axis=pl.dim % v.ndim)
     # Partial inputs: split deterministically per (tensor, axis) so all ranks agree
     seed = zlib.crc32(f"{b.logical}|{axis}".encode())
     srng = np.random.default_rng(seed)
@@ -207,6 +210,16 @@ def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: R
             if not -subs[0].ndim <= pl.dim < subs[0].ndim:
                 return Assembly(None, f"Shard({pl.dim}) on a tensor of rank {subs[0].ndim}")
             return Assembly(np.concatenate(subs, axis=pl.dim % subs[0].ndim))
+        if pl.kind == "Z":
+            if any(s.shape != subs[0].shape for s in subs):
+                return Assembly(None, f"ZigzagShard on axis {a!r}, but ranks hold different shapes")
+            if not -subs[0].ndim <= pl.dim < subs[0].ndim or subs[0].shape[pl.dim] % 2:
+                return Assembly(None, f"ZigzagShard({pl.dim}) of local shape {list(subs[0].shape)}: no two equal chunks")
+            d = pl.dim % subs[0].ndim
+            halves = [np.split(s, 2, axis=d) for s in subs]
+            p = len(subs)
+            return Assembly(np.concatenate([halves[c][0] for c in range(p)] + [halves[p - 1 - c][1] for c in range(p)],
+                                           axis=d))
         if any(s.shape != subs[0].shape for s in subs):
             return Assembly(None, f"Partial on axis {a!r}, but ranks hold different shapes")
         if pl.reduce == "max":

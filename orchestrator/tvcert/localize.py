@@ -52,6 +52,7 @@ class Divergence:
 def _candidates(axes: list[str], ndim: int, uniform: set[str]) -> list[dict[str, Placement]]:
     """Placements to try; on an axis where every rank holds the same value only Replicate is natural."""
     opts = [Placement("R")] + [Placement("S", d) for d in range(ndim)] + [Placement("P", reduce=r) for r in ("sum", "max", "avg")]
+    opts += [Placement("Z", d) for d in range(ndim)]  # load-balanced shards, tried last
     no_partial = [o for o in opts if o.kind != "P"]
     per_axis = [no_partial if a in uniform else opts for a in axes]
     combos = []

@@ -89,7 +89,7 @@ class LayoutStep(_Strict):
 class PlacementSpec(_Strict):
     local: str = Field(description="the rank-local tensor in the parallel program")
     program: Optional[str] = Field(None, description="program holding it (default: the only one)")
-    placement: dict[str, str] = Field(default_factory=dict, description="per mesh axis: Replicate | Shard(d) | Partial(sum|avg|max); missing axes are Replicate")
+    placement: dict[str, str] = Field(default_factory=dict, description="per mesh axis: Replicate | Shard(d) | ZigzagShard(d) (load-balanced: rank r holds chunks r and 2p-1-r of 2p) | Partial(sum|avg|max); missing axes are Replicate")
     layout: list[LayoutStep] = Field(default_factory=list, description="layout transform applied to the logical tensor before placement")
 
 
@@ -118,8 +118,13 @@ def json_schema() -> dict:
 # ============================================================== placements
 @dataclass(frozen=True)
 class Placement:
-    kind: str  # "R" | "S" | "P"
-    dim: int = -1  # for S
+    """One mesh axis's placement.  ``Z`` is the load-balanced ("zig-zag") shard used for causal context
+    parallelism: dim ``dim`` is cut into 2p chunks and rank r holds chunk r followed by chunk 2p-1-r
+    (Coq: Zigzag.shard_zigzag).  It is a kind of its own so that no Shard rule applies to it by accident:
+    the kernel admits it only through the rules proved for it (kernel/zigzag.py)."""
+
+    kind: str  # "R" | "S" | "P" | "Z"
+    dim: int = -1  # for S and Z
     reduce: str = ""  # for P: sum | avg | max
 
     def __str__(self) -> str:
@@ -127,17 +132,19 @@ class Placement:
             return "Replicate"
         if self.kind == "S":
             return f"Shard({self.dim})"
+        if self.kind == "Z":
+            return f"ZigzagShard({self.dim})"
         return f"Partial({self.reduce})"
 
 
 REPLICATE = Placement("R")
-_PLACEMENT_RE = re.compile(r"^\s*(Replicate|R|Shard|S|Partial|P)\s*(?:\(\s*([A-Za-z0-9_\-]*)\s*\))?\s*$")
+_PLACEMENT_RE = re.compile(r"^\s*(Replicate|R|Shard|S|Partial|P|ZigzagShard|Z)\s*(?:\(\s*([A-Za-z0-9_\-]*)\s*\))?\s*$")
 
 
 def parse_placement(text: str) -> Placement:
     m = _PLACEMENT_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"placement {text!r} is not Replicate, Shard(d) or Partial(sum|avg|max)")
+        raise ValueError(f"placement {text!r} is not Replicate, Shard(d), ZigzagShard(d) or Partial(sum|avg|max)")
     kind, arg = m.group(1)[0], m.group(2)
     if kind == "R":
         if arg:
@@ -147,6 +154,10 @@ def parse_placement(text: str) -> Placement:
         if arg is None or not re.fullmatch(r"-?\d+", arg):
             raise ValueError(f"Shard needs an integer dim, got {text!r}")
         return Placement("S", int(arg))
+    if kind == "Z":
+        if arg is None or not re.fullmatch(r"-?\d+", arg):
+            raise ValueError(f"ZigzagShard needs an integer dim, got {text!r}")
+        return Placement("Z", int(arg))
     arg = arg or "sum"
     if arg not in ("sum", "avg", "max"):
         raise ValueError(f"Partial reduction must be sum, avg or max, got {arg!r}")
@@ -439,13 +450,15 @@ def local_shape(b: Binding, shape: tuple[int, ...], mesh: Mapping[str, int]) -> 
     """The shape a rank holds of a (laid-out) logical tensor under ``b.placement``."""
     s = list(shape)
     for a, pl in b.placement.items():
-        if pl.kind == "S":
+        if pl.kind in ("S", "Z"):
             if not -len(s) <= pl.dim < len(s):
-                raise PlanError(f"{b.path}.placement.{a}", f"Shard({pl.dim}) but the tensor has rank {len(s)}")
+                raise PlanError(f"{b.path}.placement.{a}", f"{pl} but the tensor has rank {len(s)}")
             d = pl.dim % len(s)
-            if s[d] % mesh[a]:
+            chunks = mesh[a] * (2 if pl.kind == "Z" else 1)
+            if s[d] % chunks:
                 raise PlanError(f"{b.path}.placement.{a}",
-                                f"dim {d} of size {s[d]} is not divisible by mesh axis {a!r} of size {mesh[a]}")
+                                f"dim {d} of size {s[d]} is not divisible by {chunks} "
+                                f"({'2 x ' if pl.kind == 'Z' else ''}mesh axis {a!r} of size {mesh[a]})")
             s[d] //= mesh[a]
     return tuple(s)
 

@@ -118,6 +118,18 @@ RULES: dict[str, str] = {
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",
     "vocab_parallel_embedding_clamped": f"{_T}.Composite.vocab_parallel_embedding_clamped",
     "ring_attention_backward": f"{_T}.Ring.ring_attention_backward",
+    # load-balanced (zig-zag) context parallelism (kernel/zigzag.py)
+    "zigzag_ew_unary": f"{_T}.Zigzag.zigzag_ew_unary",
+    "zigzag_ew_binary": f"{_T}.Zigzag.zigzag_ew_binary",
+    "zigzag_ew_binary_broadcast": f"{_T}.Zigzag.zigzag_ew_binary_broadcast",
+    "zigzag_rowwise": f"{_T}.Zigzag.zigzag_rowwise",
+    "zigzag_rowwise2": f"{_T}.Zigzag.zigzag_rowwise2",
+    "zigzag_reduce_sum": f"{_T}.Zigzag.zigzag_reduce_sum",
+    "zigzag_reduce_max": f"{_T}.Zigzag.zigzag_reduce_max",
+    "zigzag_reduce_mean": f"{_T}.Zigzag.zigzag_reduce_mean",
+    "zigzag_contraction": f"{_T}.Zigzag.zigzag_contraction",
+    "zigzag_from_slices": f"{_T}.Zigzag.zigzag_from_slices",
+    "ring_attention_zigzag": f"{_T}.Zigzag.ring_attention_zigzag",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
     "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",
@@ -156,6 +168,8 @@ THEOREMS: dict[str, str] = {
     "grad_accumulation": f"{_T}.Composite.grad_accumulation",
     "zero_sharded_adamw": f"{_T}.Composite.zero_sharded_adamw",
     "moe_dispatch_combine": f"{_T}.Composite.moe_dispatch_combine",
+    "zigzag_index_bijection": f"{_T}.Zigzag.big_zigzag",
+    "zigzag_const_row": f"{_T}.Zigzag.zigzag_const_row",
 }
 
 FORBIDDEN = [

@@ -72,6 +72,7 @@ class Par:
     zero: int = 0
     pp: int = 1  # pipeline stages: one program per stage, pinned to a coordinate of the pp axis
     ring: bool = False  # context parallelism by ring attention (else all-gather K/V)
+    zigzag: bool = False  # ring over load-balanced chunks: cp rank r holds sequence chunks r and 2cp-1-r
 
     @property
     def logical(self) -> bool:

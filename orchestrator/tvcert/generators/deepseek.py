@@ -499,7 +499,7 @@ class DStep(Step):
         """Tokens: batch split over dp, micro-batches and ep (EP inside DP), sequence over cp."""
         pl = {a: "Shard(0)" for a in ("dp", "mb", "ep") if self.par.has(a)}
         if self.par.has("cp"):
-            pl["cp"] = "Shard(1)"
+            pl["cp"] = "ZigzagShard(1)" if self.par.zigzag else "Shard(1)"
         return pl
 
     def param_placement(self, name: str) -> dict[str, str]:
@@ -583,18 +583,18 @@ def small_dims(par: DPar, q_lora: bool) -> dict[str, int]:
 
 def small_mesh(par: DPar) -> DPar:
     return DPar(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
-                pp=par.pp, ep=min(par.ep, 2), ring=par.ring)
+                pp=par.pp, ep=min(par.ep, 2), ring=par.ring, zigzag=par.zigzag)
 
 
 def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
                   ep: int = 1, layers: int | None = None, dims: dict[str, int] | None = None,
                   dense_layers: int | None = None, pp: int = 1, cp_style: str = "allgather") -> dict[str, Any]:
-    from .plans import GenError, assemble, check_degrees, ring_label
+    from .plans import GenError, assemble, check_degrees, cp_flags, ring_label
 
     if model not in DEEPSEEK:
         raise GenError(f"unknown model {model!r}; known: {', '.join(DS_MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, ep=ep, pp=pp, cp_style=cp_style)
-    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep, ring=cp_style == "ring")
+    par = DPar(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ep=ep, **cp_flags(cp_style))
     card = dict(DEEPSEEK[model])
     nl = layers if layers is not None else card["layers"]
     if dense_layers is None:
@@ -623,7 +623,7 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
                moe_chunks=ep > 1 and (dp > 1 or mb > 1))
     ring = ring_label(par)
     desc = (f"{model} training step ({nl} layers, {dense_layers} dense): tp={tp}{' +sp' if sp else ''} cp={cp}"
-            f"{' (ring)' if ring else ''} dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
+            f"{f' ({ring})' if ring else ''} dp={dp} pp={pp} microbatches={mb} zero={zero} ep={ep}")
     name = f"{model}-tp{tp}{'sp' if sp else ''}-cp{cp}{ring}-dp{dp}-pp{pp}-mb{mb}-z{zero}-ep{ep}-L{nl}"
     return assemble(DStep(G(), DPar(), cfg), DStep(G(), par, cfg), name, desc, full, run)
 

@@ -115,6 +115,14 @@ class Step:
         return self.g.op("slice", x, role=role, dim=dim, start=f"rank.{axis}*({size}/{axis})",
                          end=f"(rank.{axis}+1)*({size}/{axis})")
 
+    def zigzag_chunks(self, x, size, role):
+        """Load-balanced context parallelism: cp rank r's chunks r and 2cp-1-r (of 2cp) of dim 0."""
+        c = f"({size}/(2*cp))"
+        head = self.g.op("slice", x, role=role + ".head", dim=0, start=f"rank.cp*{c}", end=f"(rank.cp+1)*{c}")
+        tail = self.g.op("slice", x, role=role + ".tail", dim=0, start=f"(2*cp-1-rank.cp)*{c}",
+                         end=f"(2*cp-rank.cp)*{c}")
+        return self.g.op("concat", head, tail, role=role, dim=0)
+
     def tp_in(self, x, role):
         """Enter a column-parallel region (sequence all_gather under SP)."""
         return self.gather(x, "tp", 1, role + ".sp_all_gather") if self.sp else x
@@ -179,8 +187,12 @@ class Step:
         inv = g.op("exp", g.op("scale", g.op("cast", g.op("iota", role="rope.freq_iota", size=f"{d}/2"), role="rope.freq_i",
                                              dtype="float"), role="rope.freq_exponent",
                                value=-2.0 * math.log(self.rope_theta) / self.cfg.dims[d]), role="rope.inv_freq")
-        pos = g.op("cast", self.block(g.op("iota", role="rope.iota", size="s"), "cp", 0, "s", "rope.cp_positions"),
-                   role="rope.pos", dtype="float")
+        it = g.op("iota", role="rope.iota", size="s")
+        if self.par.zigzag and self.par.has("cp"):
+            it = self.zigzag_chunks(it, "s", "rope.cp_positions")
+        else:
+            it = self.block(it, "cp", 0, "s", "rope.cp_positions")
+        pos = g.op("cast", it, role="rope.pos", dtype="float")
         ang = g.op("matmul", g.op("unsqueeze", pos, role="rope.col", dim=1),
                    g.op("unsqueeze", inv, role="rope.row", dim=0), role="rope.angles")
         ang2 = g.op("concat", ang, ang, role="rope.angles2", dim=-1)
@@ -678,7 +690,7 @@ class Step:
         """Tokens and targets: batch split over dp and micro-batches, sequence over cp."""
         pl = {a: "Shard(0)" for a in ("dp", "mb") if self.par.has(a)}
         if self.par.has("cp"):
-            pl["cp"] = "Shard(1)"
+            pl["cp"] = "ZigzagShard(1)" if self.par.zigzag else "Shard(1)"
         return pl
 
     def param_placement(self, name: str) -> dict[str, str]:

@@ -327,6 +327,22 @@ RING_MUTATIONS: list[Mutation] = [
 ]
 MUTATIONS += RING_MUTATIONS
 
+CP_ZIGZAG = {"cp": 2, "cp_style": "zigzag"}
+CP_ZIGZAG_SP = {"cp": 2, "cp_style": "zigzag", "tp": 2, "sp": True}
+ZIGZAG_MUTATIONS: list[Mutation] = [
+    Mutation("zigzag_tail_chunk_shifted", "load-balanced CP: rank r's second position chunk is p+r instead of 2p-1-r "
+             "(positions no longer match the tokens the rank holds)", CP_ZIGZAG,
+             lambda p: _set(p, r"rope\.cp_positions\.tail$", start="(cp+rank.cp)*(s/(2*cp))",
+                            end="(cp+rank.cp+1)*(s/(2*cp))")),
+    Mutation("zigzag_positions_contiguous", "load-balanced CP: tokens are in zig-zag chunks but the RoPE and mask "
+             "positions are the rank's contiguous block", CP_ZIGZAG_SP,
+             lambda p: (_set(p, r"rope\.cp_positions\.head$", start="2*rank.cp*(s/(2*cp))",
+                             end="(2*rank.cp+1)*(s/(2*cp))"),
+                        _set(p, r"rope\.cp_positions\.tail$", start="(2*rank.cp+1)*(s/(2*cp))",
+                             end="(2*rank.cp+2)*(s/(2*cp))"))[0]),
+]
+MUTATIONS += ZIGZAG_MUTATIONS
+
 BY_NAME = {m.name: m for m in MUTATIONS}
 
 

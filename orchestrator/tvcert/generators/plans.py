@@ -13,7 +13,7 @@ LLAMA3 = {
     "llama3-405b": dict(h=16384, layers=126, nh=128, nkv=8, hd=128, f=53248, v=128256, s=8192),
 }
 MODELS = sorted(LLAMA3)
-CP_STYLES = ("allgather", "ring")
+CP_STYLES = ("allgather", "ring", "zigzag")
 
 
 class GenError(ValueError):
@@ -30,7 +30,7 @@ def small_dims(par: Par) -> dict[str, int]:
 def small_mesh(par: Par) -> Par:
     """The same structure at degree 2 (or 3 for mb) on every axis, so it can be executed."""
     return Par(tp=min(par.tp, 2), sp=par.sp, cp=min(par.cp, 2), dp=min(par.dp, 2), mb=min(par.mb, 3), zero=par.zero,
-               pp=par.pp, ring=par.ring)
+               pp=par.pp, ring=par.ring, zigzag=par.zigzag)
 
 
 def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int = 1, mb: int = 1, zero: int = 0,
@@ -40,7 +40,7 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
     if model not in LLAMA3:
         raise GenError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     check_degrees(tp=tp, sp=sp, cp=cp, dp=dp, microbatches=mb, zero=zero, pp=pp, cp_style=cp_style)
-    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, ring=cp_style == "ring")
+    par = Par(tp=tp, sp=sp, cp=cp, dp=dp, mb=mb, zero=zero, pp=pp, **cp_flags(cp_style))
     card = dict(LLAMA3[model])
     nl = layers if layers is not None else card["layers"]
     card.pop("layers")
@@ -64,7 +64,7 @@ def llama3_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: int 
             f"{'-tied' if tie_embeddings else ''}{'-masked' if masked_embedding else ''}")
     desc = (f"{model} training step ({nl} layers{', tied embeddings' if tie_embeddings else ''}"
             f"{', masked vocab-parallel lookup' if masked_embedding else ''}): "
-            f"tp={tp}{' +sp' if sp else ''} cp={cp}{' (ring)' if ring else ''} dp={dp} pp={pp} microbatches={mb} "
+            f"tp={tp}{' +sp' if sp else ''} cp={cp}{f' ({ring})' if ring else ''} dp={dp} pp={pp} microbatches={mb} "
             f"zero={zero}")
     return assemble(Step(G(), Par(), cfg), Step(G(), par, cfg), name, desc, full, run)
 
@@ -83,9 +83,16 @@ def check_degrees(**degrees: Any) -> None:
         raise GenError("--zero needs --dp > 1")
 
 
+def cp_flags(cp_style: str) -> dict[str, bool]:
+    """Par's flags for a --cp-style: zigzag is ring attention over load-balanced chunks."""
+    return {"ring": cp_style in ("ring", "zigzag"), "zigzag": cp_style == "zigzag"}
+
+
 def ring_label(par: Par) -> str:
-    """"ring" in plan names when context parallelism runs ring attention."""
-    return "ring" if par.ring and par.has("cp") else ""
+    """"ring" (or "zigzag" for load-balanced chunks) in plan names when context parallelism runs ring attention."""
+    if not (par.ring and par.has("cp")):
+        return ""
+    return "zigzag" if par.zigzag else "ring"
 
 
 def assemble(logical: Step, step: Step, name: str, desc: str, full: dict, run: dict) -> dict[str, Any]:
@@ -123,10 +130,12 @@ def _check(d: dict[str, int], par: Par) -> None:
     need = [("nh", "nkv"), ("nkv", "tp"), ("f", "tp"), ("v", "tp"), ("s", "cp")]
     if par.sp:
         need.append(("s", "cp*tp"))
+    if par.zigzag and par.has("cp"):
+        need.append(("s", "two*cp*tp" if par.sp else "two*cp"))
     for a, b in need:
         den = 1
         for part in b.split("*"):
-            den *= d.get(part, 1)
+            den *= 2 if part == "two" else d.get(part, 1)
         if d[a] % den:
             raise GenError(f"{a}={d[a]} is not divisible by {b}={den}")
     if d["hd"] % 2:

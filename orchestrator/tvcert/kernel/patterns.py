@@ -321,9 +321,11 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
 
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
+from .zigzag import zigzag_from_slices  # noqa: E402
 
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,
             "vocab_parallel_embedding_backward": vocab_parallel_embedding_backward,
-            _RING: match_ring, _RING_BWD: match_ring_backward}
-PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop"}
+            _RING: match_ring, _RING_BWD: match_ring_backward,
+            "zigzag_from_slices": zigzag_from_slices}
+PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop", "concat"}

@@ -40,6 +40,7 @@ from ..ops import REGISTRY, resolve_attrs
 from ..plan import Placement
 from .producers import ProducersBefore
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
+from .zigzag import Z
 
 RULE = "ring_attention_online_softmax"
 
@@ -201,10 +202,15 @@ def _per_axis(kc: KCtx, A: str, seq: int, data: list[Fact], pos: list[Fact]) -> 
     for j, a in enumerate(kc.axes):
         pls = {f.pl[j] for f in data}
         if a == A:
-            if pls != {S(seq)} or any(f.pl[j] != S(0) for f in pos):
+            # contiguous blocks, or the load-balanced zig-zag chunks (the fold holds for any partition of the keys
+            # into the p blocks the ring visits: Coq Zigzag.ring_attention_zigzag)
+            for sh in (S, Z):
+                if pls == {sh(seq)} and all(f.pl[j] == sh(0) for f in pos):
+                    out.append((sh(seq), RULE))
+                    break
+            else:
                 raise RingMismatch(f"over {A!r} the ring's tensors must be Shard({seq}) (the sequence) and the "
-                                   f"positions Shard(0)")
-            out.append((S(seq), RULE))
+                                   f"positions Shard(0), or all ZigzagShard alike")
             continue
         sharded = pls - {R}
         if len(sharded) == 1 and next(iter(sharded)) in (S(0), S(1)):
@@ -342,7 +348,7 @@ def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tup
     have = g.nodes[index].meta["shape@dims"][0][0]
     if local_shape(kc.exprs[fw.e_out].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RingMismatch(f"the concluded placement does not give the division's local shape {list(have)}")
-    return Derivation([Fact(fw.e_out, pl)], [r for _, r in fw.per_axis]), fw.matched
+    return Derivation([Fact(fw.e_out, pl)], [r for _, r in fw.per_axis] + _zigzag_rule(pl)), fw.matched
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -539,9 +545,14 @@ def match_ring_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCt
         if local_shape(X[f.expr].shape, kc.axes, f.pl, kc.sizes) != tuple(have):
             raise RingMismatch(f"the concluded placement of {t!r} does not give its local shape {list(have)}")
         out.append(f)
-    rules = [RULE_BWD if r == RULE else r for _, r in per_axis] + extra
+    rules = [RULE_BWD if r == RULE else r for _, r in per_axis] + extra + _zigzag_rule([p for p, _ in per_axis])
     matched = sorted({index} | {producers[outer[t]][0] for t in [*local, *travel] if outer[t] in producers})
     return Derivation(out, rules), matched
+
+
+def _zigzag_rule(pl) -> list[str]:
+    """Ring blocks in zig-zag order: the reindexing theorem joins the ring's own."""
+    return ["ring_attention_zigzag"] if any(p.kind == "Z" for p in pl) else []
 
 
 def _placement_like(f: Fact, per_axis: list, head_summed: bool) -> tuple:

@@ -147,8 +147,8 @@ def fmt_pl(axes: Sequence[str], pl: Sequence[Placement]) -> str:
 def local_shape(shape: Sequence[int], axes: Sequence[str], pl: Sequence[Placement], sizes: Mapping[str, int]) -> tuple[int, ...] | None:
     s = list(shape)
     for a, p in zip(axes, pl):
-        if p.kind == "S":
-            if not 0 <= p.dim < len(s) or s[p.dim] % sizes[a]:
+        if p.kind in ("S", "Z"):
+            if not 0 <= p.dim < len(s) or s[p.dim] % (sizes[a] * (2 if p.kind == "Z" else 1)):
                 return None
             s[p.dim] //= sizes[a]
     return tuple(s)
@@ -181,8 +181,9 @@ def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], fac
         if len(f.pl) != len(kc.axes):
             raise RuleFailure("input fact does not cover the program's axes")
     _check_rank_free(op, raw, kc)
+    zax = zigzag_axes(facts)
     try:
-        d = fam(kc, op, ra, raw, list(facts))
+        d = derive_zigzag(kc, op, ra, raw, list(facts), fam, zax) if zax else fam(kc, op, ra, raw, list(facts))
     except ExprError as exc:
         raise RuleFailure(f"the concluded logical expression is ill-formed: {exc}") from None
     if len(d.facts) != len(local_out):
@@ -1007,3 +1008,8 @@ def _collective(kc, op, ra, raw, facts):
     else:
         raise RuleFailure(f"no rule for collective {op!r}")
     return Derivation([Fact(f.expr, tuple(pl))], rules)
+
+
+from .zigzag import RULES as _ZIGZAG_RULES, derive_zigzag, zigzag_axes  # noqa: E402  (zigzag reuses these rules)
+
+RULES.update(_ZIGZAG_RULES)

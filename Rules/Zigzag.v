@@ -1,0 +1,463 @@
+(** * Load-balanced ("zig-zag") context parallelism.
+
+    With a causal mask, query row [k] attends to keys [0 .. k], so the cost of
+    a contiguous block of rows grows with its position: under plain [shard]
+    the last rank does about [2p - 1] times the work of the first.  The
+    zig-zag layout cuts the sequence dim of length [2*p*c] into [2p] chunks of
+    [c] rows and gives rank [r] chunk [r] followed by chunk [2p - 1 - r]: every
+    rank holds one early and one late chunk, so the causal work is balanced.
+
+    Local row [i < 2c] of rank [r < p] is logical row [zz_index p c r i].  The
+    layout is a permutation of the [p * (2 * c)] rows (it is [shard] with
+    blocks [2c] up to the reindexing [zz_flat]), so every rule of plain
+    sharding whose result does not depend on the order of the rows carries
+    over: elementwise and row-wise ops keep the layout, reductions and
+    contractions over the zig-zag dim give [Partial], and ring attention over
+    zig-zag key blocks is softmax attention over all keys. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics Layout Composite Ring.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Local Open Scope ring_scope.
+
+(** ** The layout *)
+
+(** Local row [i] of rank [r]: chunk [r] for [i < c], chunk [2p-1-r] after. *)
+Definition zz_index (p c r i : nat) : nat :=
+  if (i < c)%N then (r * c + i)%N else ((2 * p - 1 - r) * c + (i - c))%N.
+
+(** Zig-zag shard of the leading dim (same shape as [shard]). *)
+Definition shard_zigzag {I V : Type} (p c : nat) (E : nat -> I -> V)
+  (L : nat -> nat -> I -> V) : Prop :=
+  forall r i x, (r < p)%N -> (i < 2 * c)%N -> L r i x = E (zz_index p c r i) x.
+
+(** The chunk (of size [c]) that holds local row [i] of rank [r]. *)
+Definition zz_chunk (p c r i : nat) : nat :=
+  if (i < c)%N then r else (2 * p - 1 - r)%N.
+
+(** The zig-zag layout read as a flat permutation of [[0, p * (2 * c))]:
+    row [k] of the concatenated local buffers (blocks of [2c]). *)
+Definition zz_flat (p c k : nat) : nat :=
+  zz_index p c (k %/ (2 * c)) (k %% (2 * c)).
+
+(** ** Index arithmetic *)
+
+(** A row in the second half of a local buffer is [c] past its offset. *)
+Lemma zz_mod_hi (c i : nat) : (c <= i)%N -> (i < 2 * c)%N -> (i %% c = i - c)%N.
+Proof.
+move=> ci i2c; rewrite -{1}(subnK ci) modnDr modn_small //.
+by rewrite ltn_subLR // addnn -mul2n.
+Qed.
+
+(** The second chunk of rank [r < p] is [p + (p - r - 1)], in [[p, 2p)]. *)
+Lemma zz_second_chunk (p r : nat) : (r < p)%N -> (2 * p - 1 - r = p + (p - r.+1))%N.
+Proof. by move=> rp; rewrite -subnDA add1n mul2n -addnn -addnBA. Qed.
+
+(** Local row [i] of rank [r] is row [i mod c] of its chunk. *)
+Lemma zz_index_chunk (p c r i : nat) : (i < 2 * c)%N ->
+  zz_index p c r i = (zz_chunk p c r i * c + i %% c)%N.
+Proof.
+move=> i2c; rewrite /zz_index /zz_chunk.
+by case: (ltnP i c) => [ic|ci]; [rewrite modn_small | rewrite zz_mod_hi].
+Qed.
+
+(** The chunk of a row is below [p] exactly for the first half of the buffer. *)
+Lemma zz_chunk_lt_p (p c r i : nat) : (r < p)%N -> (zz_chunk p c r i < p)%N = (i < c)%N.
+Proof.
+move=> rp; rewrite /zz_chunk; case: (ltnP i c) => // _.
+by rewrite zz_second_chunk // ltnNge leq_addr.
+Qed.
+
+(** Every chunk index is below [2p]. *)
+Lemma zz_chunk_lt (p c r i : nat) : (r < p)%N -> (zz_chunk p c r i < 2 * p)%N.
+Proof.
+move=> rp; rewrite /zz_chunk; case: (ltnP i c) => _.
+  by rewrite (leq_trans rp) // mul2n -addnn leq_addr.
+by rewrite zz_second_chunk // mul2n -addnn ltn_add2l ltn_subrL (leq_ltn_trans (leq0n r) rp).
+Qed.
+
+(** Row [i < b] of block [k < n] lies below [n * b]. *)
+Lemma block_lt (n b k i : nat) : (k < n)%N -> (i < b)%N -> (k * b + i < n * b)%N.
+Proof.
+move=> kn ib; rewrite (@leq_trans (k * b + b)) ?ltn_add2l //.
+by rewrite -mulSnr leq_mul2r kn orbT.
+Qed.
+
+(** A local row of a rank is a logical row: [zz_index] stays below [p * (2 * c)]. *)
+Lemma zz_index_lt (p c r i : nat) : (r < p)%N -> (i < 2 * c)%N ->
+  (zz_index p c r i < p * (2 * c))%N.
+Proof.
+move=> rp i2c; have c0 : (0 < c)%N by case: c i2c => //; rewrite muln0.
+rewrite zz_index_chunk // mulnCA mulnA; exact: block_lt (zz_chunk_lt c i rp) (ltn_pmod i c0).
+Qed.
+
+(** Distinct local rows (of the same or of different ranks) are distinct
+    logical rows. *)
+Lemma zz_index_inj (p c r r' i i' : nat) :
+  (r < p)%N -> (r' < p)%N -> (i < 2 * c)%N -> (i' < 2 * c)%N ->
+  zz_index p c r i = zz_index p c r' i' -> r = r' /\ i = i'.
+Proof.
+move=> rp r'p i2c i'2c; have c0 : (0 < c)%N by case: c i2c {i'2c} => //; rewrite muln0.
+rewrite !zz_index_chunk // => e.
+have ech : zz_chunk p c r i = zz_chunk p c r' i'.
+  by move: (congr1 (divn^~ c) e); rewrite /= !block_div ?ltn_pmod.
+have emod : (i %% c = i' %% c)%N.
+  by move: (congr1 (modn^~ c) e); rewrite /= !block_mod ?ltn_pmod.
+have elt : (i < c)%N = (i' < c)%N by rewrite -(zz_chunk_lt_p c i rp) ech zz_chunk_lt_p.
+move: ech; rewrite /zz_chunk -elt; case: (ltnP i c) => [ic | ci] ech.
+  by split=> //; rewrite -(modn_small ic) emod modn_small // -elt.
+have ci' : (c <= i')%N by rewrite leqNgt -elt -leqNgt.
+rewrite !zz_second_chunk // in ech; move/addnI: ech => ech.
+split; last by rewrite -(subnK ci) -(subnK ci') -!zz_mod_hi // emod.
+by apply: succn_inj; rewrite -(subKn rp) -(subKn r'p) ech.
+Qed.
+
+(** ** The flat permutation [zz_flat] *)
+
+(** Row [i] of block [r] of the concatenated local buffers is local row [i]
+    of rank [r]. *)
+Lemma zz_flat_block (p c r i : nat) : (i < 2 * c)%N ->
+  zz_flat p c (r * (2 * c) + i) = zz_index p c r i.
+Proof.
+move=> i2c; have c0 : (0 < 2 * c)%N by rewrite (leq_ltn_trans (leq0n i)).
+by rewrite /zz_flat block_div ?block_mod.
+Qed.
+
+(** [zz_flat] maps [[0, p * (2 * c))] into itself. *)
+Lemma zz_flat_lt (p c k : nat) : (k < p * (2 * c))%N -> (zz_flat p c k < p * (2 * c))%N.
+Proof.
+move=> kn; have c0 : (0 < 2 * c)%N by case: (2 * c)%N kn => //; rewrite muln0.
+by apply: zz_index_lt; [apply: block_rank_lt kn | apply: ltn_pmod].
+Qed.
+
+(** [zz_flat] is injective on [[0, p * (2 * c))]. *)
+Lemma zz_flat_inj (p c k k' : nat) : (k < p * (2 * c))%N -> (k' < p * (2 * c))%N ->
+  zz_flat p c k = zz_flat p c k' -> k = k'.
+Proof.
+move=> kn k'n; have c0 : (0 < 2 * c)%N by case: (2 * c)%N kn => //; rewrite muln0.
+case/zz_index_inj; rewrite ?block_rank_lt ?ltn_pmod // => ediv emod.
+by rewrite (divn_eq k (2 * c)) ediv emod -divn_eq.
+Qed.
+
+(** [zz_flat] is onto [[0, p * (2 * c))] (an injection of a finite set into
+    itself). *)
+Lemma zz_flat_onto (p c k : nat) : (k < p * (2 * c))%N ->
+  exists2 k', (k' < p * (2 * c))%N & zz_flat p c k' = k.
+Proof.
+move=> kn; pose h (j : 'I_(p * (2 * c))) : 'I_(p * (2 * c)) :=
+  Ordinal (zz_flat_lt (ltn_ord j)).
+have h_inj : injective h.
+  by move=> j j' /(congr1 val) /= /zz_flat_inj e; apply/val_inj/e.
+have [g _ hg] := injF_bij h_inj.
+exists (val (g (Ordinal kn))); first exact: ltn_ord.
+by have /(congr1 val) := hg (Ordinal kn).
+Qed.
+
+(** Every logical row is held by some rank: [zz_index] is onto. *)
+Lemma zz_index_onto (p c k : nat) : (k < p * (2 * c))%N ->
+  exists r i, [/\ (r < p)%N, (i < 2 * c)%N & zz_index p c r i = k].
+Proof.
+move=> kn; have c0 : (0 < 2 * c)%N by case: (2 * c)%N kn => //; rewrite muln0.
+have [k' k'n <-] := zz_flat_onto kn.
+by exists (k' %/ (2 * c))%N, (k' %% (2 * c))%N; rewrite ?block_rank_lt ?ltn_pmod.
+Qed.
+
+(** ** Sums (and any commutative monoid) over the zig-zag layout *)
+
+(** A big operator over [[0,n)] is unchanged when the term is read through
+    an injection [f] of [[0,n)] into itself (com-monoid [sum_reindex_inj]). *)
+Lemma big_reindex_inj {V : Type} {idx : V} (op : Monoid.com_law idx) (n : nat)
+  (f : nat -> nat) (F : nat -> V) :
+  (forall k, (k < n)%N -> (f k < n)%N) ->
+  (forall k k', (k < n)%N -> (k' < n)%N -> f k = f k' -> k = k') ->
+  \big[op/idx]_(0 <= k < n) F (f k) = \big[op/idx]_(0 <= k < n) F k.
+Proof.
+move=> f_lt f_inj; rewrite !big_mkord.
+pose h (j : 'I_n) : 'I_n := Ordinal (f_lt j (ltn_ord j)).
+have h_inj : injective h by move=> j k /(congr1 val) /= /f_inj e; apply/val_inj/e.
+by rewrite [RHS](reindex_inj h_inj).
+Qed.
+
+(** Combining every rank's local rows, for any commutative monoid, is
+    combining all [p * (2 * c)] logical rows. *)
+Lemma big_zigzag {V : Type} {idx : V} (op : Monoid.com_law idx) (p c : nat)
+  (F : nat -> V) :
+  \big[op/idx]_(0 <= r < p) \big[op/idx]_(0 <= i < 2 * c) F (zz_index p c r i) =
+  \big[op/idx]_(0 <= k < p * (2 * c)) F k.
+Proof.
+rewrite -(big_reindex_inj op F (@zz_flat_lt p c) (@zz_flat_inj p c)) big_blocks.
+by apply: eq_big_nat => r _; apply: eq_big_nat => i /andP[_ i2c]; rewrite zz_flat_block.
+Qed.
+
+(** The sum over every rank's local rows is the sum over all logical rows. *)
+Lemma sum_zigzag {R : zmodType} (p c : nat) (F : nat -> R) :
+  \sum_(0 <= r < p) \sum_(0 <= i < 2 * c) F (zz_index p c r i) =
+  \sum_(0 <= k < p * (2 * c)) F k.
+Proof. exact: (big_zigzag (GRing.add_comoid R)). Qed.
+
+(** ** Elementwise and row-wise ops keep the zig-zag layout *)
+
+(** A unary elementwise op keeps the zig-zag layout. *)
+Theorem zigzag_ew_unary {I V W : Type} (f : V -> W) (p c : nat)
+  (E : nat -> I -> V) (L : nat -> nat -> I -> V) :
+  shard_zigzag p c E L ->
+  shard_zigzag p c (fun k x => f (E k x)) (fun r i x => f (L r i x)).
+Proof. by move=> h r i x rp ic; rewrite h. Qed.
+
+(** A binary elementwise op on two zig-zag operands gives a zig-zag result. *)
+Theorem zigzag_ew_binary {I U V W : Type} (f : U -> V -> W) (p c : nat)
+  (E1 : nat -> I -> U) (L1 : nat -> nat -> I -> U)
+  (E2 : nat -> I -> V) (L2 : nat -> nat -> I -> V) :
+  shard_zigzag p c E1 L1 -> shard_zigzag p c E2 L2 ->
+  shard_zigzag p c (fun k x => f (E1 k x) (E2 k x)) (fun r i x => f (L1 r i x) (L2 r i x)).
+Proof. by move=> h1 h2 r i x rp ic; rewrite h1 ?h2. Qed.
+
+(** A zig-zag operand combined with a replicated operand broadcast along the
+    zig-zag dim gives a zig-zag result. *)
+Theorem zigzag_ew_binary_broadcast {I U V W : Type} (f : U -> V -> W) (p c : nat)
+  (E1 : nat -> I -> U) (L1 : nat -> nat -> I -> U) (B : I -> V) (LB : nat -> I -> V) :
+  shard_zigzag p c E1 L1 -> replicate p B LB ->
+  shard_zigzag p c (fun k x => f (E1 k x) (B x)) (fun r i x => f (L1 r i x) (LB r x)).
+Proof. by move=> h1 h2 r i x rp ic; rewrite h1 ?h2. Qed.
+
+(** A row op [g] respects pointwise equality of its row (every op that is a
+    function of the row's values does; with function extensionality every
+    [g] does, cf. [AnyOp.op_ext]). *)
+Definition row_ext {I V J W : Type} (g : (I -> V) -> J -> W) : Prop :=
+  forall u u', (forall x, u x = u' x) -> forall y, g u y = g u' y.
+
+(** An op applied independently to every row of the zig-zag dim (a row-wise
+    op along other dims, an embedding lookup of zig-zag ids, a matmul with the
+    zig-zag dim as a row / batch dim, a softmax over another dim) keeps the
+    zig-zag layout. *)
+Theorem zigzag_rowwise {I V J W : Type} (g : (I -> V) -> J -> W) (p c : nat)
+  (E : nat -> I -> V) (L : nat -> nat -> I -> V) :
+  row_ext g -> shard_zigzag p c E L ->
+  shard_zigzag p c (fun k => g (E k)) (fun r i => g (L r i)).
+Proof. by move=> ext h r i y rp ic; apply: ext => x; apply: h. Qed.
+
+(** A two-operand op [g] respects pointwise equality of both rows. *)
+Definition row_ext2 {I1 V1 I2 V2 J W : Type} (g : (I1 -> V1) -> (I2 -> V2) -> J -> W) : Prop :=
+  forall u u' w w', (forall x, u x = u' x) -> (forall x, w x = w' x) -> forall y, g u w y = g u' w' y.
+
+(** A two-operand op applied independently to every row of a dim both
+    operands are zig-zag sharded on (a matmul / einsum with that dim free in
+    both, a concatenation along another dim) keeps the zig-zag layout; a
+    replicated operand is the case of a row constant along the dim. *)
+Theorem zigzag_rowwise2 {I1 V1 I2 V2 J W : Type} (g : (I1 -> V1) -> (I2 -> V2) -> J -> W)
+  (p c : nat) (E1 : nat -> I1 -> V1) (L1 : nat -> nat -> I1 -> V1)
+  (E2 : nat -> I2 -> V2) (L2 : nat -> nat -> I2 -> V2) :
+  row_ext2 g -> shard_zigzag p c E1 L1 -> shard_zigzag p c E2 L2 ->
+  shard_zigzag p c (fun k => g (E1 k) (E2 k)) (fun r i => g (L1 r i) (L2 r i)).
+Proof. by move=> ext h1 h2 r i y rp ic; apply: ext => x; [apply: h1 | apply: h2]. Qed.
+
+(** A row constant along the zig-zag dim is zig-zag sharded by every rank
+    holding it (the replicated operand of [zigzag_rowwise2]). *)
+Lemma zigzag_const_row {I V : Type} (p c : nat) (F : I -> V) :
+  shard_zigzag p c (fun _ => F) (fun _ _ => F).
+Proof. by []. Qed.
+
+(** ** Reductions and contractions over the zig-zag dim give [Partial] *)
+
+(** Reducing the zig-zag dim with any commutative monoid gives [Partial(op)]. *)
+Lemma zigzag_reduce_op {I V : Type} {idx : V} (op : Monoid.com_law idx) (p c : nat)
+  (E : nat -> I -> V) (L : nat -> nat -> I -> V) :
+  shard_zigzag p c E L ->
+  partial_op op p (fun x => \big[op/idx]_(0 <= k < p * (2 * c)) E k x)
+                  (fun r x => \big[op/idx]_(0 <= i < 2 * c) L r i x).
+Proof.
+move=> h x; rewrite -big_zigzag; apply: eq_big_nat => r /andP[_ rp].
+by apply: eq_big_nat => i /andP[_ ic]; rewrite h.
+Qed.
+
+(** Sum over the zig-zag dim gives [Partial(sum)]. *)
+Theorem zigzag_reduce_sum {I : Type} {R : zmodType} (p c : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  shard_zigzag p c E L ->
+  partial_sum p (fun x => \sum_(0 <= k < p * (2 * c)) E k x)
+                (fun r x => \sum_(0 <= i < 2 * c) L r i x).
+Proof. exact: (zigzag_reduce_op (GRing.add_comoid R)). Qed.
+
+(** Join (max) over the zig-zag dim in a lattice with bottom gives
+    [Partial(max)]. *)
+Lemma zigzag_reduce_max_lattice {I : Type} {disp : unit} {T : bLatticeType disp}
+  (p c : nat) (E : nat -> I -> T) (L : nat -> nat -> I -> T) :
+  shard_zigzag p c E L ->
+  partial_max p (fun x => \big[Order.join/Order.bottom]_(0 <= k < p * (2 * c)) E k x)
+                (fun r x => \big[Order.join/Order.bottom]_(0 <= i < 2 * c) L r i x).
+Proof. exact: (zigzag_reduce_op Order.BLatticeTheory.join_comoid). Qed.
+
+(** Max over the zig-zag dim in a totally ordered field ([p, c > 0]) gives
+    [Partial(max)]. *)
+Lemma zigzag_reduce_max_real {I : Type} {R : realDomainType} (p c : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  (0 < p)%N -> (0 < c)%N -> shard_zigzag p c E L ->
+  partial_max_real p (fun x => max_upto (fun k => E k x) (p * (2 * c)))
+                     (fun r x => max_upto (fun i => L r i x) (2 * c)).
+Proof.
+move=> p0 c0 h x; have c20 : (0 < 2 * c)%N by rewrite muln_gt0.
+symmetry; apply: max_upto_unique => [|k kn|].
+- by rewrite muln_gt0 p0.
+- have [r [i [rp ic <-]]] := zz_index_onto kn; rewrite -h //.
+  apply: (Order.POrderTheory.le_trans (max_upto_ub (fun i => L r i x) ic)).
+  exact: (max_upto_ub (fun r => max_upto (fun i => L r i x) (2 * c)) rp).
+- have [r rp ->] := max_upto_attained (fun r => max_upto (fun i => L r i x) (2 * c)) p0.
+  have [i ic ->] := max_upto_attained (fun i => L r i x) c20.
+  by exists (zz_index p c r i); rewrite ?zz_index_lt ?h.
+Qed.
+
+(** Max over the zig-zag dim gives [Partial(max)]: for a lattice with a
+    bottom (join), and for a totally ordered field with [p, c > 0] (the two
+    forms of [reduce_max_sharded_dim]). *)
+Theorem zigzag_reduce_max :
+  (forall (I : Type) (disp : unit) (T : bLatticeType disp) (p c : nat)
+     (E : nat -> I -> T) (L : nat -> nat -> I -> T),
+   shard_zigzag p c E L ->
+   partial_max p (fun x => \big[Order.join/Order.bottom]_(0 <= k < p * (2 * c)) E k x)
+                 (fun r x => \big[Order.join/Order.bottom]_(0 <= i < 2 * c) L r i x)) /\
+  (forall (I : Type) (R : realDomainType) (p c : nat)
+     (E : nat -> I -> R) (L : nat -> nat -> I -> R),
+   (0 < p)%N -> (0 < c)%N -> shard_zigzag p c E L ->
+   partial_max_real p (fun x => max_upto (fun k => E k x) (p * (2 * c)))
+                      (fun r x => max_upto (fun i => L r i x) (2 * c))).
+Proof.
+split=> [I disp T p c E L|I R p c E L]; first exact: zigzag_reduce_max_lattice.
+exact: zigzag_reduce_max_real.
+Qed.
+
+(** Mean over the zig-zag dim: the local means are a [Partial(avg)] of the
+    global mean. *)
+Theorem zigzag_reduce_mean {I : Type} {R : fieldType} (p c : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  shard_zigzag p c E L ->
+  partial_avg p (fun x => ((p * (2 * c))%N%:R)^-1 * \sum_(0 <= k < p * (2 * c)) E k x)
+                (fun r x => ((2 * c)%N%:R)^-1 * \sum_(0 <= i < 2 * c) L r i x).
+Proof.
+move=> h x; rewrite -mulr_sumr (zigzag_reduce_sum h) [(p * _)%:R]natrM invfM.
+by rewrite mulrA.
+Qed.
+
+(** Contracting two operands over their common zig-zag dim (matmul / einsum
+    with the zig-zag dim contracted) gives [Partial(sum)]. *)
+Theorem zigzag_contraction {I J : Type} {R : ringType} (p c : nat)
+  (A : nat -> I -> R) (LA : nat -> nat -> I -> R)
+  (B : nat -> J -> R) (LB : nat -> nat -> J -> R) :
+  shard_zigzag p c A LA -> shard_zigzag p c B LB ->
+  partial_sum p (fun xy : I * J => \sum_(0 <= k < p * (2 * c)) A k xy.1 * B k xy.2)
+                (fun r xy => \sum_(0 <= i < 2 * c) LA r i xy.1 * LB r i xy.2).
+Proof.
+move=> hA hB [x y] /=; rewrite -sum_zigzag; apply: eq_big_nat => r /andP[_ rp].
+by apply: eq_big_nat => i /andP[_ ic]; rewrite hA ?hB.
+Qed.
+
+(** ** Producing the layout *)
+
+(** Rank [r] concatenating slices [[r*c, r*c+c)] and
+    [[(2p-1-r)*c, (2p-1-r)*c+c)] of its replica of [X] holds the zig-zag
+    shard of [X]. *)
+Theorem zigzag_from_slices {I V : Type} (p c : nat) (X : nat -> I -> V)
+  (LX : nat -> nat -> I -> V) :
+  replicate p X LX ->
+  shard_zigzag p c X (fun r => concat c (fun i => LX r (r * c + i)%N)
+                                        (fun i => LX r ((2 * p - 1 - r) * c + i)%N)).
+Proof. by move=> h r i x rp ic; rewrite /concat /zz_index; case: ifP; rewrite h. Qed.
+
+(** ** Ring attention over zig-zag key blocks.
+    Rank [r] holds the keys (and values) of chunks [r] and [2p-1-r]; in the
+    ring it ships them as one block of [2c] keys.  Read as a flat sequence of
+    [p] blocks of [2c], the keys are [s (zz_flat p c k)]: block [r] is exactly
+    rank [r]'s zig-zag keys ([zz_flat_block]).  Since [zz_flat] permutes the
+    keys, every fact of [Ring.v] about [p] blocks of size [b] carries over
+    with [b = 2c]. *)
+
+(** A sum over all keys read through [zz_flat] is the sum over all keys. *)
+Lemma sum_zz_flat {R : zmodType} (p c : nat) (F : nat -> R) :
+  \sum_(0 <= k < p * (2 * c)) F (zz_flat p c k) = \sum_(0 <= k < p * (2 * c)) F k.
+Proof. exact: (big_reindex_inj (GRing.add_comoid R) F (@zz_flat_lt p c) (@zz_flat_inj p c)). Qed.
+
+(** Softmax attention over the keys in zig-zag order is softmax attention
+    over the keys in their logical order (any [exp]). *)
+Lemma softmax_attention_zigzag {R : realFieldType} (exp : R -> R) (p c : nat)
+  (s v : nat -> R) :
+  softmax_attention exp (p * (2 * c)) (fun k => s (zz_flat p c k)) (fun k => v (zz_flat p c k))
+  = softmax_attention exp (p * (2 * c)) s v.
+Proof.
+by rewrite /softmax_attention (sum_zz_flat p c (fun k => exp (s k) * v k))
+  (sum_zz_flat p c (fun k => exp (s k))).
+Qed.
+
+Section ZigzagRingAttention.
+Variable R : realFieldType.
+Variable exp : R -> R.
+Hypothesis expD : forall a c, exp (a + c) = exp a * exp c.
+Hypothesis exp_pos : forall a, 0 < exp a.
+
+(** Ring attention on rank [r] over the zig-zag key blocks (block size [2c],
+    block [(r + p - t) mod p] at step [t], zero initial sum and accumulator,
+    any references): after [p] steps [acc / l] is softmax attention over all
+    [p * (2 * c)] keys. *)
+Lemma ring_attention_zigzag_output (p c r : nat) (s v : nat -> R) (refs : nat -> R)
+  (x0 : ring_state R) :
+  ring_lsum x0 = 0 -> ring_acc x0 = 0 ->
+  let x := ring_fold exp (2 * c) (fun k => s (zz_flat p c k)) (fun k => v (zz_flat p c k))
+             (fun t => ((r + p - t) %% p)%N) refs x0 p in
+  ring_acc x / ring_lsum x = softmax_attention exp (p * (2 * c)) s v.
+Proof.
+move=> l0 a0 /=; rewrite (ring_attention_online_softmax expD exp_pos) //.
+exact: softmax_attention_zigzag.
+Qed.
+
+(** The probabilities recomputed from the final state of the zig-zag ring are
+    the softmax probabilities over all [p * (2 * c)] keys. *)
+Lemma ring_attention_zigzag_probabilities (p c r : nat) (s v : nat -> R)
+  (refs : nat -> R) (x0 : ring_state R) :
+  ring_lsum x0 = 0 ->
+  let x := ring_fold exp (2 * c) (fun k => s (zz_flat p c k)) (fun k => v (zz_flat p c k))
+             (fun t => ((r + p - t) %% p)%N) refs x0 p in
+  forall k, exp (s (zz_flat p c k) - ring_ref x) / ring_lsum x =
+            exp (s (zz_flat p c k)) / \sum_(0 <= k' < p * (2 * c)) exp (s k').
+Proof.
+move=> l0 x k; rewrite /x (ring_probabilities expD exp_pos) //.
+by rewrite (sum_zz_flat p c (fun k' => exp (s k'))).
+Qed.
+End ZigzagRingAttention.
+
+(** Ring attention with zig-zag blocks: (a) softmax attention over the keys
+    in zig-zag order is softmax attention over all keys; (b) the ring fold of
+    rank [r] over the zig-zag key blocks gives softmax attention over all
+    keys; (c) the probabilities recomputed from its final state are the
+    softmax probabilities over all keys; (d) a sum over the query rows of all
+    ranks in zig-zag order is the sum over all query rows. *)
+Theorem ring_attention_zigzag :
+  (forall (R : realFieldType) (exp : R -> R) (p c : nat) (s v : nat -> R),
+     softmax_attention exp (p * (2 * c)) (fun k => s (zz_flat p c k))
+                       (fun k => v (zz_flat p c k))
+     = softmax_attention exp (p * (2 * c)) s v) /\
+  (forall (R : realFieldType) (exp : R -> R),
+     (forall a c, exp (a + c) = exp a * exp c) ->
+     (forall a, 0 < exp a) ->
+     forall (p c r : nat) (s v : nat -> R) (refs : nat -> R) (x0 : ring_state R),
+     ring_lsum x0 = 0 -> ring_acc x0 = 0 ->
+     let x := ring_fold exp (2 * c) (fun k => s (zz_flat p c k))
+                (fun k => v (zz_flat p c k)) (fun t => ((r + p - t) %% p)%N) refs x0 p in
+     ring_acc x / ring_lsum x = softmax_attention exp (p * (2 * c)) s v) /\
+  (forall (R : realFieldType) (exp : R -> R),
+     (forall a c, exp (a + c) = exp a * exp c) ->
+     (forall a, 0 < exp a) ->
+     forall (p c r : nat) (s v : nat -> R) (refs : nat -> R) (x0 : ring_state R),
+     ring_lsum x0 = 0 ->
+     let x := ring_fold exp (2 * c) (fun k => s (zz_flat p c k))
+                (fun k => v (zz_flat p c k)) (fun t => ((r + p - t) %% p)%N) refs x0 p in
+     forall k, exp (s (zz_flat p c k) - ring_ref x) / ring_lsum x =
+               exp (s (zz_flat p c k)) / \sum_(0 <= k' < p * (2 * c)) exp (s k')) /\
+  (forall (G : zmodType) (p c : nat) (F : nat -> G),
+     \sum_(0 <= r < p) \sum_(0 <= i < 2 * c) F (zz_index p c r i) =
+     \sum_(0 <= q < p * (2 * c)) F q).
+Proof.
+split; first exact: @softmax_attention_zigzag.
+split; first exact: ring_attention_zigzag_output.
+split; first exact: ring_attention_zigzag_probabilities.
+exact: @sum_zigzag.
+Qed.

@@ -1,0 +1,198 @@
+"""Load-balanced ("zig-zag") context parallelism: the rules for ``ZigzagShard(d)``.
+
+Causal attention gives the last sequence block the most work, so context parallel training cuts the
+sequence into 2p chunks and gives rank r chunks r and 2p-1-r (Megatron-CP, torchtitan's head-tail
+load balancer).  Rank r's local row i is logical row
+
+    zz(r, i) = r*c + i               for i < c
+               (2p-1-r)*c + (i - c)  for c <= i < 2c          (c = n / 2p)
+
+``ZigzagShard(d)`` of E is therefore ``Shard(d)`` of E read through the bijection zz of dim d
+(Coq: ``Zigzag.shard_zigzag``).  Any rule whose Shard(d) case only uses that the op acts on each index
+of d independently (pointwise and row-wise ops, batch dims of matmul / einsum, permutes, reshapes
+that leave d alone) or that it sums / maxes over all of d (reductions and contractions, which do not
+care about the order of the summands) holds for the zig-zag order too; rules that rely on the blocks
+being contiguous (slicing a rank's block, all_gather / reduce_scatter / all_to_all along d over the
+same axis, reshapes that merge or split d) do not, and a Zigzag operand makes them fail.
+
+:func:`derive_zigzag` reuses the Shard rules: it reads Zigzag as Shard on the axes that hold it,
+runs the ordinary rule, and accepts the conclusion only if the rule used on each such axis is one of
+:data:`ZIGZAG_OF`, which maps it to the zig-zag theorem that proves the same step.  Collectives are
+accepted only over other axes (a zig-zag axis is then context, unchanged).  Everything else fails.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from ..ops import REGISTRY, resolve_attrs
+from ..ops.collectives import axes_of
+from ..plan import Placement
+from ..shapes import affine_in_rank
+from .producers import ProducersBefore
+from .rules import Derivation, Fact, KCtx, RuleFailure, _names, _prod, local_shape
+
+# the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
+ZIGZAG_OF: dict[str, str] = {
+    "ew_unary_shard": "zigzag_ew_unary",
+    "ew_binary_shard": "zigzag_ew_binary",
+    "ew_binary_shard_broadcast": "zigzag_ew_binary_broadcast",
+    "rowwise_shard": "zigzag_rowwise",
+    "softmax_other_dim": "zigzag_rowwise",
+    "reduce_other_dim": "zigzag_rowwise",
+    "permute_shard": "zigzag_rowwise",
+    "slice_other_dim": "zigzag_rowwise",
+    "matmul_col_parallel": "zigzag_rowwise",
+    "matmul_batch_shard": "zigzag_rowwise2",
+    "einsum_shard_free_index": "zigzag_rowwise2",
+    "concat_other_dim": "zigzag_rowwise2",
+    "reshape_shard_block": "zigzag_rowwise",  # only when the zig-zag dim keeps its index (checked below)
+    "reduce_sum_sharded_dim": "zigzag_reduce_sum",
+    "reduce_max_sharded_dim": "zigzag_reduce_max",
+    "reduce_mean_sharded_dim": "zigzag_reduce_mean",
+    "matmul_row_parallel": "zigzag_contraction",
+    "einsum_shard_contracted_index": "zigzag_contraction",
+}
+
+RULES: dict[str, str] = {
+    "zigzag_ew_unary": "a pointwise function commutes with ZigzagShard(d)",
+    "zigzag_ew_binary": "a pointwise function of operands zig-zag sharded on the same dim is zig-zag sharded on it",
+    "zigzag_ew_binary_broadcast": "a zig-zag sharded operand combined pointwise with a replicated operand broadcast "
+                                  "along the shard dim stays zig-zag sharded",
+    "zigzag_rowwise": "an op computed independently for each index of a dim commutes with zig-zag sharding that dim",
+    "zigzag_rowwise2": "a two-operand op computed independently for each index of a dim commutes with zig-zag "
+                       "sharding that dim in both operands",
+    "zigzag_reduce_sum": "summing over the zig-zag sharded dim gives Partial(sum)",
+    "zigzag_reduce_max": "max over the zig-zag sharded dim gives Partial(max)",
+    "zigzag_reduce_mean": "averaging over the zig-zag sharded dim gives Partial(avg)",
+    "zigzag_contraction": "contracting the zig-zag sharded dim of two operands sharded alike gives Partial(sum)",
+    "zigzag_from_slices": "rank r concatenating chunks r and 2p-1-r of 2p chunks of a replicated tensor holds "
+                          "its ZigzagShard (pattern, kernel/zigzag.py)",
+    "ring_attention_zigzag": "ring attention over zig-zag key blocks is softmax attention over all keys; query "
+                             "blocks in zig-zag order cover every query once",
+}
+
+
+def Z(d: int) -> Placement:
+    return Placement("Z", d)
+
+
+def zigzag_axes(facts: Sequence[Fact]) -> list[int]:
+    return sorted({j for f in facts for j, p in enumerate(f.pl) if p.kind == "Z"})
+
+
+def derive_zigzag(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], facts: Sequence[Fact],
+                  fam: Callable, zax: Sequence[int]) -> Derivation:
+    """The Shard rule of ``op`` read on zig-zag axes ``zax``, accepted only where a zig-zag theorem covers it."""
+    for j in zax:
+        bad = [str(f.pl[j]) for f in facts if f.pl[j].kind not in ("Z", "R")]
+        if bad:
+            raise RuleFailure(f"{op} over {kc.axes[j]!r}: a ZigzagShard operand with {bad[0]}: no rule mixes the "
+                              f"zig-zag order with another placement on one axis")
+    as_shard = [Fact(f.expr, tuple(Placement("S", p.dim) if p.kind == "Z" else p for p in f.pl)) for f in facts]
+    d = fam(kc, op, ra, raw, as_shard)
+    category = REGISTRY[op].category
+    if category == "collective":
+        over = {kc.axes.index(a) for a in axes_of(ra) if a in kc.axes}
+        if over & set(zax):
+            raise RuleFailure(f"{op} over {kc.axes[min(over & set(zax))]!r}, which holds a ZigzagShard: the "
+                              f"collective's rules assume contiguous blocks")
+        rules = list(d.rules)
+    else:
+        if len(d.rules) != len(kc.axes):
+            raise RuleFailure(f"{op}: no zig-zag reading of its rule")
+        rules = list(d.rules)
+        for j in zax:
+            got = ZIGZAG_OF.get(rules[j])
+            if got is None:
+                raise RuleFailure(f"{op} over {kc.axes[j]!r}: {rules[j]} relies on contiguous blocks; it has no "
+                                  f"zig-zag counterpart")
+            if rules[j] == "reshape_shard_block":
+                _reshape_keeps_index(kc, facts[0], d.facts[0], j)
+            rules[j] = got
+    out = []
+    for f in d.facts:
+        pl = list(f.pl)
+        for j in zax:
+            if pl[j].kind == "S":
+                pl[j] = Z(pl[j].dim)
+            elif pl[j].kind == "R":
+                raise RuleFailure(f"{op} over {kc.axes[j]!r}: a zig-zag operand gave a replicated result")
+        out.append(Fact(f.expr, tuple(pl)))
+    return Derivation(out, rules)
+
+
+def _reshape_keeps_index(kc: KCtx, fin: Fact, fout: Fact, j: int) -> None:
+    """A reshape is row-wise in the zig-zag dim when that dim is its own reshape group, unchanged in size."""
+    X = kc.exprs
+    a, b = X[fin.expr].shape, X[fout.expr].shape
+    d_in, d_out = fin.pl[j].dim, fout.pl[j].dim
+    if a[d_in] != b[d_out] or _prod(a[:d_in]) != _prod(b[:d_out]):
+        raise RuleFailure(f"reshape {list(a)} -> {list(b)} merges or splits the zig-zag sharded dim {d_in}: the "
+                          f"chunks would no longer line up")
+
+
+def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    """``concat(slice(X, d, r*c, r*c+c), slice(X, d, (2p-1-r)*c, (2p-r)*c), dim=d)`` on rank r of axis a, with X
+    replicated over a and c = size/2p, is ZigzagShard(d) of X over a (Coq: Zigzag.zigzag_from_slices).
+    This is how a program builds its zig-zag positions (RoPE angles, causal-mask rows) from a full iota."""
+
+    producers = ProducersBefore(g, index)
+    n = g.nodes[index]
+    if n.op != "concat" or len(n.inputs) != 2:
+        raise RuleFailure("not a concatenation of two tensors")
+    env = kc.env0()
+    dim = resolve_attrs(REGISTRY["concat"], n.attrs, env)["dim"]
+    sl = []
+    for t in n.inputs:
+        got = producers.get(t)
+        if got is None or got[1].op != "slice":
+            raise RuleFailure("the concatenated tensors are not both slices")
+        sl.append(got)
+    (i1, s1), (i2, s2) = sl
+    if s1.inputs[0] != s2.inputs[0]:
+        raise RuleFailure("the two chunks are sliced from different tensors")
+    x_t = s1.inputs[0]
+    if x_t not in facts:
+        raise RuleFailure("the sliced tensor has no fact")
+    f = facts[x_t]
+    shape = kc.exprs[f.expr].shape
+    dim %= len(shape)
+    ra1, ra2 = (resolve_attrs(REGISTRY["slice"], s.attrs, env) for s in (s1, s2))
+    if any(ra["dim"] % len(shape) != dim or ra.get("step", 1) != 1 for ra in (ra1, ra2)):
+        raise RuleFailure(f"the chunks must be unit-step slices along the concatenation dim {dim}")
+    names = set()
+    for s in (s1, s2):
+        for k in ("start", "end"):
+            v = s.attrs.get(k)
+            if isinstance(v, str):
+                names |= {x[5:] for x in _names(v) if x.startswith("rank.")}
+    if len(names) != 1 or next(iter(names)) not in kc.axes:
+        raise RuleFailure("the chunk bounds must depend on exactly one mesh axis of the program")
+    a = names.pop()
+    j = kc.axes.index(a)
+    p = kc.sizes[a]
+    size = shape[dim]
+    if size % (2 * p):
+        raise RuleFailure(f"dim {dim} of size {size} does not split into 2 x {p} chunks")
+    c = size // (2 * p)
+    want = {"start": [(0, c), ((2 * p - 1) * c, -c)], "end": [(c, c), (2 * p * c, -c)]}
+    for k, s in enumerate((s1, s2)):
+        for key in ("start", "end"):
+            got = affine_in_rank(s.attrs.get(key), env, a) if isinstance(s.attrs.get(key), (str, int)) else None
+            if got != want[key][k]:
+                raise RuleFailure(f"zig-zag chunk {k}: rank r slices {key}={s.attrs.get(key)!r}; rank r must take "
+                                  f"chunks r and {2 * p - 1}-r of size {c}")
+    if f.pl[j].kind != "R":
+        raise RuleFailure(f"the zig-zag chunks must come from a tensor replicated over {a!r}, got {f.pl[j]}")
+    per_axis = []
+    for jj, q in enumerate(f.pl):
+        if jj == j:
+            per_axis.append((Z(dim), "zigzag_from_slices"))
+        elif q.kind == "R":
+            per_axis.append((q, "replicate_any"))
+        else:
+            raise RuleFailure(f"axis {kc.axes[jj]!r} holds {q} of the sliced tensor: only replicated sources are covered")
+    pl = tuple(q for q, _ in per_axis)
+    if local_shape(shape, kc.axes, pl, kc.sizes) != tuple(n.meta["shape@dims"][0][0]):
+        raise RuleFailure("the concluded placement does not give the op's local shape")
+    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({i1, i2})
