@@ -461,3 +461,84 @@ split; first exact: ring_attention_zigzag_output.
 split; first exact: ring_attention_zigzag_probabilities.
 exact: @sum_zigzag.
 Qed.
+
+(** ** Reshapes that merge (or split) a trailing dim into the zig-zag dim.
+    Merging a trailing dim of size [m] into the zig-zag dim (row-major, logical
+    row [K] is [(K / m, K mod m)]) keeps the zig-zag layout with chunk size
+    [c * m]; splitting it back off gives chunk size [c]. *)
+
+(** A row below [c * m] is one whose quotient by [m] is below [c]. *)
+Lemma ltn_div_mul (m c i : nat) : (0 < m)%N -> (i %/ m < c)%N = (i < c * m)%N.
+Proof. exact: ltn_divLR. Qed.
+
+(** Past [c * m], the merged row minus [c * m] splits as (quotient [- c], rest). *)
+Lemma sub_mul_divn (m c i : nat) : (c * m <= i)%N ->
+  (i - c * m = (i %/ m - c) * m + i %% m)%N.
+Proof.
+move=> cmi; have cm : (c * m <= i %/ m * m)%N.
+  by case: m cmi => [|m] cmi; [rewrite !muln0 | rewrite leq_mul2r /= leq_divRL].
+by rewrite mulnBl addnC addnBA // addnC -divn_eq.
+Qed.
+
+(** Zig-zag with chunk [c * m] is zig-zag with chunk [c] on the row quotient,
+    scaled by [m], plus the remainder. *)
+Lemma zz_index_merge (p c m r i : nat) :
+  (0 < m)%N -> (r < p)%N -> (i < 2 * (c * m))%N ->
+  zz_index p (c * m) r i = (zz_index p c r (i %/ m) * m + i %% m)%N.
+Proof.
+move=> m0 _ _; rewrite /zz_index ltn_div_mul //; case: ltnP => [_|cmi].
+  by rewrite mulnDl -addnA -divn_eq mulnA.
+by rewrite mulnDl -addnA -sub_mul_divn // mulnA.
+Qed.
+
+(** Local row [i < 2 * (c * m)] of the merged buffer is row [i / m < 2 * c]
+    of the unmerged one. *)
+Lemma merged_row_div_lt (c m i : nat) : (0 < m)%N -> (i < 2 * (c * m))%N ->
+  (i %/ m < 2 * c)%N.
+Proof. by move=> m0 im; rewrite ltn_divLR // -mulnA. Qed.
+
+(** Merging a trailing dim of size [m] into a zig-zag dim with chunk [c]
+    gives a zig-zag dim with chunk [c * m]. *)
+Theorem zigzag_merge_rows {I V : Type} (p c m : nat) (E : nat -> nat -> I -> V)
+  (L : nat -> nat -> nat -> I -> V) :
+  (0 < m)%N ->
+  (forall r i j x, (r < p)%N -> (i < 2 * c)%N -> (j < m)%N ->
+     L r i j x = E (zz_index p c r i) j x) ->
+  shard_zigzag p (c * m) (fun K x => E (K %/ m)%N (K %% m)%N x)
+                         (fun r K x => L r (K %/ m)%N (K %% m)%N x).
+Proof.
+move=> m0 h r k x rp km; rewrite h ?ltn_pmod ?merged_row_div_lt //.
+by rewrite zz_index_merge // block_div ?block_mod ?ltn_pmod.
+Qed.
+
+(** Splitting a trailing dim of size [m] off a zig-zag dim with chunk
+    [c * m]: row [(i, j)] of the local buffer read as [[rows, m]] is row
+    [(zz_index p c r i, j)], i.e. the rows keep the zig-zag layout with
+    chunk [c]. *)
+Theorem zigzag_split_rows {I V : Type} (p c m : nat) (F : nat -> I -> V)
+  (LF : nat -> nat -> I -> V) :
+  (0 < m)%N -> shard_zigzag p (c * m) F LF ->
+  forall r i j x, (r < p)%N -> (i < 2 * c)%N -> (j < m)%N ->
+  LF r (i * m + j)%N x = F (zz_index p c r i * m + j)%N x.
+Proof.
+move=> m0 h r i j x rp ic jm; have im : (i * m + j < 2 * (c * m))%N.
+  by rewrite mulnA block_lt.
+by rewrite h // zz_index_merge // block_div ?block_mod.
+Qed.
+
+(** Reshape of the zig-zag dim: merging a trailing dim of size [m] into it
+    gives chunk [c * m], and splitting it off a chunk-[c * m] dim gives
+    chunk [c] on the rows. *)
+Theorem zigzag_reshape :
+  (forall (I V : Type) (p c m : nat) (E : nat -> nat -> I -> V)
+     (L : nat -> nat -> nat -> I -> V),
+   (0 < m)%N ->
+   (forall r i j x, (r < p)%N -> (i < 2 * c)%N -> (j < m)%N ->
+      L r i j x = E (zz_index p c r i) j x) ->
+   shard_zigzag p (c * m) (fun K x => E (K %/ m)%N (K %% m)%N x)
+                          (fun r K x => L r (K %/ m)%N (K %% m)%N x)) /\
+  (forall (I V : Type) (p c m : nat) (F : nat -> I -> V) (LF : nat -> nat -> I -> V),
+   (0 < m)%N -> shard_zigzag p (c * m) F LF ->
+   forall r i j x, (r < p)%N -> (i < 2 * c)%N -> (j < m)%N ->
+   LF r (i * m + j)%N x = F (zz_index p c r i * m + j)%N x).
+Proof. by split=> I V p c m; [exact: zigzag_merge_rows | exact: zigzag_split_rows]. Qed.

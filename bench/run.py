@@ -60,6 +60,7 @@ def cases(quick: bool):
                            if (k != "ep" or model.startswith("deepseek")) and (k != "sp" or kw.get("tp", 1) > 1)})
         out.append(("headline +sp cp2 zero1 (ep8)", model, full))
         out.append(("headline +sp ring-cp2 zero1 (ep8)", model, dict(full, cp_style="ring")))
+        out.append(("headline +sp zigzag-cp2 zero1 (ep8)", model, dict(full, cp_style="zigzag")))
     sweeps = [("layers", "llama3-8b", {"tp": 8, "dp": 8}, "layers", [4, 8, 16, 32] if quick else [4, 8, 16, 32, 64, 126]),
               ("tp", "llama3-70b", {"layers": 8}, "tp", [1, 2, 4, 8]),
               ("dp", "llama3-70b", {"layers": 8, "tp": 8}, "dp", [2, 64, 4096]),
@@ -67,7 +68,8 @@ def cases(quick: bool):
               ("pp", "llama3-70b", {"layers": 16, "tp": 8}, "pp", [1, 4, 16]),
               ("hidden x", "llama3-70b", {"layers": 8, "tp": 8}, "hscale", [1, 4, 16]),
               ("seq", "llama3-70b", {"layers": 8, "tp": 8, "cp": 2}, "s", [8192, 131072, 1048576]),
-              ("ring cp", "llama3-70b", {"layers": 8, "tp": 8, "cp_style": "ring"}, "cp", [2, 8, 32])]
+              ("ring cp", "llama3-70b", {"layers": 8, "tp": 8, "cp_style": "ring"}, "cp", [2, 8, 32]),
+              ("zigzag cp", "llama3-70b", {"layers": 8, "tp": 8, "cp_style": "zigzag"}, "cp", [2, 8, 32])]
     for name, model, base, key, values in sweeps:
         for v in values:
             kw = dict(base)

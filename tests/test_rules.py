@@ -174,7 +174,9 @@ def case_table():
     add("zigzag_reduce_max", lambda e: e.apply("amax", [e.t([4, 4], Z(0))], dims=[0]),
         lambda e: e.apply("amin", [e.t([4, 4], Z(0))], dims=[0]))
     add("zigzag_reduce_mean", lambda e: e.apply("mean", [e.t([4, 4], Z(0))], dims=[0]),
-        lambda e: e.apply("reshape", [e.t([4, 4], Z(0))], shape=[8]))  # merges the zig-zag dim
+        lambda e: e.apply("all_reduce", [e.t([4, 4], Z(0))], axis="tp", reduce="sum"))
+    add("zigzag_reshape", lambda e: e.apply("reshape", [e.t([4, 4], Z(0))], shape=[8]),  # merge: chunk 1 row -> 4
+        lambda e: e.apply("reshape", [e.t([8, 3], Z(0))], shape=["n/4/tp", 4, 3]))  # splits 4 rows off 2-row chunks
     add("zigzag_contraction", lambda e: e.apply("matmul", [e.t([4, 4], Z(1)), e.t([4, 4], Z(0))]),
         lambda e: e.apply("matmul", [e.t([4, 4], Z(1)), e.t([4, 4], S(0))]))
     add("zigzag_from_slices", None, None)  # multi-op pattern: tests/test_zigzag.py, zig-zag mutations

@@ -457,8 +457,8 @@ def local_shape(b: Binding, shape: tuple[int, ...], mesh: Mapping[str, int]) -> 
             chunks = mesh[a] * (2 if pl.kind == "Z" else 1)
             if s[d] % chunks:
                 raise PlanError(f"{b.path}.placement.{a}",
-                                f"dim {d} of size {s[d]} is not divisible by {chunks} "
-                                f"({'2 x ' if pl.kind == 'Z' else ''}mesh axis {a!r} of size {mesh[a]})")
+                                f"dim {d} of size {s[d]} is not divisible by {'2 x ' if pl.kind == 'Z' else ''}"
+                                f"mesh axis {a!r} of size {mesh[a]}")
             s[d] //= mesh[a]
     return tuple(s)
 

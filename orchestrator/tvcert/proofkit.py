@@ -129,6 +129,7 @@ RULES: dict[str, str] = {
     "zigzag_reduce_mean": f"{_T}.Zigzag.zigzag_reduce_mean",
     "zigzag_contraction": f"{_T}.Zigzag.zigzag_contraction",
     "zigzag_from_slices": f"{_T}.Zigzag.zigzag_from_slices",
+    "zigzag_reshape": f"{_T}.Zigzag.zigzag_reshape",
     "ring_attention_zigzag": f"{_T}.Zigzag.ring_attention_zigzag",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",

@@ -810,6 +810,24 @@ def gen_reshape_transpose(rng: random.Random, name: str, bug: bool) -> Pair:
                 perturbed=bug, mutation="reshape_transpose" if bug else None, alt_dims=alt)
 
 
+def as_zigzag(pair: Pair, rng: random.Random) -> None:
+    """Read every Shard(d) of one mesh axis as ZigzagShard(d), inputs and outputs alike.  The program is
+    unchanged, so the result is right only where every op it runs is indifferent to the order of the rows
+    (the zig-zag rules' premise); the oracle decides, and the verifier must never certify a wrong one."""
+    binds = list(pair.plan["inputs"].values()) + list(pair.plan["outputs"].values())
+    axes = sorted({a for b in binds for a, t in b.get("placement", {}).items() if t.startswith("Shard(")})
+    if not axes:
+        return
+    a = rng.choice(axes)
+    for b in binds:
+        t = b.get("placement", {}).get(a, "")
+        if t.startswith("Shard("):
+            b["placement"][a] = "Zigzag" + t
+    pair.tags.append("zigzag_reading")
+    pair.perturbed = True
+    pair.mutation = "+".join(x for x in (pair.mutation, "zigzag_reading") if x)
+
+
 def generate(seed: int, index: int, perturb_rate: float = 0.5) -> Pair:
     """The ``index``-th pair of the stream with this seed (deterministic)."""
     from .mutate import mutate
@@ -832,5 +850,7 @@ def generate(seed: int, index: int, perturb_rate: float = 0.5) -> Pair:
             if m is not None:
                 pair.plan, pair.mutation = m
                 pair.perturbed = True
+        if rng.random() < 0.15:
+            as_zigzag(pair, rng)
     pair.seed = seed
     return pair

@@ -25,12 +25,14 @@ def _n(name, op, *inputs, **attrs):
     return d
 
 
-def ring_plan(name: str, cp: int, dims: dict, causal: bool, scale: float, outer: tuple[str, int] | None) -> dict:
+def ring_plan(name: str, cp: int, dims: dict, causal: bool, scale: float, outer: tuple[str, int] | None,
+              zigzag: bool = False) -> dict:
     """A correct ring-attention plan (q, k, v sharded on the sequence over cp); ``outer`` = (axis, dim 0 or 1)
-    adds a size-2 axis sharding the batch or the heads."""
+    adds a size-2 axis sharding the batch or the heads; ``zigzag``: load-balanced chunks (rank r holds
+    chunks r and 2cp-1-r), with the query / key positions built from the same two chunks."""
     shp, lshp, rows = ["b", "nh", "s", "hd"], ["b", "nh", "s/cp", "hd"], ["b", "nh", "s/cp", 1]
     mesh = [["cp", "cp"]]
-    pl = {"cp": "Shard(2)"}
+    pl = {"cp": "ZigzagShard(2)" if zigzag else "Shard(2)"}
     if outer is not None:
         ax, d = outer
         mesh.append([ax, ax])  # its size is the dim named after it (2)
@@ -62,9 +64,14 @@ def ring_plan(name: str, cp: int, dims: dict, causal: bool, scale: float, outer:
         carried.append("kpos")
         outs.append("kpos2")
         invariants.append("qpos")
-        nodes = [_n("iota", "iota", size="s"),
-                 _n("blk", "slice", "iota", dim=0, start="rank.cp*(s/cp)", end="(rank.cp+1)*(s/cp)"),
-                 _n("qpos", "cast", "blk", dtype="float")] + nodes
+        if zigzag:
+            c = "(s/(2*cp))"
+            blk = [_n("head", "slice", "iota", dim=0, start=f"rank.cp*{c}", end=f"(rank.cp+1)*{c}"),
+                   _n("tail", "slice", "iota", dim=0, start=f"(2*cp-1-rank.cp)*{c}", end=f"(2*cp-rank.cp)*{c}"),
+                   _n("blk", "concat", "head", "tail", dim=0)]
+        else:
+            blk = [_n("blk", "slice", "iota", dim=0, start="rank.cp*(s/cp)", end="(rank.cp+1)*(s/cp)")]
+        nodes = [_n("iota", "iota", size="s"), *blk, _n("qpos", "cast", "blk", dtype="float")] + nodes
         inits.append("qpos")
     nodes.append({"outputs": [f"{c}_out" for c in carried], "op": "ring_loop", "inputs": inits + invariants,
                   "attrs": {"axis": "cp", "carry": len(carried),
@@ -74,7 +81,8 @@ def ring_plan(name: str, cp: int, dims: dict, causal: bool, scale: float, outer:
     if outer is not None:
         full[outer[0]] = 2
     return {
-        "tvcert_plan": 1, "name": name, "description": f"fuzz ring attention cp={cp} causal={causal} outer={outer}",
+        "tvcert_plan": 1, "name": name,
+        "description": f"fuzz ring attention cp={cp} causal={causal} outer={outer} zigzag={zigzag}",
         "dims": full, "mesh": mesh,
         "logical": {"inputs": [{"name": x, "shape": shp} for x in "qkv"], "nodes": logical, "outputs": ["o"]},
         "parallel": [{"name": "ring", "inputs": [{"name": x, "shape": lshp} for x in "qkv"], "nodes": nodes,
@@ -112,15 +120,27 @@ def edit_body(body: dict, rng: random.Random) -> str:
 def gen_ring(rng: random.Random, name: str, perturb_rate: float) -> Pair:
     cp = rng.choice([2, 2, 3, 4])
     dims = {"b": rng.choice([1, 2]), "nh": rng.choice([1, 2]), "hd": rng.choice([1, 2, 3])}
-    dims["s"] = cp * rng.choice([1, 2, 3])
+    zigzag = rng.random() < 0.3
+    dims["s"] = cp * rng.choice([1, 2, 3]) * (2 if zigzag else 1)
     outer = rng.choice([None, None, ("dp", 0), ("tp", 1)])  # (axis, the dim it shards: batch or heads)
     if outer is not None:
         dims["b" if outer[1] == 0 else "nh"] = 2
     causal = rng.random() < 0.7
-    plan = ring_plan(name, cp, dims, causal, rng.choice([1.0, 0.5, 0.7071067811865476]), outer)
-    pair = Pair(plan, "ring", ["ring_attention"] + (["causal"] if causal else []) + ([outer[0]] if outer else []))
+    plan = ring_plan(name, cp, dims, causal, rng.choice([1.0, 0.5, 0.7071067811865476]), outer, zigzag)
+    pair = Pair(plan, "ring", ["ring_attention"] + (["causal"] if causal else []) + ([outer[0]] if outer else [])
+                + (["zigzag"] if zigzag else []))
     if rng.random() < perturb_rate:
         loop = next(n for n in plan["parallel"][0]["nodes"] if n["op"] == "ring_loop")
         edits = [edit_body(loop["attrs"]["body"], rng) for _ in range(rng.randint(1, 3))]
+        if zigzag and causal and rng.random() < 0.3:
+            edits.append(edit_chunks(plan["parallel"][0]["nodes"], rng))
         pair.perturbed, pair.mutation = True, "+".join(edits)
     return pair
+
+
+def edit_chunks(nodes: list[dict], rng: random.Random) -> str:
+    """Move one zig-zag position chunk: the positions no longer match the rows the rank holds."""
+    n = next(m for m in nodes if m.get("name") == rng.choice(["head", "tail"]))
+    k = rng.choice(["rank.cp", "(cp+rank.cp)", "(cp-1-rank.cp)", "(2*cp-1-rank.cp)", "(2*rank.cp)"])
+    n["attrs"]["start"], n["attrs"]["end"] = f"{k}*(s/(2*cp))", f"({k}+1)*(s/(2*cp))"
+    return "zigzag_chunk"

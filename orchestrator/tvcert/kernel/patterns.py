@@ -157,6 +157,8 @@ def _lookup_axes(kc: KCtx, a: str, wf: Fact, idf: Fact, rule: str, kind: str) ->
             out.append((R, "replicate_any"))
         elif ip.kind == "S" and (wp.kind == "R" if kind == "embedding" else wp == ip):
             out.append((ip, "rowwise_shard"))
+        elif ip.kind == "Z" and (wp.kind == "R" if kind == "embedding" else wp == ip):  # load-balanced tokens
+            out.append((ip, "zigzag_rowwise" if kind == "embedding" else "zigzag_rowwise2"))
         else:
             raise RuleFailure(f"axis {b!r}: table {wp}, ids {ip}: not covered")
     return out
@@ -309,6 +311,8 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
             per_axis.append((S(0), "vocab_parallel_embedding_backward"))
             continue
         got = embedding_backward_axis(pg, pi, rank)
+        if pg.kind == "Z" and pg == pi and pg.dim < rank - 1:  # tokens in load-balanced chunks: a sum over them
+            got = (P("sum"), "zigzag_contraction")
         if got is None or got[0] == S(1):  # the gradient's hidden dim sharded: not with a vocab-sharded result
             raise RuleFailure(f"axis {b!r}: gradient {pg}, ids {pi}: not covered")
         per_axis.append(got)

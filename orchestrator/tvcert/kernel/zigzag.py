@@ -10,10 +10,10 @@ load balancer).  Rank r's local row i is logical row
 ``ZigzagShard(d)`` of E is therefore ``Shard(d)`` of E read through the bijection zz of dim d
 (Coq: ``Zigzag.shard_zigzag``).  Any rule whose Shard(d) case only uses that the op acts on each index
 of d independently (pointwise and row-wise ops, batch dims of matmul / einsum, permutes, reshapes
-that leave d alone) or that it sums / maxes over all of d (reductions and contractions, which do not
-care about the order of the summands) holds for the zig-zag order too; rules that rely on the blocks
-being contiguous (slicing a rank's block, all_gather / reduce_scatter / all_to_all along d over the
-same axis, reshapes that merge or split d) do not, and a Zigzag operand makes them fail.
+that leave d alone or merge / split whole chunks) or that it sums / maxes over all of d (reductions and
+contractions, which do not care about the order of the summands) holds for the zig-zag order too;
+rules that rely on the blocks being contiguous (slicing a rank's block, all_gather / reduce_scatter /
+all_to_all along d over the same axis) do not, and a Zigzag operand makes them fail.
 
 :func:`derive_zigzag` reuses the Shard rules: it reads Zigzag as Shard on the axes that hold it,
 runs the ordinary rule, and accepts the conclusion only if the rule used on each such axis is one of
@@ -29,7 +29,7 @@ from ..ops.collectives import axes_of
 from ..plan import Placement
 from ..shapes import affine_in_rank
 from .producers import ProducersBefore
-from .rules import Derivation, Fact, KCtx, RuleFailure, _names, _prod, local_shape
+from .rules import Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, local_shape
 
 # the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
 ZIGZAG_OF: dict[str, str] = {
@@ -45,7 +45,7 @@ ZIGZAG_OF: dict[str, str] = {
     "matmul_batch_shard": "zigzag_rowwise2",
     "einsum_shard_free_index": "zigzag_rowwise2",
     "concat_other_dim": "zigzag_rowwise2",
-    "reshape_shard_block": "zigzag_rowwise",  # only when the zig-zag dim keeps its index (checked below)
+    "reshape_shard_block": "zigzag_reshape",  # or zigzag_rowwise; the chunks must line up (_reshape_rule)
     "reduce_sum_sharded_dim": "zigzag_reduce_sum",
     "reduce_max_sharded_dim": "zigzag_reduce_max",
     "reduce_mean_sharded_dim": "zigzag_reduce_mean",
@@ -65,6 +65,8 @@ RULES: dict[str, str] = {
     "zigzag_reduce_max": "max over the zig-zag sharded dim gives Partial(max)",
     "zigzag_reduce_mean": "averaging over the zig-zag sharded dim gives Partial(avg)",
     "zigzag_contraction": "contracting the zig-zag sharded dim of two operands sharded alike gives Partial(sum)",
+    "zigzag_reshape": "a reshape merging trailing elements into the zig-zag dim, or splitting them off, keeps the "
+                      "zig-zag order when a chunk fills whole rows of the result",
     "zigzag_from_slices": "rank r concatenating chunks r and 2p-1-r of 2p chunks of a replicated tensor holds "
                           "its ZigzagShard (pattern, kernel/zigzag.py)",
     "ring_attention_zigzag": "ring attention over zig-zag key blocks is softmax attention over all keys; query "
@@ -106,9 +108,7 @@ def derive_zigzag(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, An
             if got is None:
                 raise RuleFailure(f"{op} over {kc.axes[j]!r}: {rules[j]} relies on contiguous blocks; it has no "
                                   f"zig-zag counterpart")
-            if rules[j] == "reshape_shard_block":
-                _reshape_keeps_index(kc, facts[0], d.facts[0], j)
-            rules[j] = got
+            rules[j] = _reshape_rule(kc, facts[0], d.facts[0], j) if rules[j] == "reshape_shard_block" else got
     out = []
     for f in d.facts:
         pl = list(f.pl)
@@ -121,14 +121,28 @@ def derive_zigzag(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, An
     return Derivation(out, rules)
 
 
-def _reshape_keeps_index(kc: KCtx, fin: Fact, fout: Fact, j: int) -> None:
-    """A reshape is row-wise in the zig-zag dim when that dim is its own reshape group, unchanged in size."""
+def _reshape_rule(kc: KCtx, fin: Fact, fout: Fact, j: int) -> str:
+    """The Shard rule already found the zig-zag dim leading its reshape group on both sides.  Merging T_in
+    trailing elements into a row and splitting T_out off again keeps the zig-zag order when the rows of
+    one chunk (size/2p of them, T_in elements each) fill whole output rows: (size/2p * T_in) % T_out == 0
+    (Coq: Zigzag.zigzag_reshape, chunk c*m of the merged dim <-> chunk c of the rows)."""
     X = kc.exprs
     a, b = X[fin.expr].shape, X[fout.expr].shape
     d_in, d_out = fin.pl[j].dim, fout.pl[j].dim
-    if a[d_in] != b[d_out] or _prod(a[:d_in]) != _prod(b[:d_out]):
-        raise RuleFailure(f"reshape {list(a)} -> {list(b)} merges or splits the zig-zag sharded dim {d_in}: the "
-                          f"chunks would no longer line up")
+    ga, gb = next((ga, gb) for ga, gb in _groups(list(a), list(b)) if d_in in ga)
+    t_in = _prod(a[x] for x in ga if x > d_in)
+    t_out = _prod(b[y] for y in gb if y > d_out)
+    if d_out not in gb or _prod(a[x] for x in ga) != _prod(b[y] for y in gb):
+        raise RuleFailure(f"reshape {list(a)} -> {list(b)}: the zig-zag dim {d_in} is not carried by dim {d_out}")
+    if t_in == 1 and t_out == 1:
+        return "zigzag_rowwise"
+    # this axis sees the dim as its outer axes left it (nested shards of the same dim)
+    outer = _prod(kc.sizes[kc.axes[k]] for k in range(j) if fin.pl[k].kind in ("S", "Z") and fin.pl[k].dim == d_in)
+    chunk = a[d_in] // outer // (2 * kc.sizes[kc.axes[j]])
+    if (chunk * t_in) % t_out:
+        raise RuleFailure(f"reshape {list(a)} -> {list(b)}: a zig-zag chunk of {chunk} rows of dim {d_in} does not "
+                          f"fill whole rows of output dim {d_out}: the chunks would no longer line up")
+    return "zigzag_reshape"
 
 
 def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
