@@ -140,7 +140,8 @@ def gen_ring(rng: random.Random, name: str, perturb_rate: float) -> Pair:
 
 def edit_chunks(nodes: list[dict], rng: random.Random) -> str:
     """Move one zig-zag position chunk: the positions no longer match the rows the rank holds."""
-    n = next(m for m in nodes if m.get("name") == rng.choice(["head", "tail"]))
+    which = rng.choice(["head", "tail"])
+    n = next(m for m in nodes if m.get("name") == which)
     k = rng.choice(["rank.cp", "(cp+rank.cp)", "(cp-1-rank.cp)", "(2*cp-1-rank.cp)", "(2*rank.cp)"])
     n["attrs"]["start"], n["attrs"]["end"] = f"{k}*(s/(2*cp))", f"({k}+1)*(s/(2*cp))"
     return "zigzag_chunk"
