@@ -117,6 +117,9 @@ RULES: dict[str, str] = {
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",
     "vocab_parallel_embedding_clamped": f"{_T}.Composite.vocab_parallel_embedding_clamped",
+    "vocab_parallel_log_softmax": f"{_T}.LossParallel.vocab_parallel_log_softmax",
+    "vocab_parallel_nll_loss": f"{_T}.LossParallel.vocab_parallel_nll_loss",
+    "vocab_parallel_nll_backward": f"{_T}.LossParallel.vocab_parallel_nll_backward",
     "ring_attention_backward": f"{_T}.Ring.ring_attention_backward",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
