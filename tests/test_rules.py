@@ -156,6 +156,7 @@ def case_table():
     add("ring_attention_online_softmax", None, None)  # multi-op pattern: tests/test_ring.py
     add("vocab_parallel_embedding_clamped", None, None)  # multi-op pattern: examples/vocab_parallel_embedding_clamped*
     add("vocab_parallel_embedding_backward", None, None)  # multi-op pattern: masked_embedding mutations, generators
+    add("vocab_parallel_embedding_clamped_backward", None, None)  # multi-op pattern: torchtitan trace + mutations
     add("vocab_parallel_log_softmax", None, None)  # multi-op pattern: examples/vocab_parallel_loss*, torchtitan
     add("vocab_parallel_nll_loss", None, None)  # multi-op pattern: examples/vocab_parallel_loss*, torchtitan
     add("vocab_parallel_nll_backward", None, None)  # multi-op pattern: tests/test_trace_torchtitan.py mutations

@@ -293,6 +293,14 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     if len(cands) != 1:
         raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
     a, (ids_t, inner_t, m) = cands[0]
+    d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_backward")
+    matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
+    return d, sorted(set(matched))
+
+
+def _embedding_backward_block(out: Node, facts: Mapping[str, Fact], kc: KCtx, a: str, B: int, dy_t: str,
+                              ids_t: str, rule: str) -> Derivation:
+    """Shard(0) over ``a`` (rank a's block of B rows) of ``embedding_backward(dy, ids, p*B)``."""
     if dy_t not in facts or ids_t not in facts:
         raise RuleFailure("the output gradient or the token ids have no fact")
     fg, fi = facts[dy_t], facts[ids_t]
@@ -306,7 +314,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
         if b == a:
             if pg.kind != "R" or pi.kind != "R":
                 raise RuleFailure(f"the output gradient and the ids must be replicated over {a!r}")
-            per_axis.append((S(0), "vocab_parallel_embedding_backward"))
+            per_axis.append((S(0), rule))
             continue
         got = embedding_backward_axis(pg, pi, rank)
         if got is None or got[0] == S(1):  # the gradient's hidden dim sharded: not with a vocab-sharded result
@@ -316,8 +324,48 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     have = out.meta["shape@dims"][0][0]
     if local_shape(X[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
-    matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
+
+
+def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                                              ) -> tuple[Derivation, list[int]]:
+    """torchtitan's vocab-parallel embedding backward: ``embedding_backward(dy * float(in_block[..., None]),
+    clamp(ids - rank*B, 0, B-1), B)`` with the in-block mask ``(ids >= rank*B) & (ids < rank*B + B)`` is rank
+    a's block of rows (Shard(0) over a) of ``embedding_backward(dy, ids, p*B)`` (Coq:
+    vocab_parallel_embedding_clamped_backward)."""
+    producers: Producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "embedding_backward":
+        raise RuleFailure("not an embedding backward")
+    gm_t, lid_t = out.inputs
+    gm = _prod(producers, gm_t)
+    if gm is None or gm.op != "mul":
+        raise RuleFailure("the gradient is not multiplied by a mask")
+    for dy_t, c_t in (gm.inputs, gm.inputs[::-1]):
+        cast = _prod(producers, c_t)
+        if cast is not None and cast.op == "cast":
+            break
+    else:
+        raise RuleFailure("the gradient is not multiplied by a float mask")
+    um = _prod(producers, cast.inputs[0])
+    n = _prod(producers, um.inputs[0]) if um is not None and um.op in ("unsqueeze", "reshape", "view") else None
+    if n is None or _shape(um) != _shape(n) + (1,) or _shape(gm) != _shape(_prod(producers, dy_t) or gm):
+        raise RuleFailure("the gradient mask is not the float in-block mask with a trailing unit dim")
+    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
+    cands, last = [], RuleFailure("the program has no mesh axis")
+    for a in kc.axes:
+        try:
+            ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
+            bounds = _block_mask(producers, n, ids_t, kc, a, B, inside=True)
+            cands.append((a, ids_t, clamp_ts + bounds))
+        except RuleFailure as exc:
+            last = exc
+    if len(cands) != 1:
+        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
+    a, ids_t, ts = cands[0]
+    d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_clamped_backward")
+    matched = [producers[t][0] for t in (gm_t, c_t, cast.inputs[0], um.inputs[0], *n.inputs, *ts) if t in producers]
+    return d, sorted(set(matched))
 
 
 # ---------------------------------------------------------------------------------------------- loss parallel
@@ -601,6 +649,7 @@ from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_b
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,
             "vocab_parallel_embedding_backward": vocab_parallel_embedding_backward,
+            "vocab_parallel_embedding_clamped_backward": vocab_parallel_embedding_clamped_backward,
             "vocab_parallel_nll_loss": vocab_parallel_nll_loss,
             "vocab_parallel_nll_backward": vocab_parallel_nll_backward,
             "vocab_parallel_log_softmax": vocab_parallel_log_softmax,
