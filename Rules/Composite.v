@@ -93,6 +93,36 @@ move=> b0 tpb h r j _; rewrite /all_reduce_sum -(masked_lookup_sum b0 tpb h).
 by apply: eq_bigr => r' _; rewrite clamped_lookup_masked.
 Qed.
 
+(** Per token, torchtitan's backward of the clamped lookup (gradient times the
+    in-block indicator, scattered at the clamped local id) hits local row [j]
+    exactly when the global id is [r*b + j]. *)
+Lemma clamped_grad_token {R : ringType} (b r v j : nat) (x : R) :
+  (0 < b)%N -> (j < b)%N ->
+  (if minn (v - r * b) b.-1 == j
+   then x * (if ((r * b <= v) && (v < r * b + b))%N then 1 else 0) else 0)
+  = (if v == (r * b + j)%N then x else 0).
+Proof.
+move=> b0 jb; case: andP => [[lo hi] | out]; last first.
+  rewrite mulr0 if_same; case: eqP => // ev; case: out.
+  by rewrite ev leq_addr ltn_add2l.
+have lt : (v - r * b < b)%N by rewrite ltn_subLR // addnC.
+rewrite mulr1 (minn_idPl _); last by rewrite -ltnS prednK.
+by rewrite -(eqn_add2l (r * b) (v - r * b)) subnKC.
+Qed.
+
+(** torchtitan's vocab-parallel embedding backward: rank [r] multiplies the
+    gradient by the in-block indicator and scatter-adds it at the clamped
+    local ids; local row [j] is row [r*b + j] of the logical embedding
+    gradient, i.e. the rank's shard. *)
+Theorem vocab_parallel_embedding_clamped_backward {R : ringType} (p b r T : nat)
+  (ids : nat -> nat) (g : nat -> R) :
+  (r < p)%N -> (0 < b)%N -> forall j, (j < b)%N ->
+  \sum_(0 <= t < T) (if minn (ids t - r * b) b.-1 == j
+                     then g t * (if ((r * b <= ids t) && (ids t < r * b + b))%N then 1 else 0)
+                     else 0)
+  = \sum_(0 <= t < T) (if ids t == (r * b + j)%N then g t else 0).
+Proof. by move=> _ b0 j jb; apply: eq_bigr => t _; rewrite clamped_grad_token. Qed.
+
 (** ** Vocab-parallel cross-entropy. *)
 Section CrossEntropy.
 Variable R : realFieldType.

@@ -307,6 +307,96 @@ def target_logit_plan(bug=None):
     }
 
 
+# ----------------------------------------------------------------- loss parallel (torchtitan's vocab-parallel CE)
+def loss_parallel_plan(bug=None):
+    """torchtitan's _LossParallelCrossEntropy (sum reduction, ignore_index=-100) on Shard(1) logits, forward and
+    backward, against the logical log_softmax + nll_loss graph (as the ATen converter writes it)."""
+    shift_max = "m_local" if bug == "local_max" else "m"
+    nodes = [
+        n("m_local", "amax", "logits", dims=[1], keepdim=True, src="loss.py:10"),
+        n("m", "all_reduce", "m_local", axis="tp", reduce="max", src="loss.py:11"),
+        n("z", "sub", "logits", shift_max, src="loss.py:12"),
+        n("ez", "exp", "z", src="loss.py:13"),
+        n("se_local", "sum", "ez", dims=[1], keepdim=True, src="loss.py:13"),
+        n("se", "all_reduce", "se_local", axis="tp", reduce="sum", src="loss.py:14"),
+        n("lse", "log", "se", src="loss.py:15"),
+        n("ls", "sub", "z", "lse", src="loss.py:15"),
+        n("ig", "const", value=-100, dtype="int", src="loss.py:20"),
+        n("keep", "ne", "t", "ig", src="loss.py:20"),
+        n("zero_i", "const", value=0, dtype="int", src="loss.py:21"),
+        n("safe_t", "where", "keep", "t", "zero_i", src="loss.py:21"),
+        n("lo", "const", value="rank.tp*(v/tp)", dtype="int", src="loss.py:22"),
+        n("hi", "const", value="rank.tp*(v/tp)+v/tp", dtype="int", src="loss.py:23"),
+        n("below", "lt", "safe_t", "lo", src="loss.py:24"),
+        n("above", "ge", "safe_t", "hi", src="loss.py:24"),
+        n("outside", "logical_or", "below", "above", src="loss.py:24"),
+        n("shifted", "sub", "safe_t", "lo", src="loss.py:25"),
+        n("zero_l", "const", value=0, dtype="int", src="loss.py:26"),
+        n("lid", "where", "outside", "zero_l", "shifted", src="loss.py:26"),
+        n("idx", "unsqueeze", "lid", dim=1, src="loss.py:27"),
+        n("picked", "gather", "ls", "idx", dim=-1, src="loss.py:27"),
+        n("outside2", "unsqueeze", "outside", dim=1, src="loss.py:28"),
+        n("zero_f", "const", value=0, src="loss.py:28"),
+        n("masked", "where", "outside2", "zero_f", "picked", src="loss.py:28"),
+    ]
+    if bug == "no_target_all_reduce":
+        nodes.append(n("target", "squeeze", "masked", dims=[1], src="loss.py:30"))
+    else:
+        nodes += [n("target_sum", "all_reduce", "masked", axis="tp", reduce="sum", src="loss.py:29"),
+                  n("target", "squeeze", "target_sum", dims=[1], src="loss.py:30")]
+    nodes += [
+        n("nll", "neg", "target", src="loss.py:31"),
+        n("zero_f2", "const", value=0, src="loss.py:32"),
+        n("tok_loss", "where", "keep", "nll", "zero_f2", src="loss.py:32"),
+        n("loss", "sum", "tok_loss", dims=[0], src="loss.py:33"),
+        # backward: (exp(ls) - local one-hot) * where(keep, g, 0)
+        n("g", "const", value=1, src="loss.py:40"),
+        n("outside_f", "cast", "outside", dtype="float", src="loss.py:41"),
+        n("minus_in", "add_scalar", "outside_f", value=-1.0, src="loss.py:41"),
+        n("minus_in2", "unsqueeze", "minus_in", dim=1, src="loss.py:41"),
+        n("oh", "one_hot", "lid", num_classes="v/tp", src="loss.py:42"),
+        n("zero_f3", "const", value=0, src="loss.py:42"),
+        n("neg_oh", "where", "oh", "minus_in2", "zero_f3", src="loss.py:42"),
+        n("probs", "exp", "ls", src="loss.py:43"),
+        n("dls", "add", "neg_oh", "probs", src="loss.py:43"),
+        n("keep2", "unsqueeze", "keep", dim=1, src="loss.py:44"),
+        n("zero_f4", "const", value=0, src="loss.py:44"),
+        n("gk", "where", "keep2", "g", "zero_f4", src="loss.py:44"),
+        n("dx", "mul", "dls", "gk", src="loss.py:45"),
+    ]
+    return {
+        "tvcert_plan": 1,
+        "name": "vocab_parallel_loss" + (f"_{bug}" if bug else ""),
+        "description": "torchtitan's loss parallel over tp=2 (vocab-parallel log_softmax with the all-reduced max and "
+                       "sum of exps; the target logit picked at t - rank*V/tp, masked, all-reduced, ignore_index=-100; "
+                       "backward exp(ls) minus the local one-hot), forward and backward. "
+                       + {None: "Correct.",
+                          "local_max": "BUG: the logits are shifted by the rank's local max, not the all-reduced max.",
+                          "no_target_all_reduce": "BUG: the picked target logit is not all-reduced, so each rank "
+                                                  "keeps only the targets in its own block."}[bug],
+        "dims": {"n": 16, "v": 8, "tp": 2},
+        "mesh": [["tp", "tp"]],
+        "logical": {"inputs": [t("logits", ["n", "v"]), t("t", ["n"], "int", range="v")],
+                    "nodes": [n("ls", "log_softmax", "logits", dim=1, src="model.py:9"),
+                              n("oh", "one_hot", "t", num_classes="v", src="model.py:10"),
+                              n("picked", "mul", "ls", "oh", src="model.py:10"),
+                              n("row", "sum", "picked", dims=[1], src="model.py:10"),
+                              n("nll", "neg", "row", src="model.py:10"),
+                              n("loss", "sum", "nll", dims=[0], src="model.py:10"),
+                              n("g", "const", value=1, src="model.py:12"),
+                              n("oh_b", "one_hot", "t", num_classes="v", src="model.py:12"),
+                              n("noh", "neg", "oh_b", src="model.py:12"),
+                              n("dnll", "mul", "noh", "g", src="model.py:12"),
+                              n("dx", "log_softmax_backward", "dnll", "ls", dim=1, src="model.py:13")],
+                    "outputs": ["loss", "dx"]},
+        "parallel": [{"name": "tp", "inputs": [t("logits", ["n", "v/tp"]), t("t", ["n"], "int", range="v")],
+                      "nodes": nodes, "outputs": ["loss", "dx"]}],
+        "inputs": {"logits": {"local": "logits", "placement": {"tp": "Shard(1)"}}, "t": {"local": "t"}},
+        "outputs": {"loss": {"local": "loss", "placement": {"tp": "Replicate"}},
+                    "dx": {"local": "dx", "placement": {"tp": "Shard(1)"}}},
+    }
+
+
 def ring_attention_plan(bug=None):
     """Ring attention over cp=2 (causal), hand-written; see kernel/ring.py for the protocol."""
     c = 0.5
@@ -398,6 +488,9 @@ if __name__ == "__main__":
     write("vocab_parallel_embedding_clamped_mirrored_shift", clamped_embedding_plan("mirrored_shift"))
     write("vocab_parallel_target_logit", target_logit_plan())
     write("vocab_parallel_target_logit_mask_bug", target_logit_plan("wrong_mask"))
+    write("vocab_parallel_loss", loss_parallel_plan())
+    write("vocab_parallel_loss_local_max", loss_parallel_plan("local_max"))
+    write("vocab_parallel_loss_no_target_all_reduce", loss_parallel_plan("no_target_all_reduce"))
     write("ring_attention_cp2", ring_attention_plan())
     for bug in ("no_max_correction", "positions_not_passed", "acc_starts_at_one", "shift_backwards"):
         write(f"ring_attention_cp2_{bug}", ring_attention_plan(bug))

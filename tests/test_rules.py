@@ -157,6 +157,10 @@ def case_table():
     add("ring_attention_online_softmax", None, None)  # multi-op pattern: tests/test_ring.py
     add("vocab_parallel_embedding_clamped", None, None)  # multi-op pattern: examples/vocab_parallel_embedding_clamped*
     add("vocab_parallel_embedding_backward", None, None)  # multi-op pattern: masked_embedding mutations, generators
+    add("vocab_parallel_embedding_clamped_backward", None, None)  # multi-op pattern: torchtitan trace + mutations
+    add("vocab_parallel_log_softmax", None, None)  # multi-op pattern: examples/vocab_parallel_loss*, torchtitan
+    add("vocab_parallel_nll_loss", None, None)  # multi-op pattern: examples/vocab_parallel_loss*, torchtitan
+    add("vocab_parallel_nll_backward", None, None)  # multi-op pattern: tests/test_trace_torchtitan.py mutations
     add("ring_attention_backward", None, None)  # multi-op pattern: tests/test_ring.py, ring mutations
     # load-balanced (zig-zag) shards: the Shard rule read on the zig-zag axis, accepted only with a zig-zag theorem
     add("zigzag_ew_unary", lambda e: e.apply("tanh", [e.t([4, 4], Z(1))]),

@@ -6,8 +6,8 @@ for what is torchtitan's and what the loader substitutes (causal SDPA with a fin
 """
 from __future__ import annotations
 
+import copy
 import json
-import re
 
 import pytest
 
@@ -15,6 +15,9 @@ pytest.importorskip("torch")
 
 from click.testing import CliRunner  # noqa: E402
 
+from tvcert.certificate.check import check_certificate  # noqa: E402
+from tvcert.certificate.emit import build_certificate, dump_certificate  # noqa: E402
+from tvcert.certificate.format import Certificate  # noqa: E402
 from tvcert.cli import main  # noqa: E402
 from tvcert.engine.verify import verify  # noqa: E402
 from tvcert.frontends.torchtitan import deepseek_v3_debug, llama3_debug, trace_titan  # noqa: E402
@@ -48,22 +51,116 @@ def test_llama3_tp4_sp_plan_is_torchtitans(llama_tp_sp):
     assert "all_reduce" in ops  # loss-parallel cross-entropy (max, sum-exp, target logit)
 
 
-def test_llama3_tp4_sp_torchtitan_plan_is_unknown_no_rule_for_loss_parallel(llama_tp_sp):
-    """The reference interpreter agrees (float64).  torchtitan's vocab-parallel embedding (``ids.clamp(...)``
-    and ``out * in_range``) is proved by the ``vocab_parallel_embedding_clamped`` pattern; the proof stops
-    at ``_LossParallelCrossEntropy`` (the gathered target logit masked directly, and a max-shifted
-    log-sum-exp that would have to be proved equal to the logical log_softmax / nll graph).  UNKNOWN is
-    the honest verdict."""
+LOSS_PARALLEL = {"vocab_parallel_log_softmax", "vocab_parallel_nll_loss", "vocab_parallel_nll_backward",
+                 "vocab_parallel_embedding_clamped", "vocab_parallel_embedding_clamped_backward"}
+
+
+def test_llama3_tp4_sp_torchtitan_plan_verifies_with_loss_parallel(llama_tp_sp):
+    """torchtitan's plan unchanged, loss parallel included: VERIFIED.  The vocab-parallel embedding
+    (``ids.clamp(...)``, ``out * in_range``) and its backward, and ``_LossParallelCrossEntropy`` (vocab-parallel
+    log_softmax with the all-reduced max, the target logit picked at ``t - rank*V/tp`` and masked before the
+    squeeze, all-reduced, ignore_index; its backward ``exp(ls) - local one-hot``) are each proved by a multi-op
+    rule whose conclusion is the logical log_softmax / nll_loss form.  The certificate checks."""
     plan = load_plan(llama_tp_sp)
     assert run_plan(plan).equal
-    res = verify(plan)
-    assert res.verdict == "UNKNOWN"
-    assert any("vocab_parallel_embedding_clamped" in s.rules for s in res.prop.steps)
-    rank_dep = [r for r in res.reasons if r.startswith("no rule for") and "depends on the rank" in r]
-    # only the shard offsets (rank*V/tp = rank*32) of the vocabulary ranges lack a rule
-    assert rank_dep and all(re.search(r"'rank\.tp\*-?32(\+32)?'", r) for r in rank_dep), res.reasons
-    assert {r.split("'")[1] for r in rank_dep} == {"const", "add_scalar"}
-    assert all(r.startswith(("no rule for", "output ", "no exact-mode run")) for r in res.reasons), res.reasons
+    res = verify(plan, refute=False)
+    assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
+    assert LOSS_PARALLEL <= {r for s in res.prop.steps if s.pattern for r in s.rules}
+    assert not res.prop.open_failures()
+    check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
+
+
+def _nodes(raw):
+    return raw["parallel"][0]["nodes"]
+
+
+def _node(raw, name):
+    return next(n for n in _nodes(raw) if n.get("name") == name)
+
+
+def _local_max_in_one_use(raw):
+    """ls = (x - local amax) - log(sum exp(x - all-reduced max)): the local max in one of the two uses."""
+    i = next(k for k, n in enumerate(_nodes(raw)) if n.get("name") == "sub_2")
+    _nodes(raw).insert(i, {"op": "sub", "name": "sub_1_local", "inputs": ["view_33", "amax"]})
+    _node(raw, "sub_2")["inputs"][0] = "sub_1_local"
+
+
+def _mirrored_block(raw):
+    """The target's block mask and offset of the mirrored rank (indices in range, the wrong shard)."""
+    for name, v in (("lt_1_c", "(3-rank.tp)*32"), ("ge_1_c", "(3-rank.tp)*32+32"), ("sub_3", "(3-rank.tp)*-32")):
+        _node(raw, name)["attrs"]["value"] = v
+
+
+def _offset_one_block_off(raw):
+    _node(raw, "sub_3")["attrs"]["value"] = "rank.tp*-32+32"
+
+
+def _no_target_all_reduce(raw):
+    _nodes(raw).remove(_node(raw, "all_reduce_2"))
+    _node(raw, "squeeze")["inputs"][0] = "index_put__1"
+
+
+def _no_pick_mask(raw):
+    _node(raw, "all_reduce_2")["inputs"][0] = "gather"
+
+
+def _sum_exp_all_reduce_avg(raw):
+    _node(raw, "all_reduce_1")["attrs"]["reduce"] = "avg"
+
+
+def _backward_one_hot_unmasked(raw):
+    _node(raw, "index_put__3_v")["inputs"][0] = "_to_copy_1"  # float(out) instead of float(out) - 1
+
+
+def _embedding_backward_unmasked(raw):
+    _node(raw, "grad_tok_embeddings__weight")["inputs"][0] = "cat_11"  # no in-block mask on the gradient
+
+
+def _embedding_backward_mirrored_clamp(raw):
+    """The backward scatters at clamp(ids - (tp-1-rank)*32, 0, 31): the mirrored rank's rows."""
+    i = next(k for k, n in enumerate(_nodes(raw)) if n.get("name") == "grad_tok_embeddings__weight")
+    _nodes(raw)[i:i] = [{"op": "add_scalar", "name": "sub_m", "inputs": ["tokens"], "attrs": {"value": "(3-rank.tp)*-32"}},
+                        {"op": "maximum", "name": "cmax_m", "inputs": ["sub_m", "clamp_c"]},
+                        {"op": "minimum", "name": "cmin_m", "inputs": ["cmax_m", "clamp_c_1"]}]
+    _node(raw, "grad_tok_embeddings__weight")["inputs"][1] = "cmin_m"
+
+
+def _ignore_index_in_vocab(raw):
+    for n in _nodes(raw):
+        if n["op"] == "const" and n.get("attrs", {}).get("value") == -100:
+            n["attrs"]["value"] = 5
+
+
+# mutation -> the verdict: REFUTED where the reference interpreter shows a difference; an offset one block off
+# reads outside the local shard (gather index out of range), which the interpreter cannot run: UNKNOWN.
+VOCAB_END_MUTATIONS = {
+    _local_max_in_one_use: "REFUTED",
+    _mirrored_block: "REFUTED",
+    _offset_one_block_off: "UNKNOWN",
+    _no_target_all_reduce: "REFUTED",
+    _no_pick_mask: "REFUTED",
+    _sum_exp_all_reduce_avg: "REFUTED",
+    _backward_one_hot_unmasked: "REFUTED",
+    _embedding_backward_unmasked: "REFUTED",
+    _embedding_backward_mirrored_clamp: "REFUTED",
+}
+
+
+@pytest.mark.parametrize("mutate", list(VOCAB_END_MUTATIONS), ids=lambda f: f.__name__.strip("_"))
+def test_llama3_tp4_sp_vocab_parallel_mutations_are_not_verified(llama_tp_sp, mutate):
+    raw = copy.deepcopy(llama_tp_sp)
+    mutate(raw)
+    res = verify(load_plan(raw))
+    assert res.verdict == VOCAB_END_MUTATIONS[mutate], res.reasons
+
+
+def test_llama3_tp4_sp_ignore_index_inside_the_vocabulary_is_not_verified(llama_tp_sp):
+    """ignore_index 5 is a class: the logical one_hot(5) row is not zero, so the nll rule must refuse."""
+    raw = copy.deepcopy(llama_tp_sp)
+    _ignore_index_in_vocab(raw)
+    res = verify(load_plan(raw))
+    assert res.verdict != "VERIFIED"
+    assert not {"vocab_parallel_nll_loss", "vocab_parallel_nll_backward"} & {r for s in res.prop.steps for r in s.rules}
 
 
 @pytest.mark.parametrize("sp", [True, False])

@@ -117,6 +117,10 @@ RULES: dict[str, str] = {
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",
     "vocab_parallel_embedding_clamped": f"{_T}.Composite.vocab_parallel_embedding_clamped",
+    "vocab_parallel_embedding_clamped_backward": f"{_T}.Composite.vocab_parallel_embedding_clamped_backward",
+    "vocab_parallel_log_softmax": f"{_T}.LossParallel.vocab_parallel_log_softmax",
+    "vocab_parallel_nll_loss": f"{_T}.LossParallel.vocab_parallel_nll_loss",
+    "vocab_parallel_nll_backward": f"{_T}.LossParallel.vocab_parallel_nll_backward",
     "ring_attention_backward": f"{_T}.Ring.ring_attention_backward",
     # load-balanced (zig-zag) context parallelism (kernel/zigzag.py)
     "zigzag_ew_unary": f"{_T}.Zigzag.zigzag_ew_unary",

@@ -13,7 +13,7 @@ from typing import Any
 from ..kernel.expr import Exprs
 from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
 from ..kernel.p2p import check_transfer, recv_key, send_key
-from ..kernel.patterns import PATTERN_OPS, PATTERNS
+from ..kernel.patterns import PATTERN_OPS, PATTERNS, PRIORITY_OPS, PRIORITY_PATTERNS
 from ..kernel.ring import RingMismatch
 from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
 from ..kernel.setup import input_facts, kctx, rank0_env
@@ -169,6 +169,9 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     missing = [x for x in n.inputs if x not in facts]
     if missing and _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail):
         return True
+    if not missing and n.op in PRIORITY_OPS and _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail,
+                                                              PRIORITY_PATTERNS):
+        return True
     if n.op == "ring_loop":
         if not missing:
             fail(f"a ring_loop's carried state has no fact of its own: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
@@ -198,13 +201,16 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
     return True
 
 
-def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail) -> bool:
+def _try_pattern(plan, prop, p, i, n, kc, exprs, facts, fail, patterns=None) -> bool:
     """Multi-op rules (kernel/patterns.py) concluded at their last op; False if none matches.
 
-    A near miss (the ops have the pattern's shape but a side condition fails) is reported."""
-    if n.op not in PATTERN_OPS:
-        return False
-    for name, match in PATTERNS.items():
+    ``patterns`` (the priority ones, tried at ops whose inputs all have facts) defaults to every pattern, at
+    the ops of PATTERN_OPS.  A near miss (the ops have the pattern's shape but a side condition fails) is reported."""
+    if patterns is None:
+        if n.op not in PATTERN_OPS:
+            return False
+        patterns = PATTERNS
+    for name, match in patterns.items():
         mark = exprs.mark()
         try:
             d, nodes = match(plan.programs[p], i, facts, kc)

@@ -37,12 +37,22 @@ What is torchtitan's and what is ours
 
 Verdicts (tests/test_trace_torchtitan.py)
 -----------------------------------------
-* Llama 3 debug, 2 layers, TP=4 + SP, torchtitan's plan unchanged: traces (~600 parallel ops) and the
-  reference interpreter agrees, but UNKNOWN: torchtitan's vocab-parallel embedding
-  (``(ids - off).clamp(..)``, ``out * in_range``) and ``_LossParallelCrossEntropy`` (target logit
-  masked right after the gather) are not the forms the engine's ``vocab_parallel_embedding`` pattern
-  matches, so their rank-dependent offsets have no rule.  ``vocab_parallel=False`` (replicated
-  embedding, gathered-logits loss; every layer as torchtitan shards it): VERIFIED.
+* Llama 3 debug, 2 layers, TP=4 + SP, torchtitan's plan unchanged: traces (~600 parallel ops), the
+  reference interpreter agrees, and VERIFIED (with a checked certificate).  The vocab-parallel
+  embedding (``(ids - off).clamp(..)``, ``out * in_range``) and its backward are proved by
+  ``vocab_parallel_embedding_clamped`` / ``vocab_parallel_embedding_clamped_backward``;
+  ``_LossParallelCrossEntropy`` by three multi-op rules (kernel/patterns.py, Coq Rules/LossParallel.v)
+  whose conclusions are the logical graph's own forms: ``vocab_parallel_log_softmax`` (the local
+  log-softmax shifted by the all-reduced max, with the all-reduced sum of exps, is a vocab shard of
+  ``log_softmax``), ``vocab_parallel_nll_loss`` (the target logit picked at ``t - rank*V/tp``, masked
+  before the squeeze, all-reduced, negated, zeroed at ``ignore_index`` = -100, is
+  ``-sum(ls * one_hot(t))``; the ignore index must lie outside the vocabulary) and
+  ``vocab_parallel_nll_backward`` (``exp(ls)`` minus the masked local one-hot, times the filtered
+  gradient, is a vocab shard of ``log_softmax_backward(-one_hot(t) * g, ls)``).  Mutations of the loss
+  (local max in one use, mirrored block, no target all-reduce, no mask, avg instead of sum, unmasked
+  backward one-hot) are REFUTED; an offset one block off is UNKNOWN (the interpreter cannot run an
+  out-of-range gather).  ``vocab_parallel=False`` (replicated embedding, gathered-logits loss; every
+  layer as torchtitan shards it): VERIFIED too.
 * The same model without the mesh context: REFUTED with a float64 counterexample.
 * DeepSeek-V3 debug with EP: UNKNOWN -- the MoE needs ops with no IR (``sort``, ``cumsum``,
   ``_grouped_mm`` with data-dependent offsets, torchtitan's ``deterministic_scatter_add``) and the EP
@@ -374,8 +384,8 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     SPMD mesh context -- no collective in the model; the loss still runs in it, and the pending
     gradients are still summed (``grad_sync``: FSDP's job, independent of the mesh context).
     ``ep``: expert parallelism on the same ranks as tp (``ep == tp``, torchtitan's EP borrowing TP).
-    ``vocab_parallel=False`` departs from torchtitan's plan at the two vocabulary-sharded ends, whose
-    torchtitan forms have no engine rule yet: ``tok_embeddings`` is TP-Replicate and the loss
+    ``vocab_parallel=False`` departs from torchtitan's plan at the two vocabulary-sharded ends (a cross-check
+    of the transformer layers without the vocab-parallel rules): ``tok_embeddings`` is TP-Replicate and the loss
     all-gathers the ``Shard(-1)`` logits of torchtitan's ``lm_head`` (``spmd_types.all_gather`` to
     Invariant) and takes the plain cross-entropy, instead of torchtitan's vocab-parallel embedding and
     ``_LossParallelCrossEntropy``.  Every transformer layer keeps torchtitan's TP/SP plan."""

@@ -295,6 +295,14 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     if len(cands) != 1:
         raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
     a, (ids_t, inner_t, m) = cands[0]
+    d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_backward")
+    matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
+    return d, sorted(set(matched))
+
+
+def _embedding_backward_block(out: Node, facts: Mapping[str, Fact], kc: KCtx, a: str, B: int, dy_t: str,
+                              ids_t: str, rule: str) -> Derivation:
+    """Shard(0) over ``a`` (rank a's block of B rows) of ``embedding_backward(dy, ids, p*B)``."""
     if dy_t not in facts or ids_t not in facts:
         raise RuleFailure("the output gradient or the token ids have no fact")
     fg, fi = facts[dy_t], facts[ids_t]
@@ -308,7 +316,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
         if b == a:
             if pg.kind != "R" or pi.kind != "R":
                 raise RuleFailure(f"the output gradient and the ids must be replicated over {a!r}")
-            per_axis.append((S(0), "vocab_parallel_embedding_backward"))
+            per_axis.append((S(0), rule))
             continue
         got = embedding_backward_axis(pg, pi, rank)
         if pg.kind == "Z" and pg == pi and pg.dim < rank - 1:  # tokens in load-balanced chunks: a sum over them
@@ -320,8 +328,324 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     have = out.meta["shape@dims"][0][0]
     if local_shape(X[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
         raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
-    matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
+
+
+def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                                              ) -> tuple[Derivation, list[int]]:
+    """torchtitan's vocab-parallel embedding backward: ``embedding_backward(dy * float(in_block[..., None]),
+    clamp(ids - rank*B, 0, B-1), B)`` with the in-block mask ``(ids >= rank*B) & (ids < rank*B + B)`` is rank
+    a's block of rows (Shard(0) over a) of ``embedding_backward(dy, ids, p*B)`` (Coq:
+    vocab_parallel_embedding_clamped_backward)."""
+    producers: Producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "embedding_backward":
+        raise RuleFailure("not an embedding backward")
+    gm_t, lid_t = out.inputs
+    gm = _prod(producers, gm_t)
+    if gm is None or gm.op != "mul":
+        raise RuleFailure("the gradient is not multiplied by a mask")
+    for dy_t, c_t in (gm.inputs, gm.inputs[::-1]):
+        cast = _prod(producers, c_t)
+        if cast is not None and cast.op == "cast":
+            break
+    else:
+        raise RuleFailure("the gradient is not multiplied by a float mask")
+    um = _prod(producers, cast.inputs[0])
+    n = _prod(producers, um.inputs[0]) if um is not None and um.op in ("unsqueeze", "reshape", "view") else None
+    if n is None or _shape(um) != _shape(n) + (1,) or _shape(gm) != _shape(_prod(producers, dy_t) or gm):
+        raise RuleFailure("the gradient mask is not the float in-block mask with a trailing unit dim")
+    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
+    cands, last = [], RuleFailure("the program has no mesh axis")
+    for a in kc.axes:
+        try:
+            ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
+            bounds = _block_mask(producers, n, ids_t, kc, a, B, inside=True)
+            cands.append((a, ids_t, clamp_ts + bounds))
+        except RuleFailure as exc:
+            last = exc
+    if len(cands) != 1:
+        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
+    a, ids_t, ts = cands[0]
+    d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_clamped_backward")
+    matched = [producers[t][0] for t in (gm_t, c_t, cast.inputs[0], um.inputs[0], *n.inputs, *ts) if t in producers]
+    return d, sorted(set(matched))
+
+
+# ---------------------------------------------------------------------------------------------- loss parallel
+# torchtitan's ``_LossParallelCrossEntropy`` (sum reduction, ignore_index) on logits x sharded by vocabulary
+# blocks (Shard(last) over axis a, block B = V/p), as the ATen trace spells it:
+#
+#     m  = all_reduce_max_a(amax(x, -1, keepdim))          ls = (x - m) - log(all_reduce_sum_a(sum(exp(x - m), -1, keepdim)))
+#     t' = where(l != ig, l, 0)                             out = (t' < rank*B) | (t' >= rank*B + B)
+#     lid = where(out, 0, t' - rank*B)
+#     loss_tok = where(l != ig, -squeeze(all_reduce_sum_a(where(out[:, None], 0, gather(ls, lid[:, None])))), 0)
+#     dx = (where(one_hot(lid, B), (float(out) - 1)[:, None], 0) + exp(ls)) * where((l != ig)[:, None], g, 0)
+#
+# The logical graph (the same code at degree 1, aten.py) is log_softmax(x), neg(sum(mul(ls, one_hot(l, V)), -1))
+# and log_softmax_backward(mul(neg(one_hot(l, V)), g), ls).  Each pattern concludes that logical form
+# (Coq: LossParallel.vocab_parallel_log_softmax / vocab_parallel_nll_loss / vocab_parallel_nll_backward).
+# The logical one_hot is defined for labels in [0, V) only, so the ignore index must lie outside [0, V).
+
+def _all_reduce_over(n: Node | None, reduce: str) -> str | None:
+    """The one axis of ``all_reduce(reduce)``, else None."""
+    if n is None or n.op != "all_reduce" or n.attrs.get("reduce", "sum") != reduce:
+        return None
+    ax = n.attrs.get("axis")
+    if isinstance(ax, list):
+        ax = ax[0] if len(ax) == 1 else None
+    return ax if isinstance(ax, str) else None
+
+
+def _shape(n: Node) -> tuple[int, ...]:
+    return tuple(n.meta["shape@dims"][0][0])
+
+
+def _reduce_dims(n: Node, nd: int) -> list[int] | None:
+    dims = n.attrs.get("dims")
+    if not isinstance(dims, list) or not all(isinstance(d, int) for d in dims):
+        return None
+    return sorted({d % nd for d in dims})
+
+
+def _mk(kc: KCtx, op: str, attrs: Mapping[str, Any], args: list[int]) -> int:
+    try:
+        return kc.exprs.mk(op, resolve_attrs(REGISTRY[op], attrs, kc.env0()), args)
+    except (ValueError, KeyError) as exc:
+        raise RuleFailure(f"the concluded expression is ill-formed: {exc}") from None
+
+
+def _row_axes(kc: KCtx, a: str, xf: Fact, lf: Fact | None, rule: str, on_a: Any) -> list[tuple[Any, str]]:
+    """Per axis of a row-wise (last-dim) vocab-parallel result: ``on_a`` over the vocab axis ``a`` (labels
+    replicated there); elsewhere replicated, or sharded on the same non-vocab dim as the labels."""
+    nd = len(kc.exprs[xf.expr].shape)
+    out: list[tuple[Any, str]] = []
+    for j, b in enumerate(kc.axes):
+        xp, lp = xf.pl[j], (lf.pl[j] if lf is not None else None)
+        if b == a:
+            if lp is not None and lp.kind != "R":
+                raise RuleFailure(f"the labels must be replicated over {a!r}")
+            out.append((on_a, rule))
+        elif xp.kind == "R" and (lp is None or lp.kind == "R"):
+            out.append((R, "replicate_any"))
+        elif xp.kind == "S" and xp.dim < nd - 1 and (lp is None or lp == xp):
+            out.append((xp, "rowwise_shard"))
+        else:
+            raise RuleFailure(f"axis {b!r}: logits {xp}, labels {lp}: not covered")
+    return out
+
+
+def _conclude(out: Node, kc: KCtx, expr: int, per_axis: list[tuple[Any, str]]) -> Derivation:
+    pl = tuple(q for q, _ in per_axis)
+    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != _shape(out):
+        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(_shape(out))}")
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
+
+
+def vocab_parallel_log_softmax(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                               ) -> tuple[Derivation, list[int]]:
+    """``(x - m) - log(all_reduce_sum_a(sum(exp(x - m), d, keepdim)))`` with ``m = all_reduce_max_a(amax(x, d,
+    keepdim))`` and x Shard(d) over a (d the last dim) is Shard(d) over a of ``log_softmax(x, d)``."""
+    producers: Producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "sub":
+        raise RuleFailure("not a difference")
+    s1_t, lg_t = out.inputs
+    lg = _prod(producers, lg_t)
+    if lg is None or lg.op != "log":
+        raise RuleFailure("the subtrahend is not a log")
+    ar = _prod(producers, lg.inputs[0])
+    a_sum = _all_reduce_over(ar, "sum")
+    sm = _prod(producers, ar.inputs[0]) if a_sum else None
+    ex = _prod(producers, sm.inputs[0]) if sm is not None and sm.op == "sum" else None
+    if ex is None or ex.op != "exp" or ex.inputs[0] != s1_t:
+        raise RuleFailure("the log is not of an all_reduce(sum) of sum(exp(the shifted logits))")
+    s1 = _prod(producers, s1_t)
+    if s1 is None or s1.op != "sub":
+        raise RuleFailure("the shifted logits are not x - m")
+    x_t, m_t = s1.inputs
+    arm = _prod(producers, m_t)
+    a_max = _all_reduce_over(arm, "max")
+    am = _prod(producers, arm.inputs[0]) if a_max else None
+    if am is None or am.op != "amax" or am.inputs[0] != x_t:
+        raise RuleFailure("the shift is not an all_reduce(max) of amax of the same logits")
+    if x_t not in facts:
+        raise RuleFailure("the logits have no fact")
+    xf = facts[x_t]
+    nd = len(kc.exprs[xf.expr].shape)
+    d = nd - 1
+    for red in (am, sm):
+        if _reduce_dims(red, nd) != [d] or red.attrs.get("keepdim") is not True:
+            raise RuleFailure(f"{red.op} is not over the last dim with keepdim")
+    a, _ = _vocab_axis(xf, d, kc)
+    if a_max != a or a_sum != a:
+        raise RuleFailure(f"the max and the sum are not all-reduced over the vocab axis {a!r}")
+    expr = _mk(kc, "log_softmax", {"dim": d}, [xf.expr])
+    d_ = _conclude(out, kc, expr, _row_axes(kc, a, xf, None, "vocab_parallel_log_softmax", S(d)))
+    matched = [producers[t][0] for t in (s1_t, m_t, arm.inputs[0], ex.outputs[0], sm.outputs[0],
+                                        lg.inputs[0], lg_t) if t in producers]
+    return d_, sorted(set(matched))
+
+
+def _ignore_test(producers: Producers, keep_t: str, kc: KCtx) -> tuple[str, int]:
+    """``labels != ig`` with a constant integer ``ig``: (labels, ig)."""
+    ne = _prod(producers, keep_t)
+    if ne is None or ne.op != "ne":
+        raise RuleFailure("the token filter is not labels != ignore_index")
+    ig = _const_int(_prod(producers, ne.inputs[1]), kc)
+    if ig is None:
+        raise RuleFailure("the ignore index is not an integer constant")
+    return ne.inputs[0], ig
+
+
+def _safe_target_local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx, a: str, B: int,
+                           lbl_t: str, ig: int) -> list[str]:
+    """``lid = where(m, 0, t' - rank.a*B)``, ``m`` the out-of-block mask of ``t'``, and
+    ``t' = where(labels != ig, labels, 0)`` with the same labels and ignore index.  Returns the tensors matched."""
+    lid = _prod(producers, lid_t)
+    inner = _masked(lid, producers) if lid is not None else None
+    if inner is None or inner[1] != m_t:
+        raise RuleFailure("the local ids are not zeroed with the same out-of-block mask")
+    ids_t, extra = _offset_ids(producers, inner[0], kc, a, B)
+    bounds = _block_mask(producers, _prod(producers, m_t), ids_t, kc, a, B, inside=False)
+    st = _prod(producers, ids_t)
+    if st is None or st.op != "where" or st.inputs[1] != lbl_t or _const_int(_prod(producers, st.inputs[2]), kc) != 0:
+        raise RuleFailure("the target is not where(labels != ignore_index, labels, 0) of the same labels")
+    if _ignore_test(producers, st.inputs[0], kc) != (lbl_t, ig):
+        raise RuleFailure("the target's ignore test differs from the loss's")
+    m = _prod(producers, m_t)
+    return [lid_t, inner[0], m_t, *m.inputs, *bounds, *extra]
+
+
+def _check_labels(lbl_t: str, ig: int, facts: Mapping[str, Fact], kc: KCtx, lsf: Fact, V: int) -> Fact:
+    if ig in range(V):
+        raise RuleFailure(f"the ignore index {ig} is a class of the {V}-way vocabulary")
+    if lbl_t not in facts:
+        raise RuleFailure("the labels have no fact")
+    lf = facts[lbl_t]
+    X = kc.exprs
+    if X[lf.expr].dtype != "int" or X[lf.expr].shape != X[lsf.expr].shape[:-1]:
+        raise RuleFailure("the labels are not integers of the logits' row shape")
+    return lf
+
+
+def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                            ) -> tuple[Derivation, list[int]]:
+    """``where(l != ig, -squeeze(all_reduce_sum_a(where(out[:, None], 0, gather(ls, lid[:, None])))), 0)`` with
+    ``lid``, ``out`` the block-local id and out-of-block mask of ``t' = where(l != ig, l, 0)`` and ls Shard(last)
+    over a is Replicate over a of ``neg(sum(mul(ls, one_hot(l, V)), last))``."""
+    producers: Producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "where" or not _zero_const(_prod(producers, out.inputs[2])):
+        raise RuleFailure("not where(keep, ., 0)")
+    lbl_t, ig = _ignore_test(producers, out.inputs[0], kc)
+    neg = _prod(producers, out.inputs[1])
+    sq = _prod(producers, neg.inputs[0]) if neg is not None and neg.op == "neg" else None
+    if sq is None or sq.op not in ("squeeze", "reshape", "view"):
+        raise RuleFailure("the kept value is not minus the picked target logit")
+    ar = _prod(producers, sq.inputs[0])
+    a0 = _all_reduce_over(ar, "sum")
+    mk = _prod(producers, ar.inputs[0]) if a0 else None
+    got = _masked(mk, producers) if mk is not None else None
+    if got is None:
+        raise RuleFailure("the picked target logit is not an all_reduce(sum) of a masked pick")
+    val_t, um_t = got
+    gat, um = _prod(producers, val_t), _prod(producers, um_t)
+    if gat is None or gat.op != "gather" or um is None or um.op not in ("unsqueeze", "reshape", "view"):
+        raise RuleFailure("the masked value is not a gather masked by the out-of-block mask with a unit dim")
+    ls_t, idx_t = gat.inputs
+    ui = _prod(producers, idx_t)
+    if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
+        raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
+    if ls_t not in facts:
+        raise RuleFailure("the log-probabilities have no fact")
+    lsf = facts[ls_t]
+    X = kc.exprs
+    nd = len(X[lsf.expr].shape)
+    if gat.attrs.get("dim") not in (-1, nd - 1):
+        raise RuleFailure("the gather does not pick along the vocab (last) dim")
+    a, B = _vocab_axis(lsf, nd - 1, kc)
+    if a0 != a:
+        raise RuleFailure(f"the picked logit is not all-reduced over the vocab axis {a!r}")
+    lid_t, m_t = ui.inputs[0], um.inputs[0]
+    rows = _shape(_prod(producers, lid_t)) if lid_t in producers else None
+    if rows is None or _shape(ui) != rows + (1,) or _shape(um) != rows + (1,) or _shape(gat) != rows + (1,) \
+            or _shape(sq) != rows:
+        raise RuleFailure("the unit dims are not the trailing dim of the token shape")
+    chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
+    V = B * kc.sizes[a]
+    lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
+    oh = _mk(kc, "one_hot", {"num_classes": V}, [lf.expr])
+    expr = _mk(kc, "neg", {}, [_mk(kc, "sum", {"dims": [nd - 1]}, [_mk(kc, "mul", {}, [lsf.expr, oh])])])
+    d_ = _conclude(out, kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_loss", R))
+    matched = [producers[t][0] for t in (out.inputs[1], neg.inputs[0], sq.inputs[0], ar.inputs[0], val_t, um_t,
+                                        idx_t, *chain) if t in producers]
+    return d_, sorted(set(matched))
+
+
+def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
+                                ) -> tuple[Derivation, list[int]]:
+    """``(where(one_hot(lid, B), (float(out) - 1)[:, None], 0) + exp(ls)) * where((l != ig)[:, None], g, 0)``
+    with ``lid``, ``out`` as in the forward, ls Shard(last) over a and g a replicated scalar is Shard(last)
+    over a of ``log_softmax_backward(mul(neg(one_hot(l, V)), g), ls)``."""
+    producers: Producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "mul":
+        raise RuleFailure("not a product")
+    for s_t, w_t in (out.inputs, out.inputs[::-1]):
+        s, w = _prod(producers, s_t), _prod(producers, w_t)
+        if s is not None and s.op == "add" and w is not None and w.op == "where":
+            break
+    else:
+        raise RuleFailure("not a sum times a filtered gradient")
+    if not _zero_const(_prod(producers, w.inputs[2])):
+        raise RuleFailure("the gradient filter is not where(keep, g, 0)")
+    uk = _prod(producers, w.inputs[0])
+    if uk is None or uk.op not in ("unsqueeze", "reshape", "view"):
+        raise RuleFailure("the gradient filter is not the token filter with a unit dim")
+    lbl_t, ig = _ignore_test(producers, uk.inputs[0], kc)
+    g_t = w.inputs[1]
+    for e_t, h_t in (s.inputs, s.inputs[::-1]):
+        e, h = _prod(producers, e_t), _prod(producers, h_t)
+        if e is not None and e.op == "exp" and h is not None and h.op == "where":
+            break
+    else:
+        raise RuleFailure("the sum is not exp(log-probabilities) plus a masked one-hot")
+    zz = _prod(producers, h.inputs[2])
+    if zz is None or zz.op != "const" or zz.attrs.get("value") not in (0, 0.0):
+        raise RuleFailure("the one-hot term is not where(one_hot, v, 0)")
+    oh, vv = _prod(producers, h.inputs[0]), _prod(producers, h.inputs[1])
+    if oh is None or oh.op != "one_hot" or vv is None or vv.op not in ("unsqueeze", "reshape", "view"):
+        raise RuleFailure("the one-hot term is not where(one_hot(lid), v[:, None], 0)")
+    sv = _prod(producers, vv.inputs[0])
+    cast = _prod(producers, sv.inputs[0]) if sv is not None and sv.op == "add_scalar" else None
+    if cast is None or sv.attrs.get("value") not in (-1, -1.0) or cast.op != "cast" or \
+            cast.attrs.get("dtype") != "float":
+        raise RuleFailure("the one-hot value is not float(out) - 1")
+    ls_t = e.inputs[0]
+    if ls_t not in facts or g_t not in facts:
+        raise RuleFailure("the log-probabilities or the gradient have no fact")
+    lsf, gf = facts[ls_t], facts[g_t]
+    X = kc.exprs
+    nd = len(X[lsf.expr].shape)
+    a, B = _vocab_axis(lsf, nd - 1, kc)
+    if resolve_attrs(REGISTRY["one_hot"], oh.attrs, kc.env0())["num_classes"] != B:
+        raise RuleFailure(f"the local one-hot is not {B} wide")
+    if X[gf.expr].shape != () or any(q.kind != "R" for q in gf.pl):
+        raise RuleFailure("the gradient is not a replicated scalar (sum reduction)")
+    lid_t, m_t = oh.inputs[0], cast.inputs[0]
+    rows = _shape(_prod(producers, lid_t)) if lid_t in producers else None
+    if rows is None or _shape(vv) != rows + (1,) or _shape(uk) != rows + (1,) or _shape(h) != _shape(out):
+        raise RuleFailure("the unit dims are not the trailing dim of the token shape")
+    chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
+    V = B * kc.sizes[a]
+    lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
+    go = _mk(kc, "mul", {}, [_mk(kc, "neg", {}, [_mk(kc, "one_hot", {"num_classes": V}, [lf.expr])]), gf.expr])
+    expr = _mk(kc, "log_softmax_backward", {"dim": nd - 1}, [go, lsf.expr])
+    d_ = _conclude(out, kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_backward", S(nd - 1)))
+    matched = [producers[t][0] for t in (s_t, h_t, h.inputs[0], h.inputs[1], vv.inputs[0], sv.inputs[0], *chain)
+               if t in producers]
+    return d_, sorted(set(matched))
 
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
@@ -330,6 +654,14 @@ from .zigzag import zigzag_from_slices  # noqa: E402
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,
             "vocab_parallel_embedding_backward": vocab_parallel_embedding_backward,
+            "vocab_parallel_embedding_clamped_backward": vocab_parallel_embedding_clamped_backward,
+            "vocab_parallel_nll_loss": vocab_parallel_nll_loss,
+            "vocab_parallel_nll_backward": vocab_parallel_nll_backward,
+            "vocab_parallel_log_softmax": vocab_parallel_log_softmax,
             _RING: match_ring, _RING_BWD: match_ring_backward,
             "zigzag_from_slices": zigzag_from_slices}
 PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop", "concat"}
+# Patterns tried even when every input has a fact: their conclusion (the logical form) replaces the op-by-op
+# one, which is true but spelled differently from the logical graph.
+PRIORITY_PATTERNS = {"vocab_parallel_log_softmax": vocab_parallel_log_softmax}
+PRIORITY_OPS = {"sub"}

@@ -88,6 +88,16 @@ RULES: dict[str, str] = {
                                          "block of rows of the embedding gradient (Megatron's backward)",
     "vocab_parallel_embedding_clamped": "embedding at clamp(ids - rank*B, 0, B-1) in a vocab-sharded table times the "
                                         "in-block mask is Partial(sum) of the lookup (torchtitan's form)",
+    "vocab_parallel_embedding_clamped_backward": "the gradient times the in-block mask scattered at clamp(ids - rank*B, "
+                                                 "0, B-1) is the rank's block of rows of the embedding gradient "
+                                                 "(torchtitan's backward)",
+    "vocab_parallel_log_softmax": "(x - m) - log(all_reduce_sum(sum(exp(x - m)))) with m = all_reduce_max(amax(x)) on "
+                                  "vocab-sharded logits is the rank's vocab block of log_softmax(x) (loss parallel)",
+    "vocab_parallel_nll_loss": "the masked target pick at t' - rank*B (t' = where(l != ignore, l, 0)), all_reduce "
+                               "summed, negated and zeroed at ignored labels is the logical nll "
+                               "-sum(ls * one_hot(l)) (torchtitan's loss parallel)",
+    "vocab_parallel_nll_backward": "(masked local one-hot of -1 at t' - rank*B + exp(ls)) * where(l != ignore, g, 0) "
+                                   "is the rank's vocab block of log_softmax_backward(-one_hot(l) * g, ls)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
