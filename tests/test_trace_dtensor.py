@@ -87,3 +87,17 @@ def test_gradient_hook_outside_the_graph_is_not_verified():
                           data={"x": {"shape": [blk.B, blk.S, blk.H]}, "target": {"shape": [blk.B, blk.S, blk.H]}},
                           mesh={"tp": 2})
     assert ei.value.kind == "unsupported" and "attn_norm.weight" in str(ei.value)
+
+
+def test_cli_verify_torch_in_one_step(tmp_path):
+    """`tvcert verify --torch SPEC` traces and verifies, with the verify command's certificate and exit codes."""
+    cert = tmp_path / "mlp.cert.json"
+    r = CliRunner().invoke(main, ["verify", "--torch", str(EX / "megatron_mlp.py"), "--emit-cert", str(cert), "-q"])
+    assert r.exit_code == 0 and "VERIFIED" in r.output, r.output
+    assert CliRunner().invoke(main, ["check", str(cert)]).exit_code == 0
+    r = CliRunner().invoke(main, ["verify", "--torch", str(EX / "megatron_mlp.py"), "--set", "bug=no_allreduce", "-q"])
+    assert r.exit_code == 1 and "REFUTED" in r.output, r.output
+    r = CliRunner().invoke(main, ["verify", "--torch", str(EX / "dtensor_llama_block.py"), "--set", "swap=true"])
+    assert r.exit_code == 1 and "dtensor_llama_block.py:" in r.output, r.output
+    r = CliRunner().invoke(main, ["verify", str(EX / "megatron_mlp.py"), "--torch", str(EX / "megatron_mlp.py")])
+    assert r.exit_code == 2 and "exactly one of" in r.output  # click usage error

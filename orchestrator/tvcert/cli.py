@@ -140,7 +140,10 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 
 
 @main.command()
-@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False), required=False)
+@click.option("--torch", "torch_spec", metavar="SPEC.py", type=click.Path(dir_okay=False),
+              help="instead of PLAN.json: trace this PyTorch spec (see `tvcert trace`) and verify it in one step")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="with --torch: argument of the spec function")
 @click.option("--emit-cert", "cert_path", metavar="CERT.json", type=click.Path(dir_okay=False),
               help="write a certificate when the verdict is VERIFIED")
 @click.option("--report", "report_path", metavar="REPORT.html", type=click.Path(dir_okay=False),
@@ -148,8 +151,8 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (verdict, reasons, stats)")
 @click.option("--no-refute", is_flag=True, help="do not search for a counterexample when no proof is found")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
-def verify(plan_path: str, cert_path: str | None, report_path: str | None, as_json: bool, no_refute: bool,
-           quiet: bool) -> None:
+def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path: str | None, report_path: str | None,
+           as_json: bool, no_refute: bool, quiet: bool) -> None:
     """Prove that the parallel program computes the logical graph, or refute it.
 
     \b
@@ -164,7 +167,14 @@ def verify(plan_path: str, cert_path: str | None, report_path: str | None, as_js
     from .engine.report import render_html, render_text, result_json
     from .engine.verify import verify as run_verify
 
-    plan = _load(plan_path, as_json, check_run_dims=False)
+    if (plan_path is None) == (torch_spec is None):
+        raise click.UsageError("give exactly one of PLAN.json or --torch SPEC.py")
+    if torch_spec is not None:
+        from .frontends.cli_trace import traced_plan
+
+        plan = traced_plan(torch_spec, sets, as_json)
+    else:
+        plan = _load(plan_path, as_json, check_run_dims=False)
     progress = None if (quiet or as_json) else (lambda s: click.echo(f"[tvcert] {s}", err=True))
     res = run_verify(plan, refute=not no_refute, progress=progress)
     cert_note = None

@@ -74,7 +74,7 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
               help="--torchtitan: run the model without the SPMD mesh context (no collectives; a negative)")
 @click.option("--replicated-vocab", is_flag=True,
               help="--torchtitan: replicated embedding + gathered-logits loss instead of torchtitan's "
-                   "vocab-parallel ones (which have no engine rule yet)")
+                   "vocab-parallel embedding and loss-parallel cross-entropy")
 def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, titan: str | None,
           tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool, replicated_vocab: bool) -> None:
     """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
@@ -104,14 +104,11 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
             kw = load_spec(spec, _parse_set(sets))
             plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
     except TraceError as exc:
-        # crash: the parallel program raises at trace time (shape / sharding-propagation error), which
-        # no input avoids -- it cannot compute the logical function: REFUTED, the error is the witness
-        code = {"input": 3, "crash": 1}.get(exc.kind, 2)
-        verdict = {3: "BAD_INPUT", 1: "REFUTED", 2: "UNKNOWN"}[code]
-        say({"verdict": verdict, "reason": str(exc), "kind": exc.kind, "op": exc.op, "src": exc.src},
-            f"{verdict}: {exc}" if code == 1 else f"{verdict}: cannot trace: {exc}", code)
+        exit_trace_error(exc, as_json)
     if out_path:
-        Path(out_path).write_text(json.dumps(plan_dict, indent=1))
+        from ..cli import write_atomic
+
+        write_atomic(out_path, json.dumps(plan_dict, indent=1))
     n_par = sum(len(p["nodes"]) for p in plan_dict["parallel"])
     summary = (f"traced {plan_dict['name']}: {len(plan_dict['logical']['nodes'])} logical ops, {n_par} parallel ops "
                f"(one SPMD program over mesh {plan_dict['dims']})" + (f" -> {out_path}" if out_path else ""))
@@ -142,6 +139,42 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         for h in grad_hints(plan_dict, res):
             click.echo(h)
     sys.exit(res.exit_code)
+
+
+def exit_trace_error(exc, as_json: bool):
+    """Report a failed trace and exit.  A crash (the parallel program raises at trace time: a shape or
+    sharding-propagation error no input avoids) cannot compute the logical function: REFUTED, the error is
+    the witness (exit 1); an op with no conversion: UNKNOWN (2); bad input: 3."""
+    code = {"input": 3, "crash": 1}.get(exc.kind, 2)
+    verdict = {3: "BAD_INPUT", 1: "REFUTED", 2: "UNKNOWN"}[code]
+    obj = {"verdict": verdict, "reason": str(exc), "kind": exc.kind, "op": exc.op, "src": exc.src}
+    click.echo(json.dumps(obj, indent=2) if as_json else
+               (f"{verdict}: {exc}" if code == 1 else f"{verdict}: cannot trace: {exc}"))
+    sys.exit(code)
+
+
+def traced_plan(spec: str, sets: tuple, as_json: bool):
+    """``tvcert verify --torch SPEC``: the loaded plan of a traced spec, or exit as ``tvcert trace`` does
+    (a trace-time crash of the parallel program is REFUTED, an untraceable op UNKNOWN, bad input 3)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        click.echo("error: --torch needs PyTorch (pip install torch==2.13.0)", err=True)
+        sys.exit(3)
+    from ..plan import PlanError, load_plan
+    from .trace import TraceError, trace_plan
+
+    try:
+        kw = load_spec(spec, _parse_set(sets))
+        plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
+    except TraceError as exc:
+        exit_trace_error(exc, as_json)
+    try:
+        return load_plan(plan_dict)
+    except PlanError as exc:
+        click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": str(exc)}) if as_json else
+                   f"error: traced plan is invalid: {exc}")
+        sys.exit(3)
 
 
 def grad_hints(plan_dict: dict, res) -> list[str]:
