@@ -137,3 +137,20 @@ def test_fuzz_cli_command():
     assert r.exit_code == 0, r.output
     data = json.loads(r.output.strip().splitlines()[-1])
     assert data["summary"]["false_verified"] == 0
+
+
+def test_a_generator_crash_is_counted_not_the_end_of_the_stream(monkeypatch):
+    """A StopIteration from the generator once ended a run early and silently (the map just stopped)."""
+    import tvcert.fuzz.runner as runner
+
+    real = runner.generate
+
+    def flaky(seed, i, rate=0.5):
+        if i == 2:
+            raise StopIteration
+        return real(seed, i, rate)
+
+    monkeypatch.setattr(runner, "generate", flaky)
+    st, _ = runner.run(5, seed=3, certs=False, stop_on_false=False, minimize_false=False)
+    assert len(st.outcomes) == 5
+    assert [o.status for o in st.outcomes if o.index == 2] == ["harness_crash"]

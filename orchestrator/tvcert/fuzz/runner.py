@@ -414,7 +414,11 @@ class Stats:
 
 def _work(args) -> Outcome:
     seed, i, certs, perturb_rate = args
-    pair = generate(seed, i, perturb_rate)
+    try:
+        pair = generate(seed, i, perturb_rate)
+    except Exception as exc:  # a generator bug (a StopIteration here once ended the whole stream silently)
+        return Outcome(i, "generator", [], False, None, "harness_crash",
+                       detail=f"generate: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
     try:
         return evaluate(pair, i, certs)
     except Exception as exc:  # never lose a pair silently
@@ -442,9 +446,8 @@ def run(pairs: int, seed: int = 0, jobs: int = 1, certs: bool = True, perturb_ra
     try:
         for n, o in enumerate(it, 1):
             st.add(o)
-            if o.false_verified or o.status in ("verify_crash", "harness_crash", "loader_crash"):
-                pair = generate(seed, o.index, perturb_rate)
             if o.false_verified:
+                pair = generate(seed, o.index, perturb_rate)
                 say(f"FALSE VERIFIED at pair {o.index} ({o.family}, mutation {o.mutation}); rules {o.rules}")
                 small = minimize(pair.plan, pair.alt_dims) if minimize_false else pair.plan
                 path = save_regression(small, o, regressions)
