@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
+from mutation_check import assert_refuted_and_localized
 from tvcert.certificate.check import Invalid, check_certificate
 from tvcert.certificate.emit import build_certificate
 from tvcert.certificate.format import Certificate
@@ -22,8 +22,6 @@ from tvcert.generators.mutations import RING_MUTATIONS, mutate
 from tvcert.generators.plans import llama3_plan
 from tvcert.interp import Ctx, assemble, distribute, run_plan
 from tvcert.plan import Binding, load_plan, parse_placement
-
-from mutation_check import assert_refuted_and_localized
 
 
 # ------------------------------------------------------------------ the placement

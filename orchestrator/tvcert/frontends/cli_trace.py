@@ -82,29 +82,15 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
     SPEC is a Python file (see the module docstring), or use --torchtitan MODEL."""
     if (spec is None) == (titan is None):
         raise click.UsageError("give exactly one of SPEC or --torchtitan MODEL")
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        click.echo("error: tvcert trace needs PyTorch (pip install torch==2.13.0)", err=True)
-        sys.exit(3)
     from ..plan import PlanError, load_plan
-    from .trace import TraceError, trace_plan
 
     def say(obj: dict, text: str, code: int):
         click.echo(json.dumps(obj, indent=2) if as_json else text)
         sys.exit(code)
 
-    try:
-        if titan is not None:
-            from .torchtitan import MODELS, trace_titan
-
-            plan_dict = trace_titan(MODELS[titan](layers=layers), tp=tp, ep=ep, sp=sp,
-                                    mesh_context=not no_mesh_context, vocab_parallel=not replicated_vocab)
-        else:
-            kw = load_spec(spec, _parse_set(sets))
-            plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
-    except TraceError as exc:
-        exit_trace_error(exc, as_json)
+    titan_kw = {"tp": tp, "ep": ep, "sp": sp, "mesh_context": not no_mesh_context,
+                "vocab_parallel": not replicated_vocab, "layers": layers}
+    plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw)
     if out_path:
         from ..cli import write_atomic
 
@@ -153,22 +139,34 @@ def exit_trace_error(exc, as_json: bool):
     sys.exit(code)
 
 
-def traced_plan(spec: str, sets: tuple, as_json: bool):
-    """``tvcert verify --torch SPEC``: the loaded plan of a traced spec, or exit as ``tvcert trace`` does
-    (a trace-time crash of the parallel program is REFUTED, an untraceable op UNKNOWN, bad input 3)."""
+def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
+                titan_kw: dict | None = None) -> dict:
+    """The plan dict of a traced spec (or torchtitan model), or exit as ``tvcert trace`` does."""
     try:
         import torch  # noqa: F401
     except ImportError:
-        click.echo("error: --torch needs PyTorch (pip install torch==2.13.0)", err=True)
+        click.echo("error: tracing needs PyTorch (pip install torch==2.13.0)", err=True)
         sys.exit(3)
-    from ..plan import PlanError, load_plan
     from .trace import TraceError, trace_plan
 
     try:
+        if titan is not None:
+            from .torchtitan import MODELS, trace_titan
+
+            kw = dict(titan_kw or {})
+            return trace_titan(MODELS[titan](layers=kw.pop("layers", 2)), **kw)
         kw = load_spec(spec, _parse_set(sets))
-        plan_dict = kw if "tvcert_plan" in kw else trace_plan(**kw)
+        return kw if "tvcert_plan" in kw else trace_plan(**kw)
     except TraceError as exc:
         exit_trace_error(exc, as_json)
+
+
+def traced_plan(spec: str, sets: tuple, as_json: bool):
+    """``tvcert verify --torch SPEC``: the loaded plan of a traced spec, or exit as ``tvcert trace`` does
+    (a trace-time crash of the parallel program is REFUTED, an untraceable op UNKNOWN, bad input 3)."""
+    from ..plan import PlanError, load_plan
+
+    plan_dict = traced_dict(spec, sets, as_json)
     try:
         return load_plan(plan_dict)
     except PlanError as exc:

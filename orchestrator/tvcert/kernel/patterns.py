@@ -15,7 +15,7 @@ checks every one of them, including that the offsets are exactly ``rank*B``.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..graph import Graph, Node
 from ..ops import REGISTRY, resolve_attrs
@@ -267,6 +267,19 @@ def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, F
     return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
 
 
+def _the_vocab_axis(kc: KCtx, match: Callable[[str], Any]) -> tuple[str, Any]:
+    """The one mesh axis whose rank offsets ``match`` accepts (the axis sharding the vocabulary), with its match."""
+    cands, last = [], RuleFailure("the program has no mesh axis")
+    for a in kc.axes:
+        try:
+            cands.append((a, match(a)))
+        except RuleFailure as exc:
+            last = exc
+    if len(cands) != 1:
+        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
+    return cands[0]
+
+
 def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
                                       ) -> tuple[Derivation, list[int]]:
     """Megatron's VocabParallelEmbedding backward: ``embedding_backward(where(m[..., None], 0, dy), lid, B)``
@@ -286,15 +299,7 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
         raise RuleFailure("the gradient mask is not the token mask with a trailing unit dim")
     m_t = um.inputs[0]
     B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
-    cands, last = [], RuleFailure("the program has no mesh axis")
-    for a in kc.axes:
-        try:
-            cands.append((a, _local_ids(producers, lid_t, m_t, kc, a, B)))
-        except RuleFailure as exc:
-            last = exc
-    if len(cands) != 1:
-        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
-    a, (ids_t, inner_t, m) = cands[0]
+    a, (ids_t, inner_t, m) = _the_vocab_axis(kc, lambda a: _local_ids(producers, lid_t, m_t, kc, a, B))
     d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_backward")
     matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
     return d, sorted(set(matched))
@@ -356,17 +361,11 @@ def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mappi
     if n is None or _shape(um) != _shape(n) + (1,) or _shape(gm) != _shape(_prod(producers, dy_t) or gm):
         raise RuleFailure("the gradient mask is not the float in-block mask with a trailing unit dim")
     B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
-    cands, last = [], RuleFailure("the program has no mesh axis")
-    for a in kc.axes:
-        try:
-            ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
-            bounds = _block_mask(producers, n, ids_t, kc, a, B, inside=True)
-            cands.append((a, ids_t, clamp_ts + bounds))
-        except RuleFailure as exc:
-            last = exc
-    if len(cands) != 1:
-        raise RuleFailure(str(last) if not cands else "the vocab block depends on several axes")
-    a, ids_t, ts = cands[0]
+    def clamped(a):
+        ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
+        return ids_t, clamp_ts + _block_mask(producers, n, ids_t, kc, a, B, inside=True)
+
+    a, (ids_t, ts) = _the_vocab_axis(kc, clamped)
     d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_clamped_backward")
     matched = [producers[t][0] for t in (gm_t, c_t, cast.inputs[0], um.inputs[0], *n.inputs, *ts) if t in producers]
     return d, sorted(set(matched))

@@ -22,14 +22,24 @@ accepted only over other axes (a zig-zag axis is then context, unchanged).  Ever
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..ops import REGISTRY, resolve_attrs
 from ..ops.collectives import axes_of
 from ..plan import Placement
 from ..shapes import affine_in_rank
 from .producers import ProducersBefore
-from .rules import Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, local_shape
+from .rules import (
+    Derivation,
+    Fact,
+    KCtx,
+    RuleFailure,
+    _groups,
+    _names,
+    _prod,
+    local_shape,
+)
 
 # the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
 ZIGZAG_OF: dict[str, str] = {
