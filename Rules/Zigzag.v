@@ -542,3 +542,116 @@ Theorem zigzag_reshape :
    forall r i j x, (r < p)%N -> (i < 2 * c)%N -> (j < m)%N ->
    LF r (i * m + j)%N x = F (zz_index p c r i * m + j)%N x).
 Proof. by split=> I V p c m; [exact: zigzag_merge_rows | exact: zigzag_split_rows]. Qed.
+
+(** ** Restoring natural order after an all-gather, and reduce-scatter in
+    zig-zag order.
+    An all-gather concatenates the ranks' local buffers: gathered row [k'] is
+    local row [k' mod 2c] of rank [k' / 2c].  Natural row [k] is read back
+    from gathered row [unzz_index p c k]. *)
+
+(** Gathered row holding natural row [k]: chunk [k / c] is the first chunk of
+    rank [k / c] if below [p], else the second chunk of rank [2p-1-k/c]. *)
+Definition unzz_index (p c k : nat) : nat :=
+  if (k < p * c)%N then (k %/ c * (2 * c) + k %% c)%N
+  else ((2 * p - 1 - k %/ c) * (2 * c) + c + k %% c)%N.
+
+(** Rank holding natural row [k] in the zig-zag layout. *)
+Definition unzz_rank (p c k : nat) : nat :=
+  if (k < p * c)%N then (k %/ c)%N else (2 * p - 1 - k %/ c)%N.
+
+(** Local row holding natural row [k] on rank [unzz_rank p c k]. *)
+Definition unzz_row (p c k : nat) : nat :=
+  if (k < p * c)%N then (k %% c)%N else (c + k %% c)%N.
+
+(** [unzz_index] is row [unzz_row] of block [unzz_rank] (blocks of [2c]). *)
+Lemma unzz_index_split (p c k : nat) :
+  unzz_index p c k = (unzz_rank p c k * (2 * c) + unzz_row p c k)%N.
+Proof. by rewrite /unzz_index /unzz_rank /unzz_row; case: ifP => // _; rewrite addnA. Qed.
+
+(** The local row [unzz_row] is below [2c]. *)
+Lemma unzz_row_lt (p c k : nat) : (0 < c)%N -> (unzz_row p c k < 2 * c)%N.
+Proof.
+move=> c0; rewrite /unzz_row mul2n -addnn.
+by case: ifP => _; [rewrite (leq_trans (ltn_pmod k c0)) ?leq_addr | rewrite ltn_add2l ltn_pmod].
+Qed.
+
+(** The chunk [k / c] of a row [k < p * (2 * c)] is below [2p]. *)
+Lemma unzz_chunk_lt (p c k : nat) : (0 < c)%N -> (k < p * (2 * c))%N ->
+  (k %/ c < 2 * p)%N.
+Proof. by move=> c0 kn; rewrite ltn_divLR // -mulnA mulnCA. Qed.
+
+(** The rank [unzz_rank] is below [p]. *)
+Lemma unzz_rank_lt (p c k : nat) : (0 < c)%N -> (k < p * (2 * c))%N ->
+  (unzz_rank p c k < p)%N.
+Proof.
+move=> c0 kn; rewrite /unzz_rank; case: (ltnP k (p * c)) => [kpc|pck]; first by rewrite ltn_divLR.
+have pk : (p <= k %/ c)%N by rewrite leq_divRL.
+rewrite -subnDA ltn_subLR ?add1n ?unzz_chunk_lt //.
+by rewrite mul2n -addnn ltn_add2r ltnS.
+Qed.
+
+(** Row [unzz_row] of rank [unzz_rank] is natural row [k]. *)
+Lemma zz_index_unzz_split (p c k : nat) : (0 < c)%N -> (k < p * (2 * c))%N ->
+  zz_index p c (unzz_rank p c k) (unzz_row p c k) = k.
+Proof.
+move=> c0 kn; have q2p := unzz_chunk_lt c0 kn.
+rewrite /zz_index /unzz_rank /unzz_row; case: (ltnP k (p * c)) => _.
+  by rewrite ltn_pmod // -divn_eq.
+rewrite ltnNge leq_addr /= addKn subKn -?divn_eq //.
+by rewrite subn1 -ltnS prednK // (leq_ltn_trans (leq0n _) q2p).
+Qed.
+
+(** Gathered row [unzz_index p c k] lies in the block of a rank [< p]. *)
+Lemma unzz_index_rank (p c k : nat) : (0 < c)%N -> (k < p * (2 * c))%N ->
+  ((unzz_index p c k) %/ (2 * c) < p)%N.
+Proof.
+move=> c0 kn; rewrite unzz_index_split block_div ?unzz_row_lt ?muln_gt0 //.
+exact: unzz_rank_lt.
+Qed.
+
+(** Gathered row [unzz_index p c k], read as (rank, local row), is natural row [k]. *)
+Lemma zz_index_unzz (p c k : nat) : (0 < c)%N -> (k < p * (2 * c))%N ->
+  zz_index p c ((unzz_index p c k) %/ (2 * c)) ((unzz_index p c k) %% (2 * c)) = k.
+Proof.
+move=> c0 kn; rewrite unzz_index_split block_div ?block_mod ?unzz_row_lt ?muln_gt0 //.
+exact: zz_index_unzz_split.
+Qed.
+
+(** All-gather of a zig-zag shard, read at gathered row [unzz_index p c k],
+    is logical row [k] on every rank: the result is [Replicate] of [E]. *)
+Theorem zigzag_all_gather_natural {I V : Type} (p c : nat) (E : nat -> I -> V)
+  (L : nat -> nat -> I -> V) :
+  (0 < c)%N -> shard_zigzag p c E L ->
+  forall k x, (k < p * (2 * c))%N ->
+  L ((unzz_index p c k) %/ (2 * c))%N ((unzz_index p c k) %% (2 * c))%N x = E k x.
+Proof.
+move=> c0 h k x kn; rewrite h ?unzz_index_rank ?ltn_pmod ?muln_gt0 //.
+by rewrite zz_index_unzz.
+Qed.
+
+(** Reduce-scatter (blocks of [2c]) of partial sums of [F] laid out in
+    zig-zag order gives rank [r] block [r]: the zig-zag shard of [F]. *)
+Theorem zigzag_reduce_scatter_order {I : Type} {R : zmodType} (p c : nat)
+  (F : nat -> I -> R) (Pl : nat -> nat -> I -> R) :
+  (forall k' x, (k' < p * (2 * c))%N ->
+     \sum_(0 <= s < p) Pl s k' x = F (zz_flat p c k') x) ->
+  shard_zigzag p c F (fun r i x => \sum_(0 <= s < p) Pl s (r * (2 * c) + i)%N x).
+Proof. by move=> h r i x rp ic; rewrite h ?block_lt // zz_flat_block. Qed.
+
+(** All-gather then reading gathered row [unzz_index p c k] restores natural
+    order ([Replicate]); reduce-scatter of partial sums in zig-zag order
+    gives the zig-zag shard. *)
+Theorem zigzag_all_gather_reorder :
+  (forall (I V : Type) (p c : nat) (E : nat -> I -> V) (L : nat -> nat -> I -> V),
+   (0 < c)%N -> shard_zigzag p c E L ->
+   forall k x, (k < p * (2 * c))%N ->
+   L ((unzz_index p c k) %/ (2 * c))%N ((unzz_index p c k) %% (2 * c))%N x = E k x) /\
+  (forall (I : Type) (R : zmodType) (p c : nat) (F : nat -> I -> R)
+     (Pl : nat -> nat -> I -> R),
+   (forall k' x, (k' < p * (2 * c))%N ->
+      \sum_(0 <= s < p) Pl s k' x = F (zz_flat p c k') x) ->
+   shard_zigzag p c F (fun r i x => \sum_(0 <= s < p) Pl s (r * (2 * c) + i)%N x)).
+Proof.
+split=> [I V p c E L|I R p c F Pl]; first exact: zigzag_all_gather_natural.
+exact: zigzag_reduce_scatter_order.
+Qed.

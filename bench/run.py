@@ -61,6 +61,7 @@ def cases(quick: bool):
         out.append(("headline +sp cp2 zero1 (ep8)", model, full))
         out.append(("headline +sp ring-cp2 zero1 (ep8)", model, dict(full, cp_style="ring")))
         out.append(("headline +sp zigzag-cp2 zero1 (ep8)", model, dict(full, cp_style="zigzag")))
+        out.append(("headline +sp ag-zigzag-cp2 zero1 (ep8)", model, dict(full, cp_style="allgather-zigzag")))
     sweeps = [("layers", "llama3-8b", {"tp": 8, "dp": 8}, "layers", [4, 8, 16, 32] if quick else [4, 8, 16, 32, 64, 126]),
               ("tp", "llama3-70b", {"layers": 8}, "tp", [1, 2, 4, 8]),
               ("dp", "llama3-70b", {"layers": 8, "tp": 8}, "dp", [2, 64, 4096]),

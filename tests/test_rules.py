@@ -185,6 +185,8 @@ def case_table():
         lambda e: e.apply("matmul", [e.t([4, 4], Z(1)), e.t([4, 4], S(0))]))
     add("zigzag_from_slices", None, None)  # multi-op pattern: tests/test_zigzag.py, zig-zag mutations
     add("ring_attention_zigzag", None, None)  # with the ring patterns: tests/test_zigzag.py
+    add("zigzag_all_gather", None, None)  # multi-op pattern: tests/test_zigzag.py, ag_zigzag mutations
+    add("zigzag_reduce_scatter", None, None)  # multi-op pattern: tests/test_zigzag.py, ag_zigzag mutations
     add("stage_repeat", None, None)  # memoized stages: tests/test_generators.py, tests/test_certificate.py
     for rule in ("congruence", "scale_commutes_linear", "layout_commutes_pointwise", "elementwise_smt"):
         add(rule, None, None)

@@ -154,16 +154,43 @@ def test_generated_llama_zigzag_plans_run_equal_and_verify(cfg):
             "ring_attention_backward"} <= used
 
 
+@pytest.mark.parametrize("style", ["zigzag", "allgather-zigzag"])
 @pytest.mark.parametrize("cfg", [{"cp": 2, "tp": 2}, {"cp": 2, "tp": 2, "sp": True, "dp": 2, "ep": 2}],
                          ids=["cp_tp", "cp_tp_sp_dp_ep"])
-def test_generated_deepseek_zigzag_plans_run_equal_and_verify(cfg):
+def test_generated_deepseek_zigzag_plans_run_equal_and_verify(cfg, style):
     from tvcert.generators.deepseek import deepseek_plan
 
-    plan = load_plan(_small(deepseek_plan("deepseek-v3-671b", layers=2, **cfg, cp_style="zigzag")))
+    plan = load_plan(_small(deepseek_plan("deepseek-v3-671b", layers=2, **cfg, cp_style=style)))
     assert run_plan(plan).equal
     res = verify(plan, refute=False)
     assert res.verdict == "VERIFIED", res.reasons
-    assert any("ring_attention_zigzag" in s.rules for s in res.prop.steps)
+    want = "ring_attention_zigzag" if style == "zigzag" else "zigzag_reduce_scatter"
+    assert any(want in s.rules for s in res.prop.steps)
+
+
+@pytest.mark.parametrize("cfg", [{"cp": 2}, {"cp": 2, "tp": 2, "sp": True, "dp": 2, "zero": 1},
+                                 {"cp": 2, "pp": 2, "layers": 2, "mb": 2}],
+                         ids=["cp", "cp_tp_sp_dp_zero1", "cp_pp_mb"])
+def test_llama3_allgather_cp_over_zigzag_chunks_verifies(cfg):
+    """Llama 3's own context parallelism: K and V all-gathered over load-balanced chunks and put back in natural
+    order; their gradients paired chunk r with chunk 2p-1-r and reduce-scattered."""
+    raw = _small(llama3_plan("llama3-8b", **{"layers": 1, **cfg}, cp_style="allgather-zigzag"))
+    plan = load_plan(raw)
+    assert run_plan(plan).equal
+    res = verify(plan, refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    used = [r for s in res.prop.steps for r in s.rules]
+    layers = cfg.get("layers", 1)
+    assert used.count("zigzag_all_gather") == 2 * layers and used.count("zigzag_reduce_scatter") == 2 * layers
+    assert "ring_attention_online_softmax" not in used
+
+
+def test_allgather_zigzag_plan_size_does_not_grow_with_cp():
+    def size(cp):
+        return sum(len(g["nodes"]) for g in llama3_plan("llama3-8b", layers=1, cp=cp,
+                                                        cp_style="allgather-zigzag")["parallel"])
+
+    assert size(2) == size(8)
 
 
 def test_zigzag_verifies_at_full_llama3_405b_size():
@@ -179,3 +206,25 @@ def test_ring_bugs_are_refuted_over_zigzag_blocks_too(mut):
     good = _small(llama3_plan("llama3-8b", **cfg))
     bad, role = mutate(good, mut.name)
     assert_refuted_and_localized(good, bad, role)
+
+
+def _edit_chain(raw: dict, role: str, edit) -> dict:
+    bad = copy.deepcopy(raw)
+    n = next(n for g in bad["parallel"] for n in g["nodes"] if n.get("src") == role)
+    edit(n)
+    return bad
+
+
+@pytest.mark.parametrize("role,edit", [
+    ("layer0.cp_k_all_gather.second_in_order", lambda n: n["attrs"].update(dims=[3])),  # rows flipped, not ranks
+    ("layer0.cp_v_all_gather.natural_chunks", lambda n: n["inputs"].reverse()),  # tails first
+    ("layer0.cp_k_all_gather.second", lambda n: n["attrs"].update(start=0, end=1)),  # the first chunks twice
+    ("layer0.bwd.cp_dk_reduce_scatter.by_rank", lambda n: n.update(op="permute", attrs={"dims": [0, 1, 2, 3, 4, 5]})),
+    ("layer0.bwd.cp_dv_reduce_scatter.second_reversed", lambda n: n["attrs"].update(dims=[2])),
+], ids=["flip_rows", "tails_first", "first_chunks_twice", "halves_not_swapped", "flip_halves"])
+def test_broken_allgather_reorder_is_never_verified(role, edit):
+    good = _small(llama3_plan("llama3-8b", layers=1, cp=2, cp_style="allgather-zigzag"))
+    plan = load_plan(_edit_chain(good, role, edit))
+    res = verify(plan)
+    assert res.verdict == "REFUTED", res.reasons
+    assert not run_plan(plan, seed=res.counterexample["seed"]).equal

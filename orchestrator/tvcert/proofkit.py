@@ -134,6 +134,8 @@ RULES: dict[str, str] = {
     "zigzag_contraction": f"{_T}.Zigzag.zigzag_contraction",
     "zigzag_from_slices": f"{_T}.Zigzag.zigzag_from_slices",
     "zigzag_reshape": f"{_T}.Zigzag.zigzag_reshape",
+    "zigzag_all_gather": f"{_T}.Zigzag.zigzag_all_gather_natural",
+    "zigzag_reduce_scatter": f"{_T}.Zigzag.zigzag_reduce_scatter_order",
     "ring_attention_zigzag": f"{_T}.Zigzag.ring_attention_zigzag",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",

@@ -255,10 +255,13 @@ def _judge(res: Result):
         return ok
 
     steps = {(s.program, s.node) for s in res.prop.steps}
+    concluding = {(s.program, s.node) for s in res.prop.steps if s.pattern}
     inside = res.prop.pattern_nodes()
 
     def judge(program: str, node: int, tensor: str):
-        if (program, node) in inside and (program, node) not in steps:
+        # an op inside a proved multi-op rule is explained by it, even when a single-op rule also gave it a fact
+        # that names no logical tensor (e.g. a partial sum split into chunks before a zig-zag reduce_scatter)
+        if (program, node) in inside and (program, node) not in concluding:
             return "an intermediate of a proved multi-op rule"
         f = res.prop.facts[program].get(tensor)
         if (program, node) not in steps or f is None:

@@ -648,6 +648,11 @@ def _permute(c, n, x, dims):
     return c.emit("permute", [c.ir(x)], {"dims": [int(d) for d in dims]})
 
 
+@reg("aten.flip")
+def _flip(c, n, x, dims):
+    return c.emit("flip", [c.ir(x)], {"dims": [int(d) for d in dims]})
+
+
 @reg("aten.view", "aten._unsafe_view", "aten.reshape")
 def _view(c, n, x, shape):
     out = _shape(_out(c, n))

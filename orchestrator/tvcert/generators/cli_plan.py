@@ -13,10 +13,11 @@ from ..cli import _fail_bad, write_atomic
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel degree")
 @click.option("--sp", is_flag=True, help="Megatron sequence parallelism (needs --tp > 1)")
 @click.option("--cp", default=1, show_default=True, help="context-parallel degree")
-@click.option("--cp-style", type=click.Choice(["allgather", "ring", "zigzag"]), default="allgather", show_default=True,
-              help="context-parallel attention: all-gather K/V (Llama 3), ring attention with the "
-                   "online-softmax merge over contiguous blocks, or zigzag: ring attention over load-balanced "
-                   "chunks (cp rank r holds chunks r and 2cp-1-r of 2cp)")
+@click.option("--cp-style", type=click.Choice(["allgather", "ring", "zigzag", "allgather-zigzag"]), default="allgather",
+              show_default=True,
+              help="context-parallel attention: all-gather K/V, ring attention with the online-softmax merge over "
+                   "contiguous blocks, zigzag: ring attention over load-balanced chunks (cp rank r holds chunks r "
+                   "and 2cp-1-r of 2cp), or allgather-zigzag: all-gather K/V over load-balanced chunks (Llama 3's)")
 @click.option("--dp", default=1, show_default=True, help="data-parallel degree")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True, help="ZeRO stage (1: sharded optimizer)")
 @click.option("--microbatches", "mb", default=1, show_default=True, help="gradient-accumulation micro-batches")

@@ -248,9 +248,9 @@ class DStep(Step):
             o = self.unheads_d(oh, "dv", "o")
             s.update(ring=ring, kn=kn, kp=kp)
         else:
-            knf = self.gather(kn, "cp", 2, "cp_k_nope_all_gather")
-            kpf = self.gather(kp, "cp", 2, "cp_k_pe_all_gather")
-            vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+            knf = self.cp_gather(kn, 2, [self.B, self.NH, "s", "dn"], "cp_k_nope_all_gather")
+            kpf = self.cp_gather(kp, 2, [self.B, 1, "s", "dr"], "cp_k_pe_all_gather")
+            vf = self.cp_gather(v, 2, [self.B, self.NH, "s", "dv"], "cp_v_all_gather")
             sc = g.op("add", g.op("matmul", qn, self.t(knf, "k_nope_t"), role="scores_nope"),
                       g.op("matmul", qp, self.t(kpf, "k_pe_t"), role="scores_pe"), role="scores")
             sc = g.op("scale", sc, role="scores_scale", value=c)
@@ -314,9 +314,9 @@ class DStep(Step):
         dknf = g.op("matmul", dsct, s["qn"], role="dk_nope")
         dkp_h = g.op("matmul", dsct, s["qp"], role="dk_pe_per_head")
         dkpf = g.op("sum", dkp_h, role="dk_pe_sum_heads", dims=[1], keepdim=True)
-        dkn = self.scatter(dknf, "cp", 2, "cp_dk_nope_reduce_scatter")
-        dkp = self.scatter(dkpf, "cp", 2, "cp_dk_pe_reduce_scatter")
-        dv = self.scatter(dvf, "cp", 2, "cp_dv_reduce_scatter")
+        dkn = self.cp_scatter(dknf, 2, [self.B, self.NH, "s", "dn"], "cp_dk_nope_reduce_scatter")
+        dkp = self.cp_scatter(dkpf, 2, [self.B, 1, "s", "dr"], "cp_dk_pe_reduce_scatter")
+        dv = self.cp_scatter(dvf, 2, [self.B, self.NH, "s", "dv"], "cp_dv_reduce_scatter")
         return dqn, dqp, dkn, dkp, dv
 
     # -------------------------------------------------------------- MoE

@@ -115,6 +115,35 @@ class Step:
         return self.g.op("slice", x, role=role, dim=dim, start=f"rank.{axis}*({size}/{axis})",
                          end=f"(rank.{axis}+1)*({size}/{axis})")
 
+    def cp_gather(self, x, dim, shape, role):
+        """All-gather over cp.  With load-balanced chunks every rank sends chunks r and 2cp-1-r, so the gathered
+        rows are put back in natural order: split (rank, half, rows), the first halves, then the second halves
+        in reverse rank order (kernel pattern zigzag_all_gather).  ``shape``: the gathered tensor's shape."""
+        gx = self.gather(x, "cp", dim, role)
+        if not (self.par.zigzag and self.par.has("cp")):
+            return gx
+        g, pre, post, c = self.g, shape[:dim], shape[dim + 1:], "(s/(2*cp))"
+        g3 = g.op("reshape", gx, role=role + ".chunks", shape=[*pre, "cp", 2, c, *post])
+        h0 = g.op("slice", g3, role=role + ".first", dim=dim + 1, start=0, end=1)
+        h1 = g.op("flip", g.op("slice", g3, role=role + ".second", dim=dim + 1, start=1, end=2),
+                  role=role + ".second_in_order", dims=[dim])
+        nat = g.op("concat", h0, h1, role=role + ".natural_chunks", dim=dim)
+        return g.op("reshape", nat, role=role + ".natural", shape=list(shape))
+
+    def cp_scatter(self, x, dim, shape, role):
+        """Reduce-scatter over cp; with load-balanced chunks the rows are first put in zig-zag order (chunks r and
+        2cp-1-r side by side for each r; kernel pattern zigzag_reduce_scatter).  ``shape``: x's shape."""
+        if not (self.par.zigzag and self.par.has("cp")):
+            return self.scatter(x, "cp", dim, role)
+        g, pre, post, c = self.g, shape[:dim], shape[dim + 1:], "(s/(2*cp))"
+        d3 = g.op("reshape", x, role=role + ".halves", shape=[*pre, 2, "cp", c, *post])
+        d0 = g.op("slice", d3, role=role + ".first", dim=dim, start=0, end=1)
+        d1 = g.op("flip", g.op("slice", d3, role=role + ".second", dim=dim, start=1, end=2),
+                  role=role + ".second_reversed", dims=[dim + 1])
+        t = g.op("transpose", g.op("concat", d0, d1, role=role + ".paired", dim=dim), role=role + ".by_rank",
+                 dim0=dim, dim1=dim + 1)
+        return self.scatter(g.op("reshape", t, role=role + ".zigzag", shape=list(shape)), "cp", dim, role)
+
     def zigzag_chunks(self, x, size, role):
         """Load-balanced context parallelism: cp rank r's chunks r and 2cp-1-r (of 2cp) of dim 0."""
         c = f"({size}/(2*cp))"
@@ -226,8 +255,9 @@ class Step:
     def attn_probs(self, q, k, v, mask, c):
         """All-gather K/V over cp, expand GQA groups, masked scaled scores, softmax: (ke, ve, prob)."""
         g = self.g
-        kf = self.gather(k, "cp", 2, "cp_k_all_gather")
-        vf = self.gather(v, "cp", 2, "cp_v_all_gather")
+        kv = [self.B, self.NKV, "s", "hd"]
+        kf = self.cp_gather(k, 2, kv, "cp_k_all_gather")
+        vf = self.cp_gather(v, 2, kv, "cp_v_all_gather")
         ke, ve = self.expand_kv(kf, "k_gqa"), self.expand_kv(vf, "v_gqa")
         sc = g.op("scale", g.op("matmul", q, g.op("permute", ke, role="k_t", dims=[0, 1, 3, 2]), role="scores"),
                   role="scores_scale", value=c)
@@ -440,8 +470,9 @@ class Step:
         dsc = g.op("scale", dsc, role="scores_scale_bwd", value=s["c"])
         dq = g.op("matmul", dsc, s["ke"], role="dq")
         dke = g.op("matmul", g.op("permute", dsc, role="dscores_t", dims=[0, 1, 3, 2]), s["q"], role="dk")
-        dkf = self.scatter(self.reduce_kv(dke, "dk_gqa"), "cp", 2, "cp_dk_reduce_scatter")
-        dvf = self.scatter(self.reduce_kv(dve, "dv_gqa"), "cp", 2, "cp_dv_reduce_scatter")
+        kv = [self.B, self.NKV, "s", "hd"]
+        dkf = self.cp_scatter(self.reduce_kv(dke, "dk_gqa"), 2, kv, "cp_dk_reduce_scatter")
+        dvf = self.cp_scatter(self.reduce_kv(dve, "dv_gqa"), 2, kv, "cp_dv_reduce_scatter")
         return dq, dkf, dvf
 
     # -------------------------------------------------------------- whole step

@@ -341,6 +341,19 @@ ZIGZAG_MUTATIONS: list[Mutation] = [
                         _set(p, r"rope\.cp_positions\.tail$", start="(2*rank.cp+1)*(s/(2*cp))",
                              end="(2*rank.cp+2)*(s/(2*cp))"))[0]),
 ]
+CP_AG_ZIGZAG = {"cp": 2, "cp_style": "allgather-zigzag"}
+ZIGZAG_MUTATIONS += [
+    Mutation("ag_zigzag_gathered_tails_not_flipped", "all-gather CP over load-balanced chunks: the gathered second "
+             "chunks are not put back in reverse rank order (K rows out of order)", CP_AG_ZIGZAG,
+             lambda p: (_bypass(p, r"layer0\.cp_k_all_gather\.second_in_order$"), "layer0.cp_k_all_gather")[1]),
+    # (both blamed on the op that starts the broken block -- the all_gather, the split of the partial rows: their
+    # chunk-ordered results are no logical tensor under any placement, and without the intact reorder the block
+    # is not the proved pattern that explains them)
+    Mutation("ag_zigzag_grad_chunks_not_paired", "all-gather CP over load-balanced chunks: the dV rows are "
+             "reduce-scattered without pairing chunk r with chunk 2p-1-r", CP_AG_ZIGZAG,
+             lambda p: (_bypass(p, r"layer0\.bwd\.cp_dv_reduce_scatter\.second_reversed$"),
+                        "layer0.bwd.cp_dv_reduce_scatter.halves")[1]),
+]
 MUTATIONS += ZIGZAG_MUTATIONS
 
 BY_NAME = {m.name: m for m in MUTATIONS}

@@ -13,7 +13,7 @@ LLAMA3 = {
     "llama3-405b": dict(h=16384, layers=126, nh=128, nkv=8, hd=128, f=53248, v=128256, s=8192),
 }
 MODELS = sorted(LLAMA3)
-CP_STYLES = ("allgather", "ring", "zigzag")
+CP_STYLES = ("allgather", "ring", "zigzag", "allgather-zigzag")
 
 
 class GenError(ValueError):
@@ -85,13 +85,15 @@ def check_degrees(**degrees: Any) -> None:
 
 def cp_flags(cp_style: str) -> dict[str, bool]:
     """Par's flags for a --cp-style: zigzag is ring attention over load-balanced chunks."""
-    return {"ring": cp_style in ("ring", "zigzag"), "zigzag": cp_style == "zigzag"}
+    return {"ring": cp_style in ("ring", "zigzag"), "zigzag": cp_style in ("zigzag", "allgather-zigzag")}
 
 
 def ring_label(par: Par) -> str:
     """"ring" (or "zigzag" for load-balanced chunks) in plan names when context parallelism runs ring attention."""
-    if not (par.ring and par.has("cp")):
+    if not par.has("cp"):
         return ""
+    if not par.ring:
+        return "ag-zigzag" if par.zigzag else ""
     return "zigzag" if par.zigzag else "ring"
 
 

@@ -69,6 +69,8 @@ def canon_dims(op: str, attrs: dict, in_shapes: Sequence[Shape]) -> dict:
         out["keepdim"] = bool(out.get("keepdim", False))
     elif op == "permute" and n:
         out["dims"] = tuple(d % n for d in out["dims"])
+    elif op == "flip" and n:
+        out["dims"] = tuple(sorted({d % n for d in out["dims"]}))
     elif op == "einsum":
         out["equation"] = out["equation"].replace(" ", "")
     return out

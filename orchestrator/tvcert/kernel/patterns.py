@@ -648,7 +648,7 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
 
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
-from .zigzag import zigzag_from_slices  # noqa: E402
+from .zigzag import zigzag_all_gather, zigzag_from_slices, zigzag_reduce_scatter  # noqa: E402
 
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,
@@ -658,9 +658,12 @@ PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_nll_backward": vocab_parallel_nll_backward,
             "vocab_parallel_log_softmax": vocab_parallel_log_softmax,
             _RING: match_ring, _RING_BWD: match_ring_backward,
-            "zigzag_from_slices": zigzag_from_slices}
-PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop", "concat"}
+            "zigzag_from_slices": zigzag_from_slices, "zigzag_all_gather": zigzag_all_gather,
+            "zigzag_reduce_scatter": zigzag_reduce_scatter}
+PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring_loop", "concat", "reshape", "view",
+               "reduce_scatter"}
 # Patterns tried even when every input has a fact: their conclusion (the logical form) replaces the op-by-op
 # one, which is true but spelled differently from the logical graph.
-PRIORITY_PATTERNS = {"vocab_parallel_log_softmax": vocab_parallel_log_softmax}
-PRIORITY_OPS = {"sub"}
+PRIORITY_PATTERNS = {"vocab_parallel_log_softmax": vocab_parallel_log_softmax,
+                     "zigzag_reduce_scatter": zigzag_reduce_scatter}
+PRIORITY_OPS = {"sub", "reduce_scatter"}

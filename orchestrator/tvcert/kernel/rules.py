@@ -593,6 +593,12 @@ def _rw_tri(ra, shapes):
     return [{i: i for i in range(n - 2)}], "rowwise_shard", [0]
 
 
+def _rw_flip(ra, shapes):
+    n = len(shapes[0])
+    flipped = {d % n for d in ra["dims"]}
+    return [{i: i for i in range(n) if i not in flipped}], "rowwise_shard", [0]
+
+
 def _rw_pad(ra, shapes):
     pads = ra["pads"]
     n = len(shapes[0])
@@ -605,7 +611,7 @@ ROWWISE: dict[str, Callable] = {
     "softmax_backward": _rw_softmax_bwd, "log_softmax_backward": _rw_softmax_bwd,
     "cross_entropy": _rw_ce, "cross_entropy_backward": _rw_ce_bwd, "one_hot": _rw_one_hot,
     "topk": _rw_topk, "embedding": _rw_embedding, "triu": _rw_tri, "tril": _rw_tri,
-    "pad": _rw_pad, "expand": None,
+    "pad": _rw_pad, "flip": _rw_flip, "expand": None,
 }
 
 

@@ -30,16 +30,7 @@ from ..ops.collectives import axes_of
 from ..plan import Placement
 from ..shapes import affine_in_rank
 from .producers import ProducersBefore
-from .rules import (
-    Derivation,
-    Fact,
-    KCtx,
-    RuleFailure,
-    _groups,
-    _names,
-    _prod,
-    local_shape,
-)
+from .rules import R, Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, local_shape
 
 # the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
 ZIGZAG_OF: dict[str, str] = {
@@ -79,6 +70,10 @@ RULES: dict[str, str] = {
                       "zig-zag order when a chunk fills whole rows of the result",
     "zigzag_from_slices": "rank r concatenating chunks r and 2p-1-r of 2p chunks of a replicated tensor holds "
                           "its ZigzagShard (pattern, kernel/zigzag.py)",
+    "zigzag_all_gather": "all_gather of ZigzagShard(d) put back in natural order (heads, then the flipped tails) is "
+                         "Replicate (pattern, kernel/zigzag.py)",
+    "zigzag_reduce_scatter": "reduce_scatter of Partial(sum) rows put in zig-zag order (chunks r and 2p-1-r side by "
+                             "side) is ZigzagShard(d) (pattern, kernel/zigzag.py)",
     "ring_attention_zigzag": "ring attention over zig-zag key blocks is softmax attention over all keys; query "
                              "blocks in zig-zag order cover every query once",
 }
@@ -220,3 +215,165 @@ def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
     if local_shape(shape, kc.axes, pl, kc.sizes) != tuple(n.meta["shape@dims"][0][0]):
         raise RuleFailure("the concluded placement does not give the op's local shape")
     return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({i1, i2})
+
+
+# ---------------------------------------------------------------------------------------------- all-gather CP
+# With all-gather context parallelism (Llama 3's) over zig-zag chunks, K and V are all-gathered (rank order:
+# chunk r, chunk 2p-1-r per rank) and put back in natural order; their gradients are put in zig-zag order
+# and reduce-scattered.  With dim d of the gathered tensor split as (p, 2, c) (rank, half, row):
+#
+#     forward:  natural = reshape(concat(G3[:, 0:1], flip(G3[:, 1:2], rank dim), dim=rank dim))
+#     backward: zigzag  = reshape(swap(concat(D3[0:1], flip(D3[1:2], chunk dim)), half, chunk)), D3 = (2, p, c)
+#
+# (Coq: Zigzag.zigzag_all_gather_natural, zigzag_reduce_scatter_order.)
+
+def _node(producers, t: str, ops: tuple[str, ...], what: str):
+    got = producers.get(t)
+    if got is None or got[1].op not in ops:
+        raise RuleFailure(f"{what}: expected {' or '.join(ops)}")
+    return got
+
+
+def _shape_of(n) -> tuple[int, ...]:
+    return tuple(n.meta["shape@dims"][0][0])
+
+
+def _attrs(n, kc: KCtx) -> dict:
+    return resolve_attrs(REGISTRY[n.op], n.attrs, kc.env0())
+
+
+def _unit_slice(n, kc: KCtx, dim: int, k: int, what: str) -> None:
+    a = _attrs(n, kc)
+    if a["dim"] % len(_shape_of(n)) != dim or (a["start"], a["end"], a.get("step", 1)) != (k, k + 1, 1):
+        raise RuleFailure(f"{what}: expected slice [{k}, {k + 1}) of dim {dim}")
+
+
+def _one_axis(n, kc: KCtx) -> str:
+    ax = n.attrs.get("axis")
+    if isinstance(ax, list) and len(ax) == 1:
+        ax = ax[0]
+    if not isinstance(ax, str) or ax not in kc.axes:
+        raise RuleFailure("the collective must run over one mesh axis of the program")
+    return ax
+
+
+def _carry_other_axes(kc: KCtx, f: Fact, j: int, dim: int, on_j: Placement, rule: str) -> tuple:
+    """Placements of the result: ``on_j`` over axis j; elsewhere unchanged (replicated; sharded on another
+    dim, since every op of the chain acts on each index of the other dims independently; or a partial sum,
+    since the chain and the collective are linear)."""
+    out = []
+    for k, q in enumerate(f.pl):
+        if k == j:
+            out.append((on_j, rule))
+        elif q.kind == "R":
+            out.append((q, "replicate_any"))
+        elif q.kind == "S" and q.dim != dim:
+            out.append((q, "rowwise_shard"))
+        elif q.kind == "P" and q.reduce in ("sum", "avg"):
+            out.append((q, "partial_linear_map"))
+        else:
+            raise RuleFailure(f"axis {kc.axes[k]!r} holds {q}: only replicated, other-dim shards and partial sums "
+                              f"are covered")
+    return tuple(out)
+
+
+def zigzag_all_gather(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    """all_gather over a of ZigzagShard(d) put back in natural order (see above) is Replicate over a."""
+    producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op not in ("reshape", "view"):
+        raise RuleFailure("not a reshape")
+    ic, cat = _node(producers, out.inputs[0], ("concat",), "natural order")
+    if len(cat.inputs) != 2:
+        raise RuleFailure("natural order: expected the concatenation of heads and flipped tails")
+    i0, h0 = _node(producers, cat.inputs[0], ("slice",), "first chunks")
+    i1f, h1f = _node(producers, cat.inputs[1], ("flip",), "second chunks in order")
+    i1, h1 = _node(producers, h1f.inputs[0], ("slice",), "second chunks")
+    if h0.inputs[0] != h1.inputs[0]:
+        raise RuleFailure("both chunk slices must read the same split tensor")
+    i3, g3 = _node(producers, h0.inputs[0], ("reshape", "view"), "split of the gathered rows")
+    ig, gat = _node(producers, g3.inputs[0], ("all_gather",), "gathered tensor")
+    a = _one_axis(gat, kc)
+    j = kc.axes.index(a)
+    x_t = gat.inputs[0]
+    if x_t not in facts:
+        raise RuleFailure("the gathered tensor has no fact")
+    f = facts[x_t]
+    gs = _shape_of(gat)
+    d = _attrs(gat, kc)["dim"] % len(gs)
+    if f.pl[j] != Z(d):
+        raise RuleFailure(f"the gathered tensor is not ZigzagShard({d}) over {a!r}")
+    p = kc.sizes[a]
+    if gs[d] % (2 * p):
+        raise RuleFailure("the gathered rows do not split into 2p chunks")
+    c = gs[d] // (2 * p)
+    pre, post = gs[:d], gs[d + 1:]
+    if _shape_of(g3) != pre + (p, 2, c) + post:
+        raise RuleFailure(f"the gathered rows must be split as (ranks {p}, halves 2, rows {c})")
+    _unit_slice(h0, kc, d + 1, 0, "first chunks")
+    _unit_slice(h1, kc, d + 1, 1, "second chunks")
+    if sorted(x % len(gs + (0, 0)) for x in _attrs(h1f, kc)["dims"]) != [d]:
+        raise RuleFailure("the second chunks must be flipped along the rank dim (and nothing else)")
+    if _attrs(cat, kc)["dim"] % (len(gs) + 2) != d or _shape_of(out) != gs:
+        raise RuleFailure("the chunks must be concatenated along the rank dim and merged back to the rows")
+    per_axis = _carry_other_axes(kc, f, j, d, R, "zigzag_all_gather")
+    pl = tuple(q for q, _ in per_axis)
+    if local_shape(kc.exprs[f.expr].shape, kc.axes, pl, kc.sizes) != gs:
+        raise RuleFailure("the concluded placement does not give the op's local shape")
+    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({ig, i3, i0, i1, i1f, ic})
+
+
+def zigzag_reduce_scatter(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+    """reduce_scatter(sum) over a of Partial(sum) rows put in zig-zag order (see above) is ZigzagShard(d)."""
+    producers = ProducersBefore(g, index)
+    out = g.nodes[index]
+    if out.op != "reduce_scatter" or _attrs(out, kc).get("reduce", "sum") != "sum":
+        raise RuleFailure("not a reduce_scatter(sum)")
+    iz, zf = _node(producers, out.inputs[0], ("reshape", "view"), "zig-zag rows")
+    it, tr = _node(producers, zf.inputs[0], ("permute", "transpose"), "ranks before halves")
+    ic, cat = _node(producers, tr.inputs[0], ("concat",), "halves")
+    if len(cat.inputs) != 2:
+        raise RuleFailure("halves: expected the concatenation of first chunks and flipped second chunks")
+    i0, d0 = _node(producers, cat.inputs[0], ("slice",), "first chunks")
+    i1f, d1f = _node(producers, cat.inputs[1], ("flip",), "second chunks reversed")
+    i1, d1 = _node(producers, d1f.inputs[0], ("slice",), "second chunks")
+    if d0.inputs[0] != d1.inputs[0]:
+        raise RuleFailure("both chunk slices must read the same split tensor")
+    i3, d3 = _node(producers, d0.inputs[0], ("reshape", "view"), "split of the natural rows")
+    y_t = d3.inputs[0]
+    if y_t not in facts:
+        raise RuleFailure("the gradient rows have no fact")
+    f = facts[y_t]
+    a = _one_axis(out, kc)
+    j = kc.axes.index(a)
+    ys = local_shape(kc.exprs[f.expr].shape, kc.axes, f.pl, kc.sizes)
+    d = _attrs(out, kc)["dim"] % len(ys)
+    if f.pl[j] != Placement("P", reduce="sum"):
+        raise RuleFailure(f"the rows are not Partial(sum) over {a!r}")
+    p = kc.sizes[a]
+    if ys[d] % (2 * p):
+        raise RuleFailure("the rows do not split into 2p chunks")
+    c = ys[d] // (2 * p)
+    pre, post = ys[:d], ys[d + 1:]
+    if _shape_of(d3) != pre + (2, p, c) + post:
+        raise RuleFailure(f"the rows must be split as (halves 2, chunks {p}, rows {c})")
+    _unit_slice(d0, kc, d, 0, "first chunks")
+    _unit_slice(d1, kc, d, 1, "second chunks")
+    if sorted(x % (len(ys) + 2) for x in _attrs(d1f, kc)["dims"]) != [d + 1]:
+        raise RuleFailure("the second chunks must be flipped along the chunk dim (and nothing else)")
+    if _attrs(cat, kc)["dim"] % (len(ys) + 2) != d:
+        raise RuleFailure("the halves must be concatenated along the half dim")
+    ta = _attrs(tr, kc)
+    n = len(ys) + 2
+    swap = list(range(n))
+    swap[d], swap[d + 1] = d + 1, d
+    got = [x % n for x in ta["dims"]] if tr.op == "permute" else None
+    if tr.op == "transpose" and {ta["dim0"] % n, ta["dim1"] % n} == {d, d + 1}:
+        got = swap
+    if got != swap or _shape_of(zf) != ys:
+        raise RuleFailure("halves and chunks must be swapped, then merged back to the rows")
+    per_axis = _carry_other_axes(kc, f, j, d, Z(d), "zigzag_reduce_scatter")
+    pl = tuple(q for q, _ in per_axis)
+    if local_shape(kc.exprs[f.expr].shape, kc.axes, pl, kc.sizes) != _shape_of(out):
+        raise RuleFailure("the concluded placement does not give the op's local shape")
+    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({iz, it, ic, i0, i1f, i1, i3})

@@ -170,6 +170,34 @@ class Permute(Layout):
 
 
 @register
+class Flip(Layout):
+    name = "flip"
+    attrs = {"dims": Attr("ints")}
+    doc = "reverse the order of the entries along each of dims (torch.flip)"
+
+    def _dims(self, s, attrs):
+        dims = [_nd(d, len(s), self.name) for d in attrs["dims"]]
+        if len(set(dims)) != len(dims):
+            raise ShapeError(f"flip: dims {list(attrs['dims'])} repeats a dim")
+        return dims
+
+    def infer(self, shapes, attrs):
+        check_arity(self, shapes)
+        s = tuple(shapes[0])
+        self._dims(s, attrs)
+        return [s]
+
+    def eval(self, xs, attrs, ctx):
+        dims = self._dims(xs[0].shape, attrs)
+        return [_like(xs[0], np.flip(xs[0], axis=tuple(dims)).copy() if dims else xs[0].copy(), ctx)]
+
+    def deps(self, shapes, attrs):
+        s = tuple(shapes[0])
+        dims = self._dims(s, attrs)
+        return [InputDep(tuple(_aff(i, -1, s[i] - 1) if i in dims else _aff(i) for i in range(len(s))))]
+
+
+@register
 class Transpose(Layout):
     name = "transpose"
     attrs = {"dim0": Attr("int"), "dim1": Attr("int")}
