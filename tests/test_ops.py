@@ -243,6 +243,8 @@ CASES: dict[str, list[Case]] = {
                 Case({"shape": ["a", "b*2"]}, [X234], lambda x: x.reshape(2, 12), exact=True)],
     "view": [Case({"shape": [24]}, [X234], lambda x: x.reshape(24), exact=True)],
     "permute": [Case({"dims": [2, 0, 1]}, [X234], lambda x: x.transpose(2, 0, 1), exact=True)],
+    "flip": [Case({"dims": [1]}, [X234], lambda x: x[:, ::-1, :], exact=True),
+             Case({"dims": [0, -1]}, [X234], lambda x: x[::-1, :, ::-1], exact=True)],
     "transpose": [Case({"dim0": 0, "dim1": -1}, [X234], lambda x: x.swapaxes(0, 2), exact=True)],
     "slice": [Case({"dim": 1, "start": 1, "end": 3}, [X234], lambda x: x[:, 1:3], exact=True),
               Case({"dim": -1, "start": 0, "end": 4, "step": 3}, [X234], lambda x: x[..., 0:4:3],
@@ -495,6 +497,8 @@ _err("reshape view", {"shape": [5, -1]}, [(2, 3, 4)], ShapeError, "cannot be vie
 _err("reshape view", {"shape": [5, 5]}, [(2, 3, 4)], ShapeError, "has 25 elements")
 _err("reshape", {"shape": [-1, -1]}, [(2, 3, 4)], ShapeError, "more than one -1")
 _err("permute", {"dims": [0, 0, 1]}, [(2, 3, 4)], ShapeError, "not a permutation")
+_err("flip", {"dims": [1, -2]}, [(2, 3, 4)], ShapeError, "repeats a dim")
+_err("flip", {"dims": [3]}, [(2, 3, 4)], ShapeError, "out of range")
 _err("permute", {"dims": [0, 1]}, [(2, 3, 4)], ShapeError, "has rank 3")
 _err("transpose", {"dim0": 0, "dim1": 3}, [(2, 3, 4)], ShapeError, "dim1 3 is out of range")
 _err("slice", {"dim": 0, "start": 1, "end": 5}, [(4,)], ShapeError,
