@@ -20,15 +20,10 @@ from typing import Any, Callable, Mapping
 from ..graph import Graph, Node
 from ..ops import REGISTRY, resolve_attrs
 from ..shapes import affine_in_rank
-from .producers import ProducersBefore
-from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, embedding_backward_axis, local_shape
+from .producers import ProducersBefore, out_shape, producer, single_axis
+from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, conclude, embedding_backward_axis
 
 Producers = Mapping[str, tuple[int, Node]]
-
-
-def _prod(producers: Producers, t: str) -> Node | None:
-    got = producers.get(t)
-    return got[1] if got else None
 
 
 def _zero_const(n: Node | None) -> bool:
@@ -37,7 +32,7 @@ def _zero_const(n: Node | None) -> bool:
 
 def _masked(n: Node, producers: Producers) -> tuple[str, str] | None:
     """(value tensor, mask tensor) of ``where(mask, 0, value)`` or ``masked_fill(value, mask, 0)``."""
-    if n.op == "where" and _zero_const(_prod(producers, n.inputs[1])):
+    if n.op == "where" and _zero_const(producer(producers, n.inputs[1])):
         return n.inputs[2], n.inputs[0]
     if n.op == "masked_fill" and n.attrs.get("value") in (0, 0.0):
         return n.inputs[0], n.inputs[1]
@@ -59,18 +54,18 @@ def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
     """The masked lookup: embedding rows of a vocab-sharded table, or the target logit picked (gather) from
     vocab-sharded logits.  Returns (kind, table, local ids, token mask, axis, block, table fact, axis index,
     tensors matched)."""
-    val = _prod(producers, val_t)
+    val = producer(producers, val_t)
     if val is not None and val.op == "embedding":
-        um = _prod(producers, outer_mask)
+        um = producer(producers, outer_mask)
         if um is None or um.op not in ("unsqueeze", "reshape", "view"):
             raise RuleFailure("the output mask is not the token mask with a trailing unit dim")
         table_t, lid_t, m_t, sdim, kind, pick = val.inputs[0], val.inputs[1], um.inputs[0], 0, "embedding", (outer_mask,)
     elif val is not None and val.op in ("reshape", "view", "squeeze"):
-        gat = _prod(producers, val.inputs[0])
+        gat = producer(producers, val.inputs[0])
         if gat is None or gat.op != "gather":
             raise RuleFailure("the masked value is not an embedding lookup or a picked logit")
         table_t, idx_t = gat.inputs
-        ui = _prod(producers, idx_t)
+        ui = producer(producers, idx_t)
         if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
             raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
         lid_t, m_t, kind, pick = ui.inputs[0], outer_mask, "gather", (val.inputs[0], idx_t)
@@ -103,23 +98,23 @@ def _vocab_axis(wf: Fact, sdim: int, kc: KCtx) -> tuple[str, int]:
 def _local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx, a: str, B: int) -> tuple[str, str, Node]:
     """``lid = where(m, 0, ids - rank.a*B)`` with ``m = (ids < rank.a*B) | (ids >= rank.a*B + B)``:
     returns (ids, the offset tensor, the mask node)."""
-    lid = _prod(producers, lid_t)
+    lid = producer(producers, lid_t)
     inner = _masked(lid, producers) if lid is not None else None
     if inner is None or inner[1] != m_t:
         raise RuleFailure("local ids are not zeroed with the same token mask")
     ids_t, _ = _offset_ids(producers, inner[0], kc, a, B)
-    m = _prod(producers, m_t)
+    m = producer(producers, m_t)
     _block_mask(producers, m, ids_t, kc, a, B, inside=False)
     return ids_t, inner[0], m
 
 
 def _offset_ids(producers: Producers, off_t: str, kc: KCtx, a: str, B: int) -> tuple[str, list[str]]:
     """``ids - rank.a*B`` (add_scalar, or sub of a constant): returns (ids, the offset constant if any)."""
-    off = _prod(producers, off_t)
+    off = producer(producers, off_t)
     if off is not None and off.op == "add_scalar" and _rank_affine(off.attrs.get("value"), kc, a) == (0, -B):
         return off.inputs[0], []
     if off is not None and off.op == "sub" and \
-            _rank_affine(_const_value(_prod(producers, off.inputs[1])), kc, a) == (0, B):
+            _rank_affine(_const_value(producer(producers, off.inputs[1])), kc, a) == (0, B):
         return off.inputs[0], [off.inputs[1]]
     raise RuleFailure(f"local ids are not ids - rank.{a}*{B}")
 
@@ -133,10 +128,10 @@ def _block_mask(producers: Producers, m: Node | None, ids_t: str, kc: KCtx, a: s
         raise RuleFailure(f"the token mask is not a {join} of two comparisons")
     sides, bounds = {}, []
     for t in m.inputs:
-        c = _prod(producers, t)
+        c = producer(producers, t)
         if c is None or c.op not in want or c.inputs[0] != ids_t:
             raise RuleFailure("the token mask does not compare the same ids")
-        sides[c.op] = _rank_affine(_const_value(_prod(producers, c.inputs[1])), kc, a)
+        sides[c.op] = _rank_affine(_const_value(producer(producers, c.inputs[1])), kc, a)
         bounds.append(c.inputs[1])
     if sides != want:
         raise RuleFailure(f"the token mask is not the block [rank.{a}*{B}, rank.{a}*{B}+{B})")
@@ -186,12 +181,8 @@ def vocab_parallel_embedding(g: Graph, index: int, facts: Mapping[str, Fact], kc
         idx = X.mk("unsqueeze", {"dim": len(X[idf.expr].shape)}, [idf.expr])
         expr = X.mk("reshape", {"shape": X[idf.expr].shape}, [X.mk("gather", {"dim": len(X[wf.expr].shape) - 1},
                                                                       [wf.expr, idx])])
-    pl = tuple(pl for pl, _ in per_axis)
-    have = out.meta["shape@dims"][0][0]
-    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
-        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
     matched = [producers[t][0] for t in (val_t, lid_t, inner_t) + tuple(m.inputs) + pick if t in producers]
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+    return conclude(kc, expr, per_axis, out_shape(out)), sorted(set(matched))
 
 
 def _const_int(n: Node | None, kc: KCtx) -> Any:
@@ -210,17 +201,17 @@ def _const_int(n: Node | None, kc: KCtx) -> Any:
 
 def _clamped_ids(producers: Producers, lid_t: str, kc: KCtx, a: str, B: int) -> tuple[str, list[str]]:
     """``lid = minimum(maximum(ids - rank.a*B, 0), B - 1)`` (torch's clamp): returns (ids, tensors matched)."""
-    mn = _prod(producers, lid_t)
+    mn = producer(producers, lid_t)
     if mn is None or mn.op != "minimum":
         raise RuleFailure("the local ids are not clamped from above (minimum)")
-    inner, hi = (mn.inputs if _const_int(_prod(producers, mn.inputs[1]), kc) is not None else mn.inputs[::-1])
-    if _const_int(_prod(producers, hi), kc) != B - 1:
+    inner, hi = (mn.inputs if _const_int(producer(producers, mn.inputs[1]), kc) is not None else mn.inputs[::-1])
+    if _const_int(producer(producers, hi), kc) != B - 1:
         raise RuleFailure(f"the local ids are not clamped to {B - 1}")
-    mx = _prod(producers, inner)
+    mx = producer(producers, inner)
     if mx is None or mx.op != "maximum":
         raise RuleFailure("the local ids are not clamped from below (maximum)")
-    off, lo = (mx.inputs if _const_int(_prod(producers, mx.inputs[1]), kc) is not None else mx.inputs[::-1])
-    if _const_int(_prod(producers, lo), kc) != 0:
+    off, lo = (mx.inputs if _const_int(producer(producers, mx.inputs[1]), kc) is not None else mx.inputs[::-1])
+    if _const_int(producer(producers, lo), kc) != 0:
         raise RuleFailure("the local ids are not clamped at 0")
     ids_t, extra = _offset_ids(producers, off, kc, a, B)
     return ids_t, [lid_t, inner, off, hi, lo, *extra]
@@ -236,18 +227,18 @@ def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, F
     if out.op != "mul":
         raise RuleFailure("not a product")
     for e_t, m_t in (out.inputs, out.inputs[::-1]):
-        emb = _prod(producers, e_t)
+        emb = producer(producers, e_t)
         if emb is not None and emb.op == "embedding":
             break
     else:
         raise RuleFailure("not an embedding times a mask")
-    cast = _prod(producers, m_t)  # cast(unsqueeze(in_block, -1), float), as torch writes it
-    um = _prod(producers, cast.inputs[0]) if cast is not None and cast.op == "cast" else None
-    nd = len(out.meta["shape@dims"][0][0])
+    cast = producer(producers, m_t)  # cast(unsqueeze(in_block, -1), float), as torch writes it
+    um = producer(producers, cast.inputs[0]) if cast is not None and cast.op == "cast" else None
+    nd = len(out_shape(out))
     if um is None or um.op != "unsqueeze" or um.attrs.get("dim") not in (-1, nd - 1):
         raise RuleFailure("the row mask is not the float in-block mask with a trailing unit dim")
     mask_chain = [m_t, cast.inputs[0], um.inputs[0]]
-    n = _prod(producers, um.inputs[0])
+    n = producer(producers, um.inputs[0])
     table_t, lid_t = emb.inputs
     if table_t not in facts:
         raise RuleFailure("the vocab-sharded table has no fact")
@@ -260,11 +251,8 @@ def vocab_parallel_embedding_clamped(g: Graph, index: int, facts: Mapping[str, F
     idf = facts[ids_t]
     per_axis = _lookup_axes(kc, a, wf, idf, "vocab_parallel_embedding_clamped", "embedding")
     expr = kc.exprs.mk("embedding", {}, [wf.expr, idf.expr])
-    pl = tuple(q for q, _ in per_axis)
-    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(out.meta["shape@dims"][0][0]):
-        raise RuleFailure("the concluded placement does not give the op's local shape")
     matched = [producers[x][0] for x in [e_t, *mask_chain, *clamp_ts, *n.inputs, *bounds] if x in producers]
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis]), sorted(set(matched))
+    return conclude(kc, expr, per_axis, out_shape(out)), sorted(set(matched))
 
 
 def _the_vocab_axis(kc: KCtx, match: Callable[[str], Any]) -> tuple[str, Any]:
@@ -290,11 +278,11 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
     if out.op != "embedding_backward":
         raise RuleFailure("not an embedding backward")
     gm_t, lid_t = out.inputs
-    got = _masked(_prod(producers, gm_t), producers) if _prod(producers, gm_t) is not None else None
+    got = _masked(producer(producers, gm_t), producers) if producer(producers, gm_t) is not None else None
     if got is None:
         raise RuleFailure("the gradient is not masked")
     dy_t, um_t = got
-    um = _prod(producers, um_t)
+    um = producer(producers, um_t)
     if um is None or um.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the gradient mask is not the token mask with a trailing unit dim")
     m_t = um.inputs[0]
@@ -329,11 +317,7 @@ def _embedding_backward_block(out: Node, facts: Mapping[str, Fact], kc: KCtx, a:
         if got is None or got[0] == S(1):  # the gradient's hidden dim sharded: not with a vocab-sharded result
             raise RuleFailure(f"axis {b!r}: gradient {pg}, ids {pi}: not covered")
         per_axis.append(got)
-    pl = tuple(p for p, _ in per_axis)
-    have = out.meta["shape@dims"][0][0]
-    if local_shape(X[expr].shape, kc.axes, pl, kc.sizes) != tuple(have):
-        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(have)}")
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
+    return conclude(kc, expr, per_axis, out_shape(out))
 
 
 def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
@@ -347,18 +331,18 @@ def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mappi
     if out.op != "embedding_backward":
         raise RuleFailure("not an embedding backward")
     gm_t, lid_t = out.inputs
-    gm = _prod(producers, gm_t)
+    gm = producer(producers, gm_t)
     if gm is None or gm.op != "mul":
         raise RuleFailure("the gradient is not multiplied by a mask")
     for dy_t, c_t in (gm.inputs, gm.inputs[::-1]):
-        cast = _prod(producers, c_t)
+        cast = producer(producers, c_t)
         if cast is not None and cast.op == "cast":
             break
     else:
         raise RuleFailure("the gradient is not multiplied by a float mask")
-    um = _prod(producers, cast.inputs[0])
-    n = _prod(producers, um.inputs[0]) if um is not None and um.op in ("unsqueeze", "reshape", "view") else None
-    if n is None or _shape(um) != _shape(n) + (1,) or _shape(gm) != _shape(_prod(producers, dy_t) or gm):
+    um = producer(producers, cast.inputs[0])
+    n = producer(producers, um.inputs[0]) if um is not None and um.op in ("unsqueeze", "reshape", "view") else None
+    if n is None or out_shape(um) != out_shape(n) + (1,) or out_shape(gm) != out_shape(producer(producers, dy_t) or gm):
         raise RuleFailure("the gradient mask is not the float in-block mask with a trailing unit dim")
     B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
     def clamped(a):
@@ -390,14 +374,7 @@ def _all_reduce_over(n: Node | None, reduce: str) -> str | None:
     """The one axis of ``all_reduce(reduce)``, else None."""
     if n is None or n.op != "all_reduce" or n.attrs.get("reduce", "sum") != reduce:
         return None
-    ax = n.attrs.get("axis")
-    if isinstance(ax, list):
-        ax = ax[0] if len(ax) == 1 else None
-    return ax if isinstance(ax, str) else None
-
-
-def _shape(n: Node) -> tuple[int, ...]:
-    return tuple(n.meta["shape@dims"][0][0])
+    return single_axis(n)
 
 
 def _reduce_dims(n: Node, nd: int) -> list[int] | None:
@@ -434,13 +411,6 @@ def _row_axes(kc: KCtx, a: str, xf: Fact, lf: Fact | None, rule: str, on_a: Any)
     return out
 
 
-def _conclude(out: Node, kc: KCtx, expr: int, per_axis: list[tuple[Any, str]]) -> Derivation:
-    pl = tuple(q for q, _ in per_axis)
-    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != _shape(out):
-        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(_shape(out))}")
-    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
-
-
 def vocab_parallel_log_softmax(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx
                                ) -> tuple[Derivation, list[int]]:
     """``(x - m) - log(all_reduce_sum_a(sum(exp(x - m), d, keepdim)))`` with ``m = all_reduce_max_a(amax(x, d,
@@ -450,22 +420,22 @@ def vocab_parallel_log_softmax(g: Graph, index: int, facts: Mapping[str, Fact], 
     if out.op != "sub":
         raise RuleFailure("not a difference")
     s1_t, lg_t = out.inputs
-    lg = _prod(producers, lg_t)
+    lg = producer(producers, lg_t)
     if lg is None or lg.op != "log":
         raise RuleFailure("the subtrahend is not a log")
-    ar = _prod(producers, lg.inputs[0])
+    ar = producer(producers, lg.inputs[0])
     a_sum = _all_reduce_over(ar, "sum")
-    sm = _prod(producers, ar.inputs[0]) if a_sum else None
-    ex = _prod(producers, sm.inputs[0]) if sm is not None and sm.op == "sum" else None
+    sm = producer(producers, ar.inputs[0]) if a_sum else None
+    ex = producer(producers, sm.inputs[0]) if sm is not None and sm.op == "sum" else None
     if ex is None or ex.op != "exp" or ex.inputs[0] != s1_t:
         raise RuleFailure("the log is not of an all_reduce(sum) of sum(exp(the shifted logits))")
-    s1 = _prod(producers, s1_t)
+    s1 = producer(producers, s1_t)
     if s1 is None or s1.op != "sub":
         raise RuleFailure("the shifted logits are not x - m")
     x_t, m_t = s1.inputs
-    arm = _prod(producers, m_t)
+    arm = producer(producers, m_t)
     a_max = _all_reduce_over(arm, "max")
-    am = _prod(producers, arm.inputs[0]) if a_max else None
+    am = producer(producers, arm.inputs[0]) if a_max else None
     if am is None or am.op != "amax" or am.inputs[0] != x_t:
         raise RuleFailure("the shift is not an all_reduce(max) of amax of the same logits")
     if x_t not in facts:
@@ -480,7 +450,7 @@ def vocab_parallel_log_softmax(g: Graph, index: int, facts: Mapping[str, Fact], 
     if a_max != a or a_sum != a:
         raise RuleFailure(f"the max and the sum are not all-reduced over the vocab axis {a!r}")
     expr = _mk(kc, "log_softmax", {"dim": d}, [xf.expr])
-    d_ = _conclude(out, kc, expr, _row_axes(kc, a, xf, None, "vocab_parallel_log_softmax", S(d)))
+    d_ = conclude(kc, expr, _row_axes(kc, a, xf, None, "vocab_parallel_log_softmax", S(d)), out_shape(out))
     matched = [producers[t][0] for t in (s1_t, m_t, arm.inputs[0], ex.outputs[0], sm.outputs[0],
                                         lg.inputs[0], lg_t) if t in producers]
     return d_, sorted(set(matched))
@@ -488,10 +458,10 @@ def vocab_parallel_log_softmax(g: Graph, index: int, facts: Mapping[str, Fact], 
 
 def _ignore_test(producers: Producers, keep_t: str, kc: KCtx) -> tuple[str, int]:
     """``labels != ig`` with a constant integer ``ig``: (labels, ig)."""
-    ne = _prod(producers, keep_t)
+    ne = producer(producers, keep_t)
     if ne is None or ne.op != "ne":
         raise RuleFailure("the token filter is not labels != ignore_index")
-    ig = _const_int(_prod(producers, ne.inputs[1]), kc)
+    ig = _const_int(producer(producers, ne.inputs[1]), kc)
     if ig is None:
         raise RuleFailure("the ignore index is not an integer constant")
     return ne.inputs[0], ig
@@ -501,18 +471,18 @@ def _safe_target_local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx,
                            lbl_t: str, ig: int) -> list[str]:
     """``lid = where(m, 0, t' - rank.a*B)``, ``m`` the out-of-block mask of ``t'``, and
     ``t' = where(labels != ig, labels, 0)`` with the same labels and ignore index.  Returns the tensors matched."""
-    lid = _prod(producers, lid_t)
+    lid = producer(producers, lid_t)
     inner = _masked(lid, producers) if lid is not None else None
     if inner is None or inner[1] != m_t:
         raise RuleFailure("the local ids are not zeroed with the same out-of-block mask")
     ids_t, extra = _offset_ids(producers, inner[0], kc, a, B)
-    bounds = _block_mask(producers, _prod(producers, m_t), ids_t, kc, a, B, inside=False)
-    st = _prod(producers, ids_t)
-    if st is None or st.op != "where" or st.inputs[1] != lbl_t or _const_int(_prod(producers, st.inputs[2]), kc) != 0:
+    bounds = _block_mask(producers, producer(producers, m_t), ids_t, kc, a, B, inside=False)
+    st = producer(producers, ids_t)
+    if st is None or st.op != "where" or st.inputs[1] != lbl_t or _const_int(producer(producers, st.inputs[2]), kc) != 0:
         raise RuleFailure("the target is not where(labels != ignore_index, labels, 0) of the same labels")
     if _ignore_test(producers, st.inputs[0], kc) != (lbl_t, ig):
         raise RuleFailure("the target's ignore test differs from the loss's")
-    m = _prod(producers, m_t)
+    m = producer(producers, m_t)
     return [lid_t, inner[0], m_t, *m.inputs, *bounds, *extra]
 
 
@@ -535,25 +505,25 @@ def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc:
     over a is Replicate over a of ``neg(sum(mul(ls, one_hot(l, V)), last))``."""
     producers: Producers = ProducersBefore(g, index)
     out = g.nodes[index]
-    if out.op != "where" or not _zero_const(_prod(producers, out.inputs[2])):
+    if out.op != "where" or not _zero_const(producer(producers, out.inputs[2])):
         raise RuleFailure("not where(keep, ., 0)")
     lbl_t, ig = _ignore_test(producers, out.inputs[0], kc)
-    neg = _prod(producers, out.inputs[1])
-    sq = _prod(producers, neg.inputs[0]) if neg is not None and neg.op == "neg" else None
+    neg = producer(producers, out.inputs[1])
+    sq = producer(producers, neg.inputs[0]) if neg is not None and neg.op == "neg" else None
     if sq is None or sq.op not in ("squeeze", "reshape", "view"):
         raise RuleFailure("the kept value is not minus the picked target logit")
-    ar = _prod(producers, sq.inputs[0])
+    ar = producer(producers, sq.inputs[0])
     a0 = _all_reduce_over(ar, "sum")
-    mk = _prod(producers, ar.inputs[0]) if a0 else None
+    mk = producer(producers, ar.inputs[0]) if a0 else None
     got = _masked(mk, producers) if mk is not None else None
     if got is None:
         raise RuleFailure("the picked target logit is not an all_reduce(sum) of a masked pick")
     val_t, um_t = got
-    gat, um = _prod(producers, val_t), _prod(producers, um_t)
+    gat, um = producer(producers, val_t), producer(producers, um_t)
     if gat is None or gat.op != "gather" or um is None or um.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the masked value is not a gather masked by the out-of-block mask with a unit dim")
     ls_t, idx_t = gat.inputs
-    ui = _prod(producers, idx_t)
+    ui = producer(producers, idx_t)
     if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
     if ls_t not in facts:
@@ -567,16 +537,16 @@ def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc:
     if a0 != a:
         raise RuleFailure(f"the picked logit is not all-reduced over the vocab axis {a!r}")
     lid_t, m_t = ui.inputs[0], um.inputs[0]
-    rows = _shape(_prod(producers, lid_t)) if lid_t in producers else None
-    if rows is None or _shape(ui) != rows + (1,) or _shape(um) != rows + (1,) or _shape(gat) != rows + (1,) \
-            or _shape(sq) != rows:
+    rows = out_shape(producer(producers, lid_t)) if lid_t in producers else None
+    if rows is None or out_shape(ui) != rows + (1,) or out_shape(um) != rows + (1,) or out_shape(gat) != rows + (1,) \
+            or out_shape(sq) != rows:
         raise RuleFailure("the unit dims are not the trailing dim of the token shape")
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
     lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
     oh = _mk(kc, "one_hot", {"num_classes": V}, [lf.expr])
     expr = _mk(kc, "neg", {}, [_mk(kc, "sum", {"dims": [nd - 1]}, [_mk(kc, "mul", {}, [lsf.expr, oh])])])
-    d_ = _conclude(out, kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_loss", R))
+    d_ = conclude(kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_loss", R), out_shape(out))
     matched = [producers[t][0] for t in (out.inputs[1], neg.inputs[0], sq.inputs[0], ar.inputs[0], val_t, um_t,
                                         idx_t, *chain) if t in producers]
     return d_, sorted(set(matched))
@@ -592,32 +562,32 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     if out.op != "mul":
         raise RuleFailure("not a product")
     for s_t, w_t in (out.inputs, out.inputs[::-1]):
-        s, w = _prod(producers, s_t), _prod(producers, w_t)
+        s, w = producer(producers, s_t), producer(producers, w_t)
         if s is not None and s.op == "add" and w is not None and w.op == "where":
             break
     else:
         raise RuleFailure("not a sum times a filtered gradient")
-    if not _zero_const(_prod(producers, w.inputs[2])):
+    if not _zero_const(producer(producers, w.inputs[2])):
         raise RuleFailure("the gradient filter is not where(keep, g, 0)")
-    uk = _prod(producers, w.inputs[0])
+    uk = producer(producers, w.inputs[0])
     if uk is None or uk.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the gradient filter is not the token filter with a unit dim")
     lbl_t, ig = _ignore_test(producers, uk.inputs[0], kc)
     g_t = w.inputs[1]
     for e_t, h_t in (s.inputs, s.inputs[::-1]):
-        e, h = _prod(producers, e_t), _prod(producers, h_t)
+        e, h = producer(producers, e_t), producer(producers, h_t)
         if e is not None and e.op == "exp" and h is not None and h.op == "where":
             break
     else:
         raise RuleFailure("the sum is not exp(log-probabilities) plus a masked one-hot")
-    zz = _prod(producers, h.inputs[2])
+    zz = producer(producers, h.inputs[2])
     if zz is None or zz.op != "const" or zz.attrs.get("value") not in (0, 0.0):
         raise RuleFailure("the one-hot term is not where(one_hot, v, 0)")
-    oh, vv = _prod(producers, h.inputs[0]), _prod(producers, h.inputs[1])
+    oh, vv = producer(producers, h.inputs[0]), producer(producers, h.inputs[1])
     if oh is None or oh.op != "one_hot" or vv is None or vv.op not in ("unsqueeze", "reshape", "view"):
         raise RuleFailure("the one-hot term is not where(one_hot(lid), v[:, None], 0)")
-    sv = _prod(producers, vv.inputs[0])
-    cast = _prod(producers, sv.inputs[0]) if sv is not None and sv.op == "add_scalar" else None
+    sv = producer(producers, vv.inputs[0])
+    cast = producer(producers, sv.inputs[0]) if sv is not None and sv.op == "add_scalar" else None
     if cast is None or sv.attrs.get("value") not in (-1, -1.0) or cast.op != "cast" or \
             cast.attrs.get("dtype") != "float":
         raise RuleFailure("the one-hot value is not float(out) - 1")
@@ -633,15 +603,15 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     if X[gf.expr].shape != () or any(q.kind != "R" for q in gf.pl):
         raise RuleFailure("the gradient is not a replicated scalar (sum reduction)")
     lid_t, m_t = oh.inputs[0], cast.inputs[0]
-    rows = _shape(_prod(producers, lid_t)) if lid_t in producers else None
-    if rows is None or _shape(vv) != rows + (1,) or _shape(uk) != rows + (1,) or _shape(h) != _shape(out):
+    rows = out_shape(producer(producers, lid_t)) if lid_t in producers else None
+    if rows is None or out_shape(vv) != rows + (1,) or out_shape(uk) != rows + (1,) or out_shape(h) != out_shape(out):
         raise RuleFailure("the unit dims are not the trailing dim of the token shape")
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
     lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
     go = _mk(kc, "mul", {}, [_mk(kc, "neg", {}, [_mk(kc, "one_hot", {"num_classes": V}, [lf.expr])]), gf.expr])
     expr = _mk(kc, "log_softmax_backward", {"dim": nd - 1}, [go, lsf.expr])
-    d_ = _conclude(out, kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_backward", S(nd - 1)))
+    d_ = conclude(kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_backward", S(nd - 1)), out_shape(out))
     matched = [producers[t][0] for t in (s_t, h_t, h.inputs[0], h.inputs[1], vv.inputs[0], sv.inputs[0], *chain)
                if t in producers]
     return d_, sorted(set(matched))

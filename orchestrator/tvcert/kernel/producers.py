@@ -24,3 +24,22 @@ class ProducersBefore(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def producer(producers: Mapping, t: str) -> Node | None:
+    """The op producing tensor ``t``, or None (an input, or produced at / after the op being matched)."""
+    got = producers.get(t)
+    return got[1] if got else None
+
+
+def out_shape(n: Node) -> tuple[int, ...]:
+    """The rank-local shape of ``n``'s first output at full dims."""
+    return tuple(n.meta["shape@dims"][0][0])
+
+
+def single_axis(n: Node) -> str | None:
+    """The one mesh axis a collective runs over, else None."""
+    ax = n.attrs.get("axis")
+    if isinstance(ax, list):
+        ax = ax[0] if len(ax) == 1 else None
+    return ax if isinstance(ax, str) else None

@@ -38,8 +38,8 @@ from typing import Any, Mapping
 from ..graph import Graph, Node, loop_body
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Placement
-from .producers import ProducersBefore
-from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, local_shape
+from .producers import ProducersBefore, out_shape
+from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, conclude, local_shape
 from .zigzag import Z
 
 RULE = "ring_attention_online_softmax"
@@ -344,11 +344,11 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
 
 def match_ring(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
     fw = analyze_forward(g, index, facts, kc)
-    pl = tuple(p for p, _ in fw.per_axis)
-    have = g.nodes[index].meta["shape@dims"][0][0]
-    if local_shape(kc.exprs[fw.e_out].shape, kc.axes, pl, kc.sizes) != tuple(have):
-        raise RingMismatch(f"the concluded placement does not give the division's local shape {list(have)}")
-    return Derivation([Fact(fw.e_out, pl)], [r for _, r in fw.per_axis] + _zigzag_rule(pl)), fw.matched
+    try:
+        d = conclude(kc, fw.e_out, fw.per_axis, out_shape(g.nodes[index]))
+    except RuleFailure as exc:
+        raise RingMismatch(f"at the division: {exc}") from None
+    return Derivation(d.facts, d.rules + _zigzag_rule(d.facts[0].pl)), fw.matched
 
 
 # ---------------------------------------------------------------------------------------------- backward

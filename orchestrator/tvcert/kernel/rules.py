@@ -172,6 +172,15 @@ def shard_factor(axes: Sequence[str], pl: Sequence[Placement], dim: int, sizes: 
     return f
 
 
+def conclude(kc: KCtx, expr: int, per_axis: Sequence[tuple[Placement, str]], local: Sequence[int]) -> Derivation:
+    """A one-output conclusion of a multi-op rule, checked against the op's local shape as :func:`derive`
+    checks single-op rules."""
+    pl = tuple(p for p, _ in per_axis)
+    if local_shape(kc.exprs[expr].shape, kc.axes, pl, kc.sizes) != tuple(local):
+        raise RuleFailure(f"the concluded placement does not give the op's local shape {list(local)}")
+    return Derivation([Fact(expr, pl)], [r for _, r in per_axis])
+
+
 # ====================================================================== entry point
 def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], facts: Sequence[Fact],
            local_out: Sequence[tuple[int, ...]]) -> Derivation:

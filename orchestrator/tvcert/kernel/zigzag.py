@@ -29,8 +29,9 @@ from ..ops import REGISTRY, resolve_attrs
 from ..ops.collectives import axes_of
 from ..plan import Placement
 from ..shapes import affine_in_rank
-from .producers import ProducersBefore
-from .rules import R, Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, local_shape
+from ..graph import Node
+from .producers import ProducersBefore, out_shape, producer, single_axis
+from .rules import R, Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, conclude, local_shape
 
 # the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
 ZIGZAG_OF: dict[str, str] = {
@@ -203,18 +204,8 @@ def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
                                   f"chunks r and {2 * p - 1}-r of size {c}")
     if f.pl[j].kind != "R":
         raise RuleFailure(f"the zig-zag chunks must come from a tensor replicated over {a!r}, got {f.pl[j]}")
-    per_axis = []
-    for jj, q in enumerate(f.pl):
-        if jj == j:
-            per_axis.append((Z(dim), "zigzag_from_slices"))
-        elif q.kind == "R":
-            per_axis.append((q, "replicate_any"))
-        else:
-            raise RuleFailure(f"axis {kc.axes[jj]!r} holds {q} of the sliced tensor: only replicated sources are covered")
-    pl = tuple(q for q, _ in per_axis)
-    if local_shape(shape, kc.axes, pl, kc.sizes) != tuple(n.meta["shape@dims"][0][0]):
-        raise RuleFailure("the concluded placement does not give the op's local shape")
-    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({i1, i2})
+    per_axis = _carry_other_axes(kc, f, j, dim, Z(dim), "zigzag_from_slices")
+    return conclude(kc, f.expr, per_axis, out_shape(n)), sorted({i1, i2})
 
 
 # ---------------------------------------------------------------------------------------------- all-gather CP
@@ -227,37 +218,18 @@ def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
 #
 # (Coq: Zigzag.zigzag_all_gather_natural, zigzag_reduce_scatter_order.)
 
-def _node(producers, t: str, ops: tuple[str, ...], what: str):
+def _node(producers, t: str, ops: tuple[str, ...], what: str) -> tuple[int, Node]:
     got = producers.get(t)
     if got is None or got[1].op not in ops:
         raise RuleFailure(f"{what}: expected {' or '.join(ops)}")
     return got
 
 
-def _shape_of(n) -> tuple[int, ...]:
-    return tuple(n.meta["shape@dims"][0][0])
-
-
-def _attrs(n, kc: KCtx) -> dict:
+def _attrs(n: Node, kc: KCtx) -> dict:
     return resolve_attrs(REGISTRY[n.op], n.attrs, kc.env0())
 
 
-def _unit_slice(n, kc: KCtx, dim: int, k: int, what: str) -> None:
-    a = _attrs(n, kc)
-    if a["dim"] % len(_shape_of(n)) != dim or (a["start"], a["end"], a.get("step", 1)) != (k, k + 1, 1):
-        raise RuleFailure(f"{what}: expected slice [{k}, {k + 1}) of dim {dim}")
-
-
-def _one_axis(n, kc: KCtx) -> str:
-    ax = n.attrs.get("axis")
-    if isinstance(ax, list) and len(ax) == 1:
-        ax = ax[0]
-    if not isinstance(ax, str) or ax not in kc.axes:
-        raise RuleFailure("the collective must run over one mesh axis of the program")
-    return ax
-
-
-def _carry_other_axes(kc: KCtx, f: Fact, j: int, dim: int, on_j: Placement, rule: str) -> tuple:
+def _carry_other_axes(kc: KCtx, f: Fact, j: int, dim: int, on_j: Placement, rule: str) -> list:
     """Placements of the result: ``on_j`` over axis j; elsewhere unchanged (replicated; sharded on another
     dim, since every op of the chain acts on each index of the other dims independently; or a partial sum,
     since the chain and the collective are linear)."""
@@ -274,106 +246,96 @@ def _carry_other_axes(kc: KCtx, f: Fact, j: int, dim: int, on_j: Placement, rule
         else:
             raise RuleFailure(f"axis {kc.axes[k]!r} holds {q}: only replicated, other-dim shards and partial sums "
                               f"are covered")
-    return tuple(out)
+    return out
+
+
+def _halves(producers, cat_t: str, kc: KCtx, split_dim: int, flip_dim: int) -> tuple[Node, list[int]]:
+    """``concat(X3[k=0], flip(X3[k=1], flip_dim), dim=split_dim)`` with ``X3 = reshape(x)`` and ``X3[k=h]`` the
+    unit slice h of the halves dim: ``split_dim + 1`` when the ranks lead (forward), else ``split_dim``
+    (backward, where the halves lead).  Returns (the reshape X3, the matched op indices); the caller checks
+    X3's shape."""
+    ic, cat = _node(producers, cat_t, ("concat",), "the chunk order")
+    if len(cat.inputs) != 2:
+        raise RuleFailure("the chunk order: expected the first chunks and the flipped second chunks")
+    i0, h0 = _node(producers, cat.inputs[0], ("slice",), "first chunks")
+    i1f, h1f = _node(producers, cat.inputs[1], ("flip",), "second chunks reordered")
+    i1, h1 = _node(producers, h1f.inputs[0], ("slice",), "second chunks")
+    if h0.inputs[0] != h1.inputs[0]:
+        raise RuleFailure("both chunk slices must read the same split tensor")
+    i3, x3 = _node(producers, h0.inputs[0], ("reshape", "view"), "split of the rows")
+    n = len(out_shape(x3))
+    half_dim = split_dim + 1 if flip_dim == split_dim else split_dim
+    for k, h in enumerate((h0, h1)):
+        a = _attrs(h, kc)
+        if a["dim"] % n != half_dim or (a["start"], a["end"], a.get("step", 1)) != (k, k + 1, 1):
+            raise RuleFailure(f"chunk slice {k}: expected [{k}, {k + 1}) of dim {half_dim}")
+    if sorted(x % n for x in _attrs(h1f, kc)["dims"]) != [flip_dim]:
+        raise RuleFailure(f"the second chunks must be flipped along dim {flip_dim} (and nothing else)")
+    if _attrs(cat, kc)["dim"] % n != split_dim:
+        raise RuleFailure(f"the chunks must be concatenated along dim {split_dim}")
+    return x3, [ic, i0, i1f, i1, i3]
+
+
+def _axis_of(n: Node, kc: KCtx) -> tuple[str, int]:
+    a = single_axis(n)
+    if a is None or a not in kc.axes:
+        raise RuleFailure("the collective must run over one mesh axis of the program")
+    return a, kc.axes.index(a)
 
 
 def zigzag_all_gather(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
-    """all_gather over a of ZigzagShard(d) put back in natural order (see above) is Replicate over a."""
+    """all_gather over a of ZigzagShard(d), split (ranks, 2, rows) and put back in natural order (first chunks,
+    then the second chunks flipped over the ranks), is Replicate over a."""
     producers = ProducersBefore(g, index)
     out = g.nodes[index]
     if out.op not in ("reshape", "view"):
         raise RuleFailure("not a reshape")
-    ic, cat = _node(producers, out.inputs[0], ("concat",), "natural order")
-    if len(cat.inputs) != 2:
-        raise RuleFailure("natural order: expected the concatenation of heads and flipped tails")
-    i0, h0 = _node(producers, cat.inputs[0], ("slice",), "first chunks")
-    i1f, h1f = _node(producers, cat.inputs[1], ("flip",), "second chunks in order")
-    i1, h1 = _node(producers, h1f.inputs[0], ("slice",), "second chunks")
-    if h0.inputs[0] != h1.inputs[0]:
-        raise RuleFailure("both chunk slices must read the same split tensor")
-    i3, g3 = _node(producers, h0.inputs[0], ("reshape", "view"), "split of the gathered rows")
-    ig, gat = _node(producers, g3.inputs[0], ("all_gather",), "gathered tensor")
-    a = _one_axis(gat, kc)
-    j = kc.axes.index(a)
-    x_t = gat.inputs[0]
-    if x_t not in facts:
-        raise RuleFailure("the gathered tensor has no fact")
-    f = facts[x_t]
-    gs = _shape_of(gat)
-    d = _attrs(gat, kc)["dim"] % len(gs)
-    if f.pl[j] != Z(d):
-        raise RuleFailure(f"the gathered tensor is not ZigzagShard({d}) over {a!r}")
+    gs = out_shape(out)  # the gathered rows, back in natural order
+    cat = producer(producers, out.inputs[0])
+    if cat is None or cat.op != "concat":
+        raise RuleFailure("not the end of a chunk reorder")
+    d = _attrs(cat, kc)["dim"] % (len(gs) + 2)  # the ranks' dim of the split is the gathered dim
+    x3, matched = _halves(producers, out.inputs[0], kc, d, d)
+    ig, gat = _node(producers, x3.inputs[0], ("all_gather",), "the gathered tensor")
+    a, j = _axis_of(gat, kc)
     p = kc.sizes[a]
-    if gs[d] % (2 * p):
-        raise RuleFailure("the gathered rows do not split into 2p chunks")
-    c = gs[d] // (2 * p)
-    pre, post = gs[:d], gs[d + 1:]
-    if _shape_of(g3) != pre + (p, 2, c) + post:
-        raise RuleFailure(f"the gathered rows must be split as (ranks {p}, halves 2, rows {c})")
-    _unit_slice(h0, kc, d + 1, 0, "first chunks")
-    _unit_slice(h1, kc, d + 1, 1, "second chunks")
-    if sorted(x % len(gs + (0, 0)) for x in _attrs(h1f, kc)["dims"]) != [d]:
-        raise RuleFailure("the second chunks must be flipped along the rank dim (and nothing else)")
-    if _attrs(cat, kc)["dim"] % (len(gs) + 2) != d or _shape_of(out) != gs:
-        raise RuleFailure("the chunks must be concatenated along the rank dim and merged back to the rows")
-    per_axis = _carry_other_axes(kc, f, j, d, R, "zigzag_all_gather")
-    pl = tuple(q for q, _ in per_axis)
-    if local_shape(kc.exprs[f.expr].shape, kc.axes, pl, kc.sizes) != gs:
-        raise RuleFailure("the concluded placement does not give the op's local shape")
-    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({ig, i3, i0, i1, i1f, ic})
+    if gat.inputs[0] not in facts or _attrs(gat, kc)["dim"] % len(gs) != d or out_shape(gat) != gs:
+        raise RuleFailure("the reorder must split the gathered dim and merge back to the gathered shape")
+    f = facts[gat.inputs[0]]
+    if f.pl[j] != Z(d) or gs[d] % (2 * p) or out_shape(x3) != gs[:d] + (p, 2, gs[d] // (2 * p)) + gs[d + 1:]:
+        raise RuleFailure(f"the gathered tensor must be ZigzagShard({d}) over {a!r}, split (ranks {p}, 2, rows)")
+    return conclude(kc, f.expr, _carry_other_axes(kc, f, j, d, R, "zigzag_all_gather"), gs), sorted([ig, *matched])
 
 
 def zigzag_reduce_scatter(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
-    """reduce_scatter(sum) over a of Partial(sum) rows put in zig-zag order (see above) is ZigzagShard(d)."""
+    """reduce_scatter(sum) over a of Partial(sum) rows split (2, chunks, rows), with the second half flipped
+    over the chunks and paired with the first (chunks r and 2p-1-r side by side), is ZigzagShard(d) over a."""
     producers = ProducersBefore(g, index)
     out = g.nodes[index]
     if out.op != "reduce_scatter" or _attrs(out, kc).get("reduce", "sum") != "sum":
         raise RuleFailure("not a reduce_scatter(sum)")
+    a, j = _axis_of(out, kc)
     iz, zf = _node(producers, out.inputs[0], ("reshape", "view"), "zig-zag rows")
-    it, tr = _node(producers, zf.inputs[0], ("permute", "transpose"), "ranks before halves")
-    ic, cat = _node(producers, tr.inputs[0], ("concat",), "halves")
-    if len(cat.inputs) != 2:
-        raise RuleFailure("halves: expected the concatenation of first chunks and flipped second chunks")
-    i0, d0 = _node(producers, cat.inputs[0], ("slice",), "first chunks")
-    i1f, d1f = _node(producers, cat.inputs[1], ("flip",), "second chunks reversed")
-    i1, d1 = _node(producers, d1f.inputs[0], ("slice",), "second chunks")
-    if d0.inputs[0] != d1.inputs[0]:
-        raise RuleFailure("both chunk slices must read the same split tensor")
-    i3, d3 = _node(producers, d0.inputs[0], ("reshape", "view"), "split of the natural rows")
-    y_t = d3.inputs[0]
-    if y_t not in facts:
-        raise RuleFailure("the gradient rows have no fact")
-    f = facts[y_t]
-    a = _one_axis(out, kc)
-    j = kc.axes.index(a)
-    ys = local_shape(kc.exprs[f.expr].shape, kc.axes, f.pl, kc.sizes)
+    it, tr = _node(producers, zf.inputs[0], ("permute", "transpose"), "chunks before halves")
+    ys = out_shape(zf)
     d = _attrs(out, kc)["dim"] % len(ys)
-    if f.pl[j] != Placement("P", reduce="sum"):
-        raise RuleFailure(f"the rows are not Partial(sum) over {a!r}")
     p = kc.sizes[a]
-    if ys[d] % (2 * p):
-        raise RuleFailure("the rows do not split into 2p chunks")
-    c = ys[d] // (2 * p)
-    pre, post = ys[:d], ys[d + 1:]
-    if _shape_of(d3) != pre + (2, p, c) + post:
-        raise RuleFailure(f"the rows must be split as (halves 2, chunks {p}, rows {c})")
-    _unit_slice(d0, kc, d, 0, "first chunks")
-    _unit_slice(d1, kc, d, 1, "second chunks")
-    if sorted(x % (len(ys) + 2) for x in _attrs(d1f, kc)["dims"]) != [d + 1]:
-        raise RuleFailure("the second chunks must be flipped along the chunk dim (and nothing else)")
-    if _attrs(cat, kc)["dim"] % (len(ys) + 2) != d:
-        raise RuleFailure("the halves must be concatenated along the half dim")
-    ta = _attrs(tr, kc)
     n = len(ys) + 2
     swap = list(range(n))
     swap[d], swap[d + 1] = d + 1, d
-    got = [x % n for x in ta["dims"]] if tr.op == "permute" else None
-    if tr.op == "transpose" and {ta["dim0"] % n, ta["dim1"] % n} == {d, d + 1}:
-        got = swap
-    if got != swap or _shape_of(zf) != ys:
-        raise RuleFailure("halves and chunks must be swapped, then merged back to the rows")
+    ta = _attrs(tr, kc)
+    got = [x % n for x in ta["dims"]] if tr.op == "permute" else \
+        (swap if {ta["dim0"] % n, ta["dim1"] % n} == {d, d + 1} else None)
+    if got != swap:
+        raise RuleFailure("halves and chunks must be swapped before the rows are merged")
+    x3, matched = _halves(producers, tr.inputs[0], kc, d, d + 1)
+    if x3.inputs[0] not in facts:
+        raise RuleFailure("the split rows have no fact")
+    f = facts[x3.inputs[0]]
+    if f.pl[j] != Placement("P", reduce="sum") or ys[d] % (2 * p):
+        raise RuleFailure(f"the rows must be Partial(sum) over {a!r} in 2 x {p} chunks")
+    if out_shape(x3) != ys[:d] + (2, p, ys[d] // (2 * p)) + ys[d + 1:] or \
+            local_shape(kc.exprs[f.expr].shape, kc.axes, f.pl, kc.sizes) != ys:
+        raise RuleFailure(f"the rows must be split as (2, chunks {p}, rows) and merged back to their own shape")
     per_axis = _carry_other_axes(kc, f, j, d, Z(d), "zigzag_reduce_scatter")
-    pl = tuple(q for q, _ in per_axis)
-    if local_shape(kc.exprs[f.expr].shape, kc.axes, pl, kc.sizes) != _shape_of(out):
-        raise RuleFailure("the concluded placement does not give the op's local shape")
-    return Derivation([Fact(f.expr, pl)], [r for _, r in per_axis]), sorted({iz, it, ic, i0, i1f, i1, i3})
+    return conclude(kc, f.expr, per_axis, out_shape(out)), sorted([iz, it, *matched])
