@@ -312,8 +312,6 @@ def _embedding_backward_block(out: Node, facts: Mapping[str, Fact], kc: KCtx, a:
             per_axis.append((S(0), rule))
             continue
         got = embedding_backward_axis(pg, pi, rank)
-        if pg.kind == "Z" and pg == pi and pg.dim < rank - 1:  # tokens in load-balanced chunks: a sum over them
-            got = (P("sum"), "zigzag_contraction")
         if got is None or got[0] == S(1):  # the gradient's hidden dim sharded: not with a vocab-sharded result
             raise RuleFailure(f"axis {b!r}: gradient {pg}, ids {pi}: not covered")
         per_axis.append(got)

@@ -525,6 +525,8 @@ def embedding_backward_axis(pg: Placement, pi: Placement, grad_rank: int) -> tup
         return pg, "partial_linear_map"
     if pg.kind == "S" and pi.kind == "S" and pg.dim == pi.dim and pg.dim < grad_rank - 1:
         return P("sum"), "einsum_shard_contracted_index"
+    if pg.kind == "Z" and pg == pi and pg.dim < grad_rank - 1:  # tokens in load-balanced chunks: still a sum
+        return P("sum"), "zigzag_contraction"
     if pg.kind == "S" and pg.dim == grad_rank - 1 and pi.kind == "R":
         return S(1), "einsum_shard_free_index"
     return None
