@@ -9,18 +9,27 @@ Local Open Scope ring_scope.
 
 (** ** Reindexing a sum by an injection of [[0,p)] into itself. *)
 
+(** A big operator over [[0,n)] (any commutative monoid) is unchanged when
+    the term is read through an injection [f] of [[0,n)] into itself. *)
+Lemma big_reindex_inj {V : Type} {idx : V} (op : Monoid.com_law idx) (n : nat)
+  (f : nat -> nat) (F : nat -> V) :
+  (forall k, (k < n)%N -> (f k < n)%N) ->
+  (forall k k', (k < n)%N -> (k' < n)%N -> f k = f k' -> k = k') ->
+  \big[op/idx]_(0 <= k < n) F (f k) = \big[op/idx]_(0 <= k < n) F k.
+Proof.
+move=> f_lt f_inj; rewrite !big_mkord.
+pose h (j : 'I_n) : 'I_n := Ordinal (f_lt j (ltn_ord j)).
+have h_inj : injective h by move=> j k /(congr1 val) /= /f_inj e; apply/val_inj/e.
+by rewrite [RHS](reindex_inj h_inj).
+Qed.
+
 (** A sum over [[0,p)] is unchanged when the summand is read through an
     [order] that maps [[0,p)] injectively into [[0,p)] (a permutation). *)
 Lemma sum_reindex_inj {R : zmodType} (p : nat) (order : nat -> nat) (F : nat -> R) :
   (forall t, (t < p)%N -> (order t < p)%N) ->
   (forall t u, (t < p)%N -> (u < p)%N -> order t = order u -> t = u) ->
   \sum_(0 <= j < p) F (order j) = \sum_(0 <= r < p) F r.
-Proof.
-move=> ord_lt ord_inj; rewrite !big_mkord.
-pose h (j : 'I_p) : 'I_p := Ordinal (ord_lt j (ltn_ord j)).
-have h_inj : injective h by move=> j k /(congr1 val) /= /ord_inj e; apply/val_inj/e.
-by rewrite [RHS](reindex_inj h_inj).
-Qed.
+Proof. exact: (big_reindex_inj (GRing.add_comoid R)). Qed.
 
 (** ** The ring schedule: at step [t] rank [r] holds block [(r + p - t) mod p]. *)
 

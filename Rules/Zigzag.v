@@ -166,20 +166,6 @@ Qed.
 
 (** ** Sums (and any commutative monoid) over the zig-zag layout *)
 
-(** A big operator over [[0,n)] is unchanged when the term is read through
-    an injection [f] of [[0,n)] into itself (com-monoid [sum_reindex_inj]). *)
-Lemma big_reindex_inj {V : Type} {idx : V} (op : Monoid.com_law idx) (n : nat)
-  (f : nat -> nat) (F : nat -> V) :
-  (forall k, (k < n)%N -> (f k < n)%N) ->
-  (forall k k', (k < n)%N -> (k' < n)%N -> f k = f k' -> k = k') ->
-  \big[op/idx]_(0 <= k < n) F (f k) = \big[op/idx]_(0 <= k < n) F k.
-Proof.
-move=> f_lt f_inj; rewrite !big_mkord.
-pose h (j : 'I_n) : 'I_n := Ordinal (f_lt j (ltn_ord j)).
-have h_inj : injective h by move=> j k /(congr1 val) /= /f_inj e; apply/val_inj/e.
-by rewrite [RHS](reindex_inj h_inj).
-Qed.
-
 (** Combining every rank's local rows, for any commutative monoid, is
     combining all [p * (2 * c)] logical rows. *)
 Lemma big_zigzag {V : Type} {idx : V} (op : Monoid.com_law idx) (p c : nat)
