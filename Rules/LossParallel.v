@@ -86,14 +86,7 @@ Definition vp_nll_backward (b r : nat) (keep : bool) (t : nat) (g : R) (LY : nat
   ((if local_id b r t' == i then (if out_of_block b r t' then 1 else 0) - 1 else 0) + exp (LY r i))
   * (if keep then g else 0).
 
-(** ** Lemmas. *)
-Lemma sum_exp_pos (n : nat) (F : nat -> R) :
-  (forall a, 0 < exp a) -> (0 < n)%N -> 0 < \sum_(0 <= k < n) exp (F k).
-Proof.
-move=> pos; case: n => [//|n] _; rewrite big_nat_recr //=.
-by rewrite ltr_paddl ?pos // sumr_ge0 // => k _; apply: Order.POrderTheory.ltW.
-Qed.
-
+(** ** Lemmas ([Composite.sum_exp_gt0] gives the positive normalizer). *)
 (** Any common shift [m] leaves log_softmax unchanged. *)
 Lemma log_softmax_shift (n : nat) (y : nat -> R) (m : R) (k : nat) :
   (forall a c, exp (a + c) = exp a * exp c) -> (forall a, 0 < exp a) ->
@@ -103,7 +96,7 @@ Proof.
 move=> expD pos logE n0; rewrite /log_softmax.
 have -> : \sum_(0 <= j < n) exp (y j) = exp m * \sum_(0 <= j < n) exp (y j - m).
   by rewrite mulr_sumr; apply: eq_bigr => j _; rewrite -expD addrC subrK.
-by rewrite logE ?sum_exp_pos // opprD addrA.
+by rewrite logE ?sum_exp_gt0 // opprD addrA.
 Qed.
 
 Lemma local_pick_masked (b r t : nat) (LY : nat -> nat -> R) :
