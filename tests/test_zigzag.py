@@ -277,3 +277,21 @@ def test_edited_zigzag_reorders_are_never_wrongly_verified(seed, edits):
     names = [n["name"] for n in chain]
     what = [_edit_reorder(rng.choice(chain), names, rng) for _ in range(edits)]
     assert_not_wrongly_verified(bad, what, seeds=2)
+
+
+@pytest.mark.parametrize("rows,ok", [(2, True), (4, False)])
+def test_reshape_of_zigzag_inside_an_outer_shard_uses_the_axis_own_rows(rows, ok):
+    """tp (outer) shards 16 rows into blocks of 8; cp zig-zags each block in chunks of 2.  Splitting groups of 2
+    rows off keeps the zig-zag order (rank 0 holds groups 0 and 3 of 4); groups of 4 do not (rank 0's rows 0, 1,
+    6, 7 are no group).  Reading the chunk size from the full 16 rows (chunks of 4) would accept both."""
+    from test_rules import Env
+
+    from tvcert.kernel.rules import RuleFailure, S
+
+    e = Env(("tp", "cp"), {"tp": 2, "cp": 2}, {"n": 16, "tp": 2, "cp": 2})
+    x = e.t([16, 3], S(0), parse_placement("ZigzagShard(0)"))
+    if ok:
+        assert "zigzag_reshape" in e.apply("reshape", [x], shape=[f"n/tp/cp/{rows}", rows, 3]).rules
+    else:
+        with pytest.raises(RuleFailure, match="does not fill whole rows"):
+            e.apply("reshape", [x], shape=[f"n/tp/cp/{rows}", rows, 3])
