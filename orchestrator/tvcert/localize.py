@@ -49,10 +49,12 @@ class Divergence:
                 f"tensor under any placement" + "".join(f"\n  hint: {h}" for h in hints))
 
 
-def _candidates(axes: list[str], ndim: int, uniform: set[str]) -> list[dict[str, Placement]]:
-    """Placements to try; on an axis where every rank holds the same value only Replicate is natural."""
+def _candidates(axes: list[str], ndim: int, uniform: set[str], zigzag: bool) -> list[dict[str, Placement]]:
+    """Placements to try; on an axis where every rank holds the same value only Replicate is natural.  Zig-zag
+    shards only in plans that declare one: more options per axis would push others past MAX_COMBOS."""
     opts = [Placement("R")] + [Placement("S", d) for d in range(ndim)] + [Placement("P", reduce=r) for r in ("sum", "max", "avg")]
-    opts += [Placement("Z", d) for d in range(ndim)]  # load-balanced shards, tried last
+    if zigzag:
+        opts += [Placement("Z", d) for d in range(ndim)]  # tried last
     no_partial = [o for o in opts if o.kind != "P"]
     per_axis = [no_partial if a in uniform else opts for a in axes]
     combos = []
@@ -64,7 +66,7 @@ def _candidates(axes: list[str], ndim: int, uniform: set[str]) -> list[dict[str,
 
 
 def explain(plan: Plan, res: RunResult, program: str, tensor: str,
-            by_shape: Mapping[tuple, list[tuple[str, np.ndarray]]]) -> Explanation | None:
+            by_shape: Mapping[tuple, list[tuple[str, np.ndarray]]], zigzag: bool | None = None) -> Explanation | None:
     mesh = res.mesh
     ranks = mesh.ranks(plan.programs[program].stage)
     locals_ = {r: res.parallel.values[program][r][tensor] for r in ranks}
@@ -77,7 +79,8 @@ def explain(plan: Plan, res: RunResult, program: str, tensor: str,
 
     ctx = Ctx(exact=res.mode == "exact")
     uniform = {a for a in axes if _uniform_along(res, ranks, locals_, a, ctx.exact)}
-    for combo in _candidates(axes, first.ndim, uniform):
+    zigzag = uses_zigzag(plan) if zigzag is None else zigzag
+    for combo in _candidates(axes, first.ndim, uniform, zigzag):
         asm = assemble(dummy, locals_, mesh, ranks[0], ctx, placement=combo)
         if asm.value is None:
             continue
@@ -85,6 +88,10 @@ def explain(plan: Plan, res: RunResult, program: str, tensor: str,
             if values_equal(asm.value, v, ctx.exact):
                 return Explanation(name, combo)
     return None
+
+
+def uses_zigzag(plan: Plan) -> bool:
+    return any(p.kind == "Z" for b in (*plan.inputs.values(), *plan.outputs.values()) for p in b.placement.values())
 
 
 def _uniform_along(res: RunResult, ranks, locals_, axis: str, exact: bool) -> bool:
@@ -113,6 +120,7 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
         pname: {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items() if b.program == pname}
         for pname in plan.programs}
     sent: dict[tuple[str, str], str] = {}  # (tag, receiving program) -> explanation of the sent tensor
+    zigzag = uses_zigzag(plan)
     loop_only = _loop_only_inputs(plan)
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
         g = plan.programs[pname]
@@ -136,7 +144,7 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
         for o in n.outputs:
             verdict = judge(pname, i, o) if judge else None
             ex = verdict if isinstance(verdict, str) else (None if verdict is False else
-                                                          explain(plan, res, pname, o, by_shape))
+                                                          explain(plan, res, pname, o, by_shape, zigzag))
             if ex is None and (pname, o) in loop_only:
                 # an auxiliary value (e.g. a row sum a ring backward needs) is judged with the loop that reads it
                 kn[o] = "an input of a ring loop (judged with the loop)"
