@@ -327,6 +327,14 @@ RING_MUTATIONS: list[Mutation] = [
 ]
 MUTATIONS += RING_MUTATIONS
 
+def _zigzag_positions_contiguous(p: dict) -> str:
+    """The two position chunks are the rank's contiguous block (chunks 2r and 2r+1) instead of r and 2p-1-r."""
+    c = "(s/(2*cp))"
+    role = _set(p, r"rope\.cp_positions\.head$", start=f"2*rank.cp*{c}", end=f"(2*rank.cp+1)*{c}")
+    _set(p, r"rope\.cp_positions\.tail$", start=f"(2*rank.cp+1)*{c}", end=f"(2*rank.cp+2)*{c}")
+    return role
+
+
 CP_ZIGZAG = {"cp": 2, "cp_style": "zigzag"}
 CP_ZIGZAG_SP = {"cp": 2, "cp_style": "zigzag", "tp": 2, "sp": True}
 ZIGZAG_MUTATIONS: list[Mutation] = [
@@ -336,10 +344,7 @@ ZIGZAG_MUTATIONS: list[Mutation] = [
                             end="(cp+rank.cp+1)*(s/(2*cp))")),
     Mutation("zigzag_positions_contiguous", "load-balanced CP: tokens are in zig-zag chunks but the RoPE and mask "
              "positions are the rank's contiguous block", CP_ZIGZAG_SP,
-             lambda p: (_set(p, r"rope\.cp_positions\.head$", start="2*rank.cp*(s/(2*cp))",
-                             end="(2*rank.cp+1)*(s/(2*cp))"),
-                        _set(p, r"rope\.cp_positions\.tail$", start="(2*rank.cp+1)*(s/(2*cp))",
-                             end="(2*rank.cp+2)*(s/(2*cp))"))[0]),
+             lambda p: _zigzag_positions_contiguous(p)),
 ]
 CP_AG_ZIGZAG = {"cp": 2, "cp_style": "allgather-zigzag"}
 ZIGZAG_MUTATIONS += [

@@ -312,11 +312,14 @@ def zigzag_reduce_scatter(g, index: int, facts: Mapping[str, Fact], kc: KCtx) ->
     over the chunks and paired with the first (chunks r and 2p-1-r side by side), is ZigzagShard(d) over a."""
     producers = ProducersBefore(g, index)
     out = g.nodes[index]
-    if out.op != "reduce_scatter" or _attrs(out, kc).get("reduce", "sum") != "sum":
-        raise RuleFailure("not a reduce_scatter(sum)")
-    a, j = _axis_of(out, kc)
+    if out.op != "reduce_scatter":
+        raise RuleFailure("not a reduce_scatter")
+    # tried at every reduce_scatter (a priority pattern): the cheap structural checks first
     iz, zf = _node(producers, out.inputs[0], ("reshape", "view"), "zig-zag rows")
     it, tr = _node(producers, zf.inputs[0], ("permute", "transpose"), "chunks before halves")
+    if _attrs(out, kc).get("reduce", "sum") != "sum":
+        raise RuleFailure("not a reduce_scatter(sum)")
+    a, j = _axis_of(out, kc)
     ys = out_shape(zf)
     d = _attrs(out, kc)["dim"] % len(ys)
     p = kc.sizes[a]
