@@ -295,3 +295,11 @@ def test_reshape_of_zigzag_inside_an_outer_shard_uses_the_axis_own_rows(rows, ok
     else:
         with pytest.raises(RuleFailure, match="does not fill whole rows"):
             e.apply("reshape", [x], shape=[f"n/tp/cp/{rows}", rows, 3])
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "deepseek-v3-16b"])
+def test_plan_cli_refuses_a_sequence_that_does_not_split_into_2cp_chunks(model, tmp_path):
+    r = CliRunner().invoke(main, ["plan", model, "--layers", "1", "--cp", "2", "--cp-style", "zigzag", "--dims", "s=6",
+                                  "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 3 and "s=6 is not divisible by 2*cp=4" in r.output, r.output
+    assert not (tmp_path / "p.json").exists()

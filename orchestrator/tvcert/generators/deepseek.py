@@ -629,28 +629,16 @@ def deepseek_plan(model: str, tp: int = 1, sp: bool = False, cp: int = 1, dp: in
 
 
 def _check(d: dict[str, int], par: DPar) -> None:
-    from .plans import GenError
+    from .plans import GenError, check_divisible, seq_needs
 
-    need = [("nh", "tp"), ("v", "tp"), ("f", "tp"), ("nsh*mf", "tp"), ("s", "cp"), ("ne", "ep"), ("k", "ne")]
-    if par.sp:
-        need.append(("s", "cp*tp"))
+    if d["k"] > d["ne"]:
+        raise GenError(f"top-k k={d['k']} exceeds the number of routed experts {d['ne']}")
+    need = [("nh", "tp"), ("v", "tp"), ("f", "tp"), ("nsh*mf", "tp"), ("ne", "ep"), *seq_needs(par)]
     if par.ep > 1 and (par.dp > 1 or par.mb > 1):
         need.append(("s", "sc*ep"))
     if par.ep > 1 and par.zero and par.dp > 1:
         need.append(("h*mf", "dp"))  # ZeRO shards each expert's flattened weights over dp
-    for a, b in need:
-        num = 1
-        for part in a.split("*"):
-            num *= d.get(part, 1)
-        den = 1
-        for part in b.split("*"):
-            den *= d.get(part, 1)
-        if a == "k":
-            if num > den:
-                raise GenError(f"top-k k={num} exceeds the number of routed experts {den}")
-            continue
-        if num % den:
-            raise GenError(f"{a}={num} is not divisible by {b}={den}")
+    check_divisible(d, need)
     if d["dr"] % 2:
         raise GenError("rope head dim must be even (RoPE)")
 

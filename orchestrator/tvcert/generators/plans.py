@@ -128,18 +128,34 @@ def _prog(step: Step, st: int) -> str:
     return "spmd" if step.par.pp == 1 else f"stage{st}"
 
 
-def _check(d: dict[str, int], par: Par) -> None:
-    need = [("nh", "nkv"), ("nkv", "tp"), ("f", "tp"), ("v", "tp"), ("s", "cp")]
+def seq_needs(par: Par) -> list[tuple[str, str]]:
+    """How the sequence must divide, for every model family: over cp, over cp*tp under SP, and into 2cp
+    chunks (of whole SP blocks) with load balancing."""
+    need = [("s", "cp")]
     if par.sp:
         need.append(("s", "cp*tp"))
     if par.zigzag and par.has("cp"):
-        need.append(("s", "two*cp*tp" if par.sp else "two*cp"))
+        need.append(("s", "2*cp*tp" if par.sp else "2*cp"))
+    return need
+
+
+def _product(d: dict[str, int], expr: str) -> int:
+    out = 1
+    for part in expr.split("*"):
+        out *= int(part) if part.isdigit() else d.get(part, 1)
+    return out
+
+
+def check_divisible(d: dict[str, int], need: list[tuple[str, str]]) -> None:
+    """Every ``(a, b)``: the product of dims ``a`` divides by the product ``b`` (dim names or integers)."""
     for a, b in need:
-        den = 1
-        for part in b.split("*"):
-            den *= 2 if part == "two" else d.get(part, 1)
-        if d[a] % den:
-            raise GenError(f"{a}={d[a]} is not divisible by {b}={den}")
+        num, den = _product(d, a), _product(d, b)
+        if num % den:
+            raise GenError(f"{a}={num} is not divisible by {b}={den}")
+
+
+def _check(d: dict[str, int], par: Par) -> None:
+    check_divisible(d, [("nh", "nkv"), ("nkv", "tp"), ("f", "tp"), ("v", "tp"), *seq_needs(par)])
     if d["hd"] % 2:
         raise GenError("head dim must be even (RoPE)")
 
