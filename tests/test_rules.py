@@ -325,3 +325,12 @@ def test_layout_of_partial_max_is_refused(op, attrs):
     e = Env()
     with pytest.raises(RuleFailure):
         e.apply(op, [e.t([4, 4], P("max"))], **attrs)
+
+
+def test_flip_keeps_a_shard_only_on_dims_it_does_not_reverse():
+    """flip along the sharded dim reverses the global order, which no local flip gives: refused."""
+    e = Env()
+    assert e.apply("flip", [e.t([4, 4], S(0))], dims=[1]).rules == ["rowwise_shard"]
+    assert e.apply("flip", [e.t([4, 4], P())], dims=[0]).rules == ["partial_linear_map"]
+    with pytest.raises(RuleFailure, match="does not act independently"):
+        e.apply("flip", [e.t([4, 4], S(0))], dims=[0])
