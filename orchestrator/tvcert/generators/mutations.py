@@ -280,12 +280,16 @@ def _ring_no_max_correction(p: dict) -> str:
     return loop["src"]
 
 
+def _ring_carry_stays(p: dict, carried: str) -> str:
+    """The carried tensor ``carried`` is handed to the next step unchanged instead of passed on the ring."""
+    loop, body = _ring_body(p)
+    body["outputs"][body["inputs"].index(carried)] = carried
+    return loop["src"]
+
+
 def _ring_positions_not_passed(p: dict) -> str:
     """K and V travel the ring but the key positions stay: the causal mask compares the wrong blocks."""
-    loop, body = _ring_body(p)
-    k = body["inputs"].index("kpos")
-    body["outputs"][k] = "kpos"
-    return loop["src"]
+    return _ring_carry_stays(p, "kpos")
 
 
 def _ring_stale_reference(p: dict) -> str:
@@ -408,10 +412,7 @@ DS_CP_RING = {"model": "deepseek-v3-671b", "cp": 2, "cp_style": "ring", "tp": 2}
 
 def _mla_ring_rope_key_stays(p: dict) -> str:
     """MLA ring attention: the no-rope keys and values travel, the shared rope key stays on its rank."""
-    loop, body = _ring_body(p)
-    k = body["inputs"].index("k1")
-    body["outputs"][k] = "k1"
-    return loop["src"]
+    return _ring_carry_stays(p, "k1")
 
 
 def _mla_ring_bwd_rope_grad_not_summed(p: dict) -> str:
