@@ -174,8 +174,8 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
         return True
     if n.op == "ring_loop":
         if not missing:
-            fail(f"a ring_loop's carried state has no fact of its own: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
-                 f"at the division acc / l that normalizes it, or by ring_attention_backward at a backward loop")
+            fail("a ring_loop's carried state has no fact of its own: a ring attention loop is justified as a whole, by ring_attention_online_softmax "
+                 "at the division acc / l that normalizes it, or by ring_attention_backward at a backward loop")
         return True
     if n.op == "send":
         try:

@@ -82,7 +82,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .trace import TraceError, trace_plan
 

@@ -313,7 +313,7 @@ class Builder:
         if op == "amax" and sum(1 for p in pl.values() if p[0] == "P") > 1:
             return False
         shape = pt.shape[:d] + pt.shape[d + 1:]
-        q = self.both(op, [pt.lname], [pt.pname], shape, pl, {"dims": [d]},
+        self.both(op, [pt.lname], [pt.pname], shape, pl, {"dims": [d]},
                       tag="reduce_sharded_dim" if any(pt.pl[a] == ("S", d) for a in self.axes) else "reduce")
         return True
 

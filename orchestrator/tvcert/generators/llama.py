@@ -682,7 +682,6 @@ class Step:
         return outs
 
     def sync(self, name, gt):
-        g = self.g
         axes = self.par.data_axes()
         if self.sp and self.params[name].tp_dim is None and not name.startswith("embedding"):
             axes = ["tp"] + axes  # norm weights see sequence shards under SP

@@ -182,7 +182,7 @@ class EmbeddingBackward(Indexing):
         return [fin(out, ctx, "int" if is_int(g) else "float")]
 
     def deps(self, shapes, attrs):
-        g, ids = tuple(shapes[0]), tuple(shapes[1])
+        ids = tuple(shapes[1])
         return [InputDep(tuple(AxisDep("all") for _ in ids) + (_aff(1),)),
                 InputDep(tuple(AxisDep("all") for _ in ids))]
 

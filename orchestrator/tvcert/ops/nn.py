@@ -195,7 +195,7 @@ class CrossEntropy(NN):
         return [fin(total / ctx.const(loss.size), ctx)]
 
     def deps(self, shapes, attrs):
-        lg, t = tuple(shapes[0]), tuple(shapes[1])
+        t = tuple(shapes[1])
         if attrs["reduction"] != "none":
             return super().deps(shapes, attrs)
         r = len(t)
