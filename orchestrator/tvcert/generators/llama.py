@@ -16,7 +16,9 @@ single-device graph, otherwise the SPMD program of Megatron-style parallelism:
   to the next rank and folds each block in with the online-softmax merge (max-corrected running
   sum and accumulator), normalizing at the end.  Its backward is a second ring: probabilities
   recomputed from the forward's final (max, sum), dQ accumulated locally, dK and dV travelling
-  with their K, V blocks until they are home;
+  with their K, V blocks until they are home.  With ``zigzag`` (load balancing) rank r holds sequence chunks
+  r and 2cp-1-r (ZigzagShard(1) tokens; positions from ``zigzag_chunks``); all-gathered K, V are put back
+  in natural order and their gradients paired before the reduce_scatter (``cp_gather`` / ``cp_scatter``);
 * dp and micro-batches (a virtual mesh axis ``mb``: accumulation = sum over it): weight
   gradients are partial sums over the token-splitting axes and are all-reduced;
 * zero=1: gradients reduce-scattered over dp on flattened parameters, AdamW on the owned
