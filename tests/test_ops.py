@@ -688,12 +688,22 @@ def test_against_torch():
 
 
 def test_linear_flags():
-    for n in ("neg scale cast reshape view permute transpose slice concat expand squeeze "
+    for n in ("neg scale reshape view permute transpose slice concat expand squeeze "
               "unsqueeze split sum mean gather index_select embedding embedding_backward "
               "scatter_add index_add add sub flatten triu tril").split():
         assert REGISTRY[n].linear, n
-    for n in "matmul einsum exp mul softmax".split():
+    for n in "matmul einsum exp mul softmax cast".split():
         assert not REGISTRY[n].linear, n
+    # flags that depend on attributes: a cast is linear only into float, masked_fill / pad only with value 0
+    assert REGISTRY["cast"].linear_in({"dtype": "float"}) == (0,)
+    assert REGISTRY["cast"].linear_in({"dtype": "int"}) == ()
+    assert REGISTRY["masked_fill"].linear_in({"value": 0}) == (0,)
+    assert REGISTRY["masked_fill"].linear_in({"value": -1e9}) == ()
+    assert REGISTRY["pad"].linear_in({"pads": (0, 1), "value": 0}) == (0,)
+    assert REGISTRY["pad"].linear_in({"pads": (0, 1), "value": 2}) == ()
+    for n in ("softmax", "log_softmax", "exp", "add_scalar", "relu", "amax", "cross_entropy"):
+        assert REGISTRY[n].linear_in({"dim": -1, "value": 1, "dims": (0,)}) == (), n
+    assert REGISTRY["add"].linear_in({}) == ()  # jointly additive only: a + b is affine in a
 
 
 @pytest.mark.parametrize("name", ["add", "matmul", "sum", "slice", "gather", "softmax", "neg"])

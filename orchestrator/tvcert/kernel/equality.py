@@ -17,12 +17,22 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
 
+from ..ops import REGISTRY
 from .expr import Exprs
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
+# ops a scalar factor of their first argument moves across, when the op's own flag says it is homogeneous in
+# that argument for these attributes (``homogeneous_in``, proved per op in Rules/OpFlags.v): a cast only into
+# float (and only integer factors, its operand being an int tensor), a pad only with value 0
 LINEAR_FIRST = {"reshape", "permute", "slice", "sum", "mean", "expand", "triu", "tril", "cast", "pad",
                 "embedding_backward", "softmax_backward", "log_softmax_backward"}
 MULTILINEAR = {"matmul", "einsum"}
+
+
+def _homogeneous_first(op: str, attrs: dict, c: Fraction) -> bool:
+    if 0 not in REGISTRY[op].homogeneous_in(attrs):
+        return False
+    return op != "cast" or c.denominator == 1
 MAX_SMT_LEAVES = 64
 
 
@@ -181,13 +191,13 @@ class Prover:
                 return ca / cb, X.mk("div", at, [a, b])
             return one, i
         if e.op in LINEAR_FIRST and e.args:
-            if e.op == "pad" and at.get("value", 0) != 0:
-                return one, i
             c, core = self.norm(e.args[0])
             if core == e.args[0] and c == 1:
                 return one, i
+            if not _homogeneous_first(e.op, at, c):
+                return one, i
             return c, X.mk(e.op, at, [core, *e.args[1:]])
-        if e.op in MULTILINEAR:
+        if e.op in MULTILINEAR and all(k in REGISTRY[e.op].homogeneous_in(at) for k in range(len(e.args))):
             cs, cores = one, []
             for x in e.args:
                 c, core = self.norm(x)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..ops import REGISTRY
 from ..ops.collectives import axes_of
 from ..plan import Placement
-from ..shapes import affine_in_rank, parse
+from ..shapes import affine_in_rank, parse, rank_axes_in
 from .expr import RESHAPE_LIKE, ExprError, Exprs
 
 R = Placement("R")
@@ -217,13 +217,15 @@ def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], fac
 
 
 def _check_rank_free(op: str, raw: Mapping[str, Any], kc: KCtx) -> None:
-    """Only slice may have rank-dependent attributes (checked by slice_block_to_shard)."""
-    if op == "slice":
-        return
+    """Only a slice's bounds may depend on the rank (checked exactly by slice_block_to_shard); every other
+    attribute must be rank-free at every nesting level (a literal ``[["rank.tp"]]`` is not rank 0's value)."""
     for k, v in raw.items():
-        for x in (v if isinstance(v, list) else [v]):
-            if isinstance(x, str) and any(n.startswith("rank.") for n in _names(x)):
-                raise RuleFailure(f"attribute {k!r} = {x!r} depends on the rank; no rule covers rank-dependent {op}")
+        if op == "slice" and k in ("start", "end"):
+            continue
+        axes = rank_axes_in(v)
+        if axes:
+            raise RuleFailure(f"attribute {k!r} of {op} depends on the rank (rank.{sorted(axes)[0]}); no rule "
+                              f"covers a rank-dependent {k!r}")
 
 
 def _names(text: str) -> frozenset[str]:
@@ -344,7 +346,7 @@ def _ew_partial(kc, op, ra, facts, ai, a, pls, spec):
         # special: Partial(avg) divided by the axis size is Partial(sum) of the same value
         if op == "scale" and r == "avg" and Fraction(str(ra["value"])) == Fraction(1, p_axis):
             return (P("sum"), "partial_avg_div_p_to_sum", facts[0].expr)
-        if spec.linear:
+        if 0 in spec.linear_in(ra):  # the op's own flag, proved in Rules/OpFlags.v
             rule = {"neg": "partial_neg", "scale": "partial_scale"}.get(op, "partial_linear_map")
             return (P(r), rule)
         raise RuleFailure(f"{op} is not linear, so it does not commute with Partial({r}) on axis {a!r}")
@@ -364,7 +366,7 @@ def _ew_partial(kc, op, ra, facts, ai, a, pls, spec):
         if r == "avg" and _is_const_value(X, facts[1].expr, p_axis):
             return (P("sum"), "partial_avg_div_p_to_sum", facts[0].expr)
         return (P(r), "partial_div")
-    if op == "masked_fill" and parts == [0] and Fraction(str(ra["value"])) == 0:
+    if op == "masked_fill" and parts == [0] and Fraction(str(ra["value"])) == 0 and 0 in spec.linear_in(ra):
         return (P(r), "partial_linear_map")
     if op == "where" and parts == [1] and _is_const_value(X, facts[2].expr, 0):
         return (P(r), "partial_linear_map")
@@ -553,7 +555,7 @@ def _reduce(kc, op, ra, raw, facts):
             if r is None:
                 raise RuleFailure(f"{op} over the sharded dim {p.dim} on axis {a!r}: no rule")
             per_axis.append((P(r[0]), r[1]))
-        elif p.kind == "P" and op in ("sum", "mean") and p.reduce in ("sum", "avg"):
+        elif p.kind == "P" and op in ("sum", "mean") and p.reduce in ("sum", "avg") and 0 in REGISTRY[op].linear_in(ra):
             per_axis.append((p, "partial_linear_map"))
         else:
             raise RuleFailure(f"{op} of {p} on axis {a!r}: no rule")
@@ -563,7 +565,8 @@ def _reduce(kc, op, ra, raw, facts):
 # ====================================================================== row-wise ops
 def _rw_softmax(ra, shapes):
     d = ra["dim"] % len(shapes[0])
-    return [{i: i for i in range(len(shapes[0])) if i != d}] * len(shapes), "softmax_other_dim", [0]
+    # not linear: softmax(0) = 1/n <> 0 (OpFlags.softmax_not_additive), so no Partial passes through
+    return [{i: i for i in range(len(shapes[0])) if i != d}] * len(shapes), "softmax_other_dim", []
 
 
 def _rw_softmax_bwd(ra, shapes):
@@ -633,6 +636,7 @@ def _rowwise(kc, op, ra, raw, facts):
     if op == "expand":
         return _expand(kc, ra, facts[0])
     maps, rule, linear_in = ROWWISE[op](ra, shapes)
+    linear_in = [i for i in linear_in if i in REGISTRY[op].linear_in(ra)]  # only where the op's flag (OpFlags.v) says so
     attrs = dict(ra)
     multi = REGISTRY[op].n_outputs(ra) > 1
     exprs = X.mk_multi(op, attrs, [f.expr for f in facts]) if multi else [X.mk(op, attrs, [f.expr for f in facts])]
@@ -692,7 +696,7 @@ def _expand(kc, ra, f):
         p = f.pl[ai]
         if p.kind == "R":
             per_axis.append((R, "replicate_any"))
-        elif p.kind == "P" and p.reduce in ("sum", "avg"):
+        elif p.kind == "P" and p.reduce in ("sum", "avg") and 0 in REGISTRY["expand"].linear_in(ra):
             per_axis.append((p, "partial_linear_map"))
         elif p.kind == "S" and full[p.dim + off] == s[p.dim] and s[p.dim] != 1:
             per_axis.append((S(p.dim + off), "rowwise_shard"))
@@ -719,7 +723,7 @@ def _layout(kc, op, ra, raw, facts):
             p = f.pl[ai]
             if p.kind == "S":
                 per_axis.append((S(perm.index(p.dim)), "permute_shard"))
-            elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
+            elif p.kind == "P" and p.reduce in ("sum", "avg") and 0 in REGISTRY[op].linear_in(ra):  # additive (OpFlags.v)
                 per_axis.append((p, "partial_linear_map"))
             elif p.kind == "R":
                 per_axis.append((R, "replicate_any"))
@@ -749,7 +753,7 @@ def _layout(kc, op, ra, raw, facts):
         p = f.pl[ai]
         if p.kind == "S":
             per_axis.append((S(mapping[p.dim]), "reshape_shard_block"))
-        elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
+        elif p.kind == "P" and p.reduce in ("sum", "avg") and 0 in REGISTRY[op].linear_in(ra):  # additive (OpFlags.v)
             per_axis.append((p, "partial_linear_map"))
         elif p.kind == "R":
             per_axis.append((R, "replicate_any"))
@@ -855,11 +859,7 @@ def _slice(kc, op, ra, raw, facts):
     shape = X[f.expr].shape
     dim = ra["dim"] % len(shape)
     if op == "slice":
-        rank_axes = set()
-        for k in ("start", "end"):
-            v = raw.get(k)
-            if isinstance(v, str):
-                rank_axes |= {n[5:] for n in _names(v) if n.startswith("rank.")}
+        rank_axes = set(rank_axes_in([raw.get("start"), raw.get("end")]))
         if rank_axes:
             return _slice_block(kc, ra, raw, f, dim, rank_axes)
     multi = op == "split"
@@ -869,7 +869,7 @@ def _slice(kc, op, ra, raw, facts):
         p = f.pl[ai]
         if p.kind == "S" and p.dim != dim:
             per_axis.append((p, "slice_other_dim"))
-        elif p.kind == "P" and p.reduce in ("sum", "avg"):  # additive maps (the theorem covers these)
+        elif p.kind == "P" and p.reduce in ("sum", "avg") and 0 in REGISTRY[op].linear_in(ra):  # additive (OpFlags.v)
             per_axis.append((p, "partial_linear_map"))
         elif p.kind == "R":
             per_axis.append((R, "replicate_any"))
@@ -935,7 +935,7 @@ def _concat(kc, op, ra, raw, facts):
             per_axis.append((R, "replicate_any"))
         elif p.kind == "S" and p.dim != dim:
             per_axis.append((p, "concat_other_dim"))
-        elif p.kind == "P" and p.reduce in ("sum", "avg"):
+        elif p.kind == "P" and p.reduce in ("sum", "avg") and REGISTRY[op].linear:  # jointly additive (OpFlags.concat_linear)
             per_axis.append((p, "partial_linear_map"))
         else:
             raise RuleFailure(f"concat along dim {dim} of operands placed {p} on axis {a!r}: no rule")

@@ -271,8 +271,21 @@ class OpSpec:
     category: ClassVar[str] = ""  # elementwise | linalg | reduce | layout | index | nn | source | collective | p2p
     attrs: ClassVar[dict[str, Attr]] = {}
     arity: ClassVar[tuple[int, int | None]] = (1, 1)  # (min, max); max None = unbounded
-    linear: ClassVar[bool] = False  # additive in its (single / every) tensor input
+    linear: ClassVar[bool] = False  # additive jointly in its data inputs (index inputs fixed), whatever the attributes
     doc: ClassVar[str] = ""
+
+    # Algebraic flags are mathematical claims the kernel relies on: each one is proved for that op in
+    # Rules/OpFlags.v (the theorem named in ``OPFLAG_THEOREMS`` of tvcert.proofkit).  They are functions
+    # of the (resolved) attributes, since e.g. a cast is linear only into a float dtype.
+    def linear_in(self, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+        """The inputs in which the op is additive (and sends 0 to 0) while the other inputs stay fixed:
+        what ``partial_linear_map`` needs of an op applied to one Partial operand and replicated others."""
+        return ()
+
+    def homogeneous_in(self, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+        """The inputs i with op(.., c*x_i, ..) = c*op(.., x_i, ..) for every rational c (the other inputs
+        fixed): what ``scale_commutes_linear`` needs to move a scalar factor across the op."""
+        return self.linear_in(attrs)
 
     def n_outputs(self, attrs: Mapping[str, Any]) -> int:
         return 1

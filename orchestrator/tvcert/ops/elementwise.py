@@ -143,6 +143,9 @@ class Neg(Unary):
     keeps_int = True
     doc = "-x"
 
+    def linear_in(self, attrs):
+        return (0,)  # OpFlags.neg_linear, neg_homogeneous
+
     def f(self, x, attrs, ctx):
         return -x
 
@@ -202,9 +205,20 @@ class Square(Unary):
 @register
 class Cast(Unary):
     name = "cast"
-    linear = True
+    linear = False  # only into float: see linear_in
     attrs = {"dtype": Attr("str", False, "float", ("float", "int"))}
     doc = "int->float conversion; float->float identity; float->int truncates toward zero"
+
+    def linear_in(self, attrs):
+        # into float: the embedding of the integers into the reals is additive (OpFlags.cast_float_linear) and
+        # the identity on floats; into int it truncates, which is neither additive nor homogeneous
+        # (OpFlags.cast_int_not_additive: trunc(1/2) + trunc(1/2) = 0 <> 1 = trunc(1))
+        return (0,) if attrs.get("dtype", "float") == "float" else ()
+
+    def homogeneous_in(self, attrs):
+        # into float, for integer factors of an int operand (OpFlags.cast_float_homogeneous); the equality
+        # prover checks that the factor it moves is an integer
+        return self.linear_in(attrs)
 
     def out_dtypes(self, in_dtypes, attrs):
         return [attrs["dtype"]]
@@ -271,6 +285,9 @@ class Scale(Unary):
     linear = True
     attrs = {"value": Attr("num")}
     doc = "x * value"
+
+    def linear_in(self, attrs):
+        return (0,)  # OpFlags.scale_linear, scale_homogeneous
 
     def out_dtypes(self, in_dtypes, attrs):
         return ["int" if in_dtypes and in_dtypes[0] == "int" and isinstance(attrs["value"], int)
@@ -356,13 +373,13 @@ class Nary(OpSpec):
             return [fin(self.f(xs, attrs, ctx), ctx)]
 
 
-def _binop(opname, fn, keeps_int=True, result="float", linear=False, doc=""):
+def _binop(opname, fn, keeps_int=True, result="float", linear=False, doc="", linear_in=()):
     def f(self, xs, attrs, ctx):
         return fn(xs[0], xs[1])
 
     cls = type(opname.title().replace("_", "") + "Op", (Nary,),
                {"name": opname, "f": f, "keeps_int": keeps_int, "result": result,
-                "linear": linear, "doc": doc})
+                "linear": linear, "doc": doc, "linear_in": lambda self, attrs: linear_in})
     return register(cls)
 
 
@@ -373,10 +390,13 @@ def _div(a, b):
         raise ValueError("div: division by zero in exact mode") from None
 
 
+# add / sub are additive jointly in (a, b) (partial_add / partial_sub), not in one operand with the other
+# fixed (a + b is affine in a); mul is additive in each operand separately (OpFlags.mul_linear_l / _r), div
+# in its numerator (OpFlags.div_linear_num)
 _binop("add", lambda a, b: a + b, linear=True, doc="a + b (broadcasting)")
 _binop("sub", lambda a, b: a - b, linear=True, doc="a - b (broadcasting)")
-_binop("mul", lambda a, b: a * b, doc="a * b (broadcasting; bilinear)")
-_binop("div", _div, keeps_int=False, doc="a / b (true division; float result)")
+_binop("mul", lambda a, b: a * b, doc="a * b (broadcasting; bilinear)", linear_in=(0, 1))
+_binop("div", _div, keeps_int=False, doc="a / b (true division; float result)", linear_in=(0,))
 _binop("maximum", lambda a, b: np.where(a >= b, a, b), doc="max(a, b)")
 _binop("minimum", lambda a, b: np.where(a <= b, a, b), doc="min(a, b)")
 _binop("eq", lambda a, b: a == b, result="int", doc="1 where a == b else 0")
@@ -417,6 +437,13 @@ class MaskedFill(Nary):
 
     def data_inputs(self, n):
         return range(0, 1)
+
+    def linear_in(self, attrs):
+        # additive in x (mask fixed) only when the fill value is 0 (OpFlags.masked_fill_zero_linear); any other
+        # value makes it affine (OpFlags.masked_fill_nonzero_not_additive)
+        from fractions import Fraction
+
+        return (0,) if Fraction(str(attrs["value"])) == 0 else ()
 
     def out_dtypes(self, in_dtypes, attrs):
         return ["int" if in_dtypes[0] == "int" and isinstance(attrs["value"], int) else "float"]

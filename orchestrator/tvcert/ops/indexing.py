@@ -39,7 +39,12 @@ def _aff(k):
 
 class Indexing(OpSpec):
     category = "index"
-    linear = True
+    linear = True  # jointly in the data inputs, for fixed indices
+
+    def linear_in(self, attrs):
+        # gather / index_select / embedding read the data input through an index map fixed by the index input
+        # (OpFlags.gather_linear), embedding_backward sums masked rows of its gradient (OpFlags.embedding_backward_linear)
+        return (0,)
 
 
 @register
@@ -190,6 +195,10 @@ class EmbeddingBackward(Indexing):
 @register
 class ScatterAdd(Indexing):
     name = "scatter_add"
+
+    def linear_in(self, attrs):
+        return ()  # x + scatter(src) is additive jointly in (x, src), affine in either alone
+
     arity = (3, 3)
     attrs = {"dim": Attr("int")}
     doc = ("torch.scatter_add: out = x; out[index[i][j][k]][j][k] += src[i][j][k] (dim 0); "
@@ -242,6 +251,10 @@ class ScatterAdd(Indexing):
 @register
 class IndexAdd(Indexing):
     name = "index_add"
+
+    def linear_in(self, attrs):
+        return ()  # x + scatter(src) is additive jointly in (x, src), affine in either alone
+
     arity = (3, 3)
     attrs = {"dim": Attr("int")}
     doc = "out = x; out[..., index[i], ...] += src[..., i, ...] along dim (index 1-D)"

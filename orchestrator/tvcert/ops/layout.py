@@ -53,6 +53,11 @@ class Layout(OpSpec):
     arity = (1, 1)
     linear = True
 
+    def linear_in(self, attrs):
+        # every layout op reads its input through an index map, with zeros at masked positions (triu / tril):
+        # OpFlags.reindex_linear / masked_reindex_linear and their instances (reshape_op_linear, ...)
+        return (0,)
+
 
 # ---------------------------------------------------------------- reshape / view / flatten
 
@@ -263,6 +268,9 @@ class Concat(Layout):
     attrs = {"dim": Attr("int")}
     doc = "concatenate along dim; the other dims must agree"
 
+    def linear_in(self, attrs):
+        return ()  # additive jointly in all operands (OpFlags.concat_linear), not in one with the others fixed
+
     def infer(self, shapes, attrs):
         check_arity(self, shapes)
         s0 = tuple(shapes[0])
@@ -362,6 +370,10 @@ class Pad(Layout):
     attrs = {"pads": Attr("dims"), "value": Attr("num", False, 0)}
     doc = "constant padding; pads = [before0, after0, before1, after1, ...], one pair per dim"
     linear = False  # affine, not additive, when value != 0
+
+    def linear_in(self, attrs):
+        # OpFlags.pad_zero_linear; a nonzero value sends 0 to a nonzero tensor (OpFlags.pad_nonzero_not_additive)
+        return (0,) if attrs.get("value", 0) == 0 else ()
 
     def _pairs(self, s, attrs):
         p = attrs["pads"]

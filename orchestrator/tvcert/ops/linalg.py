@@ -46,6 +46,9 @@ class Matmul(OpSpec):
     category = "linalg"
     arity = (2, 2)
     linear = False  # bilinear: linear in each input separately
+
+    def linear_in(self, attrs):
+        return (0, 1)  # OpFlags.matmul_linear_l / matmul_linear_r, matmul_homogeneous
     doc = ("torch.matmul: [..., M, K] @ [..., K, N] -> [broadcast(...), M, N]; a rank-1 left "
            "operand gets a 1 prepended (then removed), a rank-1 right operand a 1 appended")
 
@@ -151,6 +154,11 @@ class Einsum(OpSpec):
     arity = (1, None)
     linear = False  # multilinear: linear in each input separately
     attrs = {"equation": Attr("str")}
+
+    def linear_in(self, attrs):
+        # every operand occurs once in each product of the sum (OpFlags.einsum_linear, einsum_multi_homogeneous)
+        eq = attrs["equation"].replace(" ", "")
+        return tuple(range(len(eq.split("->")[0].split(","))))
     doc = ("einsum with an explicit or implicit output ('bsh,hf->bsf'); no ellipsis; sizes of a "
            "letter must agree exactly (no broadcasting)")
 

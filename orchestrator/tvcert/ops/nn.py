@@ -103,6 +103,11 @@ class _SoftmaxBwd(NN):
     arity = (2, 2)
     attrs = {"dim": Attr("int")}
 
+    def linear_in(self, attrs):
+        # linear in grad_out for a fixed out (OpFlags.softmax_backward_linear, log_softmax_backward_linear);
+        # not in out
+        return (0,)
+
     def infer(self, shapes, attrs):
         check_arity(self, shapes)
         g, o = tuple(shapes[0]), tuple(shapes[1])

@@ -81,6 +81,9 @@ class Sum(Reduction):
     linear = True
     doc = "sum over dims"
 
+    def linear_in(self, attrs):
+        return (0,)  # OpFlags.sum_op_linear, sum_op_homogeneous
+
     def reduce(self, x, dims, keepdim, ctx):
         if is_int(x):
             return fin(np.sum(x, axis=dims, keepdims=keepdim), ctx, "int")
@@ -94,6 +97,9 @@ class Mean(Reduction):
     name = "mean"
     linear = True
     needs_nonempty = True
+
+    def linear_in(self, attrs):
+        return (0,)  # OpFlags.mean_op_linear, mean_op_homogeneous
     doc = "sum over dims divided by the number of reduced elements"
 
     def out_dtypes(self, in_dtypes, attrs):
