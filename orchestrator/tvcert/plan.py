@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .graph import Graph, GraphError, Node, TensorDecl
 from .ops import REGISTRY, AttrError, resolve_attrs
-from .shapes import MAX_DIM, DimError, dim_value
+from .shapes import MAX_DIM, DimError, dim_value, rank_axes_in
 
 PLAN_VERSION = 1
 MAX_PLAN_BYTES = 256 * 1024 * 1024
@@ -526,8 +526,8 @@ def _check_rank_independent(plan, pname, g: Graph, env0, mesh, types, which) -> 
 
 
 def _node_mentions_rank(n) -> bool:
-    return any("rank." in v if isinstance(v, str) else isinstance(v, list) and any(isinstance(x, str) and "rank." in x for x in v)
-               for v in n.attrs.values())
+    """Whether any attribute mentions a rank coordinate, at any nesting level."""
+    return bool(rank_axes_in(n.attrs))
 
 
 def fmt_placement(pl: Mapping[str, Placement]) -> str:

@@ -9,6 +9,7 @@ sizes, and lets an SPMD program stay one program for every rank.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Union
@@ -177,14 +178,42 @@ def dim_names(d: Dim) -> frozenset[str]:
     return parse(d).names() if isinstance(d, str) else frozenset()
 
 
+_RANK_NAME = re.compile(r"rank\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def rank_axes_in(value: object) -> frozenset[str]:
+    """Every mesh axis whose coordinate ``value`` mentions, at any nesting level (strings inside lists,
+    lists inside lists, dict values).  Read off the text, not a parse, so a string that is not a valid
+    dim expression still counts: deciding that an attribute is rank-free must never be fooled by where
+    the rank is hidden."""
+    found: set[str] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            found.update(_RANK_NAME.findall(v))
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+    return frozenset(found)
+
+
 def affine_in_rank(d: Dim, env: Mapping[str, int], axis: str) -> tuple[int, int] | None:
     """Return (base, stride) if ``d`` is ``base + stride*rank.axis`` for every rank, else None.
 
+    Exact over the whole mesh: ``d`` may mention no other rank coordinate (``(rank.dp*tp + rank.tp)*B``
+    is not affine in ``rank.tp`` with rank-free coefficients, whatever ``env`` holds for ``rank.dp``).
     Decided syntactically (rank appears only under +, -, and multiplication by rank-free
     terms), then the two coefficients are read off by evaluation at rank 0 and 1.
     """
+    if isinstance(d, bool):
+        return None
     if isinstance(d, int):
         return (d, 0)
+    if not isinstance(d, str) or rank_axes_in(d) - {axis}:
+        return None
     tree = parse(d).tree
     if not _is_affine(tree, f"rank.{axis}"):
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InternalError
 from ..kernel.expr import Exprs
 from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
 from ..kernel.p2p import check_transfer, recv_key, send_key
@@ -92,7 +93,11 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
                         progressed = True
                         continue
                 n = g.nodes[i]
-                if not _visit(plan, prop, p, i, n, ctxs[p], envs[p], mailbox, exprs):
+                try:
+                    visited = _visit(plan, prop, p, i, n, ctxs[p], envs[p], mailbox, exprs)
+                except Exception as exc:  # a rule crashed: tvcert's failure, never a verdict (exit 4, with the op)
+                    raise InternalError(f"{n.path} ({n.op!r} in program {p!r}, engine)", exc) from exc
+                if not visited:
                     break
                 pc[p] += 1
                 progressed = True

@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping
 
 from ..graph import Graph, Node
 from ..ops import REGISTRY, resolve_attrs
-from ..shapes import affine_in_rank
-from .producers import ProducersBefore, out_shape, producer, single_axis
+from ..shapes import affine_in_rank, rank_axes_in
+from .producers import ProducersBefore, appends_unit_dim, out_shape, producer, rank_free_attrs, shape_of, single_axis
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, conclude, embedding_backward_axis
 
 Producers = Mapping[str, tuple[int, Node]]
@@ -57,7 +57,7 @@ def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
     val = producer(producers, val_t)
     if val is not None and val.op == "embedding":
         um = producer(producers, outer_mask)
-        if um is None or um.op not in ("unsqueeze", "reshape", "view"):
+        if not appends_unit_dim(producers, um, outer_mask):
             raise RuleFailure("the output mask is not the token mask with a trailing unit dim")
         table_t, lid_t, m_t, sdim, kind, pick = val.inputs[0], val.inputs[1], um.inputs[0], 0, "embedding", (outer_mask,)
     elif val is not None and val.op in ("reshape", "view", "squeeze"):
@@ -66,9 +66,13 @@ def _lookup(producers: Producers, val_t: str, outer_mask: str, facts, kc: KCtx):
             raise RuleFailure("the masked value is not an embedding lookup or a picked logit")
         table_t, idx_t = gat.inputs
         ui = producer(producers, idx_t)
-        if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
+        if not appends_unit_dim(producers, ui, idx_t):
             raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
         lid_t, m_t, kind, pick = ui.inputs[0], outer_mask, "gather", (val.inputs[0], idx_t)
+        rows = shape_of(producers, lid_t)
+        if rows is None or shape_of(producers, val.inputs[0]) != rows + (1,) or shape_of(producers, val_t) != rows \
+                or shape_of(producers, m_t) != rows:
+            raise RuleFailure("the picked logits, the mask and the local ids do not share the token shape")
         if table_t not in facts:
             raise RuleFailure("the logits have no fact")
         sdim = len(kc.exprs[facts[table_t].expr].shape) - 1
@@ -283,10 +287,10 @@ def vocab_parallel_embedding_backward(g: Graph, index: int, facts: Mapping[str, 
         raise RuleFailure("the gradient is not masked")
     dy_t, um_t = got
     um = producer(producers, um_t)
-    if um is None or um.op not in ("unsqueeze", "reshape", "view"):
+    if not appends_unit_dim(producers, um, um_t):
         raise RuleFailure("the gradient mask is not the token mask with a trailing unit dim")
     m_t = um.inputs[0]
-    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
+    B = rank_free_attrs(out, kc)["num_weights"]
     a, (ids_t, inner_t, m) = _the_vocab_axis(kc, lambda a: _local_ids(producers, lid_t, m_t, kc, a, B))
     d = _embedding_backward_block(out, facts, kc, a, B, dy_t, ids_t, "vocab_parallel_embedding_backward")
     matched = [producers[t][0] for t in (gm_t, um_t, lid_t, inner_t) + tuple(m.inputs) if t in producers]
@@ -342,7 +346,7 @@ def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mappi
     n = producer(producers, um.inputs[0]) if um is not None and um.op in ("unsqueeze", "reshape", "view") else None
     if n is None or out_shape(um) != out_shape(n) + (1,) or out_shape(gm) != out_shape(producer(producers, dy_t) or gm):
         raise RuleFailure("the gradient mask is not the float in-block mask with a trailing unit dim")
-    B = resolve_attrs(REGISTRY["embedding_backward"], out.attrs, kc.env0())["num_weights"]
+    B = rank_free_attrs(out, kc)["num_weights"]
     def clamped(a):
         ids_t, clamp_ts = _clamped_ids(producers, lid_t, kc, a, B)
         return ids_t, clamp_ts + _block_mask(producers, n, ids_t, kc, a, B, inside=True)
@@ -596,7 +600,7 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     X = kc.exprs
     nd = len(X[lsf.expr].shape)
     a, B = _vocab_axis(lsf, nd - 1, kc)
-    if resolve_attrs(REGISTRY["one_hot"], oh.attrs, kc.env0())["num_classes"] != B:
+    if rank_free_attrs(oh, kc)["num_classes"] != B:
         raise RuleFailure(f"the local one-hot is not {B} wide")
     if X[gf.expr].shape != () or any(q.kind != "R" for q in gf.pl):
         raise RuleFailure("the gradient is not a replicated scalar (sum reduction)")
@@ -617,6 +621,40 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
 
 from .ring import RULE as _RING, RULE_BWD as _RING_BWD, match_ring, match_ring_backward  # noqa: E402
 from .zigzag import zigzag_all_gather, zigzag_from_slices, zigzag_reduce_scatter  # noqa: E402
+
+def _rank_checked(fn: Callable, allowed: frozenset[tuple[str, str]]) -> Callable:
+    """``fn`` with one more side condition, checked on every op it matched: every attribute is rank-free at
+    every nesting level, except those in ``allowed`` (op, attribute), whose rank dependence ``fn`` checks
+    exactly (offsets and bounds ``rank.a*B`` through :func:`shapes.affine_in_rank`, over every mesh axis)."""
+    def run(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
+        d, matched = fn(g, index, facts, kc)
+        for i in (index, *matched):
+            n = g.nodes[i]
+            for k, v in n.attrs.items():
+                if (n.op, k) not in allowed and rank_axes_in(v):
+                    raise RuleFailure(f"{n.op} at {n.path}: attribute {k!r} depends on the rank, which "
+                                      f"{fn.__name__} does not allow there")
+        return d, matched
+    run.__name__ = run.__qualname__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+_OFFSETS = frozenset({("const", "value"), ("add_scalar", "value")})  # checked exactly by _rank_affine
+_NONE: frozenset[tuple[str, str]] = frozenset()
+
+vocab_parallel_embedding = _rank_checked(vocab_parallel_embedding, _OFFSETS)
+vocab_parallel_embedding_clamped = _rank_checked(vocab_parallel_embedding_clamped, _OFFSETS)
+vocab_parallel_embedding_backward = _rank_checked(vocab_parallel_embedding_backward, _OFFSETS)
+vocab_parallel_embedding_clamped_backward = _rank_checked(vocab_parallel_embedding_clamped_backward, _OFFSETS)
+vocab_parallel_nll_loss = _rank_checked(vocab_parallel_nll_loss, _OFFSETS)
+vocab_parallel_nll_backward = _rank_checked(vocab_parallel_nll_backward, _OFFSETS)
+vocab_parallel_log_softmax = _rank_checked(vocab_parallel_log_softmax, _NONE)
+match_ring = _rank_checked(match_ring, _NONE)
+match_ring_backward = _rank_checked(match_ring_backward, _NONE)
+zigzag_from_slices = _rank_checked(zigzag_from_slices, frozenset({("slice", "start"), ("slice", "end")}))
+zigzag_all_gather = _rank_checked(zigzag_all_gather, _NONE)
+zigzag_reduce_scatter = _rank_checked(zigzag_reduce_scatter, _NONE)
 
 PATTERNS = {"vocab_parallel_embedding": vocab_parallel_embedding,
             "vocab_parallel_embedding_clamped": vocab_parallel_embedding_clamped,

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 from ..graph import Graph, Node, loop_body
 from ..ops import REGISTRY, resolve_attrs
+from ..shapes import rank_axes_in
 from ..plan import Placement
 from .producers import ProducersBefore, out_shape
 from .rules import Derivation, Fact, KCtx, P, R, RuleFailure, S, conclude, local_shape
@@ -57,6 +58,10 @@ class _Body:
         self.in_types = dict(zip(body.input_names(), loop.meta["body_inputs@shape@dims"]))
         self.prod: dict[str, Node] = {o: n for n in body.nodes for o in n.outputs}
         self.env = env
+        for n in body.nodes:  # the template is one program for every rank: no op of it may read the rank
+            if rank_axes_in(n.attrs):
+                raise RingMismatch(f"{n.op} at {n.path}: an attribute depends on the rank; the ring template's ops "
+                                   f"must be the same on every rank")
 
     def node(self, t: str, op: str | tuple[str, ...], what: str) -> Node:
         n = self.prod.get(t)
@@ -67,6 +72,10 @@ class _Body:
         return n
 
     def attrs(self, n: Node) -> dict[str, Any]:
+        """Attributes read once for every rank: they must be rank-free at every nesting level."""
+        if n.op != "ring_loop" and rank_axes_in(n.attrs):
+            raise RingMismatch(f"{n.op} at {n.path}: an attribute depends on the rank; the ring template's ops "
+                               f"must be the same on every rank")
         return resolve_attrs(REGISTRY[n.op], n.attrs, self.env)
 
     def shape(self, t: str) -> tuple[int, ...]:
@@ -187,11 +196,38 @@ def _passed_on(b: _Body, t: str, new: str, A: str, what: str, body_value: str | 
                            f"{pn.op}({pn.inputs[0]}) axis={pa['axis']!r} shift={pa['shift']} at {pn.path}")
 
 
-def _zero_start(producers, b: _Body, outer: str, what: str) -> None:
+def _start_value(producers, b: _Body, outer: str, what: str) -> Any:
+    """The one value a loop state starts at: a rank-free constant (every element the same number)."""
     z = producers.get(outer)
     zn = z[1] if z else None
-    if zn is None or zn.op != "const" or resolve_attrs(REGISTRY["const"], zn.attrs, b.env)["value"] not in (0, 0.0):
+    if zn is None or zn.op != "const":
+        raise RingMismatch(f"the {what} must start at a constant")
+    if rank_axes_in(zn.attrs):
+        raise RingMismatch(f"the {what} starts at a rank-dependent constant ({zn.path}); every rank must start alike")
+    v = resolve_attrs(REGISTRY["const"], zn.attrs, b.env)["value"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RingMismatch(f"the {what} must start at one number, not a tensor literal ({zn.path})")
+    return v
+
+
+def _zero_start(producers, b: _Body, outer: str, what: str) -> None:
+    if _start_value(producers, b, outer, what) not in (0, 0.0):
         raise RingMismatch(f"the {what} must start at a zero constant")
+
+
+# The IR has no infinities; a start at or below this stands in for -inf (no training score is below it).
+MAX_START_BOUND = -1e30
+
+
+def _max_start(producers, b: _Body, outer: str, fill: Any) -> None:
+    """The running max starts no larger than any score: at most MAX_START_BOUND and at most the mask's fill
+    value (masked scores equal it).  Over the reals any start is right (Ring.ring_attention_online_softmax),
+    but a start above the scores makes exp(s - m') underflow to 0 and acc / l NaN in floating point."""
+    v = _start_value(producers, b, outer, "running max")
+    bound = MAX_START_BOUND if fill is None else min(MAX_START_BOUND, fill)
+    if not v <= bound:
+        raise RingMismatch(f"the running max starts at {v}; it must start no larger than any score (at most "
+                           f"{bound}{', the mask fill value' if fill is not None and fill < MAX_START_BOUND else ''})")
 
 
 def _per_axis(kc: KCtx, A: str, seq: int, data: list[Fact], pos: list[Fact]) -> list[tuple[Placement, str]]:
@@ -323,6 +359,8 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
     outer = dict(zip(names, loop.inputs))
     _zero_start(producers, b, outer[acc], "accumulator")
     _zero_start(producers, b, outer[l], "normalizer")
+    fill = next((b.attrs(cn)["value"] for cn in sc.chain if cn.op == "masked_fill"), None)
+    _max_start(producers, b, outer[m], fill)
     for t in [*rotating.values(), *invariant.values()]:
         if outer[t] not in facts:
             raise RingMismatch(f"the loop input {outer[t]!r} has no fact")

@@ -28,10 +28,10 @@ from typing import Any
 from ..ops import REGISTRY, resolve_attrs
 from ..ops.collectives import axes_of
 from ..plan import Placement
-from ..shapes import affine_in_rank
+from ..shapes import affine_in_rank, rank_axes_in
 from ..graph import Node
-from .producers import ProducersBefore, out_shape, producer, single_axis
-from .rules import R, Derivation, Fact, KCtx, RuleFailure, _groups, _names, _prod, conclude, local_shape
+from .producers import ProducersBefore, out_shape, producer, rank_free_attrs, single_axis
+from .rules import R, Derivation, Fact, KCtx, RuleFailure, _groups, _prod, conclude, local_shape
 
 # the Shard rule used on a zig-zag axis -> the zig-zag theorem covering that step (proofs/manifest.json)
 ZIGZAG_OF: dict[str, str] = {
@@ -161,7 +161,7 @@ def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
     if n.op != "concat" or len(n.inputs) != 2:
         raise RuleFailure("not a concatenation of two tensors")
     env = kc.env0()
-    dim = resolve_attrs(REGISTRY["concat"], n.attrs, env)["dim"]
+    dim = rank_free_attrs(n, kc)["dim"]
     sl = []
     for t in n.inputs:
         got = producers.get(t)
@@ -177,15 +177,14 @@ def zigzag_from_slices(g, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
     f = facts[x_t]
     shape = kc.exprs[f.expr].shape
     dim %= len(shape)
-    ra1, ra2 = (resolve_attrs(REGISTRY["slice"], s.attrs, env) for s in (s1, s2))
+    ra1, ra2 = (rank_free_attrs(s, kc, allowed=("start", "end")) for s in (s1, s2))
     if any(ra["dim"] % len(shape) != dim or ra.get("step", 1) != 1 for ra in (ra1, ra2)):
         raise RuleFailure(f"the chunks must be unit-step slices along the concatenation dim {dim}")
-    names = set()
-    for s in (s1, s2):
-        for k in ("start", "end"):
-            v = s.attrs.get(k)
-            if isinstance(v, str):
-                names |= {x[5:] for x in _names(v) if x.startswith("rank.")}
+    for s in (s1, s2, n):
+        other = {k: v for k, v in s.attrs.items() if not (s is not n and k in ("start", "end"))}
+        if rank_axes_in(other):
+            raise RuleFailure(f"{s.op} at {s.path}: only the chunk bounds may depend on the rank")
+    names = set(rank_axes_in([s.attrs.get(k) for s in (s1, s2) for k in ("start", "end")]))
     if len(names) != 1 or next(iter(names)) not in kc.axes:
         raise RuleFailure("the chunk bounds must depend on exactly one mesh axis of the program")
     a = names.pop()
@@ -226,7 +225,7 @@ def _node(producers, t: str, ops: tuple[str, ...], what: str) -> tuple[int, Node
 
 
 def _attrs(n: Node, kc: KCtx) -> dict:
-    return resolve_attrs(REGISTRY[n.op], n.attrs, kc.env0())
+    return rank_free_attrs(n, kc)
 
 
 def _carry_other_axes(kc: KCtx, f: Fact, j: int, dim: int, on_j: Placement, rule: str) -> list:
