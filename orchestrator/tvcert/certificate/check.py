@@ -19,7 +19,7 @@ from ..deep import deep
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, recv_key, send_key
-from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
+from ..kernel.memo import TemplateFailure, boundary, canonical_key, derive_template, memoizable, replay, stages
 from ..kernel.patterns import PATTERNS
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
 from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
@@ -108,11 +108,12 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     exprs = Exprs()
     lexpr = logical_exprs(plan, exprs)
     facts = input_facts(plan, exprs, lexpr)
-    done: dict[tuple[str, int], list[str]] = {}  # replayed op -> the rules that justified it (None: an instance)
+    done: dict[tuple[str, int], tuple[str, list[str]]] = {}  # replayed op -> (how: op / pattern / recv / instance, rules)
     sent = _sends(plan)
+    templates: dict[str, object] = {}
     for k, st in enumerate(cert.steps):
         if st.instance_of is not None:
-            _replay_instance(plan, exprs, facts, done, k, st)
+            _replay_instance(plan, exprs, facts, done, templates, k, st)
         else:
             _replay(plan, exprs, facts, done, sent, k, st, cert.manifest.rules)
     # 4. outputs: placement and expression, with re-solved obligations
@@ -226,12 +227,13 @@ def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
         raise Invalid(f"{where}: {rules} conclude {show}, the certificate says {[(e, p) for e, p in st.out]}")
     for o, f in zip(n.outputs, got):
         pf[o] = f
-    done[(st.program, st.node)] = list(rules)
+    done[(st.program, st.node)] = ("recv" if n.op == "recv" else "pattern" if st.pattern is not None else "op", list(rules))
 
 
-def _replay_instance(plan, exprs, facts, done, k, st) -> None:
-    """A memoized stage: same canonical form as an already replayed template stage, whose derivation is
-    reused with the boundary expressions substituted (stage_repeat)."""
+def _replay_instance(plan, exprs, facts, done, templates, k, st) -> None:
+    """A memoized stage: same canonical form as an already replayed template stage.  The checker derives the
+    template over slots itself (kernel.memo.derive_template: single-op rules only) and rebuilds the instance
+    from it with its own boundary expressions at the slots (kernel.memo.replay, stage_repeat)."""
     where = f"step {k} (stage {st.program} [{st.node}, {st.stage_end}))"
     tp, ts = st.instance_of
     if st.program not in plan.programs or tp not in plan.programs:
@@ -244,26 +246,38 @@ def _replay_instance(plan, exprs, facts, done, k, st) -> None:
     te = tspans.get(ts)
     if te is None:
         raise Invalid(f"{where}: the template [{tp} {ts}] is not a memoizable stage of the plan")
-    if any(done.get((tp, i)) is None for i in range(ts, te)):
+    how = [done.get((tp, i), (None, None))[0] for i in range(ts, te)]
+    if any(h is None or h == "instance" for h in how):
         raise Invalid(f"{where}: the template stage has not been derived op by op before (steps missing or out of order)")
+    if any(h != "op" for h in how):
+        raise Invalid(f"{where}: the template stage [{tp} {ts}] is derived with a multi-op pattern or a recv; only a "
+                      f"stage derived op by op by single-op rules can be a template")
     if any((st.program, i) in done for i in range(st.node, st.stage_end)):
         raise Invalid(f"{where}: ops of this stage are derived twice")
-    mesh = plan.mesh()
-    key = canonical_key(g, st.node, st.stage_end, facts[st.program], exprs,
-                        [(a, mesh[a]) for a in plan.program_axes(st.program)])
-    tkey = canonical_key(gt, ts, te, facts[tp], exprs, [(a, mesh[a]) for a in plan.program_axes(tp)])
+    key = canonical_key(plan, st.program, st.node, st.stage_end, facts[st.program], exprs)
+    tkey = canonical_key(plan, tp, ts, te, facts[tp], exprs)
     if key is None:
         raise Invalid(f"{where}: an input of this stage has no fact yet (a step is missing or out of order)")
     if key != tkey or key != st.stage_key:
         raise Invalid(f"{where}: its canonical form {key} is not the template's {tkey} (recorded {st.stage_key})")
-    t = Template(tp, ts, te, tkey, [facts[tp][b].expr for b in boundary(gt, ts, te)],
-                 [done[(tp, i)] for i in range(ts, te)],
-                 [[facts[tp][o] for o in gt.nodes[i].outputs] for i in range(ts, te)])
-    for j, fs in enumerate(replay(t, exprs, [facts[st.program][b].expr for b in boundary(g, st.node, st.stage_end)])):
+    t = templates.get(tkey)
+    if t is None:
+        try:
+            t = derive_template(plan, tp, ts, te, facts[tp], exprs)
+        except TemplateFailure as exc:
+            raise Invalid(f"{where}: the template stage [{tp} {ts}] cannot be derived over slots: {exc}") from None
+        if t.rules != [done[(tp, i)][1] for i in range(ts, te)]:
+            raise Invalid(f"{where}: the template stage derived over slots applies other rules than its steps record")
+        templates[tkey] = t
+    try:
+        replayed = replay(t, exprs, [facts[st.program][b].expr for b in boundary(g, st.node, st.stage_end)])
+    except ValueError as exc:
+        raise Invalid(f"{where}: {exc}") from None
+    for j, fs in enumerate(replayed):
         n = g.nodes[st.node + j]
         for o, f in zip(n.outputs, fs):
             facts[st.program][o] = f
-        done[(st.program, st.node + j)] = None
+        done[(st.program, st.node + j)] = ("instance", list(t.rules[j]))
 
 
 def _sends(plan) -> dict[tuple, tuple[str, int]]:

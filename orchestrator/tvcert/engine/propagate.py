@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import InternalError
 from ..kernel.expr import Exprs
-from ..kernel.memo import Template, boundary, canonical_key, memoizable, replay, stages
+from ..kernel.memo import Template, TemplateFailure, boundary, canonical_key, derive_template, memoizable, replay, stages
 from ..kernel.p2p import check_transfer, recv_key, send_key
 from ..kernel.patterns import PATTERN_OPS, PATTERNS, PRIORITY_OPS, PRIORITY_PATTERNS
 from ..kernel.ring import RingMismatch
@@ -78,8 +78,6 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
     starts = {p: {s: (s, e) for s, e, _ in stages(g) if memoizable(g, s, e)} if MEMOIZE else {}
               for p, g in plan.programs.items()}
     templates: dict[str, Template] = {}
-    sizes = plan.mesh()
-    axes_of = {p: [(a, sizes[a]) for a in plan.program_axes(p)] for p in plan.programs}
     pending: dict[str, tuple] = {}  # program -> (start, end, key, boundary exprs, #steps, #failures) being derived
     while True:
         progressed = False
@@ -87,7 +85,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
             while pc[p] < len(g.nodes):
                 i = pc[p]
                 if i in starts[p] and p not in pending:
-                    end = _enter_stage(prop, p, g, i, starts[p][i][1], exprs, templates, pending, axes_of[p])
+                    end = _enter_stage(plan, prop, p, g, i, starts[p][i][1], exprs, templates, pending)
                     if end is not None:  # replayed from a template
                         pc[p] = end
                         progressed = True
@@ -102,7 +100,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
                 pc[p] += 1
                 progressed = True
                 if p in pending and pc[p] == pending[p][1]:
-                    _leave_stage(prop, p, g, templates, pending.pop(p))
+                    _leave_stage(plan, prop, p, g, exprs, templates, pending.pop(p))
         if all(pc[p] == len(g.nodes) for p, g in plan.programs.items()):
             return prop
         if not progressed:
@@ -111,10 +109,10 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
             return prop
 
 
-def _enter_stage(prop, p, g, start, end, exprs, templates, pending, axes) -> int | None:
+def _enter_stage(plan, prop, p, g, start, end, exprs, templates, pending) -> int | None:
     """Replay a stage whose canonical form was derived before; else start deriving it as a template."""
     facts = prop.facts[p]
-    key = canonical_key(g, start, end, facts, exprs, axes)
+    key = canonical_key(plan, p, start, end, facts, exprs)
     if key is None:
         return None
     prop.stages += 1
@@ -123,7 +121,11 @@ def _enter_stage(prop, p, g, start, end, exprs, templates, pending, axes) -> int
     if t is None:
         pending[p] = (start, end, key, bex, len(prop.steps), len(prop.failures))
         return None
-    for j, fs in enumerate(replay(t, exprs, bex)):
+    try:
+        replayed = replay(t, exprs, bex)
+    except ValueError:  # the canonical form rules this out; derive the copy op by op if it happens
+        return None
+    for j, fs in enumerate(replayed):
         n = g.nodes[start + j]
         for o, f in zip(n.outputs, fs):
             facts[o] = f
@@ -132,12 +134,20 @@ def _enter_stage(prop, p, g, start, end, exprs, templates, pending, axes) -> int
     return end
 
 
-def _leave_stage(prop, p, g, templates, pend) -> None:
+def _leave_stage(plan, prop, p, g, exprs, templates, pend) -> None:
     start, end, key, bex, nsteps, nfail = pend
     new = prop.steps[nsteps:]
     if len(prop.failures) != nfail or [s.node for s in new] != list(range(start, end)) or any(s.pattern for s in new):
         return  # not every op derived by a single-op rule: nothing to reuse
-    templates.setdefault(key, Template(p, start, end, key, bex, [s.rules for s in new], [s.facts for s in new]))
+    if key in templates:
+        return
+    try:  # the same stage derived over slots: what instances are rebuilt from
+        t = derive_template(plan, p, start, end, prop.facts[p], exprs)
+    except TemplateFailure:
+        return
+    if t.key != key or t.rules != [s.rules for s in new]:
+        return  # the derivation over slots decides differently: derive every copy op by op
+    templates[key] = t
     prop.distinct_stages += 1
     for s in new:
         s.stage_key = key
