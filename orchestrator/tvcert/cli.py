@@ -1,7 +1,7 @@
 """Command line: ``tvcert verify | check | run | proofs | schema``.
 
 Exit codes follow the verdict: 0 verified / equal / valid, 1 refuted / differ / invalid,
-2 unknown, 3 bad input.  Human output goes to stdout, progress to stderr, ``--json`` prints
+2 unknown, 3 bad input, 4 internal error (tvcert failed; never a verdict).  Human output goes to stdout, progress to stderr, ``--json`` prints
 one JSON object for machines.
 """
 from __future__ import annotations
@@ -13,6 +13,34 @@ from pathlib import Path
 import click
 
 EXIT_OK, EXIT_DIFF, EXIT_UNKNOWN, EXIT_BAD = 0, 1, 2, 3
+EXIT_INTERNAL = 4  # tvcert itself failed: never a verdict (tvcert.errors)
+
+
+class _Main(click.Group):
+    """The command group; an exception nothing anticipated is tvcert's own failure: it is printed with the op
+    where it happened and exits EXIT_INTERNAL, never 0 or 1 (which scripts read as verified / refuted)."""
+
+    def invoke(self, ctx: click.Context):
+        from .errors import InternalError
+
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the point is to catch everything
+            import traceback
+
+            if isinstance(exc, InternalError):
+                where, cause = exc.where, exc.exc
+            else:
+                tb = traceback.extract_tb(exc.__traceback__)[-1]
+                where, cause = f"{Path(tb.filename).name}:{tb.lineno} ({tb.name})", exc
+            msg = f"internal error at {where}: {type(cause).__name__}: {cause}"
+            if "--json" in (ctx.protected_args + ctx.args):
+                click.echo(json.dumps({"error": msg, "internal": True}))
+            click.echo(f"tvcert: {msg}\n(this is a bug in tvcert, not a verdict about the plan; exit {EXIT_INTERNAL})",
+                       err=True)
+            sys.exit(EXIT_INTERNAL)
 
 
 def _fail_bad(msg: str, as_json: bool = False) -> None:
@@ -66,7 +94,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         raise
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tvcert")
 def main() -> None:
     """tvcert: prove that a parallel training plan computes what its logical model computes.
@@ -78,7 +106,8 @@ def main() -> None:
       tvcert run plan.json                                  # execute both sides at small sizes
       tvcert proofs                                         # recheck the Coq rule kernel
 
-    Exit codes: 0 verified/equal/valid, 1 refuted/differ/invalid, 2 unknown, 3 bad input.
+    Exit codes: 0 verified/equal/valid, 1 refuted/differ/invalid, 2 unknown, 3 bad input,
+    4 internal error (a bug in tvcert, never a verdict).
     """
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import itertools
 import zlib
 from dataclasses import dataclass, field
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Iterable, Mapping
 
 import numpy as np
 
+from .errors import InternalError
 from .graph import Graph, Node, loop_body
 from .ops import REGISTRY, Ctx, resolve_attrs
+from .ops.base import TablesNeeded
 from .ops.collectives import axes_of
 from .plan import Binding, Placement, Plan
 from .shapes import dim_value
@@ -27,7 +30,13 @@ MAX_ELEMENTS = 5_000_000
 
 
 class RunError(RuntimeError):
-    """The plan cannot be executed (deadlock, too large, out-of-range index ...)."""
+    """The plan cannot be executed (deadlock, too large, out-of-range index ...).
+
+    ``side`` says which graph failed ("logical" or "parallel", None when neither ran) and ``domain`` whether
+    the failure is a value outside an op's domain (a division by zero, log of a non-positive number ...)."""
+
+    side: str | None = None
+    domain: bool = False
 
 
 # ------------------------------------------------------------------ numbers
@@ -35,6 +44,8 @@ def random_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator, c
     """Inputs chosen to defeat coincidences: distinct magnitudes and mixed signs."""
     if dtype == "int":
         return rng.integers(0, max(hi or 1, 1), size=shape, dtype=np.int64)
+    if isinstance(ctx, DecimalCtx):
+        return ctx.asarray(rng.standard_normal(shape) * rng.choice([0.5, 1.0, 2.0], size=shape))
     if ctx.exact:
         num = rng.integers(-40, 41, size=shape)
         den = rng.choice([1, 2, 3, 5, 7, 11], size=shape)
@@ -46,9 +57,143 @@ def random_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator, c
     return rng.standard_normal(shape) * rng.choice([0.5, 1.0, 2.0], size=shape)
 
 
-def values_equal(a: np.ndarray, b: np.ndarray, exact: bool) -> bool:
+# ------------------------------------------------------------------ 60-digit decimal arithmetic
+DIGITS = 60  # working precision of the decimal mode
+DECIMAL_RTOL = Decimal("1e-30")  # its comparison tolerance: 30 digits of headroom over its own rounding
+_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803")
+
+
+class DecimalCtx(Ctx):
+    """Real arithmetic carried to DIGITS significant digits (``decimal.Decimal`` object arrays).
+
+    It decides whether a float64 difference is rounding: nonlinear functions are computed, not tabled, so
+    identities such as exp(a+b) = exp(a)exp(b) hold to ~DIGITS digits, and a cancellation that costs float64
+    its last digits leaves DIGITS - 16 here.  Domain errors (x/0, log of x <= 0, sqrt of x < 0) raise, as in
+    exact mode.  Values must only be combined with each other and with ints (``const`` converts literals).
+    """
+
+    mode = "decimal"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(exact=True, seed=seed, no_tables=False)
+
+    def const(self, v):
+        if isinstance(v, Decimal):
+            return v
+        if isinstance(v, Fraction):
+            return Decimal(v.numerator) / Decimal(v.denominator)
+        if isinstance(v, (float, np.floating)):
+            return Decimal(str(float(v)))  # a literal is the decimal it is written as
+        return Decimal(int(v))
+
+    def zeros(self, shape):
+        out = np.empty(shape, dtype=object)
+        out.fill(Decimal(0))
+        return out
+
+    def full(self, shape, v):
+        out = np.empty(shape, dtype=object)
+        out.fill(self.const(v))
+        return out
+
+    def asarray(self, x):
+        a = np.asarray(x, dtype=object)
+        return np.vectorize(self.const, otypes=[object])(a) if a.size else a
+
+    def fn(self, name, x):
+        f = _DECIMAL_FNS.get(name)
+        if f is None:
+            raise ValueError(f"no decimal semantics for function {name!r}")
+        return np.vectorize(lambda v: +f(self.const(v)), otypes=[object])(x)
+
+
+def _d_exp(x: Decimal) -> Decimal:
+    return x.exp()
+
+
+def _d_ln(x: Decimal) -> Decimal:
+    if x <= 0:
+        raise ValueError(f"log of {x}: outside its domain (x > 0)")
+    return x.ln()
+
+
+def _d_sqrt(x: Decimal) -> Decimal:
+    if x < 0:
+        raise ValueError(f"sqrt of {x}: outside its domain (x >= 0)")
+    return x.sqrt()
+
+
+def _d_rsqrt(x: Decimal) -> Decimal:
+    if x <= 0:
+        raise ValueError(f"rsqrt of {x}: outside its domain (x > 0)")
+    return 1 / x.sqrt()
+
+
+def _d_tanh(x: Decimal) -> Decimal:
+    if abs(x) > 80:
+        return Decimal(1 if x > 0 else -1)
+    e = (2 * x).exp()
+    return (e - 1) / (e + 1)
+
+
+def _d_sigmoid(x: Decimal) -> Decimal:
+    return 1 / (1 + (-x).exp())
+
+
+def _d_series(terms) -> Decimal:
+    total = Decimal(0)
+    for t in terms:
+        if t == 0 or abs(t) < abs(total) * Decimal(10) ** (-(DIGITS + 20)):
+            break
+        total += t
+    return total
+
+
+def _d_sincos(x: Decimal, cos: bool) -> Decimal:
+    with localcontext() as c:
+        c.prec = DIGITS + 20 + max(0, x.adjusted())
+        two_pi = 2 * _PI
+        x = x - two_pi * (x / two_pi).to_integral_value()
+
+        def terms():
+            t = Decimal(1) if cos else x
+            n = 0 if cos else 1
+            while True:
+                yield t
+                t = -t * x * x / ((n + 1) * (n + 2))
+                n += 2
+        r = _d_series(terms())
+    return +r
+
+
+def _d_erf(x: Decimal) -> Decimal:
+    if abs(x) > 27:  # 1 - erf(27) < 1e-300
+        return Decimal(1 if x > 0 else -1)
+    with localcontext() as c:
+        c.prec = DIGITS + 20 + int(x * x / Decimal("2.3")) + 1
+
+        def terms():  # erf(x) = 2/sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1))
+            t, n = x, 0
+            while True:
+                yield t / (2 * n + 1)
+                n += 1
+                t = -t * x * x / n
+        r = 2 / _PI.sqrt() * _d_series(terms())
+    return +r
+
+
+_DECIMAL_FNS = {"exp": _d_exp, "log": _d_ln, "sqrt": _d_sqrt, "rsqrt": _d_rsqrt, "tanh": _d_tanh,
+                "sigmoid": _d_sigmoid, "erf": _d_erf, "sin": lambda x: _d_sincos(x, False),
+                "cos": lambda x: _d_sincos(x, True)}
+
+
+def values_equal(a: np.ndarray, b: np.ndarray, exact: bool, mode: str | None = None) -> bool:
+    """Equal as results of one mode: exactly (exact, int), within DECIMAL_RTOL (decimal), or within
+    float64 rounding elementwise (float64)."""
     if a.shape != b.shape:
         return False
+    if mode == "decimal" and a.dtype == object and b.dtype == object:
+        return all(x == y or abs(x - y) <= DECIMAL_RTOL * (1 + abs(x) + abs(y)) for x, y in zip(a.flat, b.flat))
     if exact or a.dtype == np.int64 or b.dtype == np.int64:
         return bool(np.all(a == b))
     a = np.asarray(a, dtype=np.float64)
@@ -82,8 +227,15 @@ def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[s
         outs = spec.eval([env_values[x] for x in n.inputs], ra, ctx)
         return [v if isinstance(v, np.ndarray) else np.array(v, dtype=object if ctx.exact else np.float64)
                 for v in outs]
+    except TablesNeeded:
+        raise
     except (ValueError, IndexError, ZeroDivisionError, ArithmeticError) as exc:
-        raise RunError(f"{n.path} ({n.op} -> {n.name}): {exc}") from None
+        err = RunError(f"{n.path} ({n.op} -> {n.name}): {exc}")
+        err.domain = isinstance(exc, ArithmeticError) or any(
+            w in str(exc) for w in ("division by zero", "outside its domain", "is zero in exact mode"))
+        raise err from None
+    except Exception as exc:  # not a property of the plan: tvcert's own failure, reported with the op
+        raise InternalError(f"{n.path} ({n.op!r}, interpreter)", exc) from exc
 
 
 def run_graph(g: Graph, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int], ctx: Ctx) -> dict[str, np.ndarray]:
@@ -161,19 +313,26 @@ def _local_piece(pl: Placement, v, c, p, axis, b, rng, ctx):
     if pl.kind == "Z":
         chunks = np.split(v, 2 * p, axis=pl.dim % v.ndim)
         return np.concatenate([chunks[c], chunks[2 * p - 1 - c]], axis=pl.dim % v.ndim)
-    # Partial inputs: split deterministically per (tensor, axis) so all ranks agree
-    seed = zlib.crc32(f"{b.logical}|{axis}".encode())
+    # Partial inputs: split at random, deterministically per (tensor, axis, seed) so that ranks which must agree
+    # (replicas on the other axes) get the same piece.  Which coordinate holds the remainder (sum) or the value
+    # itself (max) is drawn per element, so no plan can read a partial input correctly from a fixed coordinate.
+    seed = zlib.crc32(f"{b.logical}|{axis}|{ctx.seed}".encode())
     srng = np.random.default_rng(seed)
+    holder = srng.integers(0, p, size=v.shape)
     parts = [random_value(v.shape, "float", srng, ctx) for _ in range(p)]
+    mine = np.asarray(holder == c, dtype=bool)
+    kind = object if ctx.exact else np.float64
     if pl.reduce == "max":
-        # every rank holds at most v, rank (element-dependent) 0 holds v exactly
-        return v if c == 0 else np.asarray(v - abs(parts[c]) - ctx.const(1), dtype=v.dtype)
+        # the holder has the value, every other coordinate a strictly smaller random value: the maximum is v
+        gap = np.asarray(abs(parts[c]) + ctx.const(1) if ctx.exact else np.abs(parts[c]) + 1.0, dtype=kind)
+        return np.asarray(np.where(mine, v, v - gap), dtype=kind)
     if pl.reduce == "avg":
         v = v * ctx.const(p)
-    rest = parts[0] * ctx.const(0)
+    total = parts[0]
     for i in range(1, p):
-        rest = rest + parts[i]
-    return np.asarray(v - rest if c == 0 else parts[c], dtype=object if ctx.exact else np.float64)
+        total = total + parts[i]
+    # random summands everywhere; the holder's summand also carries v - (sum of all summands)
+    return np.asarray(np.where(mine, parts[c] + (v - total), parts[c]), dtype=kind)
 
 
 @dataclass
@@ -201,7 +360,7 @@ def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: R
         pl = placement[a]
         if pl.kind == "R":
             for c, s in enumerate(subs[1:], 1):
-                if not values_equal(subs[0], s, ctx.exact):
+                if not values_equal(subs[0], s, ctx.exact, getattr(ctx, "mode", None)):
                     return Assembly(None, f"Replicate on axis {a!r}, but coordinates 0 and {c} hold different values")
             return Assembly(subs[0])
         if pl.kind == "S":
@@ -287,6 +446,8 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
                 outs = spec.simulate([vals[q][n.inputs[0]] for q in grp], ra, ctx)
             except (ValueError, IndexError) as exc:
                 raise RunError(f"{n.path} ({n.op}): {exc}") from None
+            except Exception as exc:
+                raise InternalError(f"{n.path} ({n.op!r}, interpreter)", exc) from exc
             for q, o in zip(grp, outs):
                 vals[q][n.outputs[0]] = o
                 done.add(q)
@@ -380,9 +541,12 @@ def make_inputs(plan: Plan, dims: Mapping[str, int], seed: int, ctx: Ctx) -> dic
 
 
 def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, exact: bool = False,
-             inputs: Mapping[str, np.ndarray] | None = None, no_tables: bool = False) -> RunResult:
+             inputs: Mapping[str, np.ndarray] | None = None, no_tables: bool = False,
+             decimal: bool = False) -> RunResult:
     """``no_tables`` (exact mode): raise :class:`tvcert.ops.base.TablesNeeded` at the first nonlinear
-    function rather than replacing it by a table (a run whose difference could not count anyway)."""
+    function rather than replacing it by a table (a run whose difference could not count anyway).
+    ``decimal``: run in :class:`DecimalCtx` (DIGITS significant digits, functions computed); float
+    ``inputs`` (e.g. a float64 run's) are read as the decimals they print as."""
     dims = dict(plan.run_dims if dims is None else dims)
     if dims == plan.run_dims and "run_dims" not in plan.checked:
         from .plan import PlanError, check_shapes
@@ -392,11 +556,26 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
         except PlanError as exc:
             raise RunError(f"the plan is ill-shaped at its run dims: {exc}") from None
         plan.checked.add("run_dims")
+    if decimal:
+        with localcontext() as dc:
+            dc.prec = DIGITS
+            ctx = DecimalCtx(seed=seed)
+            if inputs is not None:
+                inputs = {k: v if v.dtype == np.int64 else ctx.asarray(v) for k, v in inputs.items()}
+            return _run(plan, dims, seed, ctx, inputs, "decimal")
     ctx = Ctx(exact=exact, seed=seed, no_tables=no_tables)
+    return _run(plan, dims, seed, ctx, inputs, "exact" if exact else "float64")
+
+
+def _run(plan: Plan, dims: dict[str, int], seed: int, ctx: Ctx, inputs, mode: str) -> RunResult:
     mesh = plan_mesh(plan, dims)
     if inputs is None:
         inputs = make_inputs(plan, dims, seed, ctx)
-    logical = run_graph(plan.logical, inputs, dims, ctx)
+    try:
+        logical = run_graph(plan.logical, inputs, dims, ctx)
+    except RunError as exc:
+        exc.side = "logical"
+        raise
     rng = np.random.default_rng(seed + 1)
     local_inputs: dict[str, dict[Rank, dict[str, np.ndarray]]] = {p: {} for p in plan.programs}
     for p, g in plan.programs.items():
@@ -406,17 +585,37 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
         v = apply_layout(b, inputs[name], dims, ctx)
         for r, piece in distribute(b, v, mesh, mesh.ranks(plan.programs[b.program].stage), rng, ctx).items():
             local_inputs[b.program][r][b.local] = piece
-    par = run_parallel(plan, local_inputs, dims, mesh, ctx)
+    try:
+        par = run_parallel(plan, local_inputs, dims, mesh, ctx)
+    except RunError as exc:
+        exc.side = "parallel"
+        raise
     diffs = []
     for name in plan.logical.outputs:
         b = plan.outputs[name]
+        _check_reads_all(b, logical[name].shape, dims)
         want = apply_layout(b, logical[name], dims, ctx)
         prog_ranks = mesh.ranks(plan.programs[b.program].stage)
-        asm = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx)
+        # an axis the placement leaves out is Replicate: every coordinate is compared, not coordinate 0 only
+        full = {a: b.placement.get(a, Placement("R")) for a in mesh.axes if a not in plan.programs[b.program].stage}
+        asm = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx, full)
         if asm.value is None:
             diffs.append(OutputDiff(name, False, float("inf"), asm.problem))
         elif asm.value.shape != want.shape:
             diffs.append(OutputDiff(name, False, float("inf"), f"shape {list(asm.value.shape)} vs logical {list(want.shape)}"))
         else:
-            diffs.append(OutputDiff(name, values_equal(asm.value, want, exact), max_diff(asm.value, want)))
-    return RunResult(dims, "exact" if exact else "float64", seed, diffs, logical, par, dict(inputs), mesh)
+            diffs.append(OutputDiff(name, values_equal(asm.value, want, ctx.exact, mode), max_diff(asm.value, want)))
+    return RunResult(dims, mode, seed, diffs, logical, par, dict(inputs), mesh)
+
+
+def _check_reads_all(b: Binding, shape: tuple[int, ...], dims: Mapping[str, int]) -> None:
+    """The comparison is of whole logical tensors: the output layout must carry every element of the logical
+    output into the compared value (the loader rejects lossy layouts; this checks it at the run dims)."""
+    if not b.layout:
+        return
+    n = int(np.prod(shape, dtype=np.int64))
+    tags = apply_layout(b, np.arange(1, n + 1, dtype=np.int64).reshape(shape), dims, Ctx())
+    seen = np.unique(np.asarray(tags, dtype=np.int64))
+    if np.count_nonzero((seen >= 1) & (seen <= n)) != n:
+        raise RunError(f"{b.path}.layout: the output layout reads back only part of logical {b.logical!r}, "
+                       f"so comparing through it would not compare the whole tensor")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deep import deep
-from ..interp import RunError, run_plan
+from ..interp import DECIMAL_RTOL, DIGITS, RunError, run_plan
 from ..kernel.equality import Prover
 from ..ops.base import TablesNeeded
 from ..kernel.expr import Exprs
@@ -154,44 +154,110 @@ def _reasons(res: Result) -> list[str]:
 
 
 def _refute(res: Result, seeds: int) -> None:
+    """Search for a counterexample; only a difference rounding cannot explain refutes.
+
+    An exact run (rationals, no function tables) is decisive.  A float64 difference counts only once it is
+    confirmed: by the exact run of the same seed where the ops allow it, otherwise by re-running the same
+    inputs with DIGITS-digit decimal arithmetic (functions computed), which must still differ by more than
+    its tolerance; a float64 difference that the confirming run does not show is rounding (UNKNOWN with the
+    reason).  A confirming run in which the parallel program leaves its ops' domain (a division by zero ...)
+    where the logical graph does not is a counterexample as well: the plan is undefined where the model is not.
+    """
     plan = res.plan
-    attempts = [(s, False) for s in range(seeds)] + [(0, True)]
-    for seed, exact in attempts:
+    for seed in range(seeds):
         try:
-            run = run_plan(plan, seed=seed, exact=exact, no_tables=exact)
-        except TablesNeeded as exc:
-            res.reasons.append(f"no exact-mode run: the plan uses {exc}, whose exact semantics would be an uninterpreted "
-                               f"table, so a difference there would not be a counterexample; float64 agreed on "
-                               f"{seeds} seeds")
-            return
+            run = run_plan(plan, seed=seed)
         except RunError as exc:
-            res.reasons.append(f"interpreter could not run the plan ({'exact' if exact else 'float64'}): {exc}")
-            if exact:
-                continue
+            res.reasons.append(f"interpreter could not run the plan (float64): {exc}")
             break
-        except Exception as exc:  # an interpreter failure is reported, never turned into a verdict
-            res.reasons.append(f"interpreter failed ({'exact' if exact else 'float64'}): {type(exc).__name__}: {exc}")
-            continue
         if run.equal:
             continue
-        div = first_divergence(plan, run, _judge(res))
-        res.verdict = REFUTED
-        res.counterexample = {
-            "dims": run.dims,
-            "mode": run.mode,
-            "seed": seed,
-            "inputs": {k: _small(v) for k, v in run.inputs.items()},
-            "outputs": [{"name": o.name, "equal": o.equal, "max_diff": o.max_diff, "problem": o.problem}
-                        for o in run.outputs],
-            "first_divergence": None if div is None else {
-                "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
-                "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
-            "engine_stuck_at": [{"program": f.program, "node": f.path, "op": f.op, "src": f.src, "reason": f.reason}
-                                for f in res.prop.open_failures()[:3]],
-        }
+        confirmed, note = _confirm(plan, run)
+        if confirmed is None:
+            res.reasons.append(note)
+            continue
+        _refuted(res, confirmed, note)
         return
-    res.reasons.append(f"the interpreter found no difference at run dims {plan.run_dims} over {seeds} float64 seeds "
-                       f"and one exact run")
+    try:
+        run = run_plan(plan, seed=0, exact=True, no_tables=True)
+    except TablesNeeded as exc:
+        res.reasons.append(f"no exact-mode run: the plan uses {exc}, whose exact semantics would be an uninterpreted "
+                           f"table, so a difference there would not be a counterexample; no float64 difference "
+                           f"confirmed on {seeds} seeds")
+        return
+    except RunError as exc:
+        if exc.domain and exc.side == "parallel":
+            _refuted(res, None, f"the exact run (seed 0) leaves an op's domain in the parallel program where the "
+                                f"logical graph is defined: {exc}")
+            return
+        res.reasons.append(f"interpreter could not run the plan (exact): {exc}")
+        return
+    if not run.equal:
+        _refuted(res, run, "exact rational arithmetic: no rounding")
+        return
+    res.reasons.append(f"the interpreter found no confirmed difference at run dims {plan.run_dims} over {seeds} "
+                       f"float64 seeds and one exact run")
+
+
+def _confirm(plan: Plan, run):
+    """(confirming run or the float64 run, note) when the float64 difference of ``run`` is real, else (None, why)."""
+    diff = max(o.max_diff for o in run.outputs if not o.equal)
+    what = f"float64 seed {run.seed} differs (max |diff| {diff:.3g})"
+    try:
+        ex = run_plan(plan, seed=run.seed, exact=True, no_tables=True)
+    except TablesNeeded:
+        ex = None
+    except RunError as exc:
+        if exc.domain and exc.side == "parallel":
+            return run, f"confirmed: the exact run of seed {run.seed} leaves an op's domain in the parallel program " \
+                        f"where the logical graph is defined ({exc})"
+        return None, f"{what}, but the exact run to confirm it failed: {exc}; not counted as a counterexample"
+    if ex is not None:
+        if not ex.equal:
+            return ex, f"exact rational arithmetic (seed {run.seed}): no rounding"
+        return None, (f"{what}, but the exact run of that seed says equal: rounding, not a counterexample")
+    try:
+        dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
+    except RunError as exc:
+        if exc.domain and exc.side == "parallel":
+            return run, f"confirmed: on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an " \
+                        f"op's domain where the logical graph is defined ({exc})"
+        return None, f"{what}, but the {DIGITS}-digit run to confirm it failed: {exc}; not counted as a counterexample"
+    if dec.equal:
+        return None, (f"{what}, but on the same inputs {DIGITS}-digit decimal arithmetic says equal (within "
+                      f"{DECIMAL_RTOL} relative): float64 rounding, not a counterexample")
+    ddiff = max(o.max_diff for o in dec.outputs if not o.equal)
+    return run, (f"confirmed on the same inputs with {DIGITS}-digit decimal arithmetic (functions computed, not "
+                 f"tabled): outputs {[o.name for o in dec.outputs if not o.equal]} still differ (max |diff| {ddiff:.3g})")
+
+
+def _refuted(res: Result, run, note: str) -> None:
+    plan = res.plan
+    res.verdict = REFUTED
+    if run is None:
+        res.counterexample = {"dims": dict(plan.run_dims), "mode": "exact", "seed": 0, "confirmed": note, "inputs": {},
+                              "outputs": [], "first_divergence": None,
+                              "engine_stuck_at": _stuck(res)}
+        return
+    div = first_divergence(plan, run, _judge(res))
+    res.counterexample = {
+        "dims": run.dims,
+        "mode": run.mode,
+        "seed": run.seed,
+        "confirmed": note,
+        "inputs": {k: _small(v) for k, v in run.inputs.items()},
+        "outputs": [{"name": o.name, "equal": o.equal, "max_diff": o.max_diff, "problem": o.problem}
+                    for o in run.outputs],
+        "first_divergence": None if div is None else {
+            "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
+            "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
+        "engine_stuck_at": _stuck(res),
+    }
+
+
+def _stuck(res: Result) -> list[dict]:
+    return [{"program": f.program, "node": f.path, "op": f.op, "src": f.src, "reason": f.reason}
+            for f in res.prop.open_failures()[:3]]
 
 
 def _judge(res: Result):
