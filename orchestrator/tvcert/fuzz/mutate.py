@@ -264,6 +264,115 @@ def m_reshape_transpose(plan, rng):
     return plan
 
 
+_RANK_RE = re.compile(r"rank\.([A-Za-z_]\w*)")
+
+
+def _rank_strings(v, path=()):
+    """(path, string) of every string mentioning a rank coordinate inside an attribute value, at any depth."""
+    if isinstance(v, str):
+        if _RANK_RE.search(v):
+            yield path, v
+    elif isinstance(v, list):
+        for j, x in enumerate(v):
+            yield from _rank_strings(x, path + (j,))
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from _rank_strings(x, path + (k,))
+
+
+def _set_path(root, path, value):
+    for k in path[:-1]:
+        root = root[k]
+    root[path[-1]] = value
+
+
+def m_rank_other_axis(plan, rng):
+    """A rank offset that also depends on another mesh axis: the global rank ``rank.dp*tp + rank.tp`` where the
+    tp rank is meant, or ``rank.tp + rank.dp`` (right on coordinate 0 of the other axis only)."""
+    axes = list(plan["mesh"]) if isinstance(plan["mesh"], dict) else [a for a, _ in plan["mesh"]]
+    if len(axes) < 2:
+        return None
+    cands = [(n["attrs"], k, path, text) for g in plan["parallel"] for n in g["nodes"]
+             for k, v in n.get("attrs", {}).items() for path, text in _rank_strings(v)]
+    if not cands:
+        return None
+    attrs, k, path, text = rng.choice(cands)
+    ax = rng.choice(_RANK_RE.findall(text))
+    others = [a for a in axes if a != ax]
+    if not others:
+        return None
+    other = rng.choice(others)
+    new = rng.choice([f"(rank.{other}*{ax}+rank.{ax})", f"(rank.{ax}+rank.{other})", f"(rank.{ax}*(1+rank.{other}))"])
+    replaced = re.sub(rf"rank\.{ax}\b", new, text)
+    if path:
+        _set_path(attrs[k], path, replaced)
+    else:
+        attrs[k] = replaced
+    return plan
+
+
+def m_nested_rank_literal(plan, rng):
+    """Add a constant whose value hides a rank coordinate one or more list levels deep (``[["rank.tp"]]``)."""
+    prog = _prog(plan)
+    cands = _float_nodes(plan)
+    if not cands:
+        return None
+    i = rng.choice(cands)
+    n = prog["nodes"][i]
+    axes = list(plan["mesh"]) if isinstance(plan["mesh"], dict) else [a for a, _ in plan["mesh"]]
+    val: object = rng.choice([f"rank.{rng.choice(axes)}", f"0*rank.{rng.choice(axes)}+1"])
+    for _ in range(rng.choice([1, 2, 3])):
+        val = [val]
+    c, new = n["name"] + "_lit", n["name"] + "_plus"
+    prog["nodes"][i + 1:i + 1] = [{"name": c, "op": "const", "inputs": [], "attrs": {"value": val}},
+                                  {"name": new, "op": "add", "inputs": [n["name"], c]}]
+    _rename_uses(plan, i + 2, n["name"], new)
+    return plan
+
+
+def m_unit_dim_elsewhere(plan, rng):
+    """A mask or index given its unit dim in front instead of at the end (``unsqueeze(m, 0)``, an index reshaped
+    to ``[1, n]``): the broadcast then pairs the wrong elements."""
+    nodes = [n for g in plan["parallel"] for n in g["nodes"]]
+    cands = [n for n in nodes if n["op"] == "unsqueeze" and n.get("attrs", {}).get("dim") != 0]
+    cands += [n for n in nodes if n["op"] in ("reshape", "view") and isinstance(n.get("attrs", {}).get("shape"), list)
+              and len(n["attrs"]["shape"]) >= 2 and n["attrs"]["shape"][-1] == 1]
+    if not cands:
+        return None
+    n = rng.choice(cands)
+    if n["op"] == "unsqueeze":
+        n["attrs"]["dim"] = 0
+    else:
+        n["attrs"]["shape"] = [1] + n["attrs"]["shape"][:-1]
+    return plan
+
+
+def m_collective_across_nonlinear(plan, rng):
+    """Move a collective past the op that consumes it: ``f(all_reduce(x))`` becomes ``all_reduce(f(x))``, right only
+    where f commutes with the reduction (linear f and a sum), wrong for softmax, exp, ..."""
+    nodes = _prog(plan)["nodes"]
+    uses: dict[str, list[int]] = {}
+    for j, n in enumerate(nodes):
+        for x in n.get("inputs", []):
+            uses.setdefault(x, []).append(j)
+    cands = [(i, uses[n["name"]][0]) for i, n in enumerate(nodes)
+             if n["op"] in ("all_reduce", "all_gather", "reduce_scatter") and len(uses.get(n["name"], [])) == 1
+             and len(nodes[uses[n["name"]][0]].get("inputs", [])) == 1 and "name" in nodes[uses[n["name"]][0]]]
+    if not cands:
+        return None
+    i, j = rng.choice(cands)
+    c, f = nodes[i], nodes[j]
+    x = c["inputs"][0]
+    f_new = dict(f, inputs=[x], name=f["name"] + "_early")
+    c_new = dict(c, inputs=[f_new["name"]], name=f["name"])
+    nodes[j] = c_new
+    nodes[i] = f_new
+    # every use between i and j of c's result would now see f's input: keep the plan well-formed or give up
+    if any(c["name"] in n.get("inputs", []) for n in nodes):
+        return None
+    return plan
+
+
 MUTATIONS: dict[str, Callable] = {
     "wrong_dim": m_wrong_dim,
     "missing_collective": m_missing_collective,
@@ -279,6 +388,10 @@ MUTATIONS: dict[str, Callable] = {
     "mesh_order": m_mesh_order,
     "drop_op": m_drop_op,
     "reshape_transpose_order": m_reshape_transpose,
+    "rank_other_axis": m_rank_other_axis,
+    "nested_rank_literal": m_nested_rank_literal,
+    "unit_dim_elsewhere": m_unit_dim_elsewhere,
+    "collective_across_nonlinear": m_collective_across_nonlinear,
 }
 
 
