@@ -368,8 +368,13 @@ def analyze_forward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -
     X = kc.exprs
     nq = len(X[fqs[0].expr].shape)
     pos = [facts[outer[sc.kpos]], facts[outer[sc.qpos]]] if sc.mask else []
+    if pos and any(len(X[f.expr].shape) != 1 for f in pos):
+        raise RingMismatch("the key and query positions must be vectors (one position per sequence index): the "
+                           "causal mask gt(kpos[None, :], qpos[:, None]) is a function of the two block positions")
     if pos and X[pos[0].expr].shape[0] != X[fks[0].expr].shape[nq - 2]:
         raise RingMismatch("the key positions and the keys have different lengths")
+    if pos and X[pos[1].expr].shape[0] != X[fqs[0].expr].shape[nq - 2]:
+        raise RingMismatch("the query positions and the queries have different lengths")
     per_axis = _per_axis(kc, A, nq - 2, fqs + fks + [fv], pos)
     e_s, e_mask = _score_expr(X, b, sc, [f.expr for f in fqs], [f.expr for f in fks], tuple(f.expr for f in pos))
     e_out = X.mk("matmul", {}, [X.mk("softmax", {"dim": -1}, [e_s]), fv.expr])
