@@ -269,6 +269,7 @@ def load_plan(src: str | Path | dict, check_run_dims: bool = True) -> Plan:
     (verification of a large plan does not need it unless it searches for a counterexample).
     """
     raw = read_plan_json(src) if not isinstance(src, dict) else src
+    _reject_non_finite(raw)
     if raw.get("tvcert_plan") is not None and (type(raw.get("tvcert_plan")) is not int or raw["tvcert_plan"] != PLAN_VERSION):
         raise PlanError("$.tvcert_plan", f"plan format version {raw['tvcert_plan']!r} is not supported (expected {PLAN_VERSION})")
     try:
@@ -386,7 +387,12 @@ def _build(spec: PlanSpec, raw: dict, check_run_dims: bool = True) -> Plan:
     for name in logical.outputs:
         if name not in plan.outputs:
             raise PlanError("$.outputs", f"logical output {name!r} has no placement")
-    bound_locals = {(b.program, b.local) for b in plan.inputs.values()}
+    bound_locals: dict[tuple[str, str], str] = {}
+    for name, b in plan.inputs.items():
+        other = bound_locals.setdefault((b.program, b.local), name)
+        if other != name:
+            raise PlanError(f"{b.path}.local", f"local tensor {b.local!r} of program {b.program!r} is already bound to "
+                                               f"logical input {other!r}: one local tensor cannot hold two logical inputs")
     for pname, g in programs.items():
         for i, t in enumerate(g.inputs):
             if (pname, t.name) not in bound_locals:
@@ -426,6 +432,7 @@ def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allow
             except ValueError as exc:
                 raise PlanError(f"{path}.placement.{a}", str(exc)) from None
         placement = {a: pl.get(a, REPLICATE) for a in axes}
+        _check_partials_commute(placement, path)
         layout = []
         for j, st in enumerate(b.layout):
             if st.op not in LAYOUT_OPS:
@@ -444,6 +451,52 @@ def layout_shape(b: Binding, shape: tuple[int, ...], env: Mapping[str, int]) -> 
         except (AttrError, ValueError) as exc:
             raise PlanError(f"{b.path}.layout[{j}]", str(exc)) from None
     return shape
+
+
+def _check_partials_commute(placement: Mapping[str, Placement], path: str) -> None:
+    """Partial(max) on one axis and Partial(sum|avg) on another do not commute (a sum of maxima is not a
+    maximum of sums), and the kernel reduces placements axis by axis in any order: such a binding is refused."""
+    maxes = [a for a, p in placement.items() if p.kind == "P" and p.reduce == "max"]
+    sums = [a for a, p in placement.items() if p.kind == "P" and p.reduce != "max"]
+    if maxes and sums:
+        order = list(placement)
+        inner, outer = (maxes[0], sums[0]) if order.index(maxes[0]) > order.index(sums[0]) else (sums[0], maxes[0])
+        raise PlanError(f"{path}.placement.{inner}",
+                        f"{placement[inner]} on axis {inner!r} nested in {placement[outer]} on axis {outer!r}: sum and "
+                        f"max do not commute, so the value depends on the order of reduction; Partial(max) can only "
+                        f"be combined with Replicate, Shard or Partial(max) on the other axes")
+
+
+def _check_layout_reads_all(b: Binding, shape: tuple[int, ...], env: Mapping[str, int], which: str) -> None:
+    """An output is compared through its layout, so the layout must carry every element of the logical
+    output: every layout op but slice is injective (pads are non-negative); a slice must keep its whole dim."""
+    for j, (op, attrs) in enumerate(b.layout):
+        spec = REGISTRY[op]
+        ra = resolve_attrs(spec, attrs, env)
+        out = spec.infer([shape], ra)[0]
+        if op == "slice":
+            d = ra["dim"] % len(shape)
+            if ra["start"] != 0 or ra["end"] != shape[d] or ra["step"] != 1:
+                raise PlanError(f"{b.path}.layout[{j}]",
+                                f"the output layout slices dim {d} of {b.logical!r} to [{ra['start']}:{ra['end']}:"
+                                f"{ra['step']}] of {shape[d]} (with {which}): the plan would be compared on part of the "
+                                f"logical output only; an output layout must read back every element")
+        shape = out
+
+
+def _reject_non_finite(raw: Any, path: str = "$") -> None:
+    """NaN and Infinity are not real numbers: tvcert's semantics is the reals, so a plan holding one is refused."""
+    stack = [(raw, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise PlanError(p, f"{v} is not a finite number: plans are read over the reals (use a large finite "
+                                   f"value, e.g. -1e9 for a mask fill)")
+        elif isinstance(v, dict):
+            stack.extend(reversed([(x, f"{p}.{k}") for k, x in v.items()]))  # reported in document order
+        elif isinstance(v, list):
+            stack.extend(reversed([(x, f"{p}[{i}]") for i, x in enumerate(v)]))
 
 
 def local_shape(b: Binding, shape: tuple[int, ...], mesh: Mapping[str, int]) -> tuple[int, ...]:
@@ -489,6 +542,8 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
             b = getattr(plan, group)[name]
             lshape, ldt = ltypes[name]
             shape = layout_shape(b, lshape, dims)
+            if group == "outputs":
+                _check_layout_reads_all(b, lshape, dims, which)
             want = local_shape(b, shape, mesh)
             have, pdt = ptypes[b.program][b.local]
             if tuple(have) != tuple(want):

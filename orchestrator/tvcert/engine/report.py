@@ -34,6 +34,8 @@ def render_text(res: Result) -> str:
         lines.append(f"REFUTED: plan {res.plan.name!r} does not compute its logical graph")
         dims = ", ".join(f"{k}={v}" for k, v in cx.get("dims", {}).items())
         lines.append(f"counterexample at {dims} ({cx.get('mode')}, seed {cx.get('seed')}), confirmed by the reference interpreter:")
+        if cx.get("confirmed"):
+            lines.append(f"  confirmed where rounding cannot explain it: {cx['confirmed']}")
         for o in cx.get("outputs", []):
             status = "equal" if o["equal"] else "DIFFERS"
             extra = f" ({o['problem']})" if o.get("problem") else ""

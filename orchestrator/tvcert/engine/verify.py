@@ -81,6 +81,7 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
         res.reasons = _reasons(res)
         if refute:
             say("no proof; searching for a counterexample with the reference interpreter")
+            prover.explain_domain = False  # the localizer's many candidate comparisons need no diagnosis
             _refute(res, seeds)
     return _finish(res, t0, t_smt)
 
@@ -209,7 +210,7 @@ def _confirm(plan: Plan, run):
         ex = None
     except RunError as exc:
         if exc.domain and exc.side == "parallel":
-            return run, f"confirmed: the exact run of seed {run.seed} leaves an op's domain in the parallel program " \
+            return run, f"the exact run of seed {run.seed} leaves an op's domain in the parallel program " \
                         f"where the logical graph is defined ({exc})"
         return None, f"{what}, but the exact run to confirm it failed: {exc}; not counted as a counterexample"
     if ex is not None:
@@ -220,7 +221,7 @@ def _confirm(plan: Plan, run):
         dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
     except RunError as exc:
         if exc.domain and exc.side == "parallel":
-            return run, f"confirmed: on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an " \
+            return run, f"on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an " \
                         f"op's domain where the logical graph is defined ({exc})"
         return None, f"{what}, but the {DIGITS}-digit run to confirm it failed: {exc}; not counted as a counterexample"
     if dec.equal:

@@ -52,6 +52,7 @@ class Prover:
     obligations: list[Obligation] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     used: set[str] = field(default_factory=set)  # equality rules that contributed
+    explain_domain: bool = True  # on a failed obligation, say whether only the domain conditions failed
 
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}
@@ -75,7 +76,7 @@ class Prover:
     def _equal(self, a: int, b: int) -> bool:
         X = self.exprs
         ea, eb = X[a], X[b]
-        if ea.shape != eb.shape:
+        if ea.shape != eb.shape or ea.dtype != eb.dtype:  # a float tensor is never equal to an int tensor
             return False
         if (ea.op == eb.op and ea.attrs == eb.attrs and len(ea.args) == len(eb.args) and ea.op != "input"
                 and all(self.equal(x, y) for x, y in zip(ea.args, eb.args))):
@@ -238,4 +239,9 @@ class Prover:
             return True
         if answer != "sat":
             self.failures.append(f"solver answered {answer} on an elementwise obligation")
+        elif self.explain_domain and encode_equality(X, a, b, var, domain=False) != text \
+                and self.solve(encode_equality(X, a, b, var, domain=False)) == "unsat":
+            self.failures.append(f"{X.show(a, 2)} = {X.show(b, 2)} holds where both are defined, but an op of them is "
+                                 f"not proved inside its domain (a divisor nonzero, a log / rsqrt argument positive, a "
+                                 f"sqrt argument non-negative): a division by zero is undefined, so this is not proved")
         return False

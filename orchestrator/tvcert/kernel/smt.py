@@ -14,6 +14,7 @@ checker can regenerate it and compare before re-solving with z3 and/or cvc5.
 """
 from __future__ import annotations
 
+import weakref
 from fractions import Fraction
 from typing import Callable, Mapping
 
@@ -67,11 +68,114 @@ def region_leaves(exprs: Exprs, root: int) -> list[int]:
     return out
 
 
-def encode_equality(exprs: Exprs, a: int, b: int, leaf_var: Mapping[int, str]) -> str:
-    """SMT-LIB2 text asserting that regions a and b differ; unsat means they are equal."""
+# ------------------------------------------------------------------ signs (checked premises about leaves)
+POS, NONNEG = 2, 1  # sign facts: > 0, >= 0 (None: nothing known)
+_SIGN_MEMO: "weakref.WeakKeyDictionary[Exprs, dict[int, tuple]]" = weakref.WeakKeyDictionary()
+_SIGN_DEPTH = 200
+_SIGN_KEEP = {"reshape", "permute", "expand", "slice", "flip", "sum", "mean", "amax", "amin", "concat"}
+# (ops whose every value is a value, or a sum / mean / maximum over a non-empty set of values, of their arguments)
+
+
+def sign(exprs: Exprs, i: int, depth: int = 0) -> int | None:
+    """A sign every element of expression ``i`` is proved to have, from its structure: exp, sigmoid and
+    softmax are positive, squares / abs / relu non-negative, sums, means, maxima and contractions of
+    positive (non-negative) values positive (non-negative: dims are never empty), and so on.  This is what
+    lets a division by a softmax normalizer (a sum of exp) be proved defined: a checked premise, not an
+    assumption.  None when nothing is known."""
+    memo = _SIGN_MEMO.setdefault(exprs, {})
+    e = exprs[i]
+    got = memo.get(i)
+    if got is not None and got[0] is e:
+        return got[1]
+    if depth > _SIGN_DEPTH:
+        return None
+    r = _sign(exprs, e, depth + 1)
+    memo[i] = (e, r)
+    return r
+
+
+def _sign(X: Exprs, e, depth: int) -> int | None:
+    def sg(j: int) -> int | None:
+        return sign(X, j, depth)
+
+    def of(v) -> int | None:
+        if isinstance(v, list):
+            got = [of(x) for x in v]
+            return min(got) if got and None not in got else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        q = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+        return POS if q > 0 else NONNEG if q == 0 else None
+
+    def both(a, b):
+        return None if a is None or b is None else min(a, b)
+
+    op, at = e.op, e.attr_dict()
+    args = e.args
+    if any(0 in X[a].shape for a in args):
+        return None  # a reduction over an empty dim is 0, not positive
+    if op == "cast":
+        x = sg(args[0])
+        return x if at.get("dtype", "float") == "float" else (NONNEG if x is not None else None)
+    if op == "const":
+        return of(at.get("value"))
+    if op in ("exp", "sigmoid", "softmax", "rsqrt"):
+        return POS
+    if op in ("abs", "relu", "sqrt"):
+        return POS if op != "relu" and sg(args[0]) == POS else NONNEG
+    if op == "square":
+        return POS if sg(args[0]) == POS else NONNEG
+    if op == "pow":
+        x = Fraction(str(at.get("exponent")))
+        base = sg(args[0])
+        if base == POS:
+            return POS
+        if x.denominator == 1 and x.numerator % 2 == 0:
+            return NONNEG
+        return NONNEG if base == NONNEG and x > 0 else None
+    if op in ("triu", "tril"):
+        return NONNEG if sg(args[0]) is not None else None  # zeros outside the triangle
+    if op in _SIGN_KEEP and args:
+        got = [sg(a) for a in args] if op == "concat" else [sg(args[0])]
+        return None if None in got else min(got)
+    if op == "pad":
+        return both(sg(args[0]), of(at.get("value", 0)))
+    if op in ("scale", "add_scalar"):
+        c, x = of(at.get("value")), sg(args[0])
+        if op == "scale":
+            return both(c, x)
+        return None if c is None or x is None else (POS if POS in (c, x) else NONNEG)
+    if op in ("add", "maximum") and len(args) == 2:
+        a, b = sg(args[0]), sg(args[1])
+        if op == "maximum" and POS in (a, b):
+            return POS
+        if op == "maximum" and NONNEG in (a, b):
+            return NONNEG
+        return None if a is None or b is None else (POS if POS in (a, b) else NONNEG)
+    if op in ("mul", "div", "minimum", "matmul", "einsum") and args:
+        got = [sg(a) for a in args]
+        if None in got:
+            return None
+        if op == "div" and got[1] != POS:
+            return None
+        return min(got)
+    if op == "reciprocal":
+        return POS if sg(args[0]) == POS else None
+    if op == "where" and len(args) == 3:
+        return both(sg(args[1]), sg(args[2]))
+    if op == "masked_fill" and args:
+        return both(sg(args[0]), of(at.get("value")))
+    return None
+
+
+def encode_equality(exprs: Exprs, a: int, b: int, leaf_var: Mapping[int, str], domain: bool = True) -> str:
+    """SMT-LIB2 text asserting that regions a and b differ or that one of their ops leaves its domain;
+    unsat means they are equal and every op of both is defined (see the module docstring)."""
     defs: list[str] = []
     names: dict[int, str] = {}
     fns: set[str] = set()
+    need: list[str] = []  # conditions every partial op of both sides needs (divisor nonzero ...)
+    ranges: list[str] = []  # properties of the real functions applied (exp > 0 ...)
 
     def term(i: int) -> str:
         if i in names:
@@ -88,18 +192,60 @@ def encode_equality(exprs: Exprs, a: int, b: int, leaf_var: Mapping[int, str]) -
         name = f"t{len(defs)}"
         defs.append(f"(define-fun {name} () Real {t})")
         names[i] = name
+        need.extend(_domain(e.op, args, at) if domain else [])
+        ranges.extend(_range(e.op, name))
         return name
 
     ta, tb = term(a), term(b)
     lines = ["(set-logic QF_UFNRA)"]
+    leaf_of: dict[str, int] = {}
+    for leaf, v in leaf_var.items():
+        leaf_of.setdefault(v, leaf)
     for v in sorted(set(leaf_var.values()), key=lambda s: int(s[1:])):
         lines.append(f"(declare-fun {v} () Real)")
     for f in sorted(fns):
         lines.append(f"(declare-fun {f} (Real) Real)")
     lines += defs
-    lines.append(f"(assert (not (= {ta} {tb})))")
+    for v in sorted(leaf_of, key=lambda s: int(s[1:])):  # signs proved of the leaves (checked premises)
+        sgn = sign(exprs, leaf_of[v])
+        if sgn is not None:
+            lines.append(f"(assert ({'>' if sgn == POS else '>='} {v} 0.0))")
+    lines += [f"(assert {r})" for r in ranges]
+    ok = f"(= {ta} {tb})" if not need else "(and " + " ".join(dict.fromkeys(need)) + f" (= {ta} {tb}))"
+    lines.append(f"(assert (not {ok}))")
     lines.append("(check-sat)")
     return "\n".join(lines) + "\n"
+
+
+def _domain(op: str, x: list[str], at: Mapping) -> list[str]:
+    """What op needs of its arguments to be defined over the reals: a division by zero, a log of a non-positive
+    number, ... is undefined (not 0 as in Coq's total division, not NaN as in IEEE): an equality is proved only
+    where both sides are defined."""
+    if op == "div":
+        return [f"(not (= {x[1]} 0.0))"]
+    if op == "reciprocal":
+        return [f"(not (= {x[0]} 0.0))"]
+    if op in ("log", "rsqrt"):
+        return [f"(> {x[0]} 0.0)"]
+    if op == "sqrt":
+        return [f"(>= {x[0]} 0.0)"]
+    if op == "pow":
+        e = Fraction(str(at["exponent"]))
+        if e.denominator == 1:
+            return [] if e >= 0 else [f"(not (= {x[0]} 0.0))"]
+        return [f"(>= {x[0]} 0.0)"] if e > 0 else [f"(> {x[0]} 0.0)"]
+    return []
+
+
+def _range(op: str, t: str) -> list[str]:
+    """Facts about the value of a real function (premises of real analysis, not assumptions about the plan)."""
+    if op in ("exp", "rsqrt"):
+        return [f"(> {t} 0.0)"]
+    if op == "sqrt":
+        return [f"(>= {t} 0.0)"]
+    if op == "sigmoid":
+        return [f"(> {t} 0.0)", f"(< {t} 1.0)"]
+    return []
 
 
 def _op_term(op: str, x: list[str], at: Mapping, fns: set[str]) -> str:

@@ -221,8 +221,8 @@ class Ctx:
 
     def const(self, v: Any) -> Any:
         """A scalar constant in this context's number type."""
-        if self.exact:
-            return Fraction(v) if not isinstance(v, Fraction) else v
+        if self.exact:  # a float literal is the decimal it is written as (0.1 is 1/10), as in SMT and the prover
+            return v if isinstance(v, Fraction) else Fraction(str(v)) if isinstance(v, float) else Fraction(v)
         return float(v)
 
     def zeros(self, shape: Shape) -> np.ndarray:
@@ -242,7 +242,7 @@ class Ctx:
     def asarray(self, x: Any) -> np.ndarray:
         if self.exact:
             a = np.asarray(x, dtype=object)
-            return np.vectorize(lambda v: Fraction(v), otypes=[object])(a) if a.size else a
+            return np.vectorize(self.const, otypes=[object])(a) if a.size else a
         return np.asarray(x, dtype=np.float64)
 
 
