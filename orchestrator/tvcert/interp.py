@@ -408,14 +408,18 @@ def run_parallel(plan: Plan, local_inputs: Mapping[str, Mapping[Rank, Mapping[st
     vals = {p: {r: dict(local_inputs[p][r]) for r in ranks[p]} for p in progs}
     envs = {p: {r: mesh.env(r, dims) for r in ranks[p]} for p in progs}
     pc = {p: 0 for p in progs}
-    mailbox: dict[tuple[str, Rank, Rank], np.ndarray] = {}
+    mailbox: dict[tuple[str, int, Rank], tuple[Rank, np.ndarray]] = {}  # (program, send node, to) -> (from, value)
     executed: list[tuple[str, int]] = []
     while True:
         progressed = False
         for p, g in progs.items():
             while pc[p] < len(g.nodes):
                 n = g.nodes[pc[p]]
-                if not _step(n, p, ranks[p], vals[p], envs[p], mesh, mailbox, ctx):
+                if n.op in ("send", "recv"):
+                    ok = _p2p(plan, p, pc[p], n, ranks[p], vals[p], envs[p], mesh, mailbox)
+                else:
+                    ok = _step(n, p, ranks[p], vals[p], envs[p], mesh, mailbox, ctx)
+                if not ok:
                     break
                 executed.append((p, pc[p]))
                 pc[p] += 1
@@ -452,27 +456,33 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
                 vals[q][n.outputs[0]] = o
                 done.add(q)
         return True
-    if n.op == "send":
-        for r in ranks:
-            ra = resolve_attrs(spec, n.attrs, envs[r])
-            dst = _peer(mesh, r, ra["axis"], ra["to"], n)
-            mailbox[(ra["tag"], r, dst)] = vals[r][n.inputs[0]]
-        return True
-    if n.op == "recv":
-        got = {}
-        for r in ranks:
-            ra = resolve_attrs(spec, n.attrs, envs[r])
-            src = _peer(mesh, r, ra["axis"], ra["src"], n)
-            key = (ra["tag"], src, r)
-            if key not in mailbox:
-                return False
-            got[r] = key
-        for r, key in got.items():
-            vals[r][n.outputs[0]] = mailbox.pop(key)
-        return True
+    if n.op in ("send", "recv"):
+        raise RunError(f"{n.path}: {n.op} runs only at the top level of a program (the loader rejects it in a loop body)")
     for r in ranks:
         for o, v in zip(n.outputs, eval_node(n, vals[r], envs[r], ctx)):
             vals[r][o] = v
+    return True
+
+
+def _p2p(plan: Plan, prog: str, i: int, n: Node, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox) -> bool:
+    """send / recv with the loader's pairing (plan.pair_messages, the one the engine and the checker use): a
+    recv takes, on every rank, what its paired send sent to that rank; False while that send has not run."""
+    spec = REGISTRY[n.op]
+    if n.op == "send":
+        for r in ranks:
+            ra = resolve_attrs(spec, n.attrs, envs[r])
+            mailbox[(prog, i, _peer(mesh, r, ra["axis"], ra["to"], n))] = (r, vals[r][n.inputs[0]])
+        return True
+    sp, si = plan.p2p[(prog, i)]
+    keys = [(sp, si, r) for r in ranks]
+    if any(k not in mailbox for k in keys):
+        return False
+    for r, k in zip(ranks, keys):
+        ra = resolve_attrs(spec, n.attrs, envs[r])
+        src, v = mailbox.pop(k)
+        if src != _peer(mesh, r, ra["axis"], ra["src"], n):
+            raise RunError(f"{n.path}: rank {list(r)} receives from rank {list(src)}, not from its declared source")
+        vals[r][n.outputs[0]] = v
     return True
 
 

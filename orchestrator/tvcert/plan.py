@@ -193,6 +193,7 @@ class Plan:
     raw: dict = field(repr=False, default_factory=dict)
     description: str | None = None
     checked: set = field(default_factory=set)  # dims instantiations already shape-checked
+    p2p: dict = field(default_factory=dict)  # (program, recv node) -> (program, send node): see pair_messages
 
     def mesh(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:
         d = self.dims if dims is None else dims
@@ -402,6 +403,7 @@ def _build(spec: PlanSpec, raw: dict, check_run_dims: bool = True) -> Plan:
     if run_dims != dims and check_run_dims:
         check_shapes(plan, run_dims, "run_dims")
         plan.checked.add("run_dims")
+    plan.p2p = pair_messages(plan)
     return plan
 
 
@@ -587,3 +589,136 @@ def _node_mentions_rank(n) -> bool:
 
 def fmt_placement(pl: Mapping[str, Placement]) -> str:
     return "{" + ", ".join(f"{a}: {p}" for a, p in pl.items()) + "}"
+
+
+# ============================================================== send / recv: one pairing for everyone
+def message_key(plan: Plan, program: str, n: Node, which: str = "dims") -> tuple:
+    """The message a send or recv node carries: (tag, sender's stage, receiver's stage), stages being the full
+    pinned coordinates of the two programs (sorted (axis, coordinate) pairs).  Every rank of the sending
+    program sends to the rank with the same coordinates on the unpinned axes, so on ranks this is the
+    message (tag, sender rank, receiver rank) of the interpreter.  Raises PlanError naming the attribute."""
+    g = plan.programs[program]
+    dims = plan.dims if which == "dims" else plan.run_dims
+    axis = n.attrs.get("axis")
+    if axis not in g.stage:
+        raise PlanError(f"{n.path}.attrs.axis", f"{n.op} over axis {axis!r}, but program {program!r} is not pinned to a "
+                                                 f"stage of that axis (set $.parallel[..].stage.{axis}); send/recv move "
+                                                 f"tensors between programs pinned on their axis")
+    peer = "to" if n.op == "send" else "src"
+    v = n.attrs.get(peer)
+    if rank_axes_in(v):
+        raise PlanError(f"{n.path}.attrs.{peer}", f"{peer} {v!r} depends on the rank; a {n.op} names a fixed stage")
+    try:
+        c = dim_value(v, dims)
+    except DimError as exc:
+        raise PlanError(f"{n.path}.attrs.{peer}", str(exc)) from None
+    size = plan.mesh(dims)[axis]
+    if not 0 <= c < size:
+        raise PlanError(f"{n.path}.attrs.{peer}", f"coordinate {c} is outside axis {axis!r} of size {size} (with {which})")
+    tag = n.attrs.get("tag")
+    if not isinstance(tag, str):
+        raise PlanError(f"{n.path}.attrs.tag", f"a {n.op} needs a string tag, got {tag!r}")
+    here = dict(g.stage)
+    there = dict(g.stage)
+    there[axis] = c
+    a, b = (here, there) if n.op == "send" else (there, here)
+    return (tag, tuple(sorted(a.items())), tuple(sorted(b.items())))
+
+
+def _show_key(key: tuple) -> str:
+    tag, a, b = key
+    return f"tag {tag!r} from stage {dict(a)} to stage {dict(b)}"
+
+
+def pair_messages(plan: Plan) -> dict[tuple[str, int], tuple[str, int]]:
+    """The one pairing of recvs with sends that the engine, the certificate checker and the interpreter all
+    use: recv (program, node index) -> send (program, node index).
+
+    A plan is accepted only if its sends and recvs pair one-to-one per message key (:func:`message_key`),
+    the key is the same at dims and run_dims, each recv declares the shape and dtype of the tensor sent to
+    it, and the programs, interleaved at recv, can run every op (no recv waits forever).  Otherwise
+    PlanError naming the node's attribute."""
+    sends: dict[tuple, tuple[str, int]] = {}
+    recvs: dict[tuple, tuple[str, int]] = {}
+    for p, g in plan.programs.items():
+        for i, n in enumerate(g.nodes):
+            if n.op not in ("send", "recv"):
+                continue
+            key = message_key(plan, p, n)
+            if plan.run_dims != plan.dims and message_key(plan, p, n, "run_dims") != key:
+                peer = "to" if n.op == "send" else "src"
+                raise PlanError(f"{n.path}.attrs.{peer}", f"the {n.op}'s peer differs between dims and run_dims; the "
+                                                          f"stage a message goes to cannot depend on the sizes")
+            seen = sends if n.op == "send" else recvs
+            if key in seen:
+                q, j = seen[key]
+                raise PlanError(f"{n.path}.attrs.tag",
+                                f"{plan.programs[q].nodes[j].path} already {n.op}s {_show_key(key)}; every message "
+                                f"(tag, source stage, destination stage) must be sent once and received once")
+            seen[key] = (p, i)
+    for key, (p, i) in recvs.items():
+        if key not in sends:
+            raise PlanError(f"{plan.programs[p].nodes[i].path}.attrs.tag", f"no send carries {_show_key(key)}")
+    for key, (p, i) in sends.items():
+        if key not in recvs:
+            raise PlanError(f"{plan.programs[p].nodes[i].path}.attrs.tag", f"no recv receives {_show_key(key)}")
+    pairs = {recvs[k]: sends[k] for k in recvs}
+    for which in sorted(plan.checked):
+        _check_message_types(plan, pairs, f"shape@{which}", which)
+    _check_no_deadlock(plan, pairs)
+    return pairs
+
+
+def _check_message_types(plan: Plan, pairs, key: str, which: str) -> None:
+    types: dict[str, dict[str, tuple]] = {}
+    for p, g in plan.programs.items():
+        t: dict[str, tuple] = {}
+        for n in g.nodes:
+            if key in n.meta:
+                t.update(zip(n.outputs, n.meta[key]))
+        types[p] = t
+    for (rp, ri), (sp, si) in pairs.items():
+        r, s = plan.programs[rp].nodes[ri], plan.programs[sp].nodes[si]
+        sent = types[sp].get(s.inputs[0])
+        if sent is None:  # a program input: its declared type
+            dims = plan.dims if which == "dims" else plan.run_dims
+            decl = next((d for d in plan.programs[sp].inputs if d.name == s.inputs[0]), None)
+            if decl is None or key not in r.meta:
+                continue
+            try:
+                sent = (tuple(dim_value(x, dims) for x in decl.shape), decl.dtype)
+            except DimError:
+                continue
+        got = r.meta.get(key, [None])[0]
+        if got is None:
+            continue
+        if tuple(got[0]) != tuple(sent[0]):
+            raise PlanError(f"{r.path}.attrs.shape", f"the recv declares shape {list(got[0])}, but {s.path} sends "
+                                                     f"{s.inputs[0]!r} of local shape {list(sent[0])} (with {which})")
+        if got[1] != sent[1]:
+            raise PlanError(f"{r.path}.attrs.dtype", f"the recv declares dtype {got[1]}, but {s.path} sends "
+                                                     f"{s.inputs[0]!r} of dtype {sent[1]}")
+
+
+def _check_no_deadlock(plan: Plan, pairs) -> None:
+    """Run the programs' control flow the way the interpreter does (each program in order, waiting at a recv
+    until its paired send has run); every op must be reached."""
+    pc = {p: 0 for p in plan.programs}
+    ran: set[tuple[str, int]] = set()
+    progressed = True
+    while progressed:
+        progressed = False
+        for p, g in plan.programs.items():
+            while pc[p] < len(g.nodes):
+                n = g.nodes[pc[p]]
+                if n.op == "recv" and pairs[(p, pc[p])] not in ran:
+                    break
+                ran.add((p, pc[p]))
+                pc[p] += 1
+                progressed = True
+    for p, g in plan.programs.items():
+        if pc[p] < len(g.nodes):
+            n = g.nodes[pc[p]]
+            sp, si = pairs[(p, pc[p])]
+            raise PlanError(f"{n.path}.attrs.tag", f"deadlock: this recv waits for {plan.programs[sp].nodes[si].path}, "
+                                                   f"which can never run (programs wait for each other)")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..deep import deep
 from ..kernel.equality import Prover
 from ..kernel.expr import Exprs
-from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.p2p import check_transfer, paired_send
 from ..kernel.memo import TemplateFailure, boundary, canonical_key, derive_template, memoizable, replay, stages
 from ..kernel.patterns import PATTERNS
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
@@ -109,13 +109,12 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     lexpr = logical_exprs(plan, exprs)
     facts = input_facts(plan, exprs, lexpr)
     done: dict[tuple[str, int], tuple[str, list[str]]] = {}  # replayed op -> (how: op / pattern / recv / instance, rules)
-    sent = _sends(plan)
     templates: dict[str, object] = {}
     for k, st in enumerate(cert.steps):
         if st.instance_of is not None:
             _replay_instance(plan, exprs, facts, done, templates, k, st)
         else:
-            _replay(plan, exprs, facts, done, sent, k, st, cert.manifest.rules)
+            _replay(plan, exprs, facts, done, k, st, cert.manifest.rules)
     # 4. outputs: placement and expression, with re-solved obligations
     recorded = {o.smt: o for o in cert.obligations}
     used_obl: set[str] = set()
@@ -163,7 +162,7 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     return CheckResult(len(cert.steps), len(prover.obligations), len(cert.outputs), list(solvers))
 
 
-def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
+def _replay(plan, exprs, facts, done, k, st, cited) -> None:
     where = f"step {k} ({st.program} node {st.node})"
     if st.program not in plan.programs or not 0 <= st.node < len(plan.programs[st.program].nodes):
         raise Invalid(f"{where}: no such node in the plan")
@@ -187,10 +186,11 @@ def _replay(plan, exprs, facts, done, sent, k, st, cited) -> None:
     if n.op == "recv":
         if st.rules != ["send_recv_preserves"] or st.peer is None:
             raise Invalid(f"{where}: a recv is justified only by send_recv_preserves with its peer send")
-        sp, si = st.peer
-        key = _safe(where, lambda: recv_key(plan, st.program, ra))
-        if sent.get(key) != (sp, si):
-            raise Invalid(f"{where}: the send in {sp} node {si} does not match this recv")
+        want = _safe(where, lambda: paired_send(plan, st.program, st.node))  # the loader's pairing
+        if tuple(st.peer) != want:
+            raise Invalid(f"{where}: the certificate pairs this recv with {st.peer}, the plan pairs it with the send in "
+                          f"{want[0]} node {want[1]}")
+        sp, si = want
         _safe(where, lambda: check_transfer(plan, sp, st.program))
         sn = plan.programs[sp].nodes[si]
         f = facts[sp].get(sn.inputs[0])
@@ -278,20 +278,6 @@ def _replay_instance(plan, exprs, facts, done, templates, k, st) -> None:
         for o, f in zip(n.outputs, fs):
             facts[st.program][o] = f
         done[(st.program, st.node + j)] = ("instance", list(t.rules[j]))
-
-
-def _sends(plan) -> dict[tuple, tuple[str, int]]:
-    """Every fixed stage-to-stage send of the plan by message key (sends need no rule of their own)."""
-    out: dict[tuple, tuple[str, int]] = {}
-    for p, g in plan.programs.items():
-        for i, n in enumerate(g.nodes):
-            if n.op == "send":
-                ra = resolve_attrs(REGISTRY["send"], n.attrs, rank0_env(plan, p))
-                try:
-                    out.setdefault(send_key(plan, p, ra), (p, i))
-                except RuleFailure:
-                    pass
-    return out
 
 
 def _safe(where: str, fn):

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InternalError
 from ..kernel.expr import Exprs
 from ..kernel.memo import Template, TemplateFailure, boundary, canonical_key, derive_template, memoizable, replay, stages
-from ..kernel.p2p import check_transfer, recv_key, send_key
+from ..kernel.p2p import check_transfer, paired_send
 from ..kernel.patterns import PATTERN_OPS, PATTERNS, PRIORITY_OPS, PRIORITY_PATTERNS
 from ..kernel.ring import RingMismatch
 from ..kernel.rules import Fact, RuleFailure, derive, fmt_pl
@@ -74,7 +74,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
     ctxs = {p: kctx(plan, p, exprs) for p in plan.programs}
     envs = {p: rank0_env(plan, p) for p in plan.programs}
     pc = {p: 0 for p in plan.programs}
-    mailbox: dict[tuple, tuple[str, int, Any]] = {}  # key -> (program, node, fact or None)
+    mailbox: dict[tuple[str, int], Any] = {}  # (program, send node) that has run -> the sent fact, or None
     starts = {p: {s: (s, e) for s, e, _ in stages(g) if memoizable(g, s, e)} if MEMOIZE else {}
               for p, g in plan.programs.items()}
     templates: dict[str, Template] = {}
@@ -164,13 +164,13 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
 
     if n.op == "recv":
         try:
-            key = recv_key(plan, p, ra)
+            sender, snode = paired_send(plan, p, i)  # the loader's pairing (plan.pair_messages)
         except RuleFailure as exc:
             fail(str(exc))
             return True
-        if key not in mailbox:
+        if (sender, snode) not in mailbox:
             return False
-        sender, snode, fact = mailbox.pop(key)
+        fact = mailbox.pop((sender, snode))
         if fact is None:
             return True
         try:
@@ -193,12 +193,7 @@ def _visit(plan, prop, p, i, n, kc, env, mailbox, exprs) -> bool:
                  "at the division acc / l that normalizes it, or by ring_attention_backward at a backward loop")
         return True
     if n.op == "send":
-        try:
-            key = send_key(plan, p, ra)
-        except RuleFailure as exc:
-            fail(str(exc))
-            return True
-        mailbox[key] = (p, i, None if missing else facts[n.inputs[0]])
+        mailbox[(p, i)] = None if missing else facts[n.inputs[0]]
         return True
     if missing:
         return True  # downstream of an earlier failure: nothing new to report
