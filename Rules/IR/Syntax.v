@@ -1,0 +1,100 @@
+(** * tvcert IR, stage 1: a plan as plain data.
+
+    This file and [Denote.v] are the trusted definitions of the Coq judge: a
+    reader who accepts them (and Coq) can accept every [plan_verified] theorem
+    the emitter writes.  Sizes are concrete naturals: a theorem is about the
+    plan at its declared dims.
+
+    Node ids: in a graph with [k] inputs, ids [0 .. k-1] are the inputs and id
+    [k + j] is the output of the [j]-th node; a node may only read smaller ids.
+
+    Stage 1 covers one mesh axis (its size is [mesh_size]); every collective runs
+    over that axis. *)
+From mathcomp Require Import all_ssreflect.
+
+(** A rational constant: (negative?, numerator, denominator); the emitter writes den > 0. *)
+Definition rat_lit := (bool * nat * nat)%type.
+
+(** The reduction of a [Partial] placement or of an all_reduce. *)
+Inductive reduce_op := RSum | RAvg | RMax.
+
+(** DTensor placements on the mesh axis. *)
+Inductive placement :=
+| Replicate                   (* every rank holds the whole tensor *)
+| Shard (d : nat)             (* rank r holds block r of dim d (torch.chunk) *)
+| Partial (r : reduce_op).    (* reducing the ranks' tensors gives the tensor *)
+
+(** The covered ops; each is denoted in [Denote.v]. *)
+Inductive op :=
+| Add | Sub | Mul              (* torch.add / torch.sub / torch.mul, broadcasting *)
+| Neg | Square                 (* torch.neg, torch.square *)
+| Scale (c : rat_lit)          (* x * c *)
+| Fn (f : nat)                 (* an uninterpreted pointwise function (tanh, exp, relu, ...) *)
+| Const (c : rat_lit) (s : seq nat)   (* torch.full(s, c) *)
+| MM                           (* torch.mm: [m,k] @ [k,n] *)
+| Sum (ds : seq nat)           (* torch.sum(x, ds), keepdim=False *)
+| Transpose (d0 d1 : nat)      (* torch.transpose(x, d0, d1) *)
+| AllReduce (r : reduce_op)    (* torch.distributed.all_reduce over the mesh axis *)
+| AllGather (d : nat).         (* all_gather_into_tensor along dim d, rank order *)
+
+Record node := Node { n_op : op; n_args : seq nat }.
+
+Record plan := Plan {
+  mesh_size : nat;                       (* size of the (single) mesh axis *)
+  l_inputs : seq (seq nat);              (* shapes of the logical inputs *)
+  l_nodes : seq node;                    (* the single-device graph *)
+  p_inputs : seq (nat * placement);      (* local input j: piece of logical input (fst) under (snd) *)
+  p_nodes : seq node;                    (* the SPMD program every rank runs *)
+  p_outputs : seq (nat * nat * placement)
+    (* (logical id, parallel id, placement): the logical value is read back from
+       the parallel one under the placement *)
+}.
+
+(** ** Decidable equality (used by the checker) *)
+Definition reduce_op_eqb (a b : reduce_op) : bool :=
+  match a, b with RSum, RSum | RAvg, RAvg | RMax, RMax => true | _, _ => false end.
+
+Definition placement_eqb (a b : placement) : bool :=
+  match a, b with
+  | Replicate, Replicate => true
+  | Shard d, Shard e => d == e
+  | Partial r, Partial q => reduce_op_eqb r q
+  | _, _ => false
+  end.
+
+Definition rat_lit_eqb (a b : rat_lit) : bool := a == b.
+
+Definition op_eqb (a b : op) : bool :=
+  match a, b with
+  | Add, Add | Sub, Sub | Mul, Mul | Neg, Neg | Square, Square | MM, MM => true
+  | Scale c, Scale c' => rat_lit_eqb c c'
+  | Fn f, Fn g => f == g
+  | Const c s, Const c' s' => rat_lit_eqb c c' && (s == s')
+  | Sum ds, Sum ds' => ds == ds'
+  | Transpose a0 a1, Transpose b0 b1 => (a0 == b0) && (a1 == b1)
+  | AllReduce r, AllReduce q => reduce_op_eqb r q
+  | AllGather d, AllGather e => d == e
+  | _, _ => false
+  end.
+
+Lemma reduce_op_eqbP a b : reduce_op_eqb a b -> a = b.
+Proof. by case: a; case: b. Qed.
+
+Lemma placement_eqbP a b : placement_eqb a b -> a = b.
+Proof.
+case: a => [|d|r]; case: b => [|e|q] //=; first by move/eqP->.
+by move/reduce_op_eqbP->.
+Qed.
+
+Lemma rat_lit_eqbP a b : rat_lit_eqb a b -> a = b.
+Proof. by move/eqP. Qed.
+
+Lemma op_eqbP a b : op_eqb a b -> a = b.
+Proof.
+case: a; case: b => //=; try by [];
+  try (by move=> *; match goal with H : is_true (_ == _) |- _ => by rewrite (eqP H) end).
+- by move=> c c' /rat_lit_eqbP->.
+- by move=> c s c' s' /andP[/rat_lit_eqbP-> /eqP->].
+- by move=> a0 a1 b0 b1 /andP[/eqP-> /eqP->].
+- by move=> r q /reduce_op_eqbP->.
+Qed.
