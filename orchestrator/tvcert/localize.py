@@ -77,15 +77,16 @@ def explain(plan: Plan, res: RunResult, program: str, tensor: str,
     dummy = Binding(tensor, program, tensor, {}, [], "")
     from .ops import Ctx
 
-    ctx = Ctx(exact=res.mode == "exact")
-    uniform = {a for a in axes if _uniform_along(res, ranks, locals_, a, ctx.exact)}
+    ctx = Ctx(exact=res.mode != "float64")
+    mode = res.mode
+    uniform = {a for a in axes if _uniform_along(res, ranks, locals_, a, ctx.exact, mode)}
     zigzag = uses_zigzag(plan) if zigzag is None else zigzag
     for combo in _candidates(axes, first.ndim, uniform, zigzag):
         asm = assemble(dummy, locals_, mesh, ranks[0], ctx, placement=combo)
         if asm.value is None:
             continue
         for name, v in by_shape.get(asm.value.shape, []):
-            if values_equal(asm.value, v, ctx.exact):
+            if values_equal(asm.value, v, ctx.exact, mode):
                 return Explanation(name, combo)
     return None
 
@@ -94,11 +95,11 @@ def uses_zigzag(plan: Plan) -> bool:
     return any(p.kind == "Z" for b in (*plan.inputs.values(), *plan.outputs.values()) for p in b.placement.values())
 
 
-def _uniform_along(res: RunResult, ranks, locals_, axis: str, exact: bool) -> bool:
+def _uniform_along(res: RunResult, ranks, locals_, axis: str, exact: bool, mode: str | None = None) -> bool:
     mesh = res.mesh
     for r in ranks:
         other = mesh.with_coord(r, axis, 0)
-        if other in locals_ and not values_equal(locals_[r], locals_[other], exact):
+        if other in locals_ and not values_equal(locals_[r], locals_[other], exact, mode):
             return False
     return True
 
