@@ -179,6 +179,46 @@ THEOREMS: dict[str, str] = {
     "zigzag_const_row": f"{_T}.Zigzag.zigzag_const_row",
 }
 
+#: the algebraic flags of the ops (``linear_in`` / ``homogeneous_in`` of tvcert.ops, the ``linear_in`` of
+#: the kernel's row-wise table, ``LINEAR_FIRST`` / ``MULTILINEAR`` of kernel/equality.py): every op the kernel
+#: lets a Partial through, or moves a scalar across, is proved additive / homogeneous for that op in
+#: Rules/OpFlags.v; the flags that were removed have their counterexample there.
+OPFLAG_THEOREMS: dict[str, str] = {f"opflag_{n}": f"{_T}.OpFlags.{n}" for n in (
+    "linear_op_partial", "linear_op_partial_avg", "masked_reindex_linear", "masked_reindex_homogeneous",
+    "reindex_linear", "reindex_homogeneous", "reshape_op_linear", "permute_op_linear", "slice_op_linear",
+    "flip_op_linear", "expand_op_linear", "tri_op_linear", "gather_linear", "pad_zero_linear",
+    "pad_nonzero_not_additive", "where_zero_linear", "masked_fill_zero_linear", "masked_fill_nonzero_not_additive",
+    "concat_linear", "neg_linear", "scale_linear", "mul_linear_l", "mul_linear_r", "div_linear_num",
+    "cast_float_linear", "cast_float_homogeneous", "cast_int_not_additive", "sum_op_linear", "mean_op_linear",
+    "embedding_backward_linear", "scatter_add_linear", "matmul_linear", "einsum_linear", "einsum_multi_homogeneous",
+    "softmax_backward_linear", "log_softmax_backward_linear", "softmax_not_additive", "log_softmax_not_additive")}
+THEOREMS.update(OPFLAG_THEOREMS)
+
+#: op -> the OpFlags theorems about its flags (a test checks that every op with a linear / homogeneous flag,
+#: for any attributes, is listed)
+OPFLAGS: dict[str, tuple[str, ...]] = {
+    "neg": ("neg_linear",), "scale": ("scale_linear",),
+    "cast": ("cast_float_linear", "cast_float_homogeneous", "cast_int_not_additive"),
+    "add": ("partial_add",), "sub": ("partial_sub",),
+    "mul": ("mul_linear_l", "mul_linear_r"), "div": ("div_linear_num",),
+    "masked_fill": ("masked_fill_zero_linear", "masked_fill_nonzero_not_additive"), "where": ("where_zero_linear",),
+    **{op: ("reshape_op_linear",) for op in ("reshape", "view", "flatten", "squeeze", "unsqueeze")},
+    "permute": ("permute_op_linear",), "transpose": ("permute_op_linear",),
+    "slice": ("slice_op_linear",), "split": ("slice_op_linear",), "flip": ("flip_op_linear",),
+    "expand": ("expand_op_linear",), "triu": ("tri_op_linear",), "tril": ("tri_op_linear",),
+    "pad": ("pad_zero_linear", "pad_nonzero_not_additive"), "concat": ("concat_linear",),
+    "gather": ("gather_linear",), "index_select": ("gather_linear",), "embedding": ("gather_linear",),
+    "embedding_backward": ("embedding_backward_linear",),
+    "scatter_add": ("scatter_add_linear",), "index_add": ("scatter_add_linear",),
+    "sum": ("sum_op_linear",), "mean": ("mean_op_linear",),
+    "matmul": ("matmul_linear",), "einsum": ("einsum_linear", "einsum_multi_homogeneous"),
+    "softmax_backward": ("softmax_backward_linear",), "log_softmax_backward": ("log_softmax_backward_linear",),
+    "softmax": ("softmax_not_additive",), "log_softmax": ("log_softmax_not_additive",),
+}
+#: the same, as fully qualified Coq theorems
+OPFLAGS_QUALIFIED: dict[str, tuple[str, ...]] = {
+    op: tuple(OPFLAG_THEOREMS.get(f"opflag_{n}") or RULES[n] for n in names) for op, names in OPFLAGS.items()}
+
 FORBIDDEN = [
     (re.compile(r"\bAdmitted\b"), "Admitted"),
     (re.compile(r"\badmit\b"), "admit"),

@@ -275,7 +275,7 @@ class OpSpec:
     doc: ClassVar[str] = ""
 
     # Algebraic flags are mathematical claims the kernel relies on: each one is proved for that op in
-    # Rules/OpFlags.v (the theorem named in ``OPFLAG_THEOREMS`` of tvcert.proofkit).  They are functions
+    # Rules/OpFlags.v (the theorems listed for the op in ``OPFLAGS`` of tvcert.proofkit).  They are functions
     # of the (resolved) attributes, since e.g. a cast is linear only into a float dtype.
     def linear_in(self, attrs: Mapping[str, Any]) -> tuple[int, ...]:
         """The inputs in which the op is additive (and sends 0 to 0) while the other inputs stay fixed:
