@@ -1,9 +1,45 @@
 (** * Index-list lemmas used by [Sound.v] (not trusted: everything is proved). *)
 From mathcomp Require Import all_ssreflect.
 From TVCert Require Import IR.Syntax IR.Denote IR.Check.
+From Coq Require Import Lia.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
+
+Ltac split_ifs :=
+  repeat match goal with
+  | |- context [if ?b then _ else _] => let H := fresh "H" in case: ifP => H
+  end.
+
+(** [lia] on ssreflect's boolean comparisons of naturals. *)
+Ltac nat_lia :=
+  repeat match goal with
+  | H : (_ < _) = false |- _ => move/negbT in H
+  | H : (_ < _) = true |- _ => move/ltP in H
+  | H : (_ <= _) = true |- _ => move/leP in H
+  | H : (_ == _) = true |- _ => move/eqP in H
+  | H : (_ <= _) = false |- _ => move/negbT in H
+  | H : (_ == _) = false |- _ => move/negbT in H
+  | H : is_true (~~ (_ < _)) |- _ => rewrite -leqNgt in H
+  | H : is_true (~~ (_ <= _)) |- _ => rewrite -ltnNge in H
+  | H : is_true (_ < _) |- _ => move/ltP in H
+  | H : is_true (_ <= _) |- _ => move/leP in H
+  | H : is_true (_ != _) |- _ => move/eqP in H
+  | H : is_true (_ == _) |- _ => move/eqP in H
+  end;
+  repeat match goal with
+  | H : context [addn] |- _ => rewrite -plusE in H
+  | H : context [subn] |- _ => rewrite -minusE in H
+  | H : context [muln] |- _ => rewrite -multE in H
+  | H : context [predn] |- _ => rewrite -subn1 -minusE in H
+  end;
+  lazymatch goal with
+  | |- is_true (_ < _) => apply/ltP
+  | |- is_true (_ <= _) => apply/leP
+  | |- is_true (_ == _) => apply/eqP
+  | |- _ => idtac
+  end;
+  rewrite -?subn1 -?plusE -?minusE -?multE; lia.
 
 Lemma inbP (s i : seq nat) :
   reflect (size i = size s /\ forall k, k < size s -> nth 0 i k < nth 0 s k) (inb s i).
@@ -208,4 +244,78 @@ have := H k.-1; rewrite nth_rem_at //.
 have -> : (k.-1 < e) = false.
   by apply/negbTE; rewrite -leqNgt -ltnS prednK // ltn_neqAle eq_sym (introF eqP kne).
 by rewrite prednK //; apply; rewrite -ltnS prednK // (leq_ltn_trans _ es).
+Qed.
+
+Lemma map_zip_inb (a j : seq nat) :
+  inb a j -> map (fun x => if x.1 == 1 then 0 else x.2) (zip a j) = j.
+Proof.
+elim: a j => [|n a IH] [|x j] //= /andP [xn /IH ->].
+by case: (n =P 1) xn => [->|//]; rewrite ltnS leqn0 => /eqP ->.
+Qed.
+
+Lemma proj_drop (a o : seq nat) (i : seq nat) :
+  inb o i -> a = drop (size o - size a) o -> proj a o i = drop (size o - size a) i.
+Proof.
+move=> oi ha; rewrite /proj; apply: map_zip_inb.
+by rewrite {1}ha; apply: inb_drop.
+Qed.
+
+Lemma inb2 a b i : inb [:: a; b] i -> i = [:: nth 0 i 0; nth 0 i 1].
+Proof. by case: i => [|x [|y [|z i]]] //=; rewrite ?andbF //; move=> h; discriminate h. Qed.
+
+Lemma swap_shift d0 d1 d off (i : seq nat) : d0 < size i -> d1 < size i -> d < size i ->
+  swap d0 d1 (shift (swapi d0 d1 d) off i) = shift d off (swap d0 d1 i).
+Proof.
+move=> h0 h1 hd; rewrite /shift swap_set_nth ?swapi_lt // swapiK.
+by rewrite nth_swap.
+Qed.
+
+Lemma rem_at_set_nth e d (s : seq nat) v : e != d -> e < size s -> d < size s ->
+  rem_at e (set_nth 0 s d v) = set_nth 0 (rem_at e s) (if e < d then d.-1 else d) v.
+Proof.
+move=> ed es ds.
+have es' : e < size (set_nth 0 s d v) by rewrite size_set_nth_lt.
+have d'lt : (if e < d then d.-1 else d) < size (rem_at e s).
+  by rewrite size_rem_at //; case: ifP => h; nat_lia.
+apply: (@eq_from_nth _ 0); first by rewrite size_set_nth_lt // !size_rem_at // size_set_nth_lt.
+move=> k _; rewrite nth_rem_at // nth_set_nth_lt !nth_set_nth_lt nth_rem_at //.
+congr (if _ then _ else _).
+by apply/eqP/eqP; case: (ltnP k e) => h1; case: ifP => h2 h; nat_lia.
+Qed.
+
+Lemma rem_at_set_nth_same d (s : seq nat) v : d < size s ->
+  rem_at d (set_nth 0 s d v) = rem_at d s.
+Proof.
+move=> ds; apply: (@eq_from_nth _ 0); first by rewrite !size_rem_at ?size_set_nth_lt.
+move=> k _; rewrite !nth_rem_at ?size_set_nth_lt // nth_set_nth_lt.
+by case: ltnP => kd; case: eqP => // h; nat_lia.
+Qed.
+
+Lemma nth_rem_at_shift e d (s : seq nat) : e != d -> e < size s ->
+  nth 0 (rem_at e s) (if e < d then d.-1 else d) = nth 0 s d.
+Proof.
+move=> ed es; rewrite nth_rem_at //; congr nth.
+by case: (ltnP e d) => h1; case: ifP => h2; nat_lia.
+Qed.
+
+Lemma ins_shift e t d off (i : seq nat) : e != d -> e <= size i -> (if e < d then d.-1 else d) < size i ->
+  ins_at e t (shift (if e < d then d.-1 else d) off i) = shift d off (ins_at e t i).
+Proof.
+move=> ed ei di; set d' := (if e < d then d.-1 else d) in di *.
+have ei' : e <= size (shift d' off i) by rewrite /shift size_set_nth_lt.
+have dd : d < (size i).+1 by move: di; rewrite /d'; case: ifP => h1 h2; nat_lia.
+apply: (@eq_from_nth _ 0).
+  by rewrite /shift size_ins_at // size_set_nth_lt // size_set_nth_lt ?size_ins_at.
+move=> k _; rewrite nth_ins_at // /shift !nth_set_nth_lt nth_ins_at // !nth_ins_at //.
+rewrite /d' in di *; case: (ltnP e d) => h1; split_ifs;
+  first [ reflexivity | (exfalso; nat_lia) | (repeat f_equal; nat_lia) ].
+Qed.
+
+Lemma shift_ins_same d off t (i : seq nat) : d <= size i ->
+  shift d off (ins_at d t i) = ins_at d (off + t) i.
+Proof.
+move=> di; apply: (@eq_from_nth _ 0).
+  by rewrite /shift size_set_nth_lt !size_ins_at.
+move=> k _; rewrite /shift nth_set_nth_lt !nth_ins_at //.
+by case: (k =P d) => [->|kd]; rewrite ?ltnn ?eqxx //.
 Qed.
