@@ -14,7 +14,7 @@ expression), the stage's ops are derived by the single-op rules (:func:`derive`)
 concluded expression is recorded as a term over those slots (a self-contained recipe of
 ``(op, attrs, args, shape, dtype)`` nodes).  :func:`replay` rebuilds every expression of an
 instance from that recipe, substituting the instance's boundary expressions *at the slots only*
-(``Rules/Stage.v``: ``derive_subst``, a derivation over slots with the slots substituted is the
+(``Rules/Stage.v``: ``stage_repeat``, a derivation over slots with the slots substituted is the
 derivation over the instance).  Nothing is substituted by hash: an internal result that happens
 to equal a boundary expression in one stage stays the result of its own ops in every copy.
 
