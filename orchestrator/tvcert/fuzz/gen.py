@@ -828,6 +828,136 @@ def as_zigzag(pair: Pair, rng: random.Random) -> None:
     pair.mutation = "+".join(x for x in (pair.mutation, "zigzag_reading") if x)
 
 
+# ============================================================== stages whose internal results alias a boundary
+STAGE_OPS = ["exp", "neg", "tanh", "square", "sin", "abs", "sigmoid"]
+
+
+def gen_stage_alias(rng: random.Random, name: str, perturb_rate: float = 0.5) -> Pair:
+    """Two or three labelled stages of one canonical form.  In the first (the template), the internal result
+    ``s1_c.. = f^d(x)`` is hash-equal to the boundary input ``b1 = f^d(x)``; in the copies the same ops compute
+    ``f^d(w)`` while the boundary is ``g(w)``.  A replay that substitutes by hash would conclude ``g(w)`` for the
+    copy's result.  Unperturbed pairs are equal; the stage mutations (fuzz/mutate.py STAGE_MUTATIONS) declare
+    the boundary's value for the copy's result, or move the alias into the copy."""
+    from .mutate import STAGE_MUTATIONS
+
+    p = rng.choice([2, 3])
+    cb, ch = rng.choice([1, 2]), rng.choice([1, 2])
+    dims = {"b": p * cb, "h": p * ch, "tp": p}
+    alt = {"b": p * (3 - cb), "h": p * (3 - ch), "tp": p}
+    plc = rng.choice(["Replicate", "Shard(0)", "Shard(1)"])
+    local = ["b", "h"]
+    if plc != "Replicate":
+        d = int(plc[6])
+        local[d] = f"{local[d]}/tp"
+    f = rng.choice(STAGE_OPS)
+    g = rng.choice([o for o in STAGE_OPS if o != f])
+    depth = rng.choice([1, 1, 2])
+    copies = rng.choice([2, 2, 3])
+    srcs = ["x", "w", "v"][:copies]
+    pnodes: list[dict] = []
+    lnodes: list[dict] = []
+
+    def chain(nodes, src, base, op, n):
+        cur = src
+        for j in range(n):
+            nm = base if j == n - 1 else f"{base}_{j}"
+            nodes.append({"op": op, "inputs": [cur], "name": nm})
+            cur = nm
+        return cur
+
+    # boundaries: b1 = f^d(x) (the alias in the template), b_k = g(src_k) in the copies
+    chain(pnodes, "x", "b1", f, depth)
+    for k in range(2, copies + 1):
+        pnodes.append({"op": g, "inputs": [srcs[k - 1]], "name": f"b{k}"})
+    swap = rng.random() < 0.5
+    results = {}
+    for k in range(1, copies + 1):
+        lab = f"L{k}"
+        cur = srcs[k - 1]
+        names = [f"s{k}_c"] + [f"s{k}_c{j}" for j in range(2, depth + 1)]
+        for nm in names:
+            pnodes.append({"op": f, "inputs": [cur], "name": nm, "layer": lab})
+            cur = nm
+        results[k] = cur
+        ins = [cur, f"b{k}"]
+        pnodes.append({"op": "add", "inputs": ins[::-1] if swap else ins, "name": f"s{k}_z", "layer": lab})
+    # logical: ex = f^d(x); o = f^d(w) (the copy's result); z = o + g(w) in the copy's operand order
+    chain(lnodes, "x", "ex", f, depth)
+    chain(lnodes, "w", "o", f, depth)
+    outs = {"ex": "b1", "o": results[2]}
+    if rng.random() < 0.5:
+        lnodes.append({"op": g, "inputs": ["w"], "name": "gw"})
+        ins = ["o", "gw"]
+        lnodes.append({"op": "add", "inputs": ins[::-1] if swap else ins, "name": "z"})
+        outs["z"] = "s2_z"
+    plan = {"tvcert_plan": 1, "name": name, "dims": dims, "mesh": [["tp", "tp"]],
+            "description": f"stage alias: f={f} g={g} depth={depth} copies={copies} placement={plc}",
+            "logical": {"inputs": [{"name": x, "shape": ["b", "h"]} for x in srcs], "nodes": lnodes,
+                        "outputs": list(outs)},
+            "parallel": [{"name": "spmd", "inputs": [{"name": x, "shape": local} for x in srcs], "nodes": pnodes,
+                          "outputs": list(dict.fromkeys(outs.values()))}],
+            "inputs": {x: {"local": x, "placement": {"tp": plc}} for x in srcs},
+            "outputs": {o: {"local": t, "placement": {"tp": plc}} for o, t in outs.items()}}
+    pair = Pair(plan, "stage_alias", ["stage_alias", f"depth{depth}", f"copies{copies}"], alt_dims=alt)
+    if rng.random() < perturb_rate:
+        k = rng.choice(sorted(STAGE_MUTATIONS))
+        out = STAGE_MUTATIONS[k](copy.deepcopy(plan), rng)
+        if out is not None:
+            pair.plan, pair.mutation, pair.perturbed = out, k, True
+    return pair
+
+
+# ============================================================== sends sharing a tag
+def gen_p2p(rng: random.Random, name: str, perturb_rate: float = 0.5) -> Pair:
+    """Two pipeline stages exchanging 2 or 3 messages (received in a random order), sometimes with a message back
+    (a recv before the sender's later ops) and an unpinned tp axis.  Unperturbed pairs are equal; the p2p
+    mutations (fuzz/mutate.py P2P_MUTATIONS) make sends share a tag or duplicate a message (the loader must
+    refuse: exit 3), or swap two recvs' tags (the plan loads, each recv gets the other tensor)."""
+    from .mutate import P2P_MUTATIONS
+
+    k = rng.choice([2, 3])
+    mesh = [["pp", "pp"]] + ([["tp", "tp"]] if rng.random() < 0.3 else [])
+    if len(mesh) == 2 and rng.random() < 0.5:
+        mesh.reverse()
+    n = rng.choice([2, 4])
+    dims = {"n": n, "pp": 2, **({"tp": 2} if len(mesh) == 2 else {})}
+    alt = dict(dims, n=n + 2)
+    ops = [rng.choice(STAGE_OPS) for _ in range(k)]
+    xs = [f"x{i}" for i in range(k)]
+    s0 = [{"op": "send", "inputs": [x], "attrs": {"axis": "pp", "to": 1, "tag": f"m{i}"}} for i, x in enumerate(xs)]
+    order = list(range(k))
+    rng.shuffle(order)
+    s1 = [{"op": "recv", "inputs": [], "name": f"r{i}", "attrs": {"axis": "pp", "src": 0, "tag": f"m{i}", "shape": ["n"]}}
+          for i in order]
+    s1 += [{"op": ops[i], "inputs": [f"r{i}"], "name": f"y{i}"} for i in range(k)]
+    lnodes = [{"op": ops[i], "inputs": [xs[i]], "name": f"y{i}"} for i in range(k)]
+    outs = {f"y{i}": {"program": "s1", "local": f"y{i}"} for i in range(k)}
+    s0_out: list[str] = []
+    if rng.random() < 0.4:  # a message back: stage 0 waits for stage 1
+        s1.append({"op": "send", "inputs": ["y0"], "attrs": {"axis": "pp", "to": 0, "tag": "back"}})
+        s0.append({"op": "recv", "inputs": [], "name": "rb", "attrs": {"axis": "pp", "src": 1, "tag": "back", "shape": ["n"]}})
+        s0.append({"op": "neg", "inputs": ["rb"], "name": "q"})
+        lnodes.append({"op": "neg", "inputs": ["y0"], "name": "q"})
+        outs["q"] = {"program": "s0", "local": "q"}
+        s0_out = ["q"]
+    plan = {"tvcert_plan": 1, "name": name, "dims": dims, "mesh": mesh,
+            "description": f"p2p: {k} messages, recv order {order}",
+            "logical": {"inputs": [{"name": x, "shape": ["n"]} for x in xs], "nodes": lnodes, "outputs": list(outs)},
+            "parallel": [{"name": "s0", "stage": {"pp": 0}, "inputs": [{"name": x, "shape": ["n"]} for x in xs],
+                          "nodes": s0, "outputs": s0_out},
+                         {"name": "s1", "stage": {"pp": 1}, "inputs": [], "nodes": s1,
+                          "outputs": [f"y{i}" for i in range(k)]}],
+            "inputs": {x: {"program": "s0", "local": x} for x in xs},
+            "outputs": outs}
+    pair = Pair(plan, "p2p", ["p2p", f"messages{k}"] + (["tp"] if len(mesh) == 2 else []), alt_dims=alt)
+    if rng.random() < perturb_rate:
+        m = rng.choice(sorted(P2P_MUTATIONS))
+        out = P2P_MUTATIONS[m](copy.deepcopy(plan), rng)
+        if out is not None:
+            pair.plan, pair.mutation, pair.perturbed = out, m, True
+    return pair
+
+
 def generate(seed: int, index: int, perturb_rate: float = 0.5) -> Pair:
     """The ``index``-th pair of the stream with this seed (deterministic)."""
     from .mutate import mutate
@@ -843,6 +973,10 @@ def generate(seed: int, index: int, perturb_rate: float = 0.5) -> Pair:
         pair = gen_c12(rng, name, bug=rng.random() < 0.75)
     elif r < 0.20:
         pair = gen_reshape_transpose(rng, name, bug=rng.random() < 0.75)
+    elif r < 0.23:
+        pair = gen_stage_alias(rng, name, perturb_rate)
+    elif r < 0.26:
+        pair = gen_p2p(rng, name, perturb_rate)
     else:
         pair = gen_compose(rng, name)
         if rng.random() < perturb_rate:

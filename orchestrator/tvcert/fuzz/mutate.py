@@ -373,6 +373,111 @@ def m_collective_across_nonlinear(plan, rng):
     return plan
 
 
+# ------------------------------------------------------------------ send / recv (the p2p family, fuzz/gen.py)
+def _sends(plan) -> list[dict]:
+    return [n for g in plan["parallel"] for n in g["nodes"] if n["op"] == "send"]
+
+
+def _recvs(plan) -> list[dict]:
+    return [n for g in plan["parallel"] for n in g["nodes"] if n["op"] == "recv"]
+
+
+def m_send_shared_tag(plan, rng):
+    """Two sends between the same stages share a tag (one of them, or both and the matching recvs): which send a
+    recv receives is then ambiguous, and the loader must refuse the plan (exit 3)."""
+    sends = _sends(plan)
+    same = [(a, b) for a in sends for b in sends if a is not b and a["attrs"]["to"] == b["attrs"]["to"]
+            and a["attrs"]["tag"] != b["attrs"]["tag"]]
+    if not same:
+        return None
+    a, b = rng.choice(same)
+    old = a["attrs"]["tag"]
+    a["attrs"]["tag"] = b["attrs"]["tag"]
+    if rng.random() < 0.5:
+        for r in _recvs(plan):
+            if r["attrs"]["tag"] == old:
+                r["attrs"]["tag"] = b["attrs"]["tag"]
+    return plan
+
+
+def m_recv_swapped_tags(plan, rng):
+    """Two recvs of one stage exchange their tags: every message is still received once (the plan loads), but each
+    recv now gets the other tensor."""
+    recvs = _recvs(plan)
+    pairs = [(a, b) for a in recvs for b in recvs if a is not b and a["attrs"]["src"] == b["attrs"]["src"]
+             and a["attrs"].get("shape") == b["attrs"].get("shape")]
+    if not pairs:
+        return None
+    a, b = rng.choice(pairs)
+    a["attrs"]["tag"], b["attrs"]["tag"] = b["attrs"]["tag"], a["attrs"]["tag"]
+    return plan
+
+
+def m_send_extra_copy(plan, rng):
+    """A second send of a message (same tag, same stages) after the first: the interpreter, engine and checker used
+    to disagree on which one a recv takes; now the loader refuses it."""
+    for g in plan["parallel"]:
+        idx = [i for i, n in enumerate(g["nodes"]) if n["op"] == "send"]
+        if idx:
+            i = rng.choice(idx)
+            n = g["nodes"][i]
+            others = [x["name"] for x in g["inputs"] if x["name"] != n["inputs"][0]]
+            dup = copy.deepcopy(n)
+            if others:
+                dup["inputs"] = [rng.choice(others)]
+            g["nodes"].insert(rng.randint(i + 1, len(g["nodes"])), dup)
+            return plan
+    return None
+
+
+P2P_MUTATIONS: dict[str, Callable] = {
+    "send_shared_tag": m_send_shared_tag,
+    "recv_swapped_tags": m_recv_swapped_tags,
+    "send_extra_copy": m_send_extra_copy,
+}
+
+
+# ------------------------------------------------------------------ stages (the stage_alias family, fuzz/gen.py)
+# Its plans name the parallel nodes of stage k ``s<k>_c`` (the first internal op, whose result in the template is
+# hash-equal to a boundary input), ``s<k>_z`` (the op reading both), the copy's boundary ``b2``, and the logical
+# claim about the copy's internal result ``o``.
+def _pnode(plan, name):
+    return next((n for g in plan["parallel"] for n in g["nodes"] if n.get("name") == name), None)
+
+
+def m_stage_claims_boundary(plan, rng):
+    """Declare the copy's internal result to be what its boundary input holds (what a hash-substituting replay
+    concluded): o = g(w) where the copy computes f(w) and its boundary is g(w)."""
+    b2 = _pnode(plan, "b2")
+    lo = next((n for n in plan["logical"]["nodes"] if n.get("name") == "o"), None)
+    if b2 is None or lo is None or (lo["op"], lo.get("attrs")) == (b2["op"], b2.get("attrs")):
+        return None
+    lo["op"] = b2["op"]
+    lo["attrs"] = copy.deepcopy(b2.get("attrs", {}))
+    if not lo["attrs"]:
+        del lo["attrs"]
+    return plan
+
+
+def m_stage_alias_in_copy(plan, rng):
+    """The copy's first internal op becomes its boundary's op, so the alias is in the copy and not the template:
+    the copy computes g(w) where o = f(w) is declared."""
+    b2, c2 = _pnode(plan, "b2"), _pnode(plan, "s2_c")
+    if b2 is None or c2 is None or (c2["op"], c2.get("attrs")) == (b2["op"], b2.get("attrs")):
+        return None
+    c2["op"] = b2["op"]
+    c2["attrs"] = copy.deepcopy(b2.get("attrs", {}))
+    if not c2["attrs"]:
+        del c2["attrs"]
+    return plan
+
+
+STAGE_MUTATIONS: dict[str, Callable] = {
+    "stage_claims_boundary": m_stage_claims_boundary,
+    "stage_alias_in_copy": m_stage_alias_in_copy,
+}
+
+
 MUTATIONS: dict[str, Callable] = {
     "wrong_dim": m_wrong_dim,
     "missing_collective": m_missing_collective,

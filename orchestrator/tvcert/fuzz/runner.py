@@ -157,9 +157,13 @@ def mutate_certificate(cert: dict, rng: random.Random) -> tuple[dict, str] | Non
             o["placement"][i] = "Partial(sum)" if o["placement"][i] != "Partial(sum)" else "Replicate"
         elif k == "step_expr" and c["steps"]:
             st = c["steps"][rng.randrange(len(c["steps"]))]
+            if not st["out"]:  # a memoized stage's row has no per-op facts
+                continue
             st["out"][0][0] += rng.choice([1, -1])
         elif k == "step_placement" and c["steps"]:
             st = c["steps"][rng.randrange(len(c["steps"]))]
+            if not st["out"]:
+                continue
             pl = st["out"][0][1]
             if not pl:
                 continue
@@ -167,6 +171,8 @@ def mutate_certificate(cert: dict, rng: random.Random) -> tuple[dict, str] | Non
             pl[i] = "Partial(sum)" if pl[i] != "Partial(sum)" else "Replicate"
         elif k == "step_rule" and c["steps"]:
             st = c["steps"][rng.randrange(len(c["steps"]))]
+            if not st["rules"]:
+                continue
             st["rules"][0] = rng.choice(["matmul_row_parallel", "allgather_shard", "elementwise_smt"])
         elif k == "step_node" and c["steps"]:
             st = c["steps"][rng.randrange(len(c["steps"]))]
