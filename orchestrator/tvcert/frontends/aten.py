@@ -21,6 +21,18 @@ Conventions
   only when nothing can alias it (see ``_check_unaliased``).
 * Complex tensors are carried as their real view ``[..., 2]`` and have their own table
   (``COMPLEX_TABLE``); an op touching a complex tensor is never converted as if it were real.
+* ``-inf`` (a causal mask ``masked_fill(m, -inf)``, SDPA's math backend, an online-softmax running max
+  started at ``-inf``): the IR, its interpreter and the Coq semantics are over the reals and have no
+  infinities.  A value that may hold ``-inf`` is carried as a pair :class:`NegInf` ``(F, M)`` of a finite
+  tensor and an int mask, meaning ``where(M, -inf, F)`` in the extended reals, and only the ops whose
+  extended-real result is again such a pair or a finite tensor are converted, each by an exact identity
+  (``x + -inf = -inf`` for finite x, ``exp(-inf) = 0``, ``max(-inf, y) = y``, softmax of a row with
+  ``-inf`` entries = the softmax of its finite entries, 0 at the others; see ``NEGINF_TABLE``).  So
+  ``-inf`` never reaches the IR: the plan computes exactly what PyTorch computes in the extended reals.
+  Any other op reading such a value (``sub`` from it, multiplying it by a tensor, ``+inf``, NaN) is
+  UNKNOWN, naming the op and where the ``-inf`` came from.  A row that is entirely ``-inf`` gives
+  ``_safe_softmax``'s 0 exactly, and for ``_softmax`` (NaN in PyTorch) a division 0/0, which the
+  interpreter reports as a domain error, never as a number.
 """
 from __future__ import annotations
 
@@ -32,6 +44,17 @@ from typing import Any, Callable, Optional
 import torch
 
 aten = torch.ops.aten
+
+
+@dataclass
+class NegInf:
+    """A tensor value that may hold ``-inf``: ``where(M, -inf, F)`` with ``F`` a finite float IR tensor of the
+    value's shape and ``M`` an int 0/1 IR tensor broadcastable to it.  ``origin`` says where the ``-inf``
+    came from (for messages).  Never an IR value: ``Converter.ir`` refuses it."""
+
+    F: str
+    M: str
+    origin: str
 
 
 class Unconverted(Exception):
@@ -143,6 +166,9 @@ class Converter:
         """IR name of a tensor argument; python scalars become 0-d consts."""
         if isinstance(a, torch.fx.Node):
             v = self.env.get(a)
+            if isinstance(v, NegInf):
+                self.fail(f"argument {a.name} may hold -inf (from {v.origin}); the IR is over the reals and this "
+                          f"op has no exact extended-real conversion (see NEGINF_TABLE in tvcert/frontends/aten.py)")
             if v is None:
                 self.fail(f"argument {a.name} has no IR value")
             if isinstance(v, (list, tuple)):
@@ -165,6 +191,10 @@ class Converter:
                 continue
             if n.op == "output":
                 outputs = [self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in _flat(n.args[0])]
+                for o in outputs:
+                    if isinstance(o, NegInf):
+                        raise Unconverted("output", None, f"an output may hold -inf (from {o.origin}); the IR has "
+                                                          f"no infinities")
                 continue
             if n.op == "get_attr":
                 self.cur = n
@@ -193,6 +223,8 @@ class Converter:
             self.fail(f"tensor constant {n.target} of shape {list(v.shape)} holds distinct values; pass it as an "
                       f"input (module buffers are inputs in tvcert.frontends.dtensor)")
         x = flat[0].item()
+        if isinstance(x, float) and x == -math.inf:
+            return NegInf(self.const(0, _shape(v)), self.const(1, _shape(v), "int"), f"tensor constant {n.target}")
         return self.const(x, _shape(v), ir_dtype(v))
 
     def convert(self, n: torch.fx.Node) -> Any:
@@ -205,6 +237,20 @@ class Converter:
             if not isinstance(v, (list, tuple)):
                 self.fail("getitem of a non-tuple")
             return v[i]
+        origin = _neginf_origin(self, n)
+        if origin is not None:
+            return origin
+        if any(isinstance(self.env.get(a), NegInf) for a in _flat(list(n.args) + list(n.kwargs.values()))
+               if isinstance(a, torch.fx.Node)):
+            h = NEGINF_TABLE.get(str(t)) or NEGINF_TABLE.get(str(getattr(t, "overloadpacket", t)))
+            if h is None:
+                src = next(self.env[a].origin for a in _flat(list(n.args) + list(n.kwargs.values()))
+                           if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), NegInf))
+                self.fail(f"an input may hold -inf (from {src}); the IR is over the reals (no infinities) and "
+                          f"{_pk(n)} has no exact extended-real conversion (converted: add / sub of a finite "
+                          f"value, positive scaling, where, masked_fill, layout ops, exp, maximum, amax, "
+                          f"softmax, _safe_softmax)")
+            return h(self, n, *n.args, **n.kwargs)
         table = COMPLEX_TABLE if _touches_complex(n) else TABLE
         h = table.get(str(t))
         if h is None:
@@ -422,8 +468,27 @@ reg("aten.mul")(_binary("mul", _scalar_mul))
 reg("aten.div")(_binary("div", _scalar_div))
 reg("aten.maximum")(_binary("maximum"))
 reg("aten.minimum")(_binary("minimum"))
+_CMP_INF = {  # x op +inf, x op -inf, for every real x
+    "eq": (0, 0), "ne": (1, 1), "lt": (1, 0), "le": (1, 0), "gt": (0, 1), "ge": (0, 1)}
+
+
+def _compare(op: str):
+    base = _binary(op)
+
+    def h(c, n, a, b, **k):
+        """A comparison with a python +-inf is decided for every real number (the IR's values): a constant."""
+        for x, y, flip in ((a, b, False), (b, a, True)):
+            if isinstance(y, float) and math.isinf(y) and isinstance(x, torch.fx.Node):
+                o = op
+                if flip:
+                    o = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op)
+                return c.const(_CMP_INF[o][0 if y > 0 else 1], _shape(_out(c, n)), "int")
+        return base(c, n, a, b, **k)
+    return h
+
+
 for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
-    reg(f"aten.{_cmp}")(_binary(_cmp))
+    reg(f"aten.{_cmp}")(_compare(_cmp))
 reg("aten.logical_and")(_binary("logical_and"))
 reg("aten.logical_or")(_binary("logical_or"))
 reg("aten.bitwise_and")(_binary("logical_and"))
@@ -842,6 +907,7 @@ reg("aten.scalar_tensor")(_fill(lambda a, k: a[0]))
 def _arange(c, n, *a, **k):
     nums = [x for x in a if isinstance(x, (int, float))]
     start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
+    start, end, step = (int(v) if isinstance(v, float) and v.is_integer() else v for v in (start, end, step))
     if not all(isinstance(v, int) for v in (start, end, step)):
         c.fail("arange with non-integer bounds")
     size = int(_out(c, n).shape[0])
@@ -856,9 +922,16 @@ def _embedding(c, n, w, ids, padding_idx=-1, scale_grad=False, sparse=False):
 
 @reg("aten.embedding_dense_backward")
 def _embedding_bwd(c, n, g, ids, num_weights, padding_idx=-1, scale_grad=False):
+    """The gradient rows scattered at the ids; with ``padding_idx`` p the rows whose id is p contribute nothing
+    (PyTorch leaves row p of the weight gradient at 0): the gradient is zeroed where ids == p first."""
+    if scale_grad:
+        c.fail("embedding backward with scale_grad_by_freq")
+    gi = c.ir(g)
     if padding_idx not in (-1, None):
-        c.fail("embedding backward with padding_idx")
-    return c.emit("embedding_backward", [c.ir(g), c.ir(ids, "int")], {"num_weights": int(num_weights)})
+        pad = c.emit("eq", [c.ir(ids, "int"), c.const(int(padding_idx), (), "int")], base=f"{n.name}_pad")
+        pad = c.emit("unsqueeze", [pad], {"dim": len(_shape(c.val(ids)))}, base=f"{n.name}_padu")
+        gi = c.emit("where", [pad, c.const(0), gi], base=f"{n.name}_g")
+    return c.emit("embedding_backward", [gi, c.ir(ids, "int")], {"num_weights": int(num_weights)})
 
 
 @reg("aten.gather")
@@ -905,13 +978,22 @@ def _index_put(c, n, x, indices, values, accumulate=False):
 
     The in-place form rebinds ``x`` to the result for the nodes after it; that is only sound when
     nothing aliases ``x``: ``x`` must be produced by a non-view op and have no users before this node."""
-    if accumulate:
-        c.fail("index_put with accumulate=True")
     idx = list(indices)
-    if len(idx) == 2 and all(isinstance(i, torch.fx.Node) for i in idx):
+    is_mask = len(idx) == 1 and isinstance(idx[0], torch.fx.Node) and c.val(idx[0]).dtype == torch.bool
+    rows = (len(idx) == 2 and all(isinstance(i, torch.fx.Node) for i in idx) and _pk(idx[0]) == "aten.arange"
+            and not accumulate)
+    if accumulate or not (is_mask or rows):
+        if any(isinstance(i, torch.fx.Node) and c.val(i).dtype == torch.bool for i in idx):
+            c.fail("index_put with a boolean mask and accumulate, or a mask among several indices")
+        inplace = str(n.target).startswith("aten.index_put_")
+        if inplace:
+            _check_unaliased(c, n, x, "index_put")
+        out = _index_put_general(c, n, x, idx, values, bool(accumulate))
+        if inplace:
+            c.env[x] = out
+        return out
+    if rows:
         return _index_put_rows(c, n, x, idx, values)
-    if len(idx) != 1 or not isinstance(idx[0], torch.fx.Node) or c.val(idx[0]).dtype != torch.bool:
-        c.fail("index_put with other than one boolean mask index")
     xv, mv, vv = c.val(x), c.val(idx[0]), c.val(values)
     if not isinstance(x, torch.fx.Node) or _shape(mv) != _shape(xv)[:len(mv.shape)]:
         c.fail(f"index_put mask of shape {_shape(mv)} is not a prefix of the target's shape {_shape(xv)}")
@@ -992,7 +1074,7 @@ def _inplace(packet: str):
     return h
 
 
-for _ip in ("add", "sub", "mul", "div"):
+for _ip in ("add", "sub", "mul", "div", "logical_or", "logical_and", "masked_fill"):
     reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
 
 
@@ -1226,3 +1308,674 @@ def _c_expand(c, n, x, shape, implicit=False):
     if out == _shape(c.val(x)):
         return c.ir(x)
     return c.emit("expand", [c.ir(x)], {"shape": out + [2]})
+
+
+# ====================================================================== -inf (extended reals)
+# A value that may hold -inf is a NegInf (F, M): where(M, -inf, F).  It is born at a fill with -inf
+# (``full`` / ``scalar_tensor`` / ``masked_fill`` / ``where`` with a -inf scalar, a -inf tensor constant) and
+# dies at an op whose result is finite (exp, maximum with a finite value, softmax).  Each handler below is an
+# identity of the extended reals restricted to finite F (no +inf, no NaN can arise):
+#   layout / alias ops act on F and M alike;  (F,M) + y = (F + y, M) for finite y (+ with alpha > 0);
+#   (F1,M1) + (F2,M2) = (F1 + F2, M1 or M2);  (F,M) - y = (F - y, M);  s*(F,M) = (s*F, M), (F,M)/s for s > 0;
+#   where(c, A, B) = (where(c, FA, FB), where(c, MA, MB));  masked_fill(A, m, -inf) = (FA, MA or m),
+#   masked_fill(A, m, v) = (masked_fill(FA, m, v), MA and not m);  exp(F,M) = where(M, 0, exp(F));
+#   maximum((F,M), y) = where(M, y, max(F, y));  maximum of two pairs = (where(M1, F2, where(M2, F1,
+#   max(F1,F2))), M1 and M2);  amax over dims D = (amax(where(M, amin(F, D), F), D), all(M over D));
+#   softmax((F,M), d) = q / sum_d(q) with q = where(M, 0, softmax(F, d)) (the shift-invariance of softmax:
+#   exp(F_i) / sum over unmasked j of exp(F_j) = softmax(F)_i / sum over unmasked j of softmax(F)_j);
+#   _safe_softmax: the same with the row sum 0 (every entry -inf) replaced by 1, giving 0, as PyTorch does.
+NEGINF_TABLE: dict[str, Callable[..., Any]] = {}
+
+
+def nreg(*names: str):
+    def deco(fn):
+        for nm in names:
+            NEGINF_TABLE[nm] = fn
+        return fn
+    return deco
+
+
+def _is_neg_inf(v) -> bool:
+    return isinstance(v, float) and v == -math.inf
+
+
+def _nonfinite(v) -> bool:
+    return isinstance(v, float) and (math.isinf(v) or math.isnan(v))
+
+
+_NEGINF_FILLS = {"aten.full": 1, "aten.full_like": 1, "aten.new_full": 1, "aten.scalar_tensor": 0, "aten.fill": 1}
+
+
+def _neginf_origin(c: Converter, n: torch.fx.Node) -> Optional[NegInf]:
+    """A NegInf for an op that writes -inf (a fill, masked_fill or where with a -inf python scalar)."""
+    pk = _pk(n)
+    where = f"{pk} at {c.cur_src or n.name}"
+    if pk in _NEGINF_FILLS and len(n.args) > _NEGINF_FILLS[pk]:
+        v = n.args[_NEGINF_FILLS[pk]]
+        if _nonfinite(v) and not _is_neg_inf(v):
+            c.fail(f"fill value {v} is not a real number or -inf (the IR has no +inf / NaN)")
+        if _is_neg_inf(v):
+            out = _out(c, n)
+            if ir_dtype(out) != "float":
+                c.fail("-inf fill of a non-float tensor")
+            return NegInf(c.const(0, _shape(out)), c.const(1, _shape(out), "int"), where)
+        return None
+    if pk == "aten.masked_fill_" and len(n.args) >= 3 and _is_neg_inf(n.args[2]):
+        _check_unaliased(c, n, n.args[0], "masked_fill_")
+        x = n.args[0]
+        if isinstance(c.env.get(x), NegInf) or ir_dtype(c.val(x)) != "float":
+            c.fail("in-place -inf fill of a value that may hold -inf already, or of a non-float tensor")
+        out = NegInf(c.ir(x), c.ir(n.args[1], "int"), where)
+        c.env[x] = out
+        return out
+    if pk == "aten.masked_fill" and len(n.args) >= 3 and not isinstance(n.args[2], torch.fx.Node):
+        v = n.args[2]
+        if _nonfinite(v) and not _is_neg_inf(v):
+            c.fail(f"masked_fill value {v} is not a real number or -inf (the IR has no +inf / NaN)")
+        if _is_neg_inf(v):
+            x, m = n.args[0], n.args[1]
+            shp = _shape(_out(c, n))
+            xv = c.env.get(x) if isinstance(x, torch.fx.Node) else None
+            mi = c.ir(m, "int")
+            if isinstance(xv, NegInf):
+                return NegInf(xv.F, c.emit("logical_or", [xv.M, mi], base=f"{n.name}_M"), xv.origin)
+            F = c.ir(x)
+            if _shape(c.val(x)) != shp:
+                F = c.emit("expand", [F], {"shape": shp}, base=f"{n.name}_F")
+            return NegInf(F, mi, where)
+        return None
+    if pk == "aten.where" and len(n.args) == 3 and any(_is_neg_inf(a) for a in n.args[1:]):
+        return _neginf_where(c, n, *n.args)
+    if pk == "aten.where" and any(_nonfinite(a) for a in n.args[1:]):
+        c.fail("where with a +inf / NaN scalar (the IR has no infinities)")
+    return None
+
+
+def _nparts(c, a, shape_of_out=None):
+    """(F, M) of an operand: a NegInf's parts, a finite tensor with mask 0, a python number (finite or -inf)."""
+    if isinstance(a, torch.fx.Node):
+        v = c.env.get(a)
+        if isinstance(v, NegInf):
+            return v.F, v.M
+        return c.ir(a), c.const(0, (), "int")
+    if _is_neg_inf(a):
+        return c.const(0), c.const(1, (), "int")
+    if _nonfinite(a):
+        c.fail(f"scalar {a} (the IR has no +inf / NaN)")
+    return c.ir(a), c.const(0, (), "int")
+
+
+def _origin_of(c, *args) -> str:
+    for a in args:
+        v = c.env.get(a) if isinstance(a, torch.fx.Node) else None
+        if isinstance(v, NegInf):
+            return v.origin
+    return f"{_pk(c.cur)} at {c.cur_src or c.cur.name}"
+
+
+def _neginf_where(c, n, cond, a, b):
+    if ir_dtype(_out(c, n)) != "float":
+        c.fail("where with -inf producing a non-float tensor")
+    ci = c.ir(cond, "int")
+    Fa, Ma = _nparts(c, a)
+    Fb, Mb = _nparts(c, b)
+    F = c.emit("where", [ci, Fa, Fb], base=f"{n.name}_F")
+    out = _shape(_out(c, n))
+    if _shape_of(c, F) != out:
+        F = c.emit("expand", [F], {"shape": out}, base=f"{n.name}_Fx")
+    M = c.emit("where", [ci, Ma, Mb], base=f"{n.name}_M")
+    return NegInf(F, M, _origin_of(c, a, b))
+
+
+def _shape_of(c, name: str) -> list[int]:
+    """Shape of an IR tensor emitted by this converter (inputs: from the fx placeholders)."""
+    from ..ops import get_op, resolve_attrs
+
+    shapes = c.__dict__.setdefault("_ir_shapes", {})
+    if name in shapes:
+        return shapes[name]
+    for ph, nm in zip([m for m in c.gm.graph.nodes if m.op == "placeholder"], c.input_names):
+        shapes.setdefault(nm, _shape(ph.meta["val"]))
+    for nd in c.nodes:
+        if nd.outputs[0] in shapes:
+            continue
+        spec = get_op(nd.op)
+        outs = spec.infer([tuple(shapes[i]) for i in nd.inputs], resolve_attrs(spec, nd.attrs, {}))
+        for o, sh in zip(nd.outputs, outs):
+            shapes[o] = [int(x) for x in sh]
+    return shapes[name]
+
+
+def _expand_to(c, n, M, shape, tag="Mx"):
+    if _shape_of(c, M) == list(shape):
+        return M
+    return c.emit("expand", [M], {"shape": list(shape)}, base=f"{n.name}_{tag}")
+
+
+@nreg("aten.where")
+def _n_where(c, n, cond, a, b):
+    if isinstance(c.env.get(cond), NegInf):
+        c.fail("a where condition that may hold -inf")
+    return _neginf_where(c, n, cond, a, b)
+
+
+@nreg("aten.masked_fill")
+def _n_masked_fill(c, n, x, mask, value):
+    if isinstance(value, torch.fx.Node) or isinstance(c.env.get(mask), NegInf):
+        c.fail("masked_fill of a value that may hold -inf with a tensor value or mask")
+    xv = c.env[x]
+    mi = c.ir(mask, "int")
+    F = c.emit("masked_fill", [xv.F, mi], {"value": value}, base=f"{n.name}_F")
+    nm = c.emit("logical_not", [mi], base=f"{n.name}_nm")
+    M = c.emit("logical_and", [xv.M, nm], base=f"{n.name}_M")
+    return NegInf(F, M, xv.origin)
+
+
+def _n_layout(c, n, *args, **kw):
+    """An alias / layout op: the normal conversion applied to F and to M (each NegInf argument replaced in
+    turn by its F, then by its M expanded to the argument's shape; finite tensor arguments get mask 0)."""
+    h = TABLE.get(str(n.target)) or TABLE.get(_pk(n))
+    nodes = [a for a in _flat(list(args)) if isinstance(a, torch.fx.Node)]
+    saved = {a: c.env[a] for a in nodes}
+    origin = _origin_of(c, *nodes)
+    try:
+        for a in nodes:
+            v = saved[a]
+            c.env[a] = v.F if isinstance(v, NegInf) else v
+        F = h(c, n, *args, **kw)
+        for a in nodes:
+            v = saved[a]
+            if isinstance(v, NegInf):
+                c.env[a] = _expand_to(c, n, v.M, _shape(c.val(a)))
+            elif ir_dtype(c.val(a)) == "float":
+                c.env[a] = c.const(0, _shape(c.val(a)), "int")
+        M = h(c, n, *args, **kw)
+    finally:
+        for a in nodes:
+            c.env[a] = saved[a]
+    if isinstance(F, (list, tuple)):
+        return [NegInf(f, m, origin) if f is not None else None for f, m in zip(F, M)]
+    return NegInf(F, M, origin)
+
+
+for _nl in ("aten.detach", "aten.clone", "aten.alias", "aten.contiguous", "aten.lift_fresh_copy", "aten.view_as",
+            "aten.lift_fresh", "aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.transpose",
+            "aten.permute", "aten.t", "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select", "aten.cat",
+            "aten.split", "aten.split_with_sizes", "aten.triu", "aten.tril", "aten.flip"):
+    NEGINF_TABLE[_nl] = _n_layout
+
+
+@nreg("aten._to_copy", "aten.to")
+def _n_to_copy(c, n, x, *a, **k):
+    if ir_dtype(_out(c, n)) != "float":
+        c.fail("a cast to a non-float dtype of a value that may hold -inf")
+    return c.env[x]
+
+
+@nreg("aten.add", "aten.sub")
+def _n_add(c, n, a, b, alpha=1):
+    sub = _pk(n) == "aten.sub"
+    Fa, Ma = _nparts(c, a)
+    Fb, Mb = _nparts(c, b)
+    b_inf = isinstance(c.env.get(b), NegInf) if isinstance(b, torch.fx.Node) else _is_neg_inf(b)
+    if b_inf and (sub or not (isinstance(alpha, (int, float)) and alpha > 0)):
+        c.fail("subtracting (or adding a non-positive multiple of) a value that may hold -inf: the result may be "
+               "+inf or NaN, which the IR cannot hold")
+    if alpha != 1:
+        if not isinstance(alpha, (int, float)) or _nonfinite(alpha):
+            c.fail(f"alpha={alpha!r}")
+        Fb = c.emit("scale", [Fb], {"value": alpha}, base=f"{n.name}_alpha")
+    a_inf = isinstance(c.env.get(a), NegInf) if isinstance(a, torch.fx.Node) else _is_neg_inf(a)
+    F = c.emit("sub" if sub else "add", [Fa, Fb], base=f"{n.name}_F")
+    out = _shape(_out(c, n))
+    if _shape_of(c, F) != out:
+        F = c.emit("expand", [F], {"shape": out}, base=f"{n.name}_Fx")
+    M = c.emit("logical_or", [Ma, Mb], base=f"{n.name}_M") if (a_inf and b_inf) else (Ma if a_inf else Mb)
+    return NegInf(F, M, _origin_of(c, a, b))
+
+
+@nreg("aten.mul", "aten.div")
+def _n_scale(c, n, a, b):
+    x, s = (a, b) if isinstance(c.env.get(a), NegInf) else (b, a)
+    if _pk(n) == "aten.div" and x is not a:
+        c.fail("dividing by a value that may hold -inf")
+    if isinstance(s, torch.fx.Node) or not isinstance(s, (int, float)) or _nonfinite(s) or s <= 0:
+        c.fail(f"multiplying a value that may hold -inf by {s if not isinstance(s, torch.fx.Node) else 'a tensor'}: "
+               f"only a positive python number keeps the result in the extended reals without NaN")
+    xv = c.env[x]
+    op = "div" if _pk(n) == "aten.div" else "mul"
+    F = (c.emit("scale", [xv.F], {"value": s}, base=f"{n.name}_F") if op == "mul"
+         else c.emit("div", [xv.F, c.const(s)], base=f"{n.name}_F"))
+    return NegInf(F, xv.M, xv.origin)
+
+
+@nreg("aten.exp")
+def _n_exp(c, n, x):
+    xv = c.env[x]
+    e = c.emit("exp", [xv.F], base=f"{n.name}_e")
+    return c.emit("where", [xv.M, c.const(0), e])
+
+
+@nreg("aten.maximum")
+def _n_maximum(c, n, a, b):
+    Fa, Ma = _nparts(c, a)
+    Fb, Mb = _nparts(c, b)
+    ia, ib = (isinstance(c.env.get(x), NegInf) for x in (a, b))
+    m = c.emit("maximum", [Fa, Fb], base=f"{n.name}_mx")
+    if ia and ib:
+        inner = c.emit("where", [Mb, Fa, m], base=f"{n.name}_w")
+        F = c.emit("where", [Ma, Fb, inner], base=f"{n.name}_F")
+        return NegInf(F, c.emit("logical_and", [Ma, Mb], base=f"{n.name}_M"), _origin_of(c, a, b))
+    Mx, y = (Ma, Fb) if ia else (Mb, Fa)
+    return c.emit("where", [Mx, y, m])
+
+
+@nreg("aten.amax")
+def _n_amax(c, n, x, dims=None, keepdim=False):
+    xv = c.env[x]
+    ds = _dims(c, x, dims)
+    shp = _shape(c.val(x))
+    M = _expand_to(c, n, xv.M, shp)
+    lo = c.emit("amin", [xv.F], {"dims": ds, "keepdim": True}, base=f"{n.name}_lo")
+    shifted = c.emit("where", [M, lo, xv.F], base=f"{n.name}_w")
+    F = c.emit("amax", [shifted], {"dims": ds, "keepdim": bool(keepdim)}, base=f"{n.name}_F")
+    allm = c.emit("amin", [M], {"dims": ds, "keepdim": bool(keepdim)}, base=f"{n.name}_M")
+    return NegInf(F, allm, xv.origin)
+
+
+def _n_softmax_common(c, n, x, dim, safe: bool):
+    xv = c.env[x]
+    d = int(dim) % len(_shape(c.val(x)))
+    p = c.emit("softmax", [xv.F], {"dim": d}, base=f"{n.name}_p")
+    q = c.emit("where", [xv.M, c.const(0), p], base=f"{n.name}_q")
+    s = c.emit("sum", [q], {"dims": [d], "keepdim": True}, base=f"{n.name}_s")
+    if safe:
+        z = c.emit("eq", [s, c.const(0)], base=f"{n.name}_z")
+        s = c.emit("where", [z, c.const(1), s], base=f"{n.name}_s1")
+    return c.emit("div", [q, s])
+
+
+@nreg("aten._softmax")
+def _n_softmax(c, n, x, dim, half=False):
+    return _n_softmax_common(c, n, x, dim, safe=False)
+
+
+@nreg("aten._safe_softmax")
+def _n_safe_softmax(c, n, x, dim, dtype=None):
+    if dtype is not None and ir_dtype(_out(c, n)) != "float":
+        c.fail(f"_safe_softmax to dtype {dtype}")
+    return _n_softmax_common(c, n, x, dim, safe=True)
+
+
+# ====================================================================== core ATen coverage (issue 15)
+# The tracer runs make_fx with PyTorch's own decompositions (tvcert.frontends.trace.decompositions): the
+# core ATen table minus the ops converted here directly.  The handlers below are the core ops (and the
+# few composite ones kept whole because their direct form is what the engine's rules speak of) that the
+# table leaves.  Each is an exact identity over the reals, tested against PyTorch's op on random float64
+# inputs in tests/test_aten_coverage.py.
+@reg("aten.native_layer_norm")
+def _native_layer_norm(c, n, x, normalized_shape, weight, bias, eps):
+    """(y, mean, rstd): mean and biased variance over the last len(normalized_shape) dims,
+    rstd = rsqrt(var + eps), y = (x - mean) * rstd * w + b.  mean / rstd keep the reduced dims as 1."""
+    shp = _shape(c.val(x))
+    k = len(list(normalized_shape))
+    ds = list(range(len(shp) - k, len(shp)))
+    xi = c.ir(x)
+    mean = c.emit("mean", [xi], {"dims": ds, "keepdim": True}, base=f"{n.name}_mean")
+    xc = c.emit("sub", [xi, mean], base=f"{n.name}_xc")
+    var = c.emit("mean", [c.emit("square", [xc], base=f"{n.name}_sq")], {"dims": ds, "keepdim": True},
+                 base=f"{n.name}_var")
+    if not isinstance(eps, (int, float)) or _nonfinite(eps):
+        c.fail(f"eps {eps!r}")
+    ve = c.emit("add_scalar", [var], {"value": eps}, base=f"{n.name}_ve") if eps != 0 else var
+    rstd = c.emit("rsqrt", [ve], base=f"{n.name}_rstd")
+    y = c.emit("mul", [xc, rstd], base=f"{n.name}_xhat")
+    if weight is not None:
+        y = c.emit("mul", [y, c.ir(weight)], base=f"{n.name}_w")
+    if bias is not None:
+        y = c.emit("add", [y, c.ir(bias)], base=f"{n.name}_b")
+    return (y, mean, rstd)
+
+
+@reg("aten.gelu_backward")
+def _gelu_bwd(c, n, g, x, approximate="none"):
+    """PyTorch's formulas (its float64 constants), written with IR ops:
+    exact: g * (Phi(x) + x * kBeta * exp(-x^2/2)), kBeta = 2/sqrt(pi) * 1/sqrt(2) / 2, where the normal CDF
+    Phi(x) = gelu(x) / x for x != 0 and 1/2 at 0 (the IR has gelu but no erf);
+    tanh: g * (0.5 * (1 + t) + 0.5 * x * (1 - t^2) * b * (1 + 3k x^2)), t = tanh(b (x + k x^3)),
+    b = sqrt(2) * 2/sqrt(pi) / 2, k = 0.044715."""
+    xi, gi = c.ir(x), c.ir(g)
+    m2 = 1.12837916709551257390  # M_2_SQRTPI
+    if approximate == "none":
+        nz = c.emit("ne", [xi, c.const(0)], base=f"{n.name}_nz")
+        den = c.emit("where", [nz, xi, c.const(1)], base=f"{n.name}_den")
+        ge = c.emit("gelu", [xi], {"approximate": "none"}, base=f"{n.name}_gelu")
+        q = c.emit("div", [ge, den], base=f"{n.name}_q")
+        cdf = c.emit("where", [nz, q, c.const(0.5)], base=f"{n.name}_cdf")
+        sq = c.emit("square", [xi], base=f"{n.name}_sq")
+        e = c.emit("exp", [c.emit("scale", [sq], {"value": -0.5}, base=f"{n.name}_h")], base=f"{n.name}_e")
+        pdf = c.emit("scale", [e], {"value": m2 * 0.70710678118654752440 * 0.5}, base=f"{n.name}_pdf")
+        d = c.emit("add", [cdf, c.emit("mul", [xi, pdf], base=f"{n.name}_xp")], base=f"{n.name}_d")
+        return c.emit("mul", [gi, d])
+    if approximate != "tanh":
+        c.fail(f"gelu_backward approximate={approximate!r}")
+    beta, kappa = 1.41421356237309504880 * m2 * 0.5, 0.044715
+    sq = c.emit("square", [xi], base=f"{n.name}_sq")
+    cube = c.emit("mul", [sq, xi], base=f"{n.name}_cube")
+    inner = c.emit("scale", [c.emit("add", [xi, c.emit("scale", [cube], {"value": kappa}, base=f"{n.name}_kc")],
+                                    base=f"{n.name}_in0")], {"value": beta}, base=f"{n.name}_in")
+    t = c.emit("tanh", [inner], base=f"{n.name}_t")
+    right = c.emit("add_scalar", [t], {"value": 1}, base=f"{n.name}_r")
+    left_d = c.emit("scale", [right], {"value": 0.5}, base=f"{n.name}_ld")
+    left = c.emit("scale", [xi], {"value": 0.5}, base=f"{n.name}_l")
+    tanh_d = c.emit("sub", [c.const(1), c.emit("square", [t], base=f"{n.name}_t2")], base=f"{n.name}_td")
+    inner_d = c.emit("scale", [c.emit("add_scalar", [c.emit("scale", [sq], {"value": 3 * kappa}, base=f"{n.name}_3k")],
+                                      {"value": 1}, base=f"{n.name}_id0")], {"value": beta}, base=f"{n.name}_id")
+    right_d = c.emit("mul", [c.emit("mul", [left, tanh_d], base=f"{n.name}_rd0"), inner_d], base=f"{n.name}_rd")
+    d = c.emit("add", [left_d, right_d], base=f"{n.name}_d")
+    return c.emit("mul", [gi, d])
+
+
+def _max_min(largest: bool):
+    def h(c, n, x, dim=None, keepdim=False):
+        """max / min over a dim: (values, indices); the IR topk with k = 1 returns the first extremal index on
+        ties, as PyTorch documents for max.dim / min.dim; min is -topk(-x).  When the indices are not read,
+        values are amax / amin.  The full reduction max(x) / min(x) is amax / amin over every dim."""
+        shp = _shape(c.val(x))
+        if dim is None:
+            return c.emit("amax" if largest else "amin", [c.ir(x)], {"dims": list(range(len(shp))), "keepdim": False}) \
+                if shp else c.ir(x)
+        if not shp:
+            return (c.ir(x), c.const(0, (), "int"))
+        d = int(dim) % len(shp)
+        idx_used = any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in n.users)
+        if not idx_used:
+            v = c.emit("amax" if largest else "amin", [c.ir(x)], {"dims": [d], "keepdim": bool(keepdim)})
+            return (v, None)
+        src = c.ir(x) if largest else c.emit("neg", [c.ir(x)], base=f"{n.name}_neg")
+        vals, idx = c.emit("topk", [src], {"k": 1, "dim": d}, n_out=2)
+        if not largest:
+            vals = c.emit("neg", [vals], base=f"{n.name}_v")
+        if not keepdim:
+            vals = c.emit("squeeze", [vals], {"dims": [d]}, base=f"{n.name}_vs")
+            idx = c.emit("squeeze", [idx], {"dims": [d]}, base=f"{n.name}_is")
+        return (vals, idx)
+    return h
+
+
+reg("aten.max.dim", "aten.max.default")(_max_min(True))
+reg("aten.min.dim", "aten.min.default")(_max_min(False))
+
+
+def _arg_ext(largest: bool):
+    def h(c, n, x, dim=None, keepdim=False):
+        """argmax / argmin: the index topk(k=1) returns (first extremal index, as PyTorch documents)."""
+        shp = _shape(c.val(x))
+        xi = c.ir(x)
+        if dim is None:
+            if keepdim and len(shp) > 0:
+                c.fail("argmax/argmin with dim=None and keepdim=True")
+            if len(shp) != 1:
+                xi = c.emit("reshape", [xi], {"shape": [math.prod(shp)]}, base=f"{n.name}_flat")
+            d, keepdim = 0, False
+        else:
+            d = int(dim) % max(len(shp), 1)
+        if not largest:
+            xi = c.emit("neg", [xi], base=f"{n.name}_neg")
+        _, idx = c.emit("topk", [xi], {"k": 1, "dim": d}, base=f"{n.name}_topk", n_out=2)
+        if not keepdim:
+            idx = c.emit("squeeze", [idx], {"dims": [d]})
+        return idx
+    return h
+
+
+reg("aten.argmax")(_arg_ext(True))
+reg("aten.argmin")(_arg_ext(False))
+
+
+@reg("aten.cumsum")
+def _cumsum(c, n, x, dim, dtype=None):
+    """cumsum along d = x @ U along d, with U = triu(ones(n, n)) (U[j, i] = 1 iff j <= i): y_i = sum_{j<=i} x_j,
+    exactly.  The dim is moved last and back with transposes."""
+    shp = _shape(c.val(x))
+    dt = ir_dtype(_out(c, n))
+    xi = c.ir(x)
+    if ir_dtype(c.val(x)) != dt:
+        xi = c.emit("cast", [xi], {"dtype": dt}, base=f"{n.name}_cast")
+    if not shp:
+        return xi
+    d = int(dim) % len(shp)
+    L = shp[d]
+    r = len(shp)
+    if d != r - 1:
+        xi = c.emit("transpose", [xi], {"dim0": d, "dim1": r - 1}, base=f"{n.name}_t")
+    ones = c.const(1, [L, L], dt)
+    U = c.emit("triu", [ones], {"diagonal": 0}, base=f"{n.name}_U")
+    y = c.emit("matmul", [xi, U], base=f"{n.name}_mm" if d != r - 1 else None)
+    if d != r - 1:
+        y = c.emit("transpose", [y], {"dim0": d, "dim1": r - 1})
+    return y
+
+
+def _wrap_index(c, n, idx, size: int, tag: str):
+    """PyTorch's advanced indexing wraps negative indices (i < 0 reads i + size); the IR's index ops take
+    0 <= i < size and report anything else as out of range, as PyTorch does beyond [-size, size)."""
+    i = c.ir(idx, "int")
+    neg = c.emit("lt", [i, c.const(0, (), "int")], base=f"{n.name}_{tag}neg")
+    up = c.emit("add_scalar", [i], {"value": int(size)}, base=f"{n.name}_{tag}up")
+    return c.emit("where", [neg, up, i], base=f"{n.name}_{tag}w")
+
+
+def _adv_index(c, n, x, indices):
+    """The common form of ``x[..., i, j, ...]`` (index.Tensor / index_put): the index tensors sit at consecutive
+    dims k..k+m-1 (None before them, nothing or None after); returns (k, m, linear flat index IR [numel(S)],
+    broadcast index shape S, x's shape).  The linear index is sum_t wrap(i_t) * stride_t over the indexed
+    dims (row-major), so x with those dims merged into one is read with one index_select."""
+    shp = _shape(c.val(x))
+    idx = list(indices)
+    while idx and idx[-1] is None:
+        idx.pop()
+    pos = [t for t, i in enumerate(idx) if i is not None]
+    if not pos:
+        c.fail("indexing with no index tensor")
+    k, m = pos[0], len(pos)
+    if pos != list(range(k, k + m)):
+        c.fail("advanced indexing with index tensors at non-adjacent dims (PyTorch moves the result dims first)")
+    for i in idx[k:k + m]:
+        v = c.val(i)
+        if not isinstance(i, torch.fx.Node) or v is None:
+            c.fail("an index that is not a tensor")
+        if v.dtype == torch.bool or v.dtype.is_floating_point:
+            c.fail("boolean-mask or float indexing (its result shape depends on the data)")
+    S = _bshape(*[_shape(c.val(i)) for i in idx[k:k + m]])
+    lin = None
+    stride = 1
+    for t in reversed(range(k, k + m)):
+        w = _wrap_index(c, n, idx[t], shp[t], f"i{t}")
+        if _shape(c.val(idx[t])) != S:
+            w = c.emit("expand", [w], {"shape": S}, base=f"{n.name}_i{t}x")
+        term = w if stride == 1 else c.emit("scale", [w], {"value": stride}, base=f"{n.name}_i{t}s")
+        lin = term if lin is None else c.emit("add", [lin, term], base=f"{n.name}_lin{t}")
+        stride *= shp[t]
+    numel = math.prod(S) if S else 1
+    if S != [numel]:
+        lin = c.emit("reshape", [lin], {"shape": [numel]}, base=f"{n.name}_flat")
+    return k, m, lin, S, shp
+
+
+def _merged(c, n, x, shp, k, m, tag="xm"):
+    """x with dims k..k+m-1 merged into one (a reshape; identity when m == 1)."""
+    if m == 1:
+        return c.ir(x)
+    return c.emit("reshape", [c.ir(x)], {"shape": shp[:k] + [math.prod(shp[k:k + m])] + shp[k + m:]},
+                  base=f"{n.name}_{tag}")
+
+
+@reg("aten.index")
+def _index(c, n, x, indices):
+    """x[..., i, j, ...] = reshape(index_select(x merged over the indexed dims, k, linear index), ...)."""
+    k, m, lin, S, shp = _adv_index(c, n, x, indices)
+    xm = _merged(c, n, x, shp, k, m)
+    sel = c.emit("index_select", [xm, lin], {"dim": k}, base=f"{n.name}_sel")
+    out = _shape(_out(c, n))
+    if _shape_of(c, sel) == out:
+        return sel
+    return c.emit("reshape", [sel], {"shape": out})
+
+
+def _index_put_general(c, n, x, indices, values, accumulate):
+    """x[..., i, j, ...] (+)= v with integer index tensors.  accumulate: index_add of v (broadcast to the
+    indexed shape) along the merged dim -- repeated indices add up, as in PyTorch.  Without accumulate only a
+    one-element v is exact (every written element gets the same value, whatever order repeated indices are
+    written in): where(index_add(0, ones) > 0, v, x)."""
+    k, m, lin, S, shp = _adv_index(c, n, x, indices)
+    numel = math.prod(S) if S else 1
+    dt = ir_dtype(c.val(x))
+    merged = shp[:k] + [math.prod(shp[k:k + m])] + shp[k + m:]
+    src_shape = shp[:k] + [numel] + shp[k + m:]
+    xm = _merged(c, n, x, shp, k, m)
+    if accumulate:
+        vv = c.val(values) if isinstance(values, torch.fx.Node) else None
+        v = c.ir(values, dt)
+        full = shp[:k] + S + shp[k + m:]
+        if vv is None or _shape(vv) != full:
+            v = c.emit("expand", [v], {"shape": full}, base=f"{n.name}_vx")
+        if full != src_shape:
+            v = c.emit("reshape", [v], {"shape": src_shape}, base=f"{n.name}_vr")
+        if dt == "float" and ir_dtype(vv if vv is not None else values) != "float":
+            v = c.emit("cast", [v], {"dtype": "float"}, base=f"{n.name}_vc")
+        out = c.emit("index_add", [xm, lin, v], {"dim": k}, base=f"{n.name}_acc")
+    else:
+        if isinstance(values, torch.fx.Node) and c.val(values).numel() != 1:
+            c.fail("index_put (no accumulate) of a values tensor with more than one element: with repeated indices "
+                   "PyTorch keeps an unspecified one of the written values, which no IR op expresses")
+        ones = c.const(1, src_shape, "int")
+        cnt = c.emit("index_add", [c.const(0, merged, "int"), lin, ones], {"dim": k}, base=f"{n.name}_cnt")
+        hit = c.emit("gt", [cnt, c.const(0, (), "int")], base=f"{n.name}_hit")
+        v = c.ir(values, dt)
+        if isinstance(values, torch.fx.Node) and _shape(c.val(values)):
+            v = c.emit("reshape", [v], {"shape": []}, base=f"{n.name}_v")
+        out = c.emit("where", [hit, v, xm], base=f"{n.name}_put")
+    if merged != shp:
+        out = c.emit("reshape", [out], {"shape": shp})
+    return out
+
+
+@reg("aten.scatter.value")
+def _scatter_value(c, n, x, dim, index, value):
+    """x.scatter(d, index, v) with a python number v: every written element gets v, so repeated indices do not
+    matter: where(scatter_add(zeros, d, index, ones) > 0, v, x)."""
+    dt = ir_dtype(_out(c, n))
+    if _nonfinite(value):
+        c.fail(f"scatter value {value} (the IR has no infinities)")
+    d = int(dim) % len(_shape(c.val(x)))
+    ones = c.const(1, _shape(c.val(index)), "int")
+    cnt = c.emit("scatter_add", [c.const(0, _shape(c.val(x)), "int"), c.ir(index, "int"), ones], {"dim": d},
+                 base=f"{n.name}_cnt")
+    hit = c.emit("gt", [cnt, c.const(0, (), "int")], base=f"{n.name}_hit")
+    return c.emit("where", [hit, c.ir(value, dt), c.ir(x, dt)])
+
+
+@reg("aten.scatter.src")
+def _scatter_src(c, n, x, dim, index, src):
+    """x.scatter(d, index, src).  Exact only when no element can be written twice: an index of size 1 along d
+    (each position of the other dims writes once; autograd's max / min / median backward scatters this way),
+    where it is where(hit, scatter_add(zeros, d, index, src), x).  With repeated indices PyTorch keeps an
+    unspecified one of the written values, which no IR op expresses: UNKNOWN."""
+    xs, ixs = _shape(c.val(x)), _shape(c.val(index))
+    d = int(dim) % len(xs)
+    if ixs[d] != 1:
+        c.fail("scatter of a src tensor with an index longer than 1 along the scattered dim: with repeated indices "
+               "PyTorch keeps an unspecified one of the written values, which no IR op expresses (scatter_add, "
+               "scatter of a number, and an index of size 1 along the dim are converted)")
+    dt = ir_dtype(_out(c, n))
+    ii = c.ir(index, "int")
+    sv = c.ir(src, dt)
+    if isinstance(src, torch.fx.Node) and _shape(c.val(src)) != ixs:
+        sv = _scatter_src_crop(c, n, sv, _shape(c.val(src)), ixs)
+    ones = c.const(1, ixs, "int")
+    cnt = c.emit("scatter_add", [c.const(0, xs, "int"), ii, ones], {"dim": d}, base=f"{n.name}_cnt")
+    hit = c.emit("gt", [cnt, c.const(0, (), "int")], base=f"{n.name}_hit")
+    put = c.emit("scatter_add", [c.const(0, xs, dt), ii, sv], {"dim": d}, base=f"{n.name}_put")
+    return c.emit("where", [hit, put, c.ir(x, dt)])
+
+
+def _scatter_src_crop(c, n, sv, src_shape, ixs):
+    """scatter reads src only over index's extent (src may be larger): slice it to index's shape."""
+    for k, (a, b) in enumerate(zip(src_shape, ixs)):
+        if a != b:
+            sv = c.emit("slice", [sv], {"dim": k, "start": 0, "end": b}, base=f"{n.name}_src{k}")
+    return sv
+
+
+@reg("aten.isnan", "aten.isinf", "aten.isposinf", "aten.isneginf", "aten.isfinite")
+def _isnan(c, n, x):
+    """IR tensors are real numbers: never NaN nor infinite (isfinite: 1).  A value that may hold -inf is a
+    NegInf, handled in NEGINF_TABLE (isinf / isneginf: its mask)."""
+    return c.const(1 if _pk(n) == "aten.isfinite" else 0, _shape(_out(c, n)), "int")
+
+
+@nreg("aten.isinf", "aten.isneginf")
+def _n_isinf(c, n, x):
+    return _expand_to(c, n, c.env[x].M, _shape(_out(c, n)))
+
+
+@nreg("aten.isnan", "aten.isposinf", "aten.isfinite")
+def _n_isnan(c, n, x):
+    if _pk(n) == "aten.isfinite":
+        return c.emit("logical_not", [_expand_to(c, n, c.env[x].M, _shape(_out(c, n)))])
+    return c.const(0, _shape(_out(c, n)), "int")
+
+
+@reg("aten.native_dropout")
+def _native_dropout(c, n, x, p, train):
+    if not train or p == 0:
+        return (c.ir(x), c.const(1, _shape(c.val(x)), "int"))
+    c.fail(f"dropout with p={p} in training mode is random; trace with the model in eval mode or p=0")
+
+
+def _var_common(c, n, x, dims, correction, keepdim):
+    """(var, mean): var = sum((x - mean)^2) / (N - correction) over the reduced dims (N their element count)."""
+    ds = _dims(c, x, dims)
+    shp = _shape(c.val(x))
+    N = math.prod(shp[d] for d in ds) if ds else 1
+    corr = 1 if correction is None else correction
+    if not isinstance(corr, (int, float)) or _nonfinite(corr):
+        c.fail(f"correction {correction!r}")
+    if N - corr <= 0:
+        c.fail(f"variance with correction {corr} over {N} elements (PyTorch: inf or NaN)")
+    xi = c.ir(x)
+    mean = c.emit("mean", [xi], {"dims": ds, "keepdim": True}, base=f"{n.name}_mean")
+    sq = c.emit("square", [c.emit("sub", [xi, mean], base=f"{n.name}_xc")], base=f"{n.name}_sq")
+    tot = c.emit("sum", [sq], {"dims": ds, "keepdim": bool(keepdim)}, base=f"{n.name}_ss")
+    var = c.emit("div", [tot, c.const(N - corr)], base=f"{n.name}_var")
+    if not keepdim:
+        mean = c.emit("squeeze", [mean], {"dims": ds}, base=f"{n.name}_m") if ds else mean
+    return var, mean
+
+
+def _kw_correction(k, unbiased=None):
+    if "correction" in k:
+        return k["correction"]
+    if unbiased is not None:
+        return 1 if unbiased else 0
+    return None
+
+
+@reg("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(c, n, x, dims=None, *a, **k):
+    if isinstance(dims, bool):  # var.default(x, unbiased)
+        a, dims = (dims,), None
+    unbiased = a[0] if a and isinstance(a[0], bool) else None
+    keepdim = k.get("keepdim", a[1] if len(a) > 1 and str(n.target) == "aten.var.dim" else False)
+    return _var_common(c, n, x, dims, _kw_correction(k, unbiased), keepdim)[0]
+
+
+@reg("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
+def _var_mean(c, n, x, dims=None, *a, **k):
+    if isinstance(dims, bool):
+        a, dims = (dims,), None
+    unbiased = a[0] if a and isinstance(a[0], bool) else None
+    keepdim = k.get("keepdim", a[1] if len(a) > 1 and str(n.target) == "aten.var_mean.dim" else False)
+    v, m = _var_common(c, n, x, dims, _kw_correction(k, unbiased), keepdim)
+    return (v, m)

@@ -22,24 +22,110 @@ from pathlib import Path
 import click
 
 
+class SpecError(Exception):
+    """The spec file itself is unusable (missing, fails to import, wrong --set key, calls sys.exit ...): exit 3
+    with this one line, which names the file and the problem."""
+
+
+def _spec_frame(exc: BaseException, path: Path) -> str:
+    """``file.py:line`` of the innermost frame of ``exc`` inside the spec file (or the file name)."""
+    import traceback
+
+    where = path.name
+    target = str(path.resolve())
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == path.resolve():
+        return f"{path.name}:{exc.lineno}"
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if str(Path(fr.filename).resolve()) == target:
+            where = f"{path.name}:{fr.lineno}"
+    return where
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}" if text else type(exc).__name__
+
+
 def load_spec(spec: str, args: dict) -> dict:
+    """Import the spec file and call its function with the --set arguments.  Raises :class:`SpecError` (never a
+    traceback, never a verdict) when the file is missing, fails to import (syntax error, missing package,
+    an exception), defines no such function, the --set keys do not match its parameters, or it calls
+    sys.exit; a :class:`~tvcert.frontends.trace.TraceError` from tracing passes through.
+
+    The spec's directory is put on ``sys.path`` while it is imported and called (sibling modules import), and
+    taken off afterwards by identity, so entries the spec adds itself stay."""
+    import inspect
+
+    from .trace import TraceError
+
     path, _, fn = spec.partition(":") if not (len(spec) > 1 and spec[1] == ":") else (spec, "", "")
     p = Path(path)
     if not p.is_file():
-        raise click.BadParameter(f"{path} is not a file", param_hint="SPEC")
-    sys.path.insert(0, str(p.resolve().parent))
-    try:
-        mod_spec = importlib.util.spec_from_file_location(p.stem, p)
-        mod = importlib.util.module_from_spec(mod_spec)
-        sys.modules[p.stem] = mod
-        mod_spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    finally:
-        sys.path.pop(0)
+        raise SpecError(f"{path}: no such file")
+    if p.suffix != ".py":
+        raise SpecError(f"{path}: not a Python file (.py)")
+    entry = "".join(list(str(p.resolve().parent)))  # a str object of our own, removed by identity
+    sys.path.insert(0, entry)
     name = fn or "tvcert_trace"
-    f = getattr(mod, name, None)
-    if f is None:
-        raise click.BadParameter(f"{path} defines no {name}()", param_hint="SPEC")
-    return f(**args) if callable(f) else dict(f)
+    try:
+        try:
+            mod_spec = importlib.util.spec_from_file_location(p.stem, p)
+            mod = importlib.util.module_from_spec(mod_spec)
+            sys.modules[p.stem] = mod
+            mod_spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        except SystemExit as exc:
+            raise SpecError(f"{_spec_frame(exc, p)}: the spec calls sys.exit({exc.code!r}) while it is imported") \
+                from None
+        except SyntaxError as exc:
+            raise SpecError(f"{_spec_frame(exc, p)}: syntax error: {exc.msg}") from None
+        except ImportError as exc:
+            missing = f" (is the package {exc.name!r} installed?)" if getattr(exc, "name", None) else ""
+            raise SpecError(f"{_spec_frame(exc, p)}: cannot import: {_one_line(exc)}{missing}") from None
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's module is bad input
+            raise SpecError(f"{_spec_frame(exc, p)}: the spec fails while it is imported: {_one_line(exc)}") from None
+        f = getattr(mod, name, None)
+        if f is None:
+            raise SpecError(f"{path} defines no {name}()")
+        if not callable(f):
+            if args:
+                raise SpecError(f"{path}: {name} is not a function, so --set {', '.join(sorted(args))} cannot apply")
+            try:
+                return dict(f)
+            except (TypeError, ValueError):
+                raise SpecError(f"{path}: {name} is neither a function nor a dict") from None
+        try:
+            sig = inspect.signature(f)
+        except (TypeError, ValueError):
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(**args)
+            except TypeError:
+                accepted = [q.name for q in sig.parameters.values()
+                            if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+                bad = [k for k in args if k not in accepted] or sorted(args)
+                raise SpecError(f"{path}: --set {', '.join(bad)}: {name}() takes "
+                                f"{', '.join(accepted) if accepted else 'no arguments'}") from None
+        try:
+            out = f(**args)
+        except TraceError:
+            raise
+        except SystemExit as exc:
+            raise SpecError(f"{_spec_frame(exc, p)}: the spec calls sys.exit({exc.code!r}) in {name}()") from None
+        except ImportError as exc:
+            missing = f" (is the package {exc.name!r} installed?)" if getattr(exc, "name", None) else ""
+            raise SpecError(f"{_spec_frame(exc, p)}: {name}() cannot import: {_one_line(exc)}{missing}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise SpecError(f"{_spec_frame(exc, p)}: {name}() fails: {_one_line(exc)}") from None
+        if not isinstance(out, dict):
+            raise SpecError(f"{path}: {name}() returned {type(out).__name__}, expected a dict of trace_plan arguments "
+                            f"or a plan")
+        return out
+    finally:
+        for i, e in enumerate(sys.path):
+            if e is entry:
+                del sys.path[i]
+                break
 
 
 def _parse_set(items) -> dict:
@@ -47,7 +133,7 @@ def _parse_set(items) -> dict:
     for it in items:
         k, eq, v = it.partition("=")
         if not eq or not k:
-            raise click.BadParameter(f"{it!r} is not KEY=VALUE", param_hint="--set")
+            raise SpecError(f"--set {it!r} is not KEY=VALUE")
         try:
             out[k] = json.loads(v)
         except ValueError:
@@ -149,6 +235,7 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
         sys.exit(3)
     from .trace import TraceError, trace_plan
 
+    err: Exception | None = None
     try:
         if titan is not None:
             from .torchtitan import MODELS, trace_titan
@@ -156,9 +243,24 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
             kw = dict(titan_kw or {})
             return trace_titan(MODELS[titan](layers=kw.pop("layers", 2)), **kw)
         kw = load_spec(spec, _parse_set(sets))
-        return kw if "tvcert_plan" in kw else trace_plan(**kw)
+        if "tvcert_plan" in kw:
+            return kw
+        import inspect
+
+        bad = sorted(set(kw) - set(inspect.signature(trace_plan).parameters))
+        if bad:
+            raise SpecError(f"{spec}: the spec returns unknown trace_plan arguments {bad}")
+        return trace_plan(**kw)
     except TraceError as exc:
-        exit_trace_error(exc, as_json)
+        err = exc
+    except SpecError as exc:
+        err = exc
+    except SystemExit as exc:  # user code run by trace_plan (the logical or parallel function) called sys.exit
+        err = SpecError(f"{spec}: the traced code calls sys.exit({exc.code!r})")
+    if isinstance(err, TraceError):
+        exit_trace_error(err, as_json)
+    click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": str(err)}) if as_json else f"error: {err}")
+    sys.exit(3)
 
 
 def traced_plan(spec: str, sets: tuple, as_json: bool):

@@ -36,6 +36,19 @@ What happens:
 Any op without a conversion raises :class:`TraceError` naming the op and its source line (the CLI
 reports it as UNKNOWN); structural rank differences likewise.
 
+**Decompositions.** ``make_fx`` runs with PyTorch's own decomposition table (:func:`decompositions`):
+the core ATen table (``torch._decomp.core_aten_decompositions``) minus every op :mod:`.aten` converts
+directly, so a composite op (``stack``, ``unbind``, ``native_layer_norm_backward``, ``var_mean``,
+``logsumexp``, ``mse_loss`` ...) reaches the converter as core ops and the converter's table is the core
+set.  ``F.scaled_dot_product_attention`` is traced on SDPA's math backend
+(``sdpa_kernel([SDPBackend.MATH])``: the math form, so autograd differentiates matmuls and a softmax),
+and the fused CPU kernel ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward), when code
+calls it anyway, is decomposed to the same math form (:func:`_sdpa_flash_cpu`).
+
+**Dtypes.** Fake inputs have the dtype the code uses: an input's ``dtype`` may be ``float`` (float32),
+``float32``, ``float64``, ``bfloat16``, ``float16``, or ``int`` / ``int64`` / ``int32``; every float dtype
+means the reals in the plan.
+
 Why ``make_fx`` over ``functional_call``-free plain functions rather than ``torch.export``:
 ``torch.export`` cannot produce the joint forward+backward of code with functional collectives and
 fails on DTensor; ``make_fx`` over ``autograd.grad`` traces both in 0.1-0.2 s per layer.  DTensor
@@ -250,15 +263,21 @@ def _exc_src(exc: BaseException) -> Optional[str]:
 
 
 # ====================================================================== tracing one program
+FLOAT_DTYPES = {"float": "float32", "float32": "float32", "float64": "float64", "double": "float64",
+                "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+INT_DTYPES = {"int": "int64", "int64": "int64", "long": "int64", "int32": "int32"}
+
+
 @dataclass
 class InputSpec:
     name: str
     shape: list[int]
-    dtype: str = "float"  # float | int
+    dtype: str = "float"  # float | int (the plan's dtype class)
     range: Optional[int] = None
     placement: dict[str, str] = field(default_factory=dict)
     param: bool = False
     layout: list = field(default_factory=list)
+    torch_dtype: str = "float32"  # the dtype of the fake tensor the code is traced with
 
 
 def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int]) -> list[InputSpec]:
@@ -270,9 +289,11 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
         if unknown:
             raise TraceError(f"input {name!r}: unknown keys {sorted(unknown)}", "input")
         shape = [int(s) for s in spec["shape"]]
-        dtype = spec.get("dtype", "float")
-        if dtype not in ("float", "int"):
-            raise TraceError(f"input {name!r}: dtype must be float or int, got {dtype!r}", "input")
+        tdt = str(spec.get("dtype", "float")).removeprefix("torch.")
+        if tdt not in FLOAT_DTYPES and tdt not in INT_DTYPES:
+            raise TraceError(f"input {name!r}: dtype must be one of {sorted(FLOAT_DTYPES) + sorted(INT_DTYPES)}, "
+                             f"got {spec.get('dtype')!r}", "input")
+        dtype = "float" if tdt in FLOAT_DTYPES else "int"
         if dtype == "int" and spec.get("range") is None:
             raise TraceError(f"input {name!r}: int inputs need a 'range' (values lie in [0, range))", "input")
         pl = dict(spec.get("placement", {}))
@@ -291,7 +312,8 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
         param = bool(spec.get("param", False))
         if param and dtype != "float":
             raise TraceError(f"input {name!r}: only float inputs can be parameters", "input")
-        out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param))
+        out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param,
+                             torch_dtype=FLOAT_DTYPES.get(tdt) or INT_DTYPES[tdt]))
     return out
 
 
@@ -314,9 +336,98 @@ def _fake_inputs(specs: Sequence[InputSpec], shapes: Sequence[Sequence[int]]):
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        xs = [torch.empty(sh, dtype=torch.float32) if s.dtype == "float" else torch.zeros(sh, dtype=torch.int64)
-              for s, sh in zip(specs, shapes)]
+        xs = [torch.empty(sh, dtype=getattr(torch, s.torch_dtype)) if s.dtype == "float"
+              else torch.zeros(sh, dtype=getattr(torch, s.torch_dtype)) for s, sh in zip(specs, shapes)]
     return xs
+
+
+_DECOMP: dict | None = None
+
+
+def decompositions() -> dict:
+    """The decomposition table make_fx traces with: PyTorch's core ATen decompositions, except for the ops the
+    converter (:mod:`.aten`) converts directly (their direct form is what the engine's rules speak of, e.g.
+    ``nll_loss_forward``, ``_softmax_backward_data``, ``embedding_dense_backward``), plus the math-form
+    decomposition of the fused CPU attention kernel and its backward (:func:`_sdpa_flash_cpu`)."""
+    global _DECOMP
+    if _DECOMP is None:
+        import torch
+        from torch._decomp import core_aten_decompositions
+
+        from .aten import COMPLEX_TABLE, TABLE
+
+        def converted(op) -> bool:
+            names = (str(op), str(getattr(op, "overloadpacket", op)))
+            return any(nm in TABLE or nm in COMPLEX_TABLE for nm in names)
+
+        # (not torch._decomp.decomposition_table: it lowers some ops to prims, which have no conversion)
+        table = {op: f for op, f in core_aten_decompositions().items() if not converted(op)}
+        aten = torch.ops.aten
+        fwd, bwd = _sdpa_flash_cpu()
+        table[aten._scaled_dot_product_flash_attention_for_cpu.default] = fwd
+        table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = bwd
+        _DECOMP = table
+    return _DECOMP
+
+
+def _sdpa_flash_cpu():
+    """The fused CPU attention kernel and its backward, in the math form over the reals.
+
+    Forward: ``P = softmax(scale * q @ k^T + mask)`` (a boolean mask / ``is_causal`` as a ``-inf`` fill,
+    handled exactly by the converter's extended-real rules), ``out = P @ v``; with ``enable_gqa`` semantics
+    when k / v have fewer heads (each k/v head repeated for its group of q heads).  The logsumexp output is
+    ``log(sum exp(S))`` row-wise, written with the finite shift of ``logsumexp``'s own decomposition only
+    when read (it is uninitialised memory otherwise: reading it is UNKNOWN).  Backward: the gradient of that
+    forward, ``dV = P^T dO``, ``dS = softmax_backward(dO V^T, P)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``
+    (summed over each k/v head's group); the kernel's saved logsumexp is not read (P is recomputed, equal over
+    the reals).  Dropout must be 0."""
+    import math as _m
+
+    import torch
+
+    aten = torch.ops.aten
+
+    def probs(q, k, v, is_causal, attn_mask, scale):
+        E = q.shape[-1]
+        s = (1.0 / _m.sqrt(E)) if scale is None else float(scale)
+        g = q.shape[1] // k.shape[1]
+        kr = k.repeat_interleave(g, dim=1) if g != 1 else k
+        vr = v.repeat_interleave(g, dim=1) if g != 1 else v
+        S = torch.matmul(q, kr.transpose(-2, -1)) * s
+        if attn_mask is not None:
+            S = S.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool \
+                else S + attn_mask
+        if is_causal:
+            L, Sk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(L, Sk, dtype=torch.bool).tril()
+            S = S.masked_fill(keep.logical_not(), float("-inf"))
+        P = aten._safe_softmax.default(S, -1)
+        return P, kr, vr, s, g
+
+    def fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        if dropout_p != 0.0:
+            raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
+        P, kr, vr, s, g = probs(query, key, value, is_causal, attn_mask, scale)
+        out = torch.matmul(P, vr)
+        lse = torch.empty(query.shape[:-1], dtype=torch.float32)
+        return out, lse
+
+    def bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
+        if dropout_p != 0.0:
+            raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
+        P, kr, vr, s, g = probs(query, key, value, is_causal, attn_mask, scale)
+        dV = torch.matmul(P.transpose(-2, -1), grad_out)
+        dP = torch.matmul(grad_out, vr.transpose(-2, -1))
+        dS = aten._softmax_backward_data.default(dP, P, -1, P.dtype)
+        dQ = torch.matmul(dS, kr) * s
+        dK = torch.matmul(dS.transpose(-2, -1), query) * s
+        if g != 1:
+            B, Hk = key.shape[0], key.shape[1]
+            dK = dK.reshape(B, Hk, g, *dK.shape[2:]).sum(2)
+            dV = dV.reshape(B, Hk, g, *dV.shape[2:]).sum(2)
+        return dQ, dK, dV
+
+    return fwd, bwd
 
 
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
@@ -352,9 +463,12 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
     log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs every failing meta kernel
     level = log.level
     log.setLevel(logging.CRITICAL)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     try:
-        with _user_stack_traces(), fxtb.preserve_node_meta():
-            gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True)(*xs)
+        with _user_stack_traces(), fxtb.preserve_node_meta(), sdpa_kernel([SDPBackend.MATH]):
+            gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True,
+                         decomposition_table=decompositions())(*xs)
     finally:
         log.setLevel(level)
     return gm, params
