@@ -366,6 +366,34 @@ def test_layernorm_variance_by_cancellation_is_not_refuted(offset):
     assert any("rounding, not a counterexample" in r for r in res.reasons), res.reasons
 
 
+def test_variance_by_cancellation_is_not_refuted_by_the_exact_path_either():
+    """Without rsqrt the exact run applies: it says equal, so the float64 difference is not a counterexample."""
+    p = _layernorm_variance(1e5)
+    for nodes in (p["logical"]["nodes"], p["parallel"][0]["nodes"]):
+        names = [x["name"] for x in nodes]
+        del nodes[names.index("ve"):]
+    p["logical"]["outputs"] = p["parallel"][0]["outputs"] = ["var"]
+    p["outputs"] = {"var": B("var")}
+    plan_ = load_plan(p)
+    assert not run_plan(plan_, seed=0).equal and run_plan(plan_, seed=0, exact=True).equal
+    res = verify(plan_)
+    assert res.verdict in ("VERIFIED", "UNKNOWN"), res.counterexample
+    if res.verdict == "UNKNOWN":
+        assert any("the exact run of that seed is equal too" in r for r in res.reasons), res.reasons
+
+
+def test_a_masked_division_float64_agrees_on_is_not_refuted():
+    """where(x > 0, x / relu(x), 1) = 1: undefined branches are never selected, float64 agrees; the exact run
+    divides by zero in the unselected branch, which alone is no counterexample (and no proof: UNKNOWN)."""
+    one = [N("scale", "z", ["x"], value=0), N("add_scalar", "one", ["z"], value=1)]
+    p = unary_plan(one + [N("scale", "y", ["one"], value=1)],
+                   one + [N("relu", "r", ["x"]), N("div", "q", ["x", "r"]), N("const", "c0", [], value=0),
+                          N("gt", "m", ["x", "c0"]), N("where", "y", ["m", "q", "one"])])
+    assert run_plan(load_plan(p)).equal
+    res = verify(load_plan(p))
+    assert res.verdict == "UNKNOWN", res.counterexample
+
+
 def test_the_same_layernorm_with_a_real_bug_is_still_refuted():
     p = _layernorm_variance(30000.0)
     p["parallel"][0]["nodes"][3]["attrs"]["value"] = 0.25  # mean over the local half only: wrong

@@ -161,8 +161,9 @@ def _refute(res: Result, seeds: int) -> None:
     confirmed: by the exact run of the same seed where the ops allow it, otherwise by re-running the same
     inputs with DIGITS-digit decimal arithmetic (functions computed), which must still differ by more than
     its tolerance; a float64 difference that the confirming run does not show is rounding (UNKNOWN with the
-    reason).  A confirming run in which the parallel program leaves its ops' domain (a division by zero ...)
-    where the logical graph does not is a counterexample as well: the plan is undefined where the model is not.
+    reason).  When float64 differs, a confirming run in which the parallel program leaves its ops' domain (a
+    division by zero ...) where the logical graph does not is a counterexample as well: the plan is undefined
+    where the model is not.
     """
     plan = res.plan
     for seed in range(seeds):
@@ -186,11 +187,8 @@ def _refute(res: Result, seeds: int) -> None:
                            f"table, so a difference there would not be a counterexample; no float64 difference "
                            f"confirmed on {seeds} seeds")
         return
-    except RunError as exc:
-        if exc.domain and exc.side == "parallel":
-            _refuted(res, None, f"the exact run (seed 0) leaves an op's domain in the parallel program where the "
-                                f"logical graph is defined: {exc}")
-            return
+    except RunError as exc:  # a division by zero where float64 saw no difference (e.g. in a masked branch) is not a
+        # counterexample on its own; the prover requires every divisor nonzero anyway, so this stays UNKNOWN
         res.reasons.append(f"interpreter could not run the plan (exact): {exc}")
         return
     if not run.equal:
@@ -201,32 +199,37 @@ def _refute(res: Result, seeds: int) -> None:
 
 
 def _confirm(plan: Plan, run):
-    """(confirming run or the float64 run, note) when the float64 difference of ``run`` is real, else (None, why)."""
+    """(confirming run or the float64 run, note) when the float64 difference of ``run`` is real, else (None, why).
+
+    First the exact run of the same seed (its own rational inputs) where the ops allow one: a difference there
+    is decisive.  Otherwise, or when it shows none (its inputs are not the float64 run's), the float64 run's own
+    inputs are re-run in DIGITS-digit decimal arithmetic: a difference there is confirmed, none is rounding."""
     diff = max(o.max_diff for o in run.outputs if not o.equal)
     what = f"float64 seed {run.seed} differs (max |diff| {diff:.3g})"
+    exact_note = ""
     try:
         ex = run_plan(plan, seed=run.seed, exact=True, no_tables=True)
-    except TablesNeeded:
-        ex = None
-    except RunError as exc:
-        if exc.domain and exc.side == "parallel":
-            return run, f"the exact run of seed {run.seed} leaves an op's domain in the parallel program " \
-                        f"where the logical graph is defined ({exc})"
-        return None, f"{what}, but the exact run to confirm it failed: {exc}; not counted as a counterexample"
-    if ex is not None:
         if not ex.equal:
             return ex, f"exact rational arithmetic (seed {run.seed}): no rounding"
-        return None, (f"{what}, but the exact run of that seed says equal: rounding, not a counterexample")
+        exact_note = "; the exact run of that seed is equal too"
+    except TablesNeeded:
+        pass
+    except RunError as exc:
+        if exc.domain and exc.side == "parallel":
+            return run, (f"the exact run of seed {run.seed} leaves an op's domain in the parallel program where the "
+                         f"logical graph is defined ({exc})")
+        exact_note = f"; the exact run of that seed failed ({exc})"
     try:
         dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
     except RunError as exc:
         if exc.domain and exc.side == "parallel":
-            return run, f"on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an " \
-                        f"op's domain where the logical graph is defined ({exc})"
-        return None, f"{what}, but the {DIGITS}-digit run to confirm it failed: {exc}; not counted as a counterexample"
+            return run, (f"on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an op's domain "
+                         f"where the logical graph is defined ({exc})")
+        return None, (f"{what}, but the {DIGITS}-digit run to confirm it failed: {exc}{exact_note}; not counted as a "
+                      f"counterexample")
     if dec.equal:
         return None, (f"{what}, but on the same inputs {DIGITS}-digit decimal arithmetic says equal (within "
-                      f"{DECIMAL_RTOL} relative): float64 rounding, not a counterexample")
+                      f"{DECIMAL_RTOL} relative){exact_note}: float64 rounding, not a counterexample")
     ddiff = max(o.max_diff for o in dec.outputs if not o.equal)
     return run, (f"confirmed on the same inputs with {DIGITS}-digit decimal arithmetic (functions computed, not "
                  f"tabled): outputs {[o.name for o in dec.outputs if not o.equal]} still differ (max |diff| {ddiff:.3g})")
@@ -235,11 +238,6 @@ def _confirm(plan: Plan, run):
 def _refuted(res: Result, run, note: str) -> None:
     plan = res.plan
     res.verdict = REFUTED
-    if run is None:
-        res.counterexample = {"dims": dict(plan.run_dims), "mode": "exact", "seed": 0, "confirmed": note, "inputs": {},
-                              "outputs": [], "first_divergence": None,
-                              "engine_stuck_at": _stuck(res)}
-        return
     div = first_divergence(plan, run, _judge(res))
     res.counterexample = {
         "dims": run.dims,
