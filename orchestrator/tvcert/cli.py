@@ -36,7 +36,7 @@ class _Main(click.Group):
                 tb = traceback.extract_tb(exc.__traceback__)[-1]
                 where, cause = f"{Path(tb.filename).name}:{tb.lineno} ({tb.name})", exc
             msg = f"internal error at {where}: {type(cause).__name__}: {cause}"
-            if "--json" in (ctx.protected_args + ctx.args):
+            if "--json" in [*getattr(ctx, "_protected_args", ()), *ctx.args]:
                 click.echo(json.dumps({"error": msg, "internal": True}))
             click.echo(f"tvcert: {msg}\n(this is a bug in tvcert, not a verdict about the plan; exit {EXIT_INTERNAL})",
                        err=True)

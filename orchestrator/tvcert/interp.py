@@ -336,7 +336,9 @@ def _local_piece(pl: Placement, v, c, p, axis, b, rng, ctx):
     seed = zlib.crc32(f"{b.logical}|{axis}|{ctx.seed}".encode())
     srng = np.random.default_rng(seed)
     holder = srng.integers(0, p, size=v.shape)
-    parts = [random_value(v.shape, "float", srng, ctx) for _ in range(p)]
+    size = ctx.const((1, 0.1, 3)[ctx.seed % 3])  # small and large summands alike: a bug may show only for one
+    parts = [np.asarray(random_value(v.shape, "float", srng, ctx) * size, dtype=object if ctx.exact else np.float64)
+             for _ in range(p)]
     mine = np.asarray(holder == c, dtype=bool)
     kind = object if ctx.exact else np.float64
     if pl.reduce == "max":
