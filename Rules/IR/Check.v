@@ -51,28 +51,46 @@ Definition mm_ok (ss : seq shape) : bool :=
 
 Definition swapi (d0 d1 d : nat) : nat := if d == d0 then d1 else if d == d1 then d0 else d.
 
+Definition sh (pl : placement) : option nat := if pl is Shard d then Some d else None.
+
 (** Placement rules for a local op [o] whose logical operands have shapes [ss]
-    and whose local operands have placements [pls]; [pl] is the claimed result. *)
+    and whose local operands have placements [pls]; [pl] is the claimed result.
+    Each line names the rule. *)
 Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
   let so := op_shape 1 o ss in
   let s0 := nth [::] ss 0 in
-  if all is_rep pls then is_rep pl else       (* congruence on every rank *)
-  match o, pls, pl with
-  | (Neg | Square | Scale _ | Fn _), [:: Shard d], Shard d' => d == d'
-  | (Neg | Scale _), [:: Partial RSum], Partial RSum => true
-  | (Add | Sub | Mul), [:: a; b], Shard d =>
-      bin_shard so s0 a d && bin_shard so (nth [::] ss 1) b d
-  | (Add | Sub), [:: Partial RSum; Partial RSum], Partial RSum =>
-      (s0 == so) && (nth [::] ss 1 == so)
-  | MM, [:: Replicate; Shard 1], Shard 1 => mm_ok ss
-  | MM, [:: Shard 0; Replicate], Shard 0 => mm_ok ss
-  | MM, [:: Shard 1; Shard 0], Partial RSum => mm_ok ss
-  | Transpose d0 d1, [:: Shard d], Shard d' =>
-      (d0 < size s0) && (d1 < size s0) && (d' == swapi d0 d1 d)
-  | Sum [:: e], [:: Shard d], Shard d' =>
-      (e < size s0) && (e != d) && (d' == if e < d then d.-1 else d)
-  | Sum [:: e], [:: Shard d], Partial RSum => e == d
-  | _, _, _ => false
+  let s1 := nth [::] ss 1 in
+  if all is_rep pls then is_rep pl else                    (* congruence on every rank *)
+  match pls with
+  | [:: a] =>
+      match o with
+      | Neg | Scale _ =>
+          ((sh a != None) && (sh pl == sh a))               (* pointwise op of a shard *)
+          || (is_psum a && is_psum pl)                      (* linear op of a partial sum *)
+      | Square | Fn _ => (sh a != None) && (sh pl == sh a)   (* pointwise op of a shard *)
+      | Transpose d0 d1 =>                                  (* transpose of a shard *)
+          (d0 < size s0) && (d1 < size s0) &&
+          (if sh a is Some d then sh pl == Some (swapi d0 d1 d) else false)
+      | Sum [:: e] =>
+          if sh a is Some d then
+            if e == d then is_psum pl                       (* sum over the sharded dim *)
+            else (e < size s0) && (sh pl == Some (if e < d then d.-1 else d))  (* other dim *)
+          else false
+      | _ => false
+      end
+  | [:: a; b] =>
+      match o with
+      | Add | Sub =>
+          (if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false)
+          || (is_psum a && is_psum b && is_psum pl && (s0 == so) && (s1 == so))
+      | Mul => if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false
+      | MM => mm_ok ss &&
+          ((is_rep a && (sh b == Some 1) && (sh pl == Some 1))        (* column parallel *)
+           || ((sh a == Some 0) && is_rep b && (sh pl == Some 0))     (* rows of the lhs *)
+           || ((sh a == Some 1) && (sh b == Some 0) && is_psum pl))   (* row parallel *)
+      | _ => false
+      end
+  | _ => false
   end.
 
 Section Checker.

@@ -1,0 +1,449 @@
+(** * Soundness of the placement rules of [Check.rule], op by op. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From Coq Require Import FunctionalExtensionality.
+From TVCert Require Import Semantics IR.Syntax IR.Denote IR.Check IR.Lists.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Local Open Scope ring_scope.
+
+Definition is_local (o : op) : bool :=
+  match o with AllReduce _ | AllGather _ => false | _ => true end.
+
+Lemma op_shape_local p o ss : is_local o -> op_shape p o ss = op_shape 1 o ss.
+Proof. by case: o. Qed.
+
+Lemma size_local_shape p s pl : pl_ok p s pl -> size (local_shape p s pl) = size s.
+Proof. by case: pl => //= d /andP [ds _]; rewrite size_set_nth_lt. Qed.
+
+Section Ops.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+Local Notation tensor := (tensor R).
+Local Notation family := (family R).
+Local Notation op_val := (op_val fn).
+Local Notation lit := (lit R).
+Local Notation zero_t := (zero_t R).
+
+Definition zmask (s : shape) (t : tensor) : Prop := forall i, ~~ inb s i -> t i = 0.
+
+(** What the checker knows about an operand: its fact holds, its local shape is
+    the placement's, the placement is well formed, and both sides are masked. *)
+Definition arg_ok p (s : shape) (pl : placement) (T : tensor) (ps : shape) (L : family) : Prop :=
+  [/\ placed p s pl T L, ps = local_shape p s pl, pl_ok p s pl, zmask s T & forall r, zmask ps (L r)].
+
+Lemma rep_fun p s T (L : family) r :
+  placed p s Replicate T L -> zmask s T -> zmask s (L r) -> (r < p)%N -> L r = T.
+Proof.
+move=> H mT mL rp; apply: functional_extensionality => i.
+case si: (inb s i); first exact: (H r i rp si).
+by rewrite mT ?si // mL ?si.
+Qed.
+
+Lemma shard_inb p s d r i : (d < size s)%N -> (nth 0%N s d %/ p * p)%N = nth 0%N s d -> (r < p)%N ->
+  inb (local_shape p s (Shard d)) i -> inb s (shift d (r * (nth 0%N s d %/ p)%N) i).
+Proof. by move=> ds dv rp; apply: (@inb_shift p). Qed.
+
+(** ** Pointwise unary ops *)
+Definition ufun (o : op) : option (R -> R) :=
+  match o with
+  | Neg => Some (fun x => - x)
+  | Square => Some (fun x => x * x)
+  | Scale c => Some (fun x => x * lit c)
+  | Fn f => Some (fn f)
+  | _ => None
+  end.
+
+Lemma op_val_unary o g s ss t ts : ufun o = Some g ->
+  op_val o (s :: ss) (t :: ts) = mask s (fun i => g (t i)).
+Proof. by case: o => //= [||c|f] [<-]. Qed.
+
+Lemma unary_shard p (g : R -> R) s d T (L : family) :
+  arg_ok p s (Shard d) T (local_shape p s (Shard d)) L ->
+  placed p s (Shard d) (mask s (fun i => g (T i)))
+         (fun r => mask (local_shape p s (Shard d)) (fun i => g (L r i))).
+Proof.
+move=> [[ds dv H] _ _ _ _]; split => // r i rp ii.
+by rewrite /mask ii shard_inb // (H r i rp ii).
+Qed.
+
+(** ** Broadcasting binary ops *)
+Definition bfun (o : op) : option (R -> R -> R) :=
+  match o with
+  | Add => Some (fun x y => x + y)
+  | Sub => Some (fun x y => x - y)
+  | Mul => Some (fun x y => x * y)
+  | _ => None
+  end.
+
+Lemma op_val_binary o g s0 s1 ss t0 t1 ts : bfun o = Some g ->
+  op_val o [:: s0, s1 & ss] [:: t0, t1 & ts] =
+  mask (bshape s0 s1) (fun i => g (t0 (proj s0 (bshape s0 s1) i)) (t1 (proj s1 (bshape s0 s1) i))).
+Proof. by case: o => //= [] [<-]. Qed.
+
+Lemma bin_arg_shape p so d s a T ps (L : family) :
+  (d < size so)%N -> bin_shard so s a d -> arg_ok p s a T ps L ->
+  ps = drop (size so - size s) (set_nth 0%N so d (nth 0%N so d %/ p)%N).
+Proof.
+move=> dso /andP [/andP [sz /eqP hs] ha] [H hps hok mT mL].
+case: a ha H hps hok {mL} => [|d'|q] //= ha H ->.
+- by rewrite drop_set_nth_lt // -hs.
+- move/andP: ha => [offd /eqP ->] _.
+  rewrite drop_set_nth // -hs; congr (set_nth _ _ _ (_ %/ _)%N).
+  by rewrite {1}hs nth_drop subnKC.
+Qed.
+
+Lemma bin_arg p so d s a T ps (L : family) r i :
+  (d < size so)%N -> bin_shard so s a d -> arg_ok p s a T ps L ->
+  let m := (nth 0%N so d %/ p)%N in
+  let off := (size so - size s)%N in
+  (r < p)%N -> inb (set_nth 0%N so d m) i ->
+  L r (drop off i) = T (drop off (shift d (r * m) i)).
+Proof.
+move=> dso b A m off rp ii; have hps := bin_arg_shape dso b A.
+move: b A => /andP [/andP [sz /eqP hs] ha] [H _ hok mT mL].
+have szi : size i = size so by rewrite (inb_size ii) size_set_nth_lt.
+case: a ha H hok {mL} hps => [|d'|q] //= ha H hok hps.
+- rewrite /shift drop_set_nth_lt ?szi //; apply: H => //.
+  have hd : drop (size so - size s) (set_nth 0%N so d m) = s by rewrite drop_set_nth_lt // -hs.
+  by rewrite -hd; apply: inb_drop.
+- move/andP: ha => [offd /eqP ed'].
+  have hn : nth 0%N s d' = nth 0%N so d by rewrite ed' {1}hs nth_drop subnKC.
+  case: H => _ _ H; rewrite hn in H; rewrite ed' in H; rewrite H //.
+    by rewrite /shift drop_set_nth // nth_drop subnKC.
+  have -> : set_nth 0%N s (d - (size so - size s)) (nth 0 so d %/ p)%N = drop off (set_nth 0%N so d m).
+    by rewrite drop_set_nth // -hs.
+  exact: inb_drop.
+Qed.
+
+Lemma binary_shard p (g : R -> R -> R) so d s0 s1 a0 a1 T0 T1 ps0 ps1 (L0 L1 : family) :
+  so = bshape s0 s1 -> pl_ok p so (Shard d) ->
+  bin_shard so s0 a0 d -> bin_shard so s1 a1 d ->
+  arg_ok p s0 a0 T0 ps0 L0 -> arg_ok p s1 a1 T1 ps1 L1 ->
+  bshape ps0 ps1 = local_shape p so (Shard d) /\
+  placed p so (Shard d)
+    (mask so (fun i => g (T0 (proj s0 so i)) (T1 (proj s1 so i))))
+    (fun r => mask (bshape ps0 ps1)
+                (fun i => g (L0 r (proj ps0 (bshape ps0 ps1) i)) (L1 r (proj ps1 (bshape ps0 ps1) i)))).
+Proof.
+move=> hso /andP [dso /eqP dv] b0 b1 A0 A1.
+set m := (nth 0%N so d %/ p)%N; set so' := set_nth 0%N so d m.
+have szo : size so' = size so by rewrite size_set_nth_lt.
+have e0 := bin_arg_shape dso b0 A0; have e1 := bin_arg_shape dso b1 A1.
+have [_ hps0 ok0 _ _] := A0; have [_ hps1 ok1 _ _] := A1.
+have sz0 : size ps0 = size s0 by rewrite hps0 size_local_shape.
+have sz1 : size ps1 = size s1 by rewrite hps1 size_local_shape.
+have hs0 : s0 = drop (size so - size s0) so by case/andP: b0 => /andP [_ /eqP].
+have hs1 : s1 = drop (size so - size s1) so by case/andP: b1 => /andP [_ /eqP].
+have hmax : maxn (size s0) (size s1) = size so by rewrite hso size_bshape.
+have hb : bshape ps0 ps1 = so'.
+  apply: bshape_suffix; rewrite ?szo ?sz0 ?sz1 //.
+have hb' : so = bshape s0 s1 by [].
+split; first by rewrite hb.
+split => // r i rp ii; rewrite hb; rewrite /= -/m -/so' in ii.
+have si : inb so (shift d (r * m) i) by apply: (@inb_shift p).
+rewrite /mask ii si.
+rewrite (proj_drop ii) ?szo ?sz0 // (proj_drop ii) ?szo ?sz1 //.
+rewrite (proj_drop si hs0) (proj_drop si hs1).
+by rewrite (bin_arg dso b0 A0 rp ii) (bin_arg dso b1 A1 rp ii).
+Qed.
+
+(** ** torch.mm *)
+Lemma op_val_mm s0 s1 ss t0 t1 ts :
+  op_val MM [:: s0, s1 & ss] [:: t0, t1 & ts] =
+  mask [:: nth 0%N s0 0; nth 0%N s1 1]
+    (fun i => \sum_(0 <= k < nth 0%N s0 1) t0 [:: nth 0%N i 0; k] * t1 [:: k; nth 0%N i 1]).
+Proof. by []. Qed.
+
+Lemma inb2P a b i0 i1 : inb [:: a; b] [:: i0; i1] = (i0 < a)%N && (i1 < b)%N.
+Proof. by rewrite /= andbT. Qed.
+
+Lemma mm_col p a k n T0 T1 ps0 ps1 (L0 L1 : family) :
+  arg_ok p [:: a; k] Replicate T0 ps0 L0 -> arg_ok p [:: k; n] (Shard 1) T1 ps1 L1 ->
+  pl_ok p [:: a; n] (Shard 1) ->
+  op_shape 1 MM [:: ps0; ps1] = local_shape p [:: a; n] (Shard 1) /\
+  placed p [:: a; n] (Shard 1) (op_val MM [:: [:: a; k]; [:: k; n]] [:: T0; T1])
+    (fun r => op_val MM [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> [H0 -> _ _ _] [[_ _ H1] -> _ _ _] /andP [_ /eqP dv].
+split=> //; split=> // r [|i0 [|i1 [|? ?]]] rp //=; rewrite ?andbF // andbT => /andP [i0a ii1].
+rewrite !op_val_mm /mask /shift /= i0a ii1 /=.
+have -> : (r * (n %/ p) + i1 < n)%N.
+  move: dv => /= dv; rewrite -{2}dv (leq_trans (n := r * (n %/ p) + n %/ p)) //; first by rewrite ltn_add2l.
+  by rewrite -mulSnr mulnC leq_mul2l rp orbT.
+apply: eq_big_nat => t /andP [_ tk].
+rewrite H0 ?inb2P ?i0a ?tk //; congr (_ * _).
+by rewrite (H1 r [:: t; i1]) // /= tk ii1.
+Qed.
+
+Lemma block_lt p m r j : (r < p)%N -> (j < m)%N -> (r * m + j < m * p)%N.
+Proof.
+move=> rp jm; rewrite (leq_trans (n := r * m + m)) //; first by rewrite ltn_add2l.
+by rewrite -mulSnr mulnC leq_mul2l rp orbT.
+Qed.
+
+Lemma mm_rows p a k n T0 T1 ps0 ps1 (L0 L1 : family) :
+  arg_ok p [:: a; k] (Shard 0) T0 ps0 L0 -> arg_ok p [:: k; n] Replicate T1 ps1 L1 ->
+  pl_ok p [:: a; n] (Shard 0) ->
+  op_shape 1 MM [:: ps0; ps1] = local_shape p [:: a; n] (Shard 0) /\
+  placed p [:: a; n] (Shard 0) (op_val MM [:: [:: a; k]; [:: k; n]] [:: T0; T1])
+    (fun r => op_val MM [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> [[_ _ H0] -> _ _ _] [H1 -> _ _ _] /andP [_ /eqP dv].
+split=> //; split=> // r [|i0 [|i1 [|? ?]]] rp //=; rewrite ?andbF // andbT => /andP [i0a ii1].
+rewrite !op_val_mm /mask /shift /= i0a ii1 andbT.
+move: dv => /= dv; rewrite -{2}dv block_lt //.
+apply: eq_big_nat => t /andP [_ tk].
+rewrite (H1 r [:: t; i1]) ?inb2P ?ii1 ?tk //; congr (_ * _).
+by rewrite (H0 r [:: i0; t]) // /= tk i0a.
+Qed.
+
+Lemma mm_row_partial p a k n T0 T1 ps0 ps1 (L0 L1 : family) :
+  arg_ok p [:: a; k] (Shard 1) T0 ps0 L0 -> arg_ok p [:: k; n] (Shard 0) T1 ps1 L1 ->
+  op_shape 1 MM [:: ps0; ps1] = local_shape p [:: a; n] (Partial RSum) /\
+  placed p [:: a; n] (Partial RSum) (op_val MM [:: [:: a; k]; [:: k; n]] [:: T0; T1])
+    (fun r => op_val MM [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> [[_ dv H0] -> _ _ _] [[_ _ H1] -> _ _ _].
+split=> // [[|i0 [|i1 [|? ?]]]] //=; rewrite ?andbF // andbT => /andP [i0a ii1].
+rewrite !op_val_mm /mask /= i0a ii1 /=.
+move: dv => /= dv; rewrite -{3}dv mulnC sum_blocks.
+apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_mm /mask /= i0a ii1 /=.
+apply: eq_big_nat => t /andP [_ tk].
+by rewrite (H0 r [:: i0; t]) ?inb2P ?i0a ?tk // (H1 r [:: t; i1]) ?inb2P ?ii1 ?tk // /shift /= ?addn0.
+Qed.
+
+(** ** torch.transpose *)
+Lemma transpose_shard p d0 d1 s d T ps (L : family) :
+  (d0 < size s)%N -> (d1 < size s)%N ->
+  arg_ok p s (Shard d) T ps L ->
+  op_shape 1 (Transpose d0 d1) [:: ps] = local_shape p (swap d0 d1 s) (Shard (swapi d0 d1 d)) /\
+  placed p (swap d0 d1 s) (Shard (swapi d0 d1 d)) (op_val (Transpose d0 d1) [:: s] [:: T])
+    (fun r => op_val (Transpose d0 d1) [:: ps] [:: L r]).
+Proof.
+move=> h0 h1 [[ds dv H] -> _ _ _].
+have hn : nth 0%N (swap d0 d1 s) (swapi d0 d1 d) = nth 0%N s d by rewrite nth_swap swapiK.
+have hsz : size (swap d0 d1 s) = size s by rewrite size_swap.
+have sd : (swapi d0 d1 d < size (swap d0 d1 s))%N by rewrite hsz swapi_lt.
+split; first by rewrite /= swap_set_nth // hn.
+split; [done|by rewrite hn|] => r i rp ii.
+rewrite /op_val /= /mask.
+have ls : local_shape p s (Shard d) = set_nth 0%N s d (nth 0%N s d %/ p)%N by [].
+have ii' : inb (swap d0 d1 (set_nth 0%N s d (nth 0%N s d %/ p)%N)) i.
+  by rewrite swap_set_nth // -hn.
+rewrite ii' /=.
+have szi : size i = size s by rewrite (inb_size ii) size_set_nth_lt // hsz.
+have si : inb (swap d0 d1 s) (shift (swapi d0 d1 d) (r * (nth 0%N s d %/ p)%N) i).
+  by apply: (@inb_shift p); rewrite ?hn // -hn; move: ii; rewrite /= hn.
+rewrite hn si H //; last by apply: inb_swap; rewrite ?size_set_nth_lt.
+by rewrite -hn swap_shift ?szi // hn.
+Qed.
+
+(** ** torch.sum over one dim *)
+Lemma sum_order1 e : sum_order [:: e] = [:: e].
+Proof. by []. Qed.
+
+Lemma op_val_sum1 e s ss t ts :
+  op_val (Sum [:: e]) (s :: ss) (t :: ts) = mask (rem_at e s) (sum1 s e t).
+Proof. by []. Qed.
+
+Lemma sum_shard_other p e s d T ps (L : family) :
+  (e < size s)%N -> e != d ->
+  arg_ok p s (Shard d) T ps L ->
+  let d' := if (e < d)%N then d.-1 else d in
+  op_shape 1 (Sum [:: e]) [:: ps] = local_shape p (rem_at e s) (Shard d') /\
+  placed p (rem_at e s) (Shard d') (op_val (Sum [:: e]) [:: s] [:: T])
+    (fun r => op_val (Sum [:: e]) [:: ps] [:: L r]).
+Proof.
+move=> es ed [[ds dv H] -> _ _ _] d'.
+have hn : nth 0%N (rem_at e s) d' = nth 0%N s d by rewrite nth_rem_at_shift.
+have hls : rem_at e (set_nth 0%N s d (nth 0%N s d %/ p)%N) = set_nth 0%N (rem_at e s) d' (nth 0%N s d %/ p)%N.
+  by rewrite rem_at_set_nth.
+have d'lt : (d' < size (rem_at e s))%N.
+  by rewrite size_rem_at // /d'; case: ifP => h; nat_lia.
+split; first by rewrite /= /sum_shape /= hls hn.
+split; [done|by rewrite hn|] => r i rp ii.
+rewrite !op_val_sum1 /mask.
+move: ii; rewrite /= hn -hls => ii; rewrite ii.
+have szi : size i = (size s).-1 by rewrite (inb_size ii) size_rem_at ?size_set_nth_lt.
+have si : inb (rem_at e s) (shift d' (r * (nth 0%N s d %/ p)%N) i).
+  by apply: (@inb_shift p); rewrite ?hn //; rewrite hls in ii.
+rewrite si /sum1.
+have hne : nth 0%N (set_nth 0%N s d (nth 0%N s d %/ p)%N) e = nth 0%N s e.
+  by rewrite nth_set_nth_lt (negbTE ed).
+rewrite hne; apply: eq_big_nat => t /andP [_ te].
+have ei : (e <= size i)%N by rewrite szi; nat_lia.
+rewrite H //; first by rewrite ins_shift // szi; move: d'lt; rewrite size_rem_at.
+apply: inb_rem_ins; rewrite ?size_set_nth_lt ?hne //.
+Qed.
+
+Lemma sum_shard_same p d s T ps (L : family) :
+  arg_ok p s (Shard d) T ps L ->
+  op_shape 1 (Sum [:: d]) [:: ps] = local_shape p (rem_at d s) (Partial RSum) /\
+  placed p (rem_at d s) (Partial RSum) (op_val (Sum [:: d]) [:: s] [:: T])
+    (fun r => op_val (Sum [:: d]) [:: ps] [:: L r]).
+Proof.
+move=> [[ds dv H] -> _ _ _].
+have hls : rem_at d (set_nth 0%N s d (nth 0%N s d %/ p)%N) = rem_at d s by rewrite rem_at_set_nth_same.
+split; first by rewrite /= /sum_shape /= hls.
+move=> i ii /=; rewrite op_val_sum1 /mask ii /sum1.
+have szi : size i = (size s).-1 by rewrite (inb_size ii) size_rem_at.
+have di : (d <= size i)%N by rewrite szi; nat_lia.
+rewrite -[in RHS]dv [in RHS]mulnC sum_blocks.
+apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_sum1 /mask hls ii /sum1 nth_set_nth_lt eqxx.
+apply: eq_big_nat => t /andP [_ tm].
+rewrite H //; first by rewrite shift_ins_same.
+by apply: inb_rem_ins; rewrite ?size_set_nth_lt ?nth_set_nth_lt ?eqxx // rem_at_set_nth_same.
+Qed.
+
+(** ** Linear ops on Partial(sum) *)
+Lemma unary_partial p o g s T ps (L : family) :
+  ufun o = Some g -> (o = Neg \/ exists c, o = Scale c) ->
+  arg_ok p s (Partial RSum) T ps L ->
+  op_shape 1 o [:: ps] = local_shape p (op_shape 1 o [:: s]) (Partial RSum) /\
+  placed p (op_shape 1 o [:: s]) (Partial RSum) (op_val o [:: s] [:: T])
+    (fun r => op_val o [:: ps] [:: L r]).
+Proof.
+move=> hg ho [H -> _ _ _].
+have hs : op_shape 1 o [:: s] = s by case: ho => [->|[c ->]].
+rewrite hs; split=> // i ii; rewrite (@op_val_unary o g _ _ _ _ hg).
+under eq_bigr do rewrite (@op_val_unary o g _ _ _ _ hg) /mask ii.
+rewrite /mask ii -(H i ii).
+case: ho hg => [->|[c ->]] [<-]; first by rewrite sumrN.
+by rewrite mulr_suml.
+Qed.
+
+Lemma binary_partial p o g s0 s1 T0 T1 ps0 ps1 (L0 L1 : family) :
+  bfun o = Some g -> (o = Add \/ o = Sub) ->
+  s0 = op_shape 1 o [:: s0; s1] -> s1 = op_shape 1 o [:: s0; s1] ->
+  arg_ok p s0 (Partial RSum) T0 ps0 L0 -> arg_ok p s1 (Partial RSum) T1 ps1 L1 ->
+  op_shape 1 o [:: ps0; ps1] = local_shape p (op_shape 1 o [:: s0; s1]) (Partial RSum) /\
+  placed p (op_shape 1 o [:: s0; s1]) (Partial RSum) (op_val o [:: s0; s1] [:: T0; T1])
+    (fun r => op_val o [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> hg ho e0 e1 [H0 -> _ _ _] [H1 -> _ _ _].
+have hb : op_shape 1 o [:: s0; s1] = bshape s0 s1 by case: ho => ->.
+rewrite hb in e0 e1 *; split=> // i ii.
+have pr : forall s, s = bshape s0 s1 -> proj s (bshape s0 s1) i = i.
+  by move=> s es; rewrite (proj_drop ii) -es ?subnn ?drop0.
+rewrite (@op_val_binary o g _ _ _ _ _ _ hg).
+under eq_bigr do rewrite (@op_val_binary o g _ _ _ _ _ _ hg) /mask ii.
+rewrite /local_shape /mask ii !pr //.
+have i0 : inb s0 i by rewrite {1}e0.
+have i1 : inb s1 i by rewrite {1}e1.
+rewrite -(H0 i i0) -(H1 i i1).
+case: ho hg => -> [<-]; first by rewrite big_split.
+by rewrite sumrB.
+Qed.
+
+(** ** All rules of [Check.rule] *)
+Lemma shP a d : sh a = Some d -> a = Shard d.
+Proof. by case: a => //= ? [->]. Qed.
+
+Lemma is_psumP a : is_psum a -> a = Partial RSum.
+Proof. by case: a => // [[]]. Qed.
+
+Lemma is_repP a : is_rep a -> a = Replicate.
+Proof. by case: a. Qed.
+
+Lemma rule_sound p o ss pls pl Ts pss Ls :
+  is_local o -> size ss = size pls -> size Ts = size pls -> size pss = size pls ->
+  size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  rule o ss pls pl -> pl_ok p (op_shape 1 o ss) pl ->
+  op_shape 1 o pss = local_shape p (op_shape 1 o ss) pl /\
+  placed p (op_shape 1 o ss) pl (op_val o ss Ts) (fun r => op_val o pss (map (fun L => L r) Ls)).
+Proof.
+move=> loc hss hTs hps hLs A; rewrite /rule; case: ifP => [allr|nallr].
+  case: pl => // _ _.
+  have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Replicate.
+    by move=> k kp; have := all_nthP Replicate allr k kp; case: (nth Replicate pls k).
+  have ep : pss = ss.
+    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
+    by rewrite hps => kp; have [_ -> _ _ _] := A k kp; rewrite rk.
+  have eT : forall r, (r < p)%N -> map (fun L => L r) Ls = Ts.
+    move=> r rp; apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
+    rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
+    have [H e _ mT mL] := A k kp; move: H e mL; rewrite rk // => H e mL.
+    by apply: (rep_fun H mT) => //; move: (mL r); rewrite e.
+  by split; [rewrite ep | move=> r i rp ii; rewrite ep eT].
+case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr //.
+- case: ss hss A => [|s0 [|]] // _ A; case: Ts hTs A => [|T0 [|]] // _ A.
+  case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A.
+  have A0 := A 0%N isT; rewrite /= in A0 *; clear A.
+  have [_ e0 _ _ _] := A0.
+  case: o loc => [| | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
+  + case/orP => [/andP [ha /eqP hpl]|/andP [/is_psumP ha /is_psumP hpl]] ok.
+      case ha': (sh a) ha => [d|] // _; rewrite ha' in hpl.
+      rewrite (shP ha') (shP hpl) in A0 e0 *.
+      rewrite !(@op_val_unary Neg _ _ _ _ _ erefl) e0.
+      by split=> //; apply: (@unary_shard p (fun x => - x)); rewrite -e0.
+    rewrite ha hpl in A0 e0 *.
+    by apply: (@unary_partial p Neg _ _ _ _ _ erefl) => //; left.
+  + case/andP => ha /eqP hpl ok.
+    case ha': (sh a) ha => [d|] // _; rewrite ha' in hpl.
+    rewrite (shP ha') (shP hpl) in A0 e0 *.
+    rewrite !(@op_val_unary Square _ _ _ _ _ erefl) e0.
+    by split=> //; apply: (@unary_shard p (fun x => x * x)); rewrite -e0.
+  + case/orP => [/andP [ha /eqP hpl]|/andP [/is_psumP ha /is_psumP hpl]] ok.
+      case ha': (sh a) ha => [d|] // _; rewrite ha' in hpl.
+      rewrite (shP ha') (shP hpl) in A0 e0 *.
+      rewrite !(@op_val_unary (Scale c) _ _ _ _ _ erefl) e0.
+      by split=> //; apply: (@unary_shard p (fun x => x * lit c)); rewrite -e0.
+    rewrite ha hpl in A0 e0 *.
+    by apply: (@unary_partial p (Scale c) _ _ _ _ _ erefl) => //; right; eexists.
+  + case/andP => ha /eqP hpl ok.
+    case ha': (sh a) ha => [d|] // _; rewrite ha' in hpl.
+    rewrite (shP ha') (shP hpl) in A0 e0 *.
+    rewrite !(@op_val_unary (Fn f) _ _ _ _ _ erefl) e0.
+    by split=> //; apply: (@unary_shard p (fn f)); rewrite -e0.
+  + case: ds => [|e [|? ?]] //.
+    case ha: (sh a) => [d|] //; rewrite (shP ha) in A0 e0 *.
+    case: (e =P d) => [->|/eqP ed].
+      by move=> /is_psumP -> _; exact: sum_shard_same A0.
+    move=> /andP [es /eqP hpl] ok; rewrite (shP hpl).
+    exact: sum_shard_other A0.
+  + case/andP => [/andP [h0 h1]]; case ha: (sh a) => [d|] // /eqP hpl ok.
+    rewrite (shP ha) (shP hpl) in A0 e0 *.
+    exact: transpose_shard A0.
+- case: ss hss A => [|s0 [|s1 [|]]] // _ A; case: Ts hTs A => [|T0 [|T1 [|]]] // _ A.
+  case: pss hps A => [|ps0 [|ps1 [|]]] // _ A; case: Ls hLs A => [|L0 [|L1 [|]]] // _ A.
+  have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *; clear A.
+  case: o loc => [| | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
+  + case/orP => [|].
+      case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+      rewrite !(@op_val_binary Add (fun x y => x + y)) //.
+      exact: (@binary_shard p (fun x y => x + y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+    move=> /andP [/andP [/andP [/andP [/is_psumP ha /is_psumP hb] /is_psumP hpl] /eqP e0] /eqP e1] _.
+    rewrite ha hb hpl in A0 A1 *.
+    by apply: (@binary_partial p Add (fun x y => x + y)) => //; left.
+  + case/orP => [|].
+      case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+      rewrite !(@op_val_binary Sub (fun x y => x - y)) //.
+      exact: (@binary_shard p (fun x y => x - y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+    move=> /andP [/andP [/andP [/andP [/is_psumP ha /is_psumP hb] /is_psumP hpl] /eqP e0] /eqP e1] _.
+    rewrite ha hb hpl in A0 A1 *.
+    by apply: (@binary_partial p Sub (fun x y => x - y)) => //; right.
+  + 
+    case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+    rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
+    exact: (@binary_shard p (fun x y => x * y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+  + rewrite /mm_ok /=; case/andP => /andP [/andP [z0 z1] /eqP k01].
+    case: s0 z0 A0 k01 => [|a0 [|k0 [|]]] // _ A0 k01.
+    case: s1 z1 A1 k01 => [|k1 [|n1 [|]]] // _ A1 /= k01; rewrite -k01 in A1 *.
+    case/orP => [/orP [|]|].
+    * move=> /andP [/andP [/is_repP ha hb] hpl] ok.
+      move: hb hpl; case hb: (sh b) => [[|[|?]]|] // _; case hpl: (sh pl) => [[|[|?]]|] // _.
+      rewrite ha (shP hb) (shP hpl) in A0 A1 ok *; exact: mm_col.
+    * move=> /andP [/andP [ha /is_repP hb] hpl] ok.
+      move: ha hpl; case ha: (sh a) => [[|?]|] // _; case hpl: (sh pl) => [[|?]|] // _.
+      rewrite hb (shP ha) (shP hpl) in A0 A1 ok *; exact: mm_rows.
+    * move=> /andP [/andP [ha hb] /is_psumP hpl] ok.
+      move: ha hb; case ha: (sh a) => [[|[|?]]|] // _; case hb: (sh b) => [[|?]|] // _.
+      rewrite hpl (shP ha) (shP hb) in A0 A1 ok *; exact: mm_row_partial.
+Qed.
+
+End Ops.
