@@ -248,7 +248,7 @@ class Converter:
                            if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), NegInf))
                 self.fail(f"an input may hold -inf (from {src}); the IR is over the reals (no infinities) and "
                           f"{_pk(n)} has no exact extended-real conversion (converted: add / sub of a finite "
-                          f"value, positive scaling, where, masked_fill, layout ops, exp, maximum, amax, "
+                          f"value, positive scaling, where, masked_fill, layout ops, comparisons, exp, maximum, amax, "
                           f"softmax, _safe_softmax)")
             return h(self, n, *n.args, **n.kwargs)
         table = COMPLEX_TABLE if _touches_complex(n) else TABLE
@@ -961,9 +961,23 @@ def _empty(c, n, *a, **k):
     """Uninitialised memory has no value; only an unused one (``torch.empty(shape, device="meta").stride()``
     in transformers' TP layers) or one that is only ever the destination of ``copy_`` (a collective's
     output buffer) is accepted, and it produces nothing."""
+    if any(_pk(u) in _RANDOM for u in n.users):
+        c.fail(f"random numbers ({', '.join(sorted({_pk(u) for u in n.users if _pk(u) in _RANDOM}))}: dropout, noise) "
+               f"have no value over the reals; trace with dropout off (eval mode or p=0)")
     if any(not (_pk(u) == "aten.copy_" and u.args[0] is n and n not in u.args[1:]) for u in n.users):
         c.fail("uninitialised tensor (torch.empty) whose contents are read")
     return None
+
+
+_RANDOM = {"aten.bernoulli", "aten.bernoulli_", "aten.uniform", "aten.uniform_", "aten.normal", "aten.normal_",
+           "aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.randint", "aten.randint_like",
+           "aten.randperm", "aten.multinomial", "aten.exponential_", "aten.native_dropout"}
+
+
+@reg(*sorted(_RANDOM - {"aten.native_dropout"}))
+def _random(c, n, *a, **k):
+    c.fail("random numbers (dropout, noise, sampling) have no value over the reals; trace with them off "
+           "(eval mode or p=0)")
 
 
 _VIEW_OPS = {"view", "_unsafe_view", "reshape", "slice", "select", "transpose", "t", "permute", "expand",
@@ -1979,3 +1993,36 @@ def _var_mean(c, n, x, dims=None, *a, **k):
     keepdim = k.get("keepdim", a[1] if len(a) > 1 and str(n.target) == "aten.var_mean.dim" else False)
     v, m = _var_common(c, n, x, dims, _kw_correction(k, unbiased), keepdim)
     return (v, m)
+
+
+def _n_compare(op: str):
+    def h(c, n, a, b):
+        """Comparisons in the extended reals: -inf equals -inf and is below every real number."""
+        Fa, Ma = _nparts(c, a)
+        Fb, Mb = _nparts(c, b)
+        r = c.emit(op, [Fa, Fb], base=f"{n.name}_r")
+        one, zero = c.const(1, (), "int"), c.const(0, (), "int")
+
+        def w(cond, x, y, tag):
+            return c.emit("where", [cond, x, y], base=f"{n.name}_{tag}")
+        if op in ("eq", "ne"):
+            either = c.emit("logical_or", [Ma, Mb], base=f"{n.name}_or")
+            both = c.emit("logical_and", [Ma, Mb], base=f"{n.name}_and")
+            if op == "ne":
+                both = c.emit("logical_not", [both], base=f"{n.name}_nb")
+            out = w(either, both, r, "w")
+        elif op == "lt":
+            out = w(Mb, zero, w(Ma, one, r, "a"), "w")
+        elif op == "le":
+            out = w(Ma, one, w(Mb, zero, r, "b"), "w")
+        elif op == "gt":
+            out = w(Ma, zero, w(Mb, one, r, "b"), "w")
+        else:  # ge
+            out = w(Mb, one, w(Ma, zero, r, "a"), "w")
+        shp = _shape(_out(c, n))
+        return _expand_to(c, n, out, shp, "cmp")
+    return h
+
+
+for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
+    NEGINF_TABLE[f"aten.{_cmp}"] = _n_compare(_cmp)

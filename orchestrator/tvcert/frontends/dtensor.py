@@ -102,11 +102,14 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         else:
             placements[n] = {}
     dnames = list(data)
+    # traced in the dtype the module uses (float64 / bfloat16 parameters stay so; all mean the reals)
+    dtypes = {n: str(t.dtype).removeprefix("torch.")
+              for n, t in [*logical_model.named_parameters(), *logical_model.named_buffers()]}
     inputs = {}
     for n in pnames:
-        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "param": True}
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "param": True, "dtype": dtypes[n]}
     for n in bnames:
-        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n]}
+        inputs[_safe(n)] = {"shape": shapes[n], "placement": placements[n], "dtype": dtypes[n]}
     for n in dnames:
         inputs[n] = dict(data[n])
 

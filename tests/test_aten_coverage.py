@@ -1,0 +1,402 @@
+"""Core ATen coverage of the PyTorch front end (issue 15 §1): each conversion against PyTorch's own op.
+
+Per op: trace a small joint program (loss and gradients) with the tracer's decompositions, convert it, run the
+IR with the reference interpreter's op semantics in float64, and compare with PyTorch's eager result (loss and
+every gradient) on the same random float64 inputs.  Then end-to-end programs (a Megatron-style TP MLP with
+LayerNorm and GELU, the same with DTensor, TP attention with F.scaled_dot_product_attention or a -inf
+masked_fill): VERIFIED when correct, REFUTED with a realistic bug.  Ops with no exact conversion must be UNKNOWN
+(TraceError kind "unsupported") naming the op.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from tvcert.engine.verify import verify  # noqa: E402
+from tvcert.frontends.trace import TraceError, _convert, _parse_inputs, _trace_joint, decompositions, trace_plan  # noqa: E402
+from tvcert.ops import Ctx, get_op, resolve_attrs  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+EX = Path(__file__).resolve().parents[1] / "examples" / "torch"
+sys.path.insert(0, str(EX))
+
+D = torch.float64
+aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------- harness
+def ir_run(fn, inputs, params=()):
+    """Trace fn(**inputs) -> loss jointly with the gradients of ``params``, convert, and run the IR in float64."""
+    spec = {k: {"shape": list(v.shape), "dtype": "float64" if v.dtype.is_floating_point else "int",
+                **({} if v.dtype.is_floating_point else {"range": 1 << 20}), "param": k in params}
+            for k, v in inputs.items()}
+    specs = _parse_inputs(spec, {})
+    gm, _ = _trace_joint(fn, specs, [s.shape for s in specs])
+    nodes, outs = _convert(gm, [s.name for s in specs])
+    ctx = Ctx()
+    env = {k: v.detach().numpy().astype(np.float64 if v.dtype.is_floating_point else np.int64)
+           for k, v in inputs.items()}
+    for nd in nodes:
+        sp = get_op(nd.op)
+        for o, r in zip(nd.outputs, sp.eval([env[i] for i in nd.inputs], resolve_attrs(sp, nd.attrs, {}), ctx)):
+            env[o] = np.asarray(r)
+    return [env[o] for o in outs], nodes
+
+
+def torch_run(fn, inputs, params=()):
+    kw = {k: (v.detach().clone().requires_grad_(True) if k in params else v) for k, v in inputs.items()}
+    loss = fn(**kw)
+    gs = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True) if params else ()
+    return [loss.detach().numpy()] + [np.zeros(tuple(kw[p].shape)) if g is None else g.numpy()
+                                      for p, g in zip(params, gs)]
+
+
+def check(fn, inputs, params=(), tol=1e-9):
+    """The converted program computes what PyTorch computes (loss and gradients); returns the IR op kinds."""
+    got, nodes = ir_run(fn, inputs, params)
+    want = torch_run(fn, inputs, params)
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, (i, a.shape, b.shape)
+        assert np.allclose(a, b, rtol=tol, atol=tol, equal_nan=True), (i, np.nanmax(np.abs(a - b)))
+    return {n.op for n in nodes}
+
+
+def unknown(fn, inputs, params=()):
+    with pytest.raises(TraceError) as ei:
+        ir_run(fn, inputs, params)
+    assert ei.value.kind == "unsupported"
+    return str(ei.value)
+
+
+g = torch.Generator().manual_seed(0)
+
+
+def rnd(*shape):
+    return torch.randn(*shape, dtype=D, generator=g)
+
+
+# ---------------------------------------------------------------- the decomposition table
+def test_table_is_core_aten_minus_direct_conversions():
+    t = decompositions()
+    assert aten.stack.default in t and aten.unbind.int in t and aten.native_layer_norm_backward.default in t
+    # converted directly (the engine's rules speak of these forms), so not decomposed
+    for op in (aten.nll_loss_forward.default, aten._softmax_backward_data.default, aten.gelu_backward.default,
+               aten.embedding_dense_backward.default, aten.masked_fill.Scalar):
+        assert op not in t
+    assert aten._scaled_dot_product_flash_attention_for_cpu_backward.default in t
+
+
+# ---------------------------------------------------------------- per-op conversions
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_and_backward(affine):
+    x, R = rnd(2, 3, 8), rnd(2, 3, 8)
+    w, b = rnd(8), rnd(8)
+    if affine:
+        ops = check(lambda x, w, b, R: (F.layer_norm(x, (8,), w, b, 1e-5) * R).sum(), dict(x=x, w=w, b=b, R=R),
+                    ("x", "w", "b"))
+    else:
+        ops = check(lambda x, R: (F.layer_norm(x, (3, 8)) * R).sum(), dict(x=x, R=R), ("x",))
+    assert "rsqrt" in ops
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward(approximate):
+    x = torch.cat([rnd(20) * 3, torch.zeros(2, dtype=D)])  # x = 0: the exact form's Phi(0) = 1/2 branch
+    R = rnd(22)
+    ops = check(lambda x, R: (F.gelu(x, approximate=approximate) * R).sum(), dict(x=x, R=R), ("x",))
+    assert "gelu" in ops or "tanh" in ops
+
+
+def _qkv(L=4, S=5, Hq=2, Hk=2):
+    return dict(q=rnd(2, Hq, L, 8), k=rnd(2, Hk, S, 8), v=rnd(2, Hk, S, 8), R=rnd(2, Hq, L, 8))
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "masked_row", "scale", "gqa"])
+def test_sdpa_math(case):
+    kw = _qkv(L=5) if case == "causal" else _qkv(Hq=4) if case == "gqa" else _qkv()
+    m = torch.rand(4, 5, generator=g) > 0.4
+    if case == "masked_row":
+        m[1] = False  # a query that sees no key: the math backend's _safe_softmax gives 0
+    args = dict(is_causal=case == "causal", scale=0.3 if case == "scale" else None, enable_gqa=case == "gqa")
+    if case in ("bool_mask", "masked_row"):
+        kw["m"] = m.long()
+        fn = lambda q, k, v, R, m: (F.scaled_dot_product_attention(q, k, v, attn_mask=m.bool(), **args) * R).sum()  # noqa: E731
+    elif case == "float_mask":
+        kw["m"] = rnd(4, 5)
+        fn = lambda q, k, v, R, m: (F.scaled_dot_product_attention(q, k, v, attn_mask=m, **args) * R).sum()  # noqa: E731
+    else:
+        fn = lambda q, k, v, R: (F.scaled_dot_product_attention(q, k, v, **args) * R).sum()  # noqa: E731
+    check(fn, kw, ("q", "k", "v"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_cpu_attention_kernel_and_backward(causal):
+    """The fused CPU kernel called directly, and F.sdpa under the user's own sdpa_kernel(FLASH_ATTENTION)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kw = _qkv(L=5)
+    check(lambda q, k, v, R: (aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal)[0] * R).sum(),
+          kw, ("q", "k", "v"))
+
+    def user_flash(q, k, v, R):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return (F.scaled_dot_product_attention(q, k, v, is_causal=causal) * R).sum()
+
+    check(user_flash, kw, ("q", "k", "v"))
+
+
+def test_fused_cpu_attention_logsumexp_is_not_made_up():
+    """The kernel's logsumexp output is not computed by the decomposition: reading it is UNKNOWN."""
+    kw = _qkv()
+    msg = unknown(lambda q, k, v, R: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[1].sum() + R.sum(), kw)
+    assert "uninitialised" in msg
+
+
+def test_cumsum():
+    x, R = rnd(3, 5), rnd(3, 5)
+    ops = check(lambda x, R: (x.cumsum(1) * R).sum() + (x.cumsum(0) * R).sum() + (x.cumsum(-1, dtype=D)).sum(),
+                dict(x=x, R=R), ("x",))
+    assert {"triu", "matmul"} <= ops
+    check(lambda i, R: (i.cumsum(0) * R).sum(), dict(i=torch.tensor([3, -1, 4, 1, 5]), R=rnd(5)))
+
+
+def test_max_min_dim_values_indices_and_ties():
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [2.0, 2.0, 0.0, 2.0], [-1.0, -4.0, -4.0, 0.5]], dtype=D)  # ties
+    R3, R = rnd(3), rnd(3, 4)
+    check(lambda x, R: (x.max(dim=1).values * R).sum() + (x.max(dim=1).indices * 1.0).sum(), dict(x=x, R=R3), ("x",))
+    check(lambda x, R: (x.min(dim=1)[0] * R).sum() + (x.min(1)[1] * 10.0).sum(), dict(x=x, R=R3), ("x",))
+    check(lambda x, R: (x.max(dim=0, keepdim=True)[0] * R).sum() + x.argmax(0).sum() * 1.0 + x.argmin() * 1.0,
+          dict(x=x, R=R), ("x",))
+    y = rnd(3, 4)
+    check(lambda y: y.max() * 2 + y.min(), dict(y=y), ("y",))
+    check(lambda x: x.max() + x.min(), dict(x=x), ("x",))  # ties: the gradient is split evenly
+
+
+def test_stack_unbind():
+    x, R = rnd(3, 5), rnd(3, 5)
+    check(lambda x, R: (torch.stack([x, 2 * x, x.sin()], dim=1) * R.unsqueeze(1)).sum(), dict(x=x, R=R), ("x",))
+    check(lambda x, R: sum((t * R[:, 0]).sum() * (i + 1) for i, t in enumerate(x.unbind(1))), dict(x=x, R=R), ("x",))
+
+
+def test_index_tensor():
+    x, R = rnd(3, 5), rnd(3, 5)
+    check(lambda x, i, R: (x[:, i] * R).sum(), dict(x=x, i=torch.tensor([4, 0, -1, 2, 2]), R=R), ("x",))
+    check(lambda x, i, j, R: (x[i, j] * R).sum(),
+          dict(x=x, i=torch.tensor([0, 2, -3, 1]), j=torch.tensor([4, -1, 0, 4]), R=rnd(4)), ("x",))
+    y = rnd(2, 3, 4, 5)
+    check(lambda y, i, R: (y[:, i] * R).sum(), dict(y=y, i=torch.tensor([[2, 0], [1, 1]]), R=rnd(2, 2, 2, 4, 5)),
+          ("y",))
+
+
+def test_index_tensor_out_of_range_is_not_a_value():
+    """An index PyTorch rejects (>= size or < -size) is out of range in the IR too, never read as some row."""
+    from tvcert.ops.indexing import IndexRangeError
+
+    with pytest.raises(IndexRangeError):
+        ir_run(lambda x, i: x[i].sum(), dict(x=rnd(3, 2), i=torch.tensor([0, -4])), ("x",))
+
+
+def test_scatter_index_put():
+    x, R = rnd(3, 5), rnd(3, 5)
+    ix = torch.randint(0, 5, (3, 4), generator=g)  # repeated indices
+    check(lambda x, ix, R: (x.scatter(1, ix, 0.5) * R).sum(), dict(x=x, ix=ix, R=R), ("x",))
+    s = rnd(3, 4)
+    check(lambda x, ix, s, R: (x.scatter_add(1, ix, s) * R).sum(), dict(x=x, ix=ix, s=s, R=R), ("x", "s"))
+    one = torch.randint(0, 5, (3, 1), generator=g)
+    check(lambda x, ix, s, R: (x.scatter(1, ix, s) * R).sum(), dict(x=x, ix=one, s=rnd(3, 1), R=R), ("x", "s"))
+    check(lambda x, i, v, R: (x.index_put((i,), v, accumulate=True) * R).sum(),
+          dict(x=x, i=torch.tensor([0, 2, 0, -1]), v=rnd(4, 5), R=R), ("x", "v"))
+
+    def setitem(x, i, R):
+        y = x.clone()
+        y[:, i] = 0.25
+        return (y * R).sum()
+
+    check(setitem, dict(x=x, i=torch.tensor([1, 3, 1]), R=R), ("x",))
+
+
+def test_scatter_of_a_tensor_with_repeated_targets_is_unknown():
+    msg = unknown(lambda x, ix, s: x.scatter(1, ix, s).sum(),
+                  dict(x=rnd(3, 5), ix=torch.randint(0, 5, (3, 4), generator=g), s=rnd(3, 4)))
+    assert "aten.scatter.src" in msg and "unspecified" in msg
+    msg = unknown(lambda x, i, v: x.index_put((i,), v).sum(), dict(x=rnd(3, 5), i=torch.tensor([0, 0]), v=rnd(2, 5)))
+    assert "index_put" in msg
+
+
+def test_embedding_backward_padding_idx():
+    W, ids, R = rnd(6, 4), torch.tensor([[0, 2, 5], [2, 2, 1]]), rnd(2, 3, 4)
+    ops = check(lambda W, ids, R: (F.embedding(ids, W, padding_idx=2) * R).sum(), dict(W=W, ids=ids, R=R), ("W",))
+    assert "embedding_backward" in ops
+
+
+def test_var_std_logsumexp():
+    x, R3 = rnd(3, 5), rnd(3)
+    check(lambda x, R: (torch.var_mean(x, 1)[0] * R).sum() + x.std() + x.var(0, unbiased=False).sum(),
+          dict(x=x, R=R3), ("x",))
+    check(lambda x, R: (torch.logsumexp(x, 1) * R).sum(), dict(x=x, R=R3), ("x",))
+
+
+def test_activation_checkpoint_recompute():
+    from torch.utils.checkpoint import checkpoint
+
+    x, w, R = rnd(3, 5), rnd(5, 5), rnd(3, 5)
+    check(lambda x, w, R: (checkpoint(lambda a: F.gelu(a @ w), x, use_reentrant=False) * R).sum(),
+          dict(x=x, w=w, R=R), ("x", "w"))
+
+
+# ---------------------------------------------------------------- -inf
+def test_masked_fill_neg_inf_softmax():
+    x, R = rnd(3, 5), rnd(3, 5)
+    m = torch.rand(3, 5, generator=g) > 0.5
+    m[:, 0] = False
+    ops = check(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
+                dict(x=x, m=m.long(), R=R), ("x",))
+    assert "masked_fill" not in ops or True  # the -inf never reaches the IR:
+    _, nodes = ir_run(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
+                      dict(x=x, m=m.long(), R=R), ("x",))
+    assert all(not (isinstance(v, float) and math.isinf(v)) for n in nodes for v in n.attrs.values())
+
+
+def test_fully_masked_row_softmax_is_nan_like_pytorch():
+    x = rnd(2, 3)
+    m = torch.tensor([[1, 1, 1], [0, 1, 0]])
+    (got,), _ = ir_run(lambda x, m: x.masked_fill(m.bool(), float("-inf")).softmax(-1).sum(1)[0], dict(x=x, m=m))
+    want = torch_run(lambda x, m: x.masked_fill(m.bool(), float("-inf")).softmax(-1).sum(1)[0], dict(x=x, m=m))[0]
+    assert np.isnan(want) and np.isnan(got)
+
+
+def test_online_softmax_running_max_from_neg_inf():
+    """A running max started at -inf (online softmax): maximum(-inf, y) = y, exp(-inf - m) = 0."""
+    x, R = rnd(3, 6), rnd(3)
+
+    def online(x, R):
+        m = torch.full((3,), float("-inf"), dtype=D)
+        l = torch.zeros(3, dtype=D)
+        for blk in x.split(2, dim=1):
+            m2 = torch.maximum(m, blk.amax(1))
+            l = l * torch.exp(m - m2) + torch.exp(blk - m2[:, None]).sum(1)
+            m = m2
+        return ((m + torch.log(l)) * R).sum()
+
+    check(online, dict(x=x, R=R), ("x",))
+
+
+@pytest.mark.parametrize("case", ["sub_from", "times_tensor", "times_zero", "pos_inf", "nan", "output"])
+def test_non_real_results_are_unknown(case):
+    x, m = rnd(3, 4), (torch.rand(3, 4, generator=g) > 0.5).long()
+    fns = {
+        "sub_from": lambda x, m: (x - x.masked_fill(m.bool(), float("-inf"))).softmax(-1).sum(),  # +inf
+        "times_tensor": lambda x, m: (x.masked_fill(m.bool(), float("-inf")) * x).softmax(-1).sum(),  # sign unknown
+        "times_zero": lambda x, m: (x.masked_fill(m.bool(), float("-inf")) * 0).softmax(-1).sum(),  # NaN
+        "pos_inf": lambda x, m: x.masked_fill(m.bool(), float("inf")).softmax(-1).sum(),
+        "nan": lambda x, m: x.masked_fill(m.bool(), float("nan")).sum(),
+        "output": lambda x, m: x.masked_fill(m.bool(), float("-inf")).amax(),
+    }
+    msg = unknown(fns[case], dict(x=x, m=m), ("x",))
+    assert "inf" in msg or "NaN" in msg or "nan" in msg
+
+
+def test_dropout_in_training_is_unknown():
+    msg = unknown(lambda x: F.dropout(x, 0.1, training=True).sum(), dict(x=rnd(3, 4)), ("x",))
+    assert "random" in msg
+
+
+# ---------------------------------------------------------------- dtypes
+def test_inputs_are_traced_in_the_dtype_the_code_uses():
+    """A float64 spec traces float64 fake tensors (code that builds float64 constants computes in float64);
+    every float dtype is the reals in the plan."""
+    seen = []
+
+    def logical(x, w):
+        seen.append(x.dtype)
+        return (x @ (w + torch.eye(4, dtype=torch.float64))).square().sum()
+
+    def parallel(ctx, x, w):
+        return logical(x, w)
+
+    inp = {"x": {"shape": [2, 4], "dtype": "float64"}, "w": {"shape": [4, 4], "param": True, "dtype": "float64"}}
+    raw = trace_plan(logical, parallel, inputs=inp, mesh={"tp": 2})
+    assert set(seen) == {torch.float64}
+    assert raw["logical"]["inputs"][0]["dtype"] == "float"
+    assert verify(load_plan(raw)).verdict == "VERIFIED"
+
+
+def test_dtensor_module_parameters_keep_their_dtype():
+    import dtensor_ln_gelu_mlp as blk
+
+    raw = blk.tvcert_trace(dtype="float64")
+    assert verify(load_plan(raw)).verdict == "VERIFIED"
+
+
+def test_bfloat16_inputs():
+    import tp_ln_gelu_mlp as mlp
+
+    raw = trace_plan(**mlp.tvcert_trace(dtype="bfloat16"))
+    assert verify(load_plan(raw)).verdict == "VERIFIED"
+
+
+def test_unknown_dtype_is_bad_input():
+    with pytest.raises(TraceError) as ei:
+        _parse_inputs({"x": {"shape": [2], "dtype": "complex64"}}, {})
+    assert ei.value.kind == "input"
+
+
+# ---------------------------------------------------------------- end to end
+def _verdict(raw):
+    return verify(load_plan(raw))
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({}, "VERIFIED"),
+    ({"approximate": "tanh", "dtype": "float64"}, "VERIFIED"),
+    ({"tp": 4}, "VERIFIED"),
+    ({"bug": "no_allreduce"}, "REFUTED"),
+    ({"bug": "bias_every_rank"}, "REFUTED"),
+    ({"bug": "no_input_grad_reduce"}, "REFUTED"),
+])
+def test_tp_layernorm_gelu_mlp(kw, want):
+    import tp_ln_gelu_mlp as mlp
+
+    res = _verdict(trace_plan(**mlp.tvcert_trace(**kw)))
+    assert res.verdict == want, res.reasons
+    if want == "REFUTED":
+        assert res.counterexample and any(not o["equal"] for o in res.counterexample["outputs"])
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({}, "VERIFIED"),
+    ({"sp": True}, "VERIFIED"),
+    ({"sp": True, "tp": 4}, "VERIFIED"),
+    ({"sp": True, "bug": "no_sequence_parallel"}, "REFUTED"),
+])
+def test_dtensor_layernorm_gelu_mlp(kw, want):
+    import dtensor_ln_gelu_mlp as blk
+
+    res = _verdict(blk.tvcert_trace(**kw))
+    assert res.verdict == want, res.reasons
+    if kw.get("bug"):
+        bad = {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
+        assert bad == {"grad_norm__weight", "grad_norm__bias"}
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({}, "VERIFIED"),
+    ({"attn": "manual"}, "VERIFIED"),
+    ({"bug": "no_allreduce"}, "REFUTED"),
+    ({"bug": "not_causal"}, "REFUTED"),
+    ({"attn": "manual", "bug": "not_causal"}, "REFUTED"),
+    ({"bug": "local_scale"}, "REFUTED"),
+])
+def test_tp_attention_sdpa(kw, want):
+    import tp_attention_sdpa as att
+
+    res = _verdict(trace_plan(**att.tvcert_trace(**kw)))
+    assert res.verdict == want, res.reasons
