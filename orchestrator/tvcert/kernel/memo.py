@@ -104,8 +104,21 @@ def canonical_key(plan: Plan, program: str, start: int, end: int, facts: Mapping
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
-def _resolved(n, env) -> str:
-    return canon_attrs(resolve_attrs(REGISTRY[n.op], n.attrs, env))
+def _resolved(n, env) -> str | None:
+    """The attributes as the rules see them on this program's ranks.  Without a rank coordinate they are a function
+    of the attributes as written and the plan's dims (the same for every stage of a plan): None."""
+    return canon_attrs(resolve_attrs(REGISTRY[n.op], n.attrs, env)) if _mentions_rank(n.attrs) else None
+
+
+def _mentions_rank(v) -> bool:
+    """Whether any string inside ``v`` contains ``rank`` (a superset of the rank coordinates it mentions)."""
+    if isinstance(v, str):
+        return "rank" in v
+    if isinstance(v, dict):
+        return any(_mentions_rank(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_mentions_rank(x) for x in v)
+    return False
 
 
 SLOT_OP = "stage_slot"  # the opaque expression standing for a boundary input while a template is derived
