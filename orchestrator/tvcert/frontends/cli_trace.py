@@ -10,7 +10,10 @@ SPEC is ``path/to/file.py`` or ``path/to/file.py:function``; the function (defau
 
 Exit codes follow ``tvcert verify``: 0 VERIFIED (or traced, without --verify), 1 REFUTED,
 2 UNKNOWN -- including code that could not be traced because an op has no IR conversion or the
-ranks do not form one SPMD program; the message names the op and its source line --, 3 bad input.
+ranks do not form one SPMD program; the message names the op and its source line --, 3 bad input:
+among them a spec that is missing, fails to import (syntax error, missing package, an exception),
+has no such function, gets a ``--set`` key its function does not take, or calls ``sys.exit`` -- one
+line naming the file (and line) and the problem, never a traceback.
 """
 from __future__ import annotations
 
@@ -259,7 +262,10 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
         err = SpecError(f"{spec}: the traced code calls sys.exit({exc.code!r})")
     if isinstance(err, TraceError):
         exit_trace_error(err, as_json)
-    click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": str(err)}) if as_json else f"error: {err}")
+    if as_json:
+        click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": str(err)}))
+    else:
+        click.echo(f"error: {err}", err=True)
     sys.exit(3)
 
 
