@@ -374,7 +374,7 @@ def test_exact_mean_and_div_are_rational():
     out = run("div", {}, [np.array([1.0]), np.array([3.0])], exact=True)[0]
     assert out[0] == Fraction(1, 3)
     out = run("scale", {"value": 0.1}, [np.array([1.0])], exact=True)[0]
-    assert out[0] == Fraction(0.1)  # the float64 value 0.1, exactly
+    assert out[0] == Fraction(1, 10)  # the decimal 0.1 as written, as in SMT and the prover (issue 13, class 7)
 
 
 def test_exact_softmax_rows_sum_to_one():
