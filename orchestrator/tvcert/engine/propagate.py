@@ -77,7 +77,7 @@ def propagate(plan: Plan, exprs: Exprs, lexpr: dict[str, int]) -> Propagation:
     mailbox: dict[tuple[str, int], Any] = {}  # (program, send node) that has run -> the sent fact, or None
     starts = {p: {s: (s, e) for s, e, _ in stages(g) if memoizable(g, s, e)} if MEMOIZE else {}
               for p, g in plan.programs.items()}
-    templates: dict[str, Template] = {}
+    templates: dict[str, Template | None] = {}  # canonical form -> its template (None: copies are derived op by op)
     pending: dict[str, tuple] = {}  # program -> (start, end, key, boundary exprs, #steps, #failures) being derived
     while True:
         progressed = False
@@ -144,9 +144,11 @@ def _leave_stage(plan, prop, p, g, exprs, templates, pend) -> None:
     try:  # the same stage derived over slots: what instances are rebuilt from
         t = derive_template(plan, p, start, end, prop.facts[p], exprs)
     except TemplateFailure:
+        templates[key] = None  # derive every copy op by op (and do not try again)
         return
     if t.key != key or t.rules != [s.rules for s in new]:
-        return  # the derivation over slots decides differently: derive every copy op by op
+        templates[key] = None  # the derivation over slots decides differently: derive every copy op by op
+        return
     templates[key] = t
     prop.distinct_stages += 1
     for s in new:
