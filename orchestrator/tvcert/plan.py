@@ -251,9 +251,21 @@ def read_plan_json(path: str | Path) -> dict:
     return parse_plan_text(text)
 
 
+class _NonFinite(Exception):
+    pass
+
+
+def _non_finite_token(token: str):
+    raise _NonFinite(token)
+
+
 def parse_plan_text(text: str) -> dict:
     try:
+        raw = json.loads(text, parse_constant=_non_finite_token)
+    except _NonFinite:  # a NaN / Infinity token: parse again to say where it is
         raw = json.loads(text)
+        _reject_non_finite(raw)
+        raise PlanError("$", "the plan holds NaN or Infinity") from None
     except json.JSONDecodeError as exc:
         raise PlanError("$", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -269,8 +281,11 @@ def load_plan(src: str | Path | dict, check_run_dims: bool = True) -> Plan:
     ``check_run_dims=False`` defers the shape check at the small run dims to the first run
     (verification of a large plan does not need it unless it searches for a counterexample).
     """
-    raw = read_plan_json(src) if not isinstance(src, dict) else src
-    _reject_non_finite(raw)
+    if isinstance(src, dict):
+        raw = src
+        _reject_non_finite(raw, attrs_only=True)
+    else:
+        raw = read_plan_json(src)  # (its parser refuses NaN / Infinity tokens)
     if raw.get("tvcert_plan") is not None and (type(raw.get("tvcert_plan")) is not int or raw["tvcert_plan"] != PLAN_VERSION):
         raise PlanError("$.tvcert_plan", f"plan format version {raw['tvcert_plan']!r} is not supported (expected {PLAN_VERSION})")
     try:
@@ -486,8 +501,35 @@ def _check_layout_reads_all(b: Binding, shape: tuple[int, ...], env: Mapping[str
         shape = out
 
 
-def _reject_non_finite(raw: Any, path: str = "$") -> None:
-    """NaN and Infinity are not real numbers: tvcert's semantics is the reals, so a plan holding one is refused."""
+def _reject_non_finite(raw: Any, path: str = "$", attrs_only: bool = False) -> None:
+    """NaN and Infinity are not real numbers: tvcert's semantics is the reals, so a plan holding one is refused.
+
+    ``attrs_only``: look only where the schema admits arbitrary numbers, the ``attrs`` of nodes and layout
+    steps (every other number is a StrictInt or a dim); a big generated plan is mostly names and shapes."""
+    if attrs_only and isinstance(raw, dict):
+        places = []
+        for key in ("logical", "parallel"):
+            graphs = raw.get(key)
+            graphs = [(f"$.{key}", graphs)] if isinstance(graphs, dict) else \
+                [(f"$.{key}[{i}]", g) for i, g in enumerate(graphs)] if isinstance(graphs, list) else []
+            for gp, g in graphs:
+                nodes = g.get("nodes") if isinstance(g, dict) else None
+                for j, n in enumerate(nodes if isinstance(nodes, list) else []):
+                    if isinstance(n, dict) and "attrs" in n:
+                        places.append((n["attrs"], f"{gp}.nodes[{j}].attrs"))
+        for key in ("inputs", "outputs"):
+            bs = raw.get(key)
+            for name, b in (bs.items() if isinstance(bs, dict) else []):
+                steps = b.get("layout") if isinstance(b, dict) else None
+                for j, st in enumerate(steps if isinstance(steps, list) else []):
+                    if isinstance(st, dict) and "attrs" in st:
+                        places.append((st["attrs"], f"$.{key}.{name}.layout[{j}].attrs"))
+        try:  # one pass of the C encoder over every attrs; the slow walk only to name the place
+            json.dumps([v for v, _ in places], allow_nan=False, check_circular=False)
+        except ValueError:
+            for v, p in places:
+                _reject_non_finite(v, p)
+        return
     stack = [(raw, path)]
     while stack:
         v, p = stack.pop()
