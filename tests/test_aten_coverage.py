@@ -153,6 +153,26 @@ def test_fused_cpu_attention_kernel_and_backward(causal):
     check(user_flash, kw, ("q", "k", "v"))
 
 
+@pytest.mark.parametrize("case", ["plain", "causal", "bias"])
+def test_memory_efficient_attention_kernel_and_backward(case):
+    """The memory-efficient kernel has no CPU implementation, so PyTorch's reference is F.sdpa (same function)."""
+    kw = _qkv(L=5)
+    causal = case == "causal"
+    if case == "bias":
+        kw["b"] = rnd(5, 5)
+        ps = ("q", "k", "v", "b")
+        mine = lambda q, k, v, R, b: (aten._scaled_dot_product_efficient_attention(q, k, v, b, False)[0] * R).sum()  # noqa: E731
+        ref = lambda q, k, v, R, b: (F.scaled_dot_product_attention(q, k, v, attn_mask=b) * R).sum()  # noqa: E731
+    else:
+        ps = ("q", "k", "v")
+        mine = lambda q, k, v, R: (aten._scaled_dot_product_efficient_attention(q, k, v, None, False, is_causal=causal)[0]  # noqa: E731
+                                   * R).sum()
+        ref = lambda q, k, v, R: (F.scaled_dot_product_attention(q, k, v, is_causal=causal) * R).sum()  # noqa: E731
+    got, _ = ir_run(mine, kw, ps)
+    for a, b in zip(got, torch_run(ref, kw, ps)):
+        assert a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_fused_cpu_attention_logsumexp_is_not_made_up():
     """The kernel's logsumexp output is not computed by the decomposition: reading it is UNKNOWN."""
     kw = _qkv()

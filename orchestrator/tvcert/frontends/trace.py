@@ -42,8 +42,10 @@ directly, so a composite op (``stack``, ``unbind``, ``native_layer_norm_backward
 ``logsumexp``, ``mse_loss`` ...) reaches the converter as core ops and the converter's table is the core
 set.  ``F.scaled_dot_product_attention`` is traced on SDPA's math backend
 (``sdpa_kernel([SDPBackend.MATH])``: the math form, so autograd differentiates matmuls and a softmax),
-and the fused CPU kernel ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward), when code
-calls it anyway, is decomposed to the same math form (:func:`_sdpa_flash_cpu`).
+and the fused CPU kernel ``_scaled_dot_product_flash_attention_for_cpu`` and the memory-efficient kernel
+``_scaled_dot_product_efficient_attention`` (and their backwards), when code calls them anyway, are
+decomposed to the same math form (:func:`_sdpa_flash_cpu`).  The CUDA flash kernel and cuDNN attention are
+not (their outputs carry CUDA-only RNG state): UNKNOWN naming the op.
 
 **Dtypes.** Fake inputs have the dtype the code uses: an input's ``dtype`` may be ``float`` (float32),
 ``float32``, ``float64``, ``bfloat16``, ``float16``, or ``int`` / ``int64`` / ``int32``; every float dtype
@@ -363,9 +365,11 @@ def decompositions() -> dict:
         # (not torch._decomp.decomposition_table: it lowers some ops to prims, which have no conversion)
         table = {op: f for op, f in core_aten_decompositions().items() if not converted(op)}
         aten = torch.ops.aten
-        fwd, bwd = _sdpa_flash_cpu()
+        fwd, bwd, efwd, ebwd = _sdpa_flash_cpu()
         table[aten._scaled_dot_product_flash_attention_for_cpu.default] = fwd
         table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = bwd
+        table[aten._scaled_dot_product_efficient_attention.default] = efwd
+        table[aten._scaled_dot_product_efficient_attention_backward.default] = ebwd
         _DECOMP = table
     return _DECOMP
 
@@ -427,7 +431,34 @@ def _sdpa_flash_cpu():
             dV = dV.reshape(B, Hk, g, *dV.shape[2:]).sum(2)
         return dQ, dK, dV
 
-    return fwd, bwd
+    def efwd(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+        """The memory-efficient kernel (an additive ``attn_bias``): the same math form; its logsumexp and
+        dropout seeds are uninitialised (reading them is UNKNOWN)."""
+        out, lse = fwd(query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+        return out, lse, torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)
+
+    def ebwd(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p,
+             grad_input_mask, is_causal=False, *, scale=None):
+        if dropout_p != 0.0:
+            raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
+        P, kr, vr, s, g = probs(query, key, value, is_causal, attn_bias, scale)
+        if g != 1:
+            raise RuntimeError("tvcert: the memory-efficient attention kernel takes as many k/v heads as q heads")
+        dV = torch.matmul(P.transpose(-2, -1), grad_out)
+        dP = torch.matmul(grad_out, vr.transpose(-2, -1))
+        dS = aten._softmax_backward_data.default(dP, P, -1, P.dtype)
+        dQ = torch.matmul(dS, kr) * s
+        dK = torch.matmul(dS.transpose(-2, -1), query) * s
+        dB = None
+        if attn_bias is not None and grad_input_mask[3]:  # d(scores)/d(bias) = 1: dS summed over broadcast dims
+            dB = dS
+            while dB.dim() > attn_bias.dim():
+                dB = dB.sum(0)
+            dB = dB.sum([i for i, n in enumerate(attn_bias.shape) if n == 1 and dB.shape[i] != 1], keepdim=True) \
+                if any(n == 1 and dB.shape[i] != 1 for i, n in enumerate(attn_bias.shape)) else dB
+        return dQ, dK, dV, dB
+
+    return fwd, bwd, efwd, ebwd
 
 
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),

@@ -1,0 +1,229 @@
+"""Front-end coverage: how many traced PyTorch programs reach a verdict, and which ops block the rest.
+
+    .venv/bin/python bench/frontend_coverage.py [--quick]     (writes nothing; bench/frontend_coverage.md records a run)
+
+Three parts:
+
+1. **Programs**: every ``examples/torch`` spec with its correct and buggy variants (``--set`` arguments), and
+   the end-to-end programs of tests/test_aten_coverage.py, traced and verified.  Each has an expected verdict
+   (correct -> VERIFIED, injected bug -> REFUTED); the table shows what was reached.  A trace-time crash of
+   the parallel program counts as REFUTED (as the CLI reports it).
+2. **Probes**: stock code the front end did not trace before issue 15 -- Hugging Face Llama with its default
+   SDPA attention and a normal call (no hand-made 4-D mask).
+3. **Ops**: the issue's measured blocker ops, each in a one-op program: converted or UNKNOWN with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "orchestrator"))
+sys.path.insert(0, str(ROOT / "examples" / "torch"))
+
+PROGRAMS = [  # (module, kwargs, expected)
+    ("megatron_mlp", {}, "VERIFIED"),
+    ("megatron_mlp", {"bug": "no_allreduce"}, "REFUTED"),
+    ("megatron_block", {}, "VERIFIED"),
+    ("megatron_block", {"bug": "no_allreduce"}, "REFUTED"),
+    ("megatron_block", {"bug": "no_copy"}, "REFUTED"),
+    ("megatron_block", {"sp": True}, "VERIFIED"),
+    ("megatron_block", {"sp": True, "bug": "no_norm_grad_sync"}, "REFUTED"),
+    ("dtensor_llama_block", {}, "VERIFIED"),
+    ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
+    ("dtensor_llama_block", {"swap": True}, "REFUTED"),
+    ("hf_llama_tp", {}, "VERIFIED"),
+    ("hf_llama_tp", {"tp_plan": {"model.layers.*.mlp.down_proj": "colwise"}}, "REFUTED"),
+    ("hf_llama_tp", {"vocab_parallel": True}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {"approximate": "tanh", "dtype": "float64"}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {"dtype": "bfloat16", "tp": 4}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {"bug": "no_allreduce"}, "REFUTED"),
+    ("tp_ln_gelu_mlp", {"bug": "bias_every_rank"}, "REFUTED"),
+    ("tp_ln_gelu_mlp", {"bug": "no_input_grad_reduce"}, "REFUTED"),
+    ("dtensor_ln_gelu_mlp", {}, "VERIFIED"),
+    ("dtensor_ln_gelu_mlp", {"sp": True}, "VERIFIED"),
+    ("dtensor_ln_gelu_mlp", {"sp": True, "tp": 4, "approximate": "tanh"}, "VERIFIED"),
+    ("dtensor_ln_gelu_mlp", {"sp": True, "bug": "no_sequence_parallel"}, "REFUTED"),
+    ("tp_attention_sdpa", {}, "VERIFIED"),
+    ("tp_attention_sdpa", {"attn": "manual"}, "VERIFIED"),
+    ("tp_attention_sdpa", {"tp": 4, "dtype": "float64"}, "VERIFIED"),
+    ("tp_attention_sdpa", {"bug": "no_allreduce"}, "REFUTED"),
+    ("tp_attention_sdpa", {"bug": "not_causal"}, "REFUTED"),
+    ("tp_attention_sdpa", {"attn": "manual", "bug": "not_causal"}, "REFUTED"),
+    ("tp_attention_sdpa", {"bug": "local_scale"}, "REFUTED"),
+]
+
+
+def run_spec(mod_name: str, kw: dict):
+    """(verdict, blocking op or first reason, seconds)."""
+    import importlib
+
+    from tvcert.engine.verify import verify
+    from tvcert.frontends.trace import TraceError, trace_plan
+    from tvcert.plan import load_plan
+
+    t = time.time()
+    mod = importlib.import_module(mod_name)
+    try:
+        spec = mod.tvcert_trace(**kw)
+        raw = spec if "tvcert_plan" in spec else trace_plan(**spec)
+    except TraceError as exc:
+        verdict = {"crash": "REFUTED", "input": "BAD_INPUT"}.get(exc.kind, "UNKNOWN")
+        return verdict, f"{exc.op or exc.kind}: {str(exc)[:160]}", time.time() - t
+    res = verify(load_plan(raw))
+    why = "" if res.verdict != "UNKNOWN" else (res.reasons[0][:160] if res.reasons else "")
+    return res.verdict, why, time.time() - t
+
+
+def hf_default_attention(tp: int = 2, bug: bool = False):
+    """Hugging Face Llama as shipped: default (SDPA) attention, called with input ids only.  ``bug``: the
+    attention's o_proj entry "colwise" instead of "rowwise" (traces; the shapes still fit at NH = 4)."""
+    import hf_llama_tp as hf
+    import torch
+
+    from tvcert.frontends.dtensor import trace_module_plan
+
+    def make():
+        from transformers import LlamaForCausalLM
+
+        cfg = hf.config()
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        return LlamaForCausalLM(cfg).float()
+
+    plan = {"model.embed_tokens": "replicate"}
+    if bug:
+        plan["model.layers.*.self_attn.o_proj"] = "colwise"
+    return trace_module_plan(make, lambda m, mesh: hf.parallelize(m, mesh, plan), hf.loss_fn,
+                             data={"input_ids": {"shape": [hf.B, hf.S], "dtype": "int", "range": hf.V},
+                                   "labels": {"shape": [hf.B, hf.S], "dtype": "int", "range": hf.V}},
+                             mesh={"tp": tp}, name="hf_llama_sdpa")
+
+
+def run_probe(fn):
+    from tvcert.engine.verify import verify
+    from tvcert.frontends.trace import TraceError
+    from tvcert.plan import load_plan
+
+    t = time.time()
+    try:
+        raw = fn()
+    except TraceError as exc:
+        verdict = {"crash": "REFUTED (trace-time crash)", "input": "BAD_INPUT"}.get(exc.kind, "UNKNOWN")
+        return verdict, f"{exc.op or exc.kind}: {str(exc)[:200]}", time.time() - t
+    except Exception as exc:  # noqa: BLE001 - a probe of third-party code
+        return "ERROR", f"{type(exc).__name__}: {str(exc)[:200]}", time.time() - t
+    res = verify(load_plan(raw))
+    return res.verdict, (res.reasons[0][:200] if res.reasons and res.verdict == "UNKNOWN" else ""), time.time() - t
+
+
+def op_probes():
+    """name -> (fn(x, *ints), float input shape, int inputs {shape, range}); index tensors are int inputs (a
+    literal torch.tensor([...]) of distinct values would be a baked constant, refused for another reason)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    aten = torch.ops.aten
+    sdpa = F.scaled_dot_product_attention
+    q = (1, 2, 4, 8)
+    return {
+        "native_layer_norm (+ backward)": (lambda x: F.layer_norm(x, (8,)).sum(), (2, 8), []),
+        "gelu_backward (exact)": (lambda x: F.gelu(x).sum(), (2, 8), []),
+        "gelu_backward (tanh)": (lambda x: F.gelu(x, approximate="tanh").sum(), (2, 8), []),
+        "sdpa (math, causal, + backward)": (lambda x: sdpa(x, x, x, is_causal=True).sum(), q, []),
+        "sdpa (bool mask, + backward)": (lambda x, m: sdpa(x, x, x, attn_mask=m.bool()).sum(), q, [((4, 4), 2)]),
+        "_scaled_dot_product_flash_attention_for_cpu (+ backward)":
+            (lambda x: aten._scaled_dot_product_flash_attention_for_cpu(x, x, x, is_causal=True)[0].sum(), q, []),
+        "_scaled_dot_product_efficient_attention (+ backward)":
+            (lambda x: aten._scaled_dot_product_efficient_attention(x, x, x, None, False)[0].sum(), q, []),
+        "_scaled_dot_product_flash_attention (CUDA kernel)":
+            (lambda x: aten._scaled_dot_product_flash_attention(x, x, x)[0].sum(), q, []),
+        "cumsum": (lambda x: x.cumsum(1).sum(), (2, 8), []),
+        "max.dim / min.dim": (lambda x: x.max(1).values.sum() + x.min(1)[0].sum(), (2, 8), []),
+        "stack / unbind": (lambda x: torch.stack(x.unbind(0), 1).sum(), (2, 8), []),
+        "index.Tensor": (lambda x, i: x[:, i].sum(), (2, 8), [((3,), 8)]),
+        "scatter (number)": (lambda x, i: x.scatter(1, i, 1.0).sum(), (2, 8), [((2, 3), 8)]),
+        "scatter_add": (lambda x, i: x.scatter_add(1, i, x[:, :3]).sum(), (2, 8), [((2, 3), 8)]),
+        "scatter (tensor, index longer than 1 on the dim)": (lambda x, i: x.scatter(1, i, x[:, :3]).sum(), (2, 8),
+                                                             [((2, 3), 8)]),
+        "index_put (accumulate)": (lambda x, i: x.index_put((i,), x[i] * 2, accumulate=True).sum(), (2, 8),
+                                   [((3,), 2)]),
+        "embedding_dense_backward (padding_idx)": (lambda w, i: F.embedding(i, w, padding_idx=2).sum(), (4, 8),
+                                                   [((3,), 4)]),
+        "masked_fill -inf + softmax": (lambda x, m: x.masked_fill(m.bool(), float("-inf")).softmax(-1).sum(), (2, 8),
+                                       [((2, 8), 2)]),
+        "activation checkpoint": (lambda x: checkpoint(torch.tanh, x, use_reentrant=False).sum(), (2, 8), []),
+        "sort": (lambda x: x.sort(1).values.sum(), (2, 8), []),
+        "dropout (training)": (lambda x: F.dropout(x, 0.1).sum(), (2, 8), []),
+    }
+
+
+def run_op(fn, shape, ints):
+    from tvcert.frontends.trace import TraceError, _convert, _parse_inputs, _trace_joint
+
+    spec = {"x": {"shape": list(shape), "param": True}}
+    for k, (sh, rng) in enumerate(ints):
+        spec[f"i{k}"] = {"shape": list(sh), "dtype": "int", "range": rng}
+    names = list(spec)
+    specs = _parse_inputs(spec, {})
+    try:
+        gm, _ = _trace_joint(lambda **kw: fn(*[kw[n] for n in names]), specs, [s.shape for s in specs])
+        _convert(gm, names)
+    except TraceError as exc:
+        return "UNKNOWN", str(exc)[:220]
+    except Exception as exc:  # noqa: BLE001
+        return "TRACE FAILS", f"{type(exc).__name__}: {str(exc)[:200]}"
+    return "converted", ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the Hugging Face probe")
+    args = ap.parse_args()
+    import logging
+
+    logging.disable(logging.WARNING)
+    rows = []
+    print("## Programs\n")
+    print("| program | --set | expected | verdict | s | blocking op / reason |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mod, kw, want in PROGRAMS:
+        v, why, dt = run_spec(mod, kw)
+        rows.append((mod, kw, want, v))
+        sets = " ".join(f"{k}={v_}" for k, v_ in kw.items()) or "-"
+        print(f"| {mod} | {sets} | {want} | {v} | {dt:.1f} | {why.replace('|', '/')} |", flush=True)
+    got = Counter(v for *_, v in rows)
+    decided = got["VERIFIED"] + got["REFUTED"]
+    right = sum(1 for *_, want, v in rows if v == want)
+    print(f"\n{decided} of {len(rows)} programs reach a verdict (VERIFIED {got['VERIFIED']}, REFUTED {got['REFUTED']}, "
+          f"UNKNOWN {got['UNKNOWN']}); {right} of {len(rows)} reach the expected one.")
+    wrong = [(m, kw, w, v) for m, kw, w, v in rows if v != w]
+    for m, kw, w, v in wrong:
+        print(f"  not as expected: {m} {kw}: {v} (expected {w})")
+    if not args.quick:
+        print("\n## Probes\n")
+        print("| probe | verdict | s | blocking op / reason |")
+        print("| --- | --- | --- | --- |")
+        for label, fn in (("Hugging Face Llama, default SDPA attention, normal call, tp=2", hf_default_attention),
+                          ("the same with o_proj colwise (a plan bug)", lambda: hf_default_attention(bug=True)),
+                          ("the same at tp=4", lambda: hf_default_attention(tp=4))):
+            v, why, dt = run_probe(fn)
+            print(f"| {label} | {v} | {dt:.1f} | {why.replace('|', '/')} |", flush=True)
+    print("\n## Ops (one-op programs, loss and gradient)\n")
+    print("| op | result | reason |")
+    print("| --- | --- | --- |")
+    res = Counter()
+    for name, (fn, shape, ints) in op_probes().items():
+        r, why = run_op(fn, shape, ints)
+        res[r] += 1
+        print(f"| {name} | {r} | {why.replace('|', '/')} |", flush=True)
+    print(f"\n{res['converted']} of {sum(res.values())} op probes convert.")
+
+
+if __name__ == "__main__":
+    main()
