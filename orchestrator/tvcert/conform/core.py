@@ -151,6 +151,21 @@ def _split_partial(v: np.ndarray, n: int, how: str, rng: np.random.Generator, ex
 
 def distribute(v: np.ndarray, axes: Sequence[str], sizes: Mapping[str, int], pl: Sequence[Placement],
                rng: np.random.Generator, exact: bool) -> dict[tuple[int, ...], np.ndarray]:
+    """Each rank's piece, axis by axis (outermost first); Partial pieces are random and independent for each
+    coordinate of the outer axes that are not Replicate.  Replicate means what DTensor means: the ranks along
+    that axis hold the same tensor, so the pieces below a Replicate axis are drawn once and copied."""
+    import itertools
+
+    one = {a: (1 if p.kind == "R" else sizes[a]) for a, p in zip(axes, pl)}
+    base = _distribute(v, axes, one, pl, rng, exact)
+    out = {}
+    for r in itertools.product(*[range(sizes[a]) for a in axes]):
+        key = tuple(0 if p.kind == "R" else c for c, p in zip(r, pl))
+        out[tuple(r)] = base[key].copy()
+    return out
+
+
+def _distribute(v, axes, sizes, pl, rng, exact):
     pieces: dict[tuple[int, ...], np.ndarray] = {(): v}
     for a, p in zip(axes, pl):
         n = sizes[a]

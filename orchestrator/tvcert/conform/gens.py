@@ -630,7 +630,7 @@ def gen_reshape(focus: str):
                 break
         for a, p in zip(axes, pl):
             if p.kind in ("S", "Z"):
-                e = starts.get(p.dim, 0)
+                e = min(starts.get(p.dim, 0), len(logical_target) - 1)
                 while e < len(logical_target) - 1 and logical_target[e] == 1:
                     e += 1
                 written[e] = f"({written[e]})/{a}"

@@ -964,6 +964,8 @@ def _collective(kc, op, ra, raw, facts):
     pl = list(f.pl)
     rules: list[str] = []
     shape = kc.exprs[f.expr].shape
+    if op in ("all_reduce", "reduce_scatter"):
+        _no_mixed_partial_inside(kc, op, pl, idx)
     if op == "all_reduce":
         r = ra["reduce"]
         want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
@@ -1035,6 +1037,20 @@ def _collective(kc, op, ra, raw, facts):
     else:
         raise RuleFailure(f"no rule for collective {op!r}")
     return Derivation([Fact(f.expr, tuple(pl))], rules)
+
+
+def _no_mixed_partial_inside(kc, op, pl, idx) -> None:
+    """Reducing over an axis combines the pieces that the axes nested inside it hold; if one of those is Partial
+    with a reduction that does not commute with this one (max against sum / avg), the result is not the
+    combination of the inner partials: E = sum_e max_d L[e,d] but all_reduce(sum over e) leaves
+    max_d sum_e L[e,d] (found by tvcert.conform)."""
+    kinds = {i: ("max" if pl[i].reduce == "max" else "lin") for i in idx if pl[i].kind == "P"}
+    for i, k in kinds.items():
+        for j in range(i + 1, len(pl)):
+            q = pl[j]
+            if j not in idx and q.kind == "P" and ("max" if q.reduce == "max" else "lin") != k:
+                raise RuleFailure(f"{op} over {kc.axes[i]!r} of {pl[i]} while the inner axis {kc.axes[j]!r} holds {q}: "
+                                  f"the two reductions do not commute")
 
 
 from .zigzag import RULES as _ZIGZAG_RULES, derive_zigzag, zigzag_axes  # noqa: E402  (zigzag reuses these rules)
