@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test proofs coq venv bench fuzz clean
+.PHONY: demo test proofs coq venv bench fuzz conform clean
 
 # torchtitan's declared deps (datasets, wandb, tensorboard, torchdata, ...: ~40 packages) serve its
 # trainer; tests/test_trace_torchtitan.py imports only the models: --no-deps, plus what they import.
@@ -47,6 +47,11 @@ bench: $(STAMP)
 N ?= 100000
 fuzz: $(STAMP)
 	$(PY) -m tvcert.fuzz --pairs $(N)
+
+## Rule conformance: N random instances per kernel rule id (default 1000), checked on every rank against the
+## reference interpreter (tvcert.conform; bench/conformance_results.md records a run)
+conform: $(STAMP)
+	$(PY) -m tvcert.conform --n $(if $(filter command line,$(origin N)),$(N),1000)
 
 clean:
 	rm -rf build $(VENV) Rules/*.vo Rules/*.glob
