@@ -14,6 +14,9 @@
       the placements and shapes. *)
 From mathcomp Require Import all_ssreflect.
 From TVCert Require Import IR.Syntax IR.Denote.
+Import JSyntax JDenote.
+
+Module JCheck.
 
 Definition fact := (nat * placement)%type.
 Definition dfact : fact := (0, Replicate).
@@ -134,3 +137,5 @@ Definition check (c : seq fact) : bool :=
   all (check_output (p_inputs P ++ c)) (p_outputs P).
 
 End Checker.
+
+End JCheck.

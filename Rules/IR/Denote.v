@@ -17,6 +17,9 @@ Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
+Import JSyntax.
+
+Module JDenote.
 
 (** ** Shapes and indices (plain computation; the checker runs these) *)
 Definition shape := seq nat.
@@ -199,3 +202,5 @@ End Values.
     interpretation of the pointwise functions. *)
 Definition plan_equiv (P : plan) : Prop :=
   forall (R : realFieldType) (fn : nat -> R -> R), equiv_at fn P.
+
+End JDenote.

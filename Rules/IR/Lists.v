@@ -5,6 +5,9 @@ From Coq Require Import Lia.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
+Import JSyntax JDenote JCheck.
+
+Module JLists.
 
 Ltac split_ifs :=
   repeat match goal with
@@ -319,3 +322,5 @@ move=> di; apply: (@eq_from_nth _ 0).
 move=> k _; rewrite /shift nth_set_nth_lt !nth_ins_at //.
 by case: (k =P d) => [->|kd]; rewrite ?ltnn ?eqxx //.
 Qed.
+
+End JLists.

@@ -6,6 +6,9 @@ Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
+Import JSyntax JDenote JCheck JLists.
+
+Module JSoundOps.
 Local Open Scope ring_scope.
 
 Definition is_local (o : op) : bool :=
@@ -447,3 +450,5 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
 Qed.
 
 End Ops.
+
+End JSoundOps.

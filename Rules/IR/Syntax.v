@@ -12,6 +12,8 @@
     over that axis. *)
 From mathcomp Require Import all_ssreflect.
 
+Module JSyntax.
+
 (** A rational constant: (negative?, numerator, denominator); the emitter writes den > 0. *)
 Definition rat_lit := (bool * nat * nat)%type.
 
@@ -98,3 +100,5 @@ case: a; case: b => //=; try by [];
 - by move=> a0 a1 b0 b1 /andP[/eqP-> /eqP->].
 - by move=> r q /reduce_op_eqbP->.
 Qed.
+
+End JSyntax.
