@@ -198,14 +198,25 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
 
     if (plan_path is None) == (torch_spec is None):
         raise click.UsageError("give exactly one of PLAN.json or --torch SPEC.py")
-    if torch_spec is not None:
-        from .frontends.cli_trace import traced_plan
+    from .progress import Progress
 
-        plan = traced_plan(torch_spec, sets, as_json)
-    else:
-        plan = _load(plan_path, as_json, check_run_dims=False)
-    progress = None if (quiet or as_json) else (lambda s: click.echo(f"[tvcert] {s}", err=True))
-    res = run_verify(plan, refute=not no_refute, progress=progress)
+    progress = Progress(quiet or as_json)
+    with progress:
+        if torch_spec is not None:
+            from .frontends.cli_trace import traced_plan
+
+            progress(f"tracing {torch_spec}")
+            plan = traced_plan(torch_spec, sets, as_json, progress=progress)
+        else:
+            progress(f"loading {plan_path}")
+            plan = _load(plan_path, as_json, check_run_dims=False)
+        progress(f"verifying {plan.name!r}: {sum(len(g.nodes) for g in plan.programs.values())} parallel ops in "
+                 f"{len(plan.programs)} program(s)")
+        res = run_verify(plan, refute=not no_refute, progress=progress)
+        if report_path:
+            progress(f"writing the report {report_path}")
+            write_atomic(report_path, render_html(res, cert_path=cert_path if res.verdict == "VERIFIED" else None,
+                                                  title_note=f"traced from {torch_spec}" if torch_spec else None))
     cert_note = None
     if cert_path:
         if res.verdict == "VERIFIED":
@@ -215,16 +226,18 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
             cert_note = f"certificate written to {cert_path}"
         else:
             cert_note = f"no certificate written: the verdict is {res.verdict}, not VERIFIED"
-    if report_path:
-        write_atomic(report_path, render_html(res))
     if as_json:
         out = result_json(res)
         out["certificate"] = cert_note
+        if report_path:
+            out["report"] = report_path
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(render_text(res))
         if cert_note:
             click.echo(cert_note)
+        if report_path:
+            click.echo(f"report written to {report_path}")
     sys.exit(res.exit_code)
 
 

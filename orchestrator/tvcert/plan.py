@@ -60,6 +60,8 @@ class NodeSpec(_Strict):
     inputs: list[str] = Field(default_factory=list)
     attrs: dict[str, Any] = Field(default_factory=dict)
     src: Optional[str] = Field(None, description="source location, e.g. model.py:42")
+    module: Optional[str] = Field(None, description="path of the module that ran the op, e.g. "
+                                                    "model.layers.0.mlp.down_proj (traced plans; for reports)")
     layer: Optional[str] = Field(None, description="repeated unit this op belongs to (e.g. 'layer3'): runs of ops "
                                                    "with one label are stages, derived once per canonical form")
 
@@ -316,6 +318,8 @@ def _graph(g: GraphSpec, name: str, path: str, stage: dict[str, int] | None = No
                     layer=n.layer)
         if n.op == "ring_loop":
             node.meta["body"] = _loop_body(node)
+        if n.module:
+            node.meta["module"] = n.module
         nodes.append(node)
     inputs = [TensorDecl(t.name, list(t.shape), t.dtype, t.range) for t in g.inputs]
     gr = Graph(name=name, inputs=inputs, nodes=nodes, outputs=list(g.outputs), path=path, stage=dict(stage or {}))

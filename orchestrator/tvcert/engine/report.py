@@ -1,7 +1,6 @@
 """Reports of a verification result: text for people, JSON for machines, HTML for a browser."""
 from __future__ import annotations
 
-import html
 import json
 from typing import Any
 
@@ -59,12 +58,9 @@ def render_text(res: Result) -> str:
     return "\n".join(lines)
 
 
-def render_html(res: Result) -> str:
-    color = {VERIFIED: "#1a7f37", REFUTED: "#cf222e", UNKNOWN: "#9a6700"}[res.verdict]
-    body = html.escape(render_text(res))
-    data = html.escape(json.dumps(result_json(res), indent=2, default=str))
-    return (f"<!doctype html><meta charset='utf-8'><title>tvcert: {html.escape(res.plan.name)}</title>"
-            f"<style>body{{font-family:sans-serif;margin:2em}} pre{{background:#f6f8fa;padding:1em;overflow:auto}}</style>"
-            f"<h1 style='color:{color}'>{res.verdict}</h1><h2>{html.escape(res.plan.name)}</h2>"
-            f"<p>{html.escape(res.plan.description or '')}</p><pre>{body}</pre>"
-            f"<details><summary>machine-readable result</summary><pre>{data}</pre></details>")
+def render_html(res: Result, hints=(), cert_path: str | None = None, title_note: str | None = None) -> str:
+    """The HTML report (one self-contained file): :func:`tvcert.report_html.render_report`.  ``hints``: extra
+    lines the terminal printed (e.g. the trace's gradient hints); ``cert_path``: where ``--emit-cert`` wrote."""
+    from ..report_html import render_report
+
+    return render_report(res, hints=hints, cert_path=cert_path, title_note=title_note)

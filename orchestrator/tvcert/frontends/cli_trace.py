@@ -153,6 +153,9 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
 @click.option("--verify", "do_verify", is_flag=True, help="verify the traced plan (exit code as `tvcert verify`)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="argument of the spec function")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable result on stdout")
+@click.option("--report", "report_path", metavar="REPORT.html", type=click.Path(dir_okay=False),
+              help="with --verify: write a readable HTML report")
+@click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
 @click.option("--torchtitan", "titan", type=click.Choice(TORCHTITAN_MODELS),
               help="instead of SPEC: a torchtitan model with torchtitan's own parallelization (needs torchtitan==0.3.0)")
 @click.option("--tp", type=int, default=4, show_default=True, help="--torchtitan: tensor-parallel degree")
@@ -164,22 +167,32 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
 @click.option("--replicated-vocab", is_flag=True,
               help="--torchtitan: replicated embedding + gathered-logits loss instead of torchtitan's "
                    "vocab-parallel embedding and loss-parallel cross-entropy")
-def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, titan: str | None,
-          tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool, replicated_vocab: bool) -> None:
+def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, report_path: str | None,
+          quiet: bool, titan: str | None, tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool,
+          replicated_vocab: bool) -> None:
     """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
 
     SPEC is a Python file (see the module docstring), or use --torchtitan MODEL."""
     if (spec is None) == (titan is None):
         raise click.UsageError("give exactly one of SPEC or --torchtitan MODEL")
+    if report_path and not do_verify:
+        raise click.UsageError("--report needs --verify (the report is of the verification)")
     from ..plan import PlanError, load_plan
+    from ..progress import Progress
+
+    progress = Progress(quiet or as_json)
+    progress.__enter__()
+    click.get_current_context().call_on_close(progress.stop)  # also when a trace error exits early
 
     def say(obj: dict, text: str, code: int):
+        progress.stop()
         click.echo(json.dumps(obj, indent=2) if as_json else text)
         sys.exit(code)
 
     titan_kw = {"tp": tp, "ep": ep, "sp": sp, "mesh_context": not no_mesh_context,
                 "vocab_parallel": not replicated_vocab, "layers": layers}
-    plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw)
+    progress(f"tracing {spec or 'torchtitan ' + str(titan)}")
+    plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress)
     if out_path:
         from ..cli import write_atomic
 
@@ -197,22 +210,35 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
     from ..engine.report import render_text, result_json
     from ..engine.verify import verify
 
+    progress(f"verifying {plan.name!r}: {n_par} parallel ops")
     try:
-        res = verify(plan)
+        res = verify(plan, progress=progress)
     except (AttributeError, TypeError) as exc:
         # the reference interpreter's exact mode mishandles 0-d collectives / Partial scalars
         # (a bare Fraction instead of a 0-d array); keep the proof attempt, drop the search
-        res = verify(plan, refute=False)
+        res = verify(plan, refute=False, progress=progress)
         res.reasons.append(f"counterexample search aborted: reference interpreter error {type(exc).__name__}: {exc}")
+    hints = grad_hints(plan_dict, res)
+    if report_path:
+        from ..cli import write_atomic
+        from ..engine.report import render_html
+
+        progress(f"writing the report {report_path}")
+        write_atomic(report_path, render_html(res, hints=hints, title_note=f"traced from {spec or titan}"))
+    progress.stop()
     if as_json:
         out = result_json(res)
         out["trace"] = summary
+        if report_path:
+            out["report"] = report_path
         click.echo(json.dumps(out, indent=2, default=str))
     else:
         click.echo(summary, err=True)
         click.echo(render_text(res))
-        for h in grad_hints(plan_dict, res):
+        for h in hints:
             click.echo(h)
+        if report_path:
+            click.echo(f"report written to {report_path}")
     sys.exit(res.exit_code)
 
 
@@ -229,8 +255,22 @@ def exit_trace_error(exc, as_json: bool):
 
 
 def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
-                titan_kw: dict | None = None) -> dict:
-    """The plan dict of a traced spec (or torchtitan model), or exit as ``tvcert trace`` does."""
+                titan_kw: dict | None = None, progress=None) -> dict:
+    """The plan dict of a traced spec (or torchtitan model), or exit as ``tvcert trace`` does.  ``progress``
+    (a :class:`tvcert.progress.Progress`) is told each rank and layer traced."""
+    from . import trace as _trace_mod
+
+    old_hook = _trace_mod.progress_hook
+    if progress is not None:
+        _trace_mod.progress_hook = progress.tick
+    try:
+        return _traced_dict(spec, sets, as_json, titan, titan_kw)
+    finally:
+        _trace_mod.progress_hook = old_hook
+
+
+def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
+                 titan_kw: dict | None = None) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -269,12 +309,12 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
     sys.exit(3)
 
 
-def traced_plan(spec: str, sets: tuple, as_json: bool):
+def traced_plan(spec: str, sets: tuple, as_json: bool, progress=None):
     """``tvcert verify --torch SPEC``: the loaded plan of a traced spec, or exit as ``tvcert trace`` does
     (a trace-time crash of the parallel program is REFUTED, an untraceable op UNKNOWN, bad input 3)."""
     from ..plan import PlanError, load_plan
 
-    plan_dict = traced_dict(spec, sets, as_json)
+    plan_dict = traced_dict(spec, sets, as_json, progress=progress)
     try:
         return load_plan(plan_dict)
     except PlanError as exc:

@@ -239,6 +239,93 @@ def _user_stack_traces():
         fxp.TracerBase._filter_traceback_frames = old
 
 
+# Progress of a long trace (tvcert.progress.Progress.tick, set by the CLI): called with one line of text.
+progress_hook: Optional[Callable[[str], None]] = None
+_progress_where = ""  # "rank 2/4" while a rank is traced
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)$")
+
+
+def _tick(text: str) -> None:
+    if progress_hook is not None:
+        progress_hook(text)
+
+
+@contextlib.contextmanager
+def _module_paths():
+    """Record on every fx node the path of the module that ran it (``model.layers.0.mlp.down_proj``), in
+    ``node.meta["nn_module_stack"]`` as dynamo does ({path: (path, class)}, outermost first).
+
+    Global forward hooks keep a stack of the modules being called; the path of a module is its name under
+    its caller (``named_children``), else under the outermost module, else its class name.  Entering a
+    transformer layer (``...layers.N``) is reported to :data:`progress_hook`."""
+    import torch
+    import torch.fx.traceback as fxtb
+
+    stack: list[tuple[Any, str]] = []
+    names: dict[int, dict[int, str]] = {}
+
+    def path_of(mod) -> str:
+        if not stack:
+            return ""
+        parent, ppath = stack[-1]
+        for n, c in parent.named_children():
+            if c is mod:
+                return f"{ppath}.{n}" if ppath else n
+        root = stack[0][0]
+        table = names.get(id(root))
+        if table is None:
+            table = names[id(root)] = {id(m): n for n, m in root.named_modules()}
+        return table.get(id(mod)) or f"{ppath}.<{type(mod).__name__}>".lstrip(".")
+
+    def publish() -> None:
+        fxtb.current_meta["nn_module_stack"] = {p: (p, type(m).__qualname__) for m, p in stack if p}
+
+    def pre(mod, args):
+        p = path_of(mod)
+        stack.append((mod, p))
+        publish()
+        m = _LAYER_RE.search(p)
+        if m and progress_hook is not None:
+            progress_hook(f"tracing {_progress_where + ': ' if _progress_where else ''}layer {m.group(1)} ({p})")
+
+    def post(mod, args, out):
+        for k in range(len(stack) - 1, -1, -1):
+            if stack[k][0] is mod:
+                del stack[k:]
+                break
+        publish()
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
+        fxtb.current_meta.pop("nn_module_stack", None)
+
+
+def module_of(node) -> Optional[str]:
+    """Innermost module path recorded by :func:`_module_paths` (None outside any module)."""
+    st = node.meta.get("nn_module_stack") if node is not None else None
+    if not st:
+        return None
+    last = list(st.values())[-1]
+    return last[0] if isinstance(last, tuple) else str(last)
+
+
+class _ModuleConverter(Converter):
+    """The converter, also keeping each IR node's module path (``IRNode.module``, written as the node's
+    ``module`` field by :func:`_finish_outputs`)."""
+
+    def emit(self, *args, **kwargs):
+        out = super().emit(*args, **kwargs)
+        mod = module_of(self.cur)
+        if mod and self.nodes:
+            self.nodes[-1].module = mod
+        return out
+
+
 def src_of(node) -> Optional[str]:
     st = node.meta.get("stack_trace")
     if not st:
@@ -497,7 +584,7 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     try:
-        with _user_stack_traces(), fxtb.preserve_node_meta(), sdpa_kernel([SDPBackend.MATH]):
+        with _user_stack_traces(), fxtb.preserve_node_meta(), _module_paths(), sdpa_kernel([SDPBackend.MATH]):
             gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True,
                          decomposition_table=decompositions())(*xs)
     finally:
@@ -507,7 +594,7 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
 
 def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) -> tuple[list[IRNode], list[Any]]:
     try:
-        nodes, outs = Converter(gm, names, resolver, src_of).run()
+        nodes, outs = _ModuleConverter(gm, names, resolver, src_of).run()
     except Unconverted as exc:
         raise TraceError(str(exc), "unsupported", exc.op, exc.src) from None
     if mesh:
@@ -630,6 +717,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         world *= s
 
     # ---- logical
+    global _progress_where
+    _progress_where = "logical model"
+    _tick("tracing the logical model")
     try:
         gm, params = _trace_joint(logical, specs, [s.shape for s in specs])
     except TraceError:
@@ -650,6 +740,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     pouts_ref = None
     for r in range(world):
         c = coords_of(r, sizes)
+        _progress_where = f"rank {r + 1}/{world}"
+        _tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
         with fake_world(r, world):
             dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
             ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
@@ -672,6 +764,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         elif outs_j != pouts_ref:
             raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
         per_rank[c] = nodes_j
+    _progress_where = ""
     pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
 
     # ---- placements
@@ -717,6 +810,9 @@ def _finish_outputs(nodes: list[IRNode], outs: list[Any], out_names: list[str], 
     """Nodes as JSON and output tensor names.  Outputs are renamed to ``loss`` / ``grad_<p>`` when the
     tensor is produced by a node (so logical and parallel outputs line up by name)."""
     js = [n.to_json() for n in nodes]
+    for n, d in zip(nodes, js):
+        if getattr(n, "module", None):
+            d["module"] = n.module
     rename: dict[str, str] = {}
     produced = {o for n in nodes for o in n.outputs}
     final = []
