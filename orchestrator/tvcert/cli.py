@@ -175,13 +175,15 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="with --torch: argument of the spec function")
 @click.option("--emit-cert", "cert_path", metavar="CERT.json", type=click.Path(dir_okay=False),
               help="write a certificate when the verdict is VERIFIED")
+@click.option("--emit-coq", "coq_path", metavar="OUT.v", type=click.Path(dir_okay=False),
+              help="when VERIFIED: write the plan as a Coq theorem (Rules/IR) and have coqc check it")
 @click.option("--report", "report_path", metavar="REPORT.html", type=click.Path(dir_okay=False),
               help="write a readable HTML report")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (verdict, reasons, stats)")
 @click.option("--no-refute", is_flag=True, help="do not search for a counterexample when no proof is found")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
 def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path: str | None, report_path: str | None,
-           as_json: bool, no_refute: bool, quiet: bool) -> None:
+           as_json: bool, no_refute: bool, quiet: bool, coq_path: str | None = None) -> None:
     """Prove that the parallel program computes the logical graph, or refute it.
 
     \b
@@ -226,9 +228,19 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
             cert_note = f"certificate written to {cert_path}"
         else:
             cert_note = f"no certificate written: the verdict is {res.verdict}, not VERIFIED"
+    coq_j = None
+    if coq_path:
+        from .coqjudge.judge import verify_judgement
+
+        try:
+            coq_j = verify_judgement(res.verdict, plan, coq_path)
+        except OSError as exc:
+            _fail_bad(f"{coq_path}: cannot write the Coq file: {exc}", as_json)
     if as_json:
         out = result_json(res)
         out["certificate"] = cert_note
+        if coq_j is not None:
+            out["coq"] = coq_j.as_json()
         if report_path:
             out["report"] = report_path
         click.echo(json.dumps(out, indent=2))
@@ -236,9 +248,11 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
         click.echo(render_text(res))
         if cert_note:
             click.echo(cert_note)
+        if coq_j is not None:
+            click.echo(coq_j.message)
         if report_path:
             click.echo(f"report written to {report_path}")
-    sys.exit(res.exit_code)
+    sys.exit(EXIT_UNKNOWN if coq_j is not None and coq_j.status == "rejected" else res.exit_code)
 
 
 @main.command()
@@ -250,7 +264,9 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
 @click.option("--solver", type=click.Choice(["z3", "cvc5", "both"]), default="z3", show_default=True,
               help="solver(s) that re-check every SMT obligation")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solver: str, as_json: bool) -> None:
+@click.option("--coq", "coq", is_flag=True, help="also have Coq judge the plan (Rules/IR checker, coqc, Print Assumptions)")
+def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solver: str, as_json: bool,
+          coq: bool = False) -> None:
     """Replay a certificate offline, without the search engine.
 
     Re-reads the plan and checks its hash, checks every cited rule against the proof
@@ -273,13 +289,25 @@ def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solv
         else:
             click.echo(f"INVALID certificate {cert_path}: {exc}")
         sys.exit(EXIT_DIFF)
+    coq_j = None
+    if coq:
+        from .coqjudge.judge import check_judgement
+        from .plan import PlanError
+
+        try:
+            coq_j = check_judgement(cert, plan_path)
+        except PlanError as exc:
+            _fail_bad(f"{plan_path or cert_path}: {exc}", as_json)
     if as_json:
         click.echo(json.dumps({"valid": True, "plan": cert.plan.name, "steps": res.steps,
-                               "obligations": res.obligations, "outputs": res.outputs, "solvers": res.solvers}))
+                               "obligations": res.obligations, "outputs": res.outputs, "solvers": res.solvers,
+                               **({"coq": coq_j.as_json()} if coq_j is not None else {})}))
     else:
         click.echo(f"VALID certificate for plan {cert.plan.name!r}: {res.steps} steps replayed, "
                    f"{res.obligations} obligations re-solved with {'+'.join(res.solvers)}, {res.outputs} outputs matched")
-    sys.exit(EXIT_OK)
+        if coq_j is not None:
+            click.echo(coq_j.message)
+    sys.exit(EXIT_UNKNOWN if coq_j is not None and coq_j.status == "rejected" else EXIT_OK)
 
 
 @main.command()

@@ -210,8 +210,7 @@ def _graph(g: Graph, where: str, env: dict, axis: str, p: int, fns: list[str], i
             unc.append(Uncovered(where, name, n.op, "ops with several outputs are not covered"))
             continue
         if any(x not in ids for x in n.inputs):
-            unc.append(Uncovered(where, name, n.op, "an operand is outside the covered fragment"))
-            continue
+            continue  # follows from an uncovered step already listed
         if _mentions_rank(n.attrs):
             unc.append(Uncovered(where, name, n.op, "rank-dependent attributes are not covered"))
             continue
@@ -312,7 +311,8 @@ def translate(plan: Plan) -> CoqPlan:
             unc.append(Uncovered("plan", lname, "output", "logical output without a binding"))
     for lname, b in plan.outputs.items():
         if lname not in l_ids or b.local not in p_ids:
-            unc.append(Uncovered(pname, b.local, "output", f"output {lname!r} is outside the covered fragment"))
+            if not unc:
+                unc.append(Uncovered(pname, b.local, "output", f"output {lname!r} is outside the covered fragment"))
             continue
         try:
             pl = _placement(b, axis, l_shapes[l_ids[lname]])
