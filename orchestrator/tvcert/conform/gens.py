@@ -310,7 +310,9 @@ def gen_matmul(focus: str):
 
 
 EINSUMS = ["ij,jk->ik", "bij,bjk->bik", "bsh,hf->bsf", "ij,ij->i", "ij->ji", "i,i->", "bhqd,bhkd->bhqk",
-           "abc,cd,de->abe", "ij,j->i", "ijk->ik", "ab,ab,ab->b"]
+           "abc,cd,de->abe", "ij,j->i", "ijk->ik", "ab,ab,ab->b",
+           # implicit outputs (the letters used once, sorted) and letters repeated inside an operand
+           "ij,jk", "ba,ac", "ii->i", "iij->ij", "ij,ji->i", "ijk,kj"]
 
 
 def gen_einsum(focus: str):
@@ -324,8 +326,11 @@ def gen_einsum(focus: str):
         new = list(dr.rng.permutation(list("abcdefghijkmnopq")))[:len(letters)]
         tr = dict(zip(letters, new))
         eq = "".join(tr.get(c, c) for c in eq)
-        lhs, rhs = eq.split("->")
+        lhs, _, rhs = eq.partition("->")
         terms = lhs.split(",")
+        if "->" not in eq:
+            cnt = {c: "".join(terms).count(c) for c in set("".join(terms))}
+            rhs = "".join(sorted(c for c, k in cnt.items() if k == 1))
         allletters = sorted(set("".join(terms)))
         free = [c for c in allletters if c in rhs]
         contracted = [c for c in allletters if c not in rhs]
@@ -961,6 +966,46 @@ SINGLE_OP: dict[str, Callable[[Draw], OpCase]] = {
     "zigzag_contraction": _mix(gen_matmul("Zrow"), gen_einsum("Zcontracted"), gen_embedding_backward("Z")),
     "zigzag_reshape": gen_reshape("Z"),
 }
+
+def _rankify(gen: Callable[[Draw], OpCase], p: float = 0.08) -> Callable[[Draw], OpCase]:
+    """With probability p, make one numeric attribute depend on the rank, over any mesh axis, possibly inside a
+    list (``dims`` entries, nested literals): ``v + rank.b``, ``v * (1 + rank.b)``, or the rank-free spelling
+    ``v + rank.b - rank.b``.  The kernel must refuse a rank-dependent attribute it has no rule for (every rank
+    runs the op with its own value, so a conclusion drawn from rank 0's value shows up as a disagreement)."""
+    from ..ops import REGISTRY
+
+    def g(dr: Draw) -> OpCase:
+        case = gen(dr)
+        if not dr.coin(p) or case.op in ("slice",):
+            return case
+        spec = REGISTRY[case.op]
+        keys = [k for k, v in case.attrs.items() if k in spec.attrs and spec.attrs[k].kind in ("num", "dim", "dims", "tensor")
+                and (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, list))]
+        if not keys:
+            return case
+        k = dr.pick(keys)
+        b = dr.pick(list(case.axes))
+        form = dr.pick(["{v}+rank.{b}", "({v})*(1+rank.{b})", "{v}+rank.{b}-rank.{b}"])
+
+        def rk(v):
+            if isinstance(v, list):
+                if not v:
+                    return v
+                i = dr.int(0, len(v) - 1)
+                return [rk(x) if j == i else x for j, x in enumerate(v)]
+            if isinstance(v, float) and not v.is_integer():
+                return v
+            return form.format(v=int(v), b=b) if isinstance(v, (int, float)) else v
+        attrs = dict(case.attrs)
+        attrs[k] = rk(attrs[k])
+        case.attrs = attrs
+        case.note = f"rank-dependent {k}"
+        return case
+    return g
+
+
+SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}
+SINGLE_OP["replicate_any"] = _rankify(SINGLE_OP["replicate_any"], 0.3)
 
 #: every single-op generator, to draw from the whole space at once (``--rule any``)
 ALL_SINGLE = list(SINGLE_OP.values())

@@ -169,8 +169,49 @@ def b_example(names: list[str], dimsfn: Callable[[Draw, dict], dict]):
         extra = ""
         if dr.coin(0.5):
             extra = _other_axis(dr, d)
+        if dr.coin(0.4):
+            extra += _edit_example(dr, d)
         return d, f"{name} dims={d['dims']}{extra}"
     return b
+
+
+def _edit_example(dr: Draw, d: dict) -> str:
+    """A near miss of the multi-op patterns: a block offset off by one or mirrored, a mask with its unit dim
+    somewhere else, an index reshaped to [1, n], a fill value that is not 0, or one of the fuzzer's random edits
+    (swap / reroute an input, change an op or a value)."""
+    import random
+
+    nodes = d["parallel"][0]["nodes"]
+    kind = dr.pick(["offset", "unsqueeze", "fill", "random", "random"])
+    if kind == "offset":
+        forms = ["{e}+1", "({e})-1", "(tp-1-rank.tp)*(v/tp)", "(rank.tp+1)*(v/tp)", "rank.tp*(v/tp+1)"]
+        cands = [n for n in nodes if isinstance(n.get("attrs", {}).get("value"), str) and "rank." in n["attrs"]["value"]]
+        if cands:
+            n = dr.pick(cands)
+            n["attrs"]["value"] = dr.pick(forms).format(e=n["attrs"]["value"])
+            return f" +edit offset {n['name']}={n['attrs']['value']}"
+    if kind == "unsqueeze":
+        cands = [n for n in nodes if n["op"] == "unsqueeze"]
+        if cands:
+            n = dr.pick(cands)
+            n["attrs"]["dim"] = dr.pick([0, -2, 1])
+            return f" +edit unsqueeze {n['name']} dim={n['attrs']['dim']}"
+    if kind == "fill":
+        cands = [n for n in nodes if n["op"] in ("masked_fill", "clamp", "where") and "value" in n.get("attrs", {})]
+        if cands:
+            n = dr.pick(cands)
+            n["attrs"]["value"] = dr.pick([1, -1, 0.5])
+            return f" +edit fill {n['name']}={n['attrs']['value']}"
+    from ..fuzz.ring import edit_body
+
+    prog = d["parallel"][0]
+    body = {"inputs": [i["name"] for i in prog["inputs"]], "nodes": prog["nodes"], "outputs": prog["outputs"]}
+    try:
+        what = edit_body(body, random.Random(int(dr.rng.integers(1 << 30))))
+    except (IndexError, ValueError):
+        return ""
+    prog["outputs"] = body["outputs"]
+    return f" +edit {what}"
 
 
 def _rewrite_strings(obj, fn):

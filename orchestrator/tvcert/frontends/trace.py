@@ -278,7 +278,9 @@ def _module_paths():
         return table.get(id(mod)) or f"{ppath}.<{type(mod).__name__}>".lstrip(".")
 
     def publish() -> None:
-        fxtb.current_meta["nn_module_stack"] = {p: (p, type(m).__qualname__) for m, p in stack if p}
+        # the outermost module called has no name of its own: its class name stands for it
+        fxtb.current_meta["nn_module_stack"] = {p or type(m).__name__: (p or type(m).__name__, type(m).__qualname__)
+                                                for m, p in stack}
 
     def pre(mod, args):
         p = path_of(mod)

@@ -469,9 +469,12 @@ def _matmul_batch(a, sa, sb, pa, pb, nb):
 
 def _einsum(kc, op, ra, raw, facts):
     X = kc.exprs
-    eq = ra["equation"].replace(" ", "")
-    lhs, rhs = eq.split("->")
-    ins = lhs.split(",")
+    from ..ops.linalg import parse_equation
+
+    try:  # the op's own reading of the equation (an implicit output is the letters used once, sorted)
+        ins, rhs, _ = parse_equation(ra["equation"], [X[f.expr].shape for f in facts])
+    except ValueError as exc:
+        raise RuleFailure(f"einsum: {exc}") from None
     expr = X.mk("einsum", ra, [f.expr for f in facts])
     per_axis = []
     for ai, a in enumerate(kc.axes):
