@@ -233,7 +233,8 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
             out["report"] = report_path
         click.echo(json.dumps(out, indent=2, default=str))
     else:
-        click.echo(summary, err=True)
+        if not quiet:
+            click.echo(summary, err=True)
         click.echo(render_text(res))
         for h in hints:
             click.echo(h)

@@ -107,7 +107,7 @@ def _full(v, limit: int = 4096) -> str:
             a = a.astype(np.float64)
         except (TypeError, ValueError):
             return str(a.tolist())[:20000]
-    with np.printoptions(threshold=limit, linewidth=110, precision=6, suppress=False):
+    with np.printoptions(threshold=limit, linewidth=110, precision=8, suppress=False):
         s = np.array2string(a, separator=", ")
     return s
 
@@ -480,6 +480,36 @@ def divergence_section(res, focus: Focus | None, hints: list[str]) -> str:
     return "".join(out)
 
 
+def reduction_hints(res, focus: Focus | None) -> list[str]:
+    """Hints from the facts, for what the localizer's own hints do not cover: an input of the diverging op that
+    is a reduction (all_reduce / reduce_scatter) over an axis on which its operand was already Replicate, so
+    the value was summed over the ranks again (a doubled all_reduce)."""
+    if focus is None or focus.node is None or focus.kind != "divergence":
+        return []
+    plan = res.plan
+    g = plan.programs[focus.program]
+    axes = plan.program_axes(focus.program)
+    prod = g.producer_index()
+    out = []
+    for x in g.nodes[focus.node].inputs:
+        if x not in prod:
+            continue
+        _, p = prod[x]
+        if p.op not in ("all_reduce", "reduce_scatter") or not p.inputs:
+            continue
+        ax = p.attrs.get("axis")
+        f = res.prop.facts.get(focus.program, {}).get(p.inputs[0])
+        names = [ax] if isinstance(ax, str) else list(ax or [])
+        if f is None or not names or any(a not in axes for a in names):
+            continue
+        if all(f.pl[axes.index(a)].kind == "R" for a in names):
+            where = f" ({p.src}{', ' + _module(p) if _module(p) else ''})" if p.src else ""
+            out.append(f"input {x} is {p.op} over {', '.join(names)} of {p.inputs[0]}, which is already Replicate on "
+                       f"{', '.join(names)}: every rank adds the same value again (×{'·'.join(str(plan.mesh()[a]) for a in names)}). "
+                       f"Is a reduction applied twice{where}?")
+    return out
+
+
 def hints_section(hints: list[str], tag: str = "h2") -> str:
     if not hints:
         return ""
@@ -582,12 +612,18 @@ def cert_digest(res) -> str | None:
 def outputs_table(res) -> str:
     cx = res.counterexample or {}
     if cx.get("outputs"):
-        rows = "".join(f"<tr><td><code>{E(o['name'])}</code></td><td>{'equal' if o['equal'] else '<b class=red>DIFFERS</b>'}"
-                       f"</td><td class='num'>{_fmt_num(o['max_diff'])}</td><td>{E(o.get('problem') or '')}</td></tr>"
-                       for o in cx["outputs"])
-        return ("<h2>Outputs on the counterexample</h2><table id='outputs'><colgroup><col style='width:22%'>"
-                "<col style='width:12%'><col style='width:14%'><col></colgroup><tr><th>output</th><th>status</th>"
-                f"<th>max |diff|</th><th>problem</th></tr>{rows}</table>")
+        row = [f"<tr><td><code>{E(o['name'])}</code></td><td>{'equal' if o['equal'] else '<b class=red>DIFFERS</b>'}"
+               f"</td><td class='num'>{_fmt_num(o['max_diff'])}</td><td>{E(o.get('problem') or '')}</td></tr>"
+               for o in cx["outputs"]]
+        head = ("<table id='outputs'><colgroup><col style='width:34%'><col style='width:12%'><col style='width:14%'>"
+                "<col></colgroup><tr><th>output</th><th>status</th><th>max |diff|</th><th>problem</th></tr>")
+        bad = sum(1 for o in cx["outputs"] if not o["equal"])
+        more = ""
+        if len(row) > 8:  # a whole training step has an output per gradient: the rest behind a fold
+            more = (f"<details><summary>the other {len(row) - 8} outputs</summary>{head}{''.join(row[8:])}</table>"
+                    "</details>")
+        return (f"<h2>Outputs on the counterexample ({bad} of {len(row)} differ)</h2>{head}{''.join(row[:8])}</table>"
+                + more)
     return ""
 
 
@@ -609,6 +645,8 @@ def reason_sentence(res, focus: Focus | None) -> str:
     if res.verdict == REFUTED:
         cx = res.counterexample or {}
         bad = [o["name"] for o in cx.get("outputs", []) if not o["equal"]]
+        if len(bad) > 3:
+            bad = bad[:3] + [f"{len(bad) - 3} more"]
         div = cx.get("first_divergence")
         where = ""
         if div:
@@ -645,6 +683,7 @@ def render_report(res, hints: Iterable[str] = (), cert_path: str | None = None, 
     all_hints = [ln.strip()[len("hint:"):].strip() for ln in (div.get("text") or "").splitlines()
                  if ln.strip().startswith("hint:")] + [h[len("hint:"):].strip() if h.startswith("hint:") else h
                                                        for h in hints]
+    all_hints += reduction_hints(res, focus)
     stuck = "".join(f"<li><code>{E(s['op'])}</code> at <code>{E(s['node'])}</code>"
                     f"{' (' + E(s['src']) + ')' if s.get('src') else ''}: {E(s['reason'])}</li>"
                     for s in cx.get("engine_stuck_at", []))
