@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test proofs coq venv bench fuzz conform clean
+.PHONY: demo test proofs coq browser venv bench fuzz conform clean
 
 # torchtitan's declared deps (datasets, wandb, tensorboard, torchdata, ...: ~40 packages) serve its
 # trainer; tests/test_trace_torchtitan.py imports only the models: --no-deps, plus what they import.
@@ -27,14 +27,25 @@ coq:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq coq libcoq-mathcomp-ssreflect libcoq-mathcomp-algebra >/dev/null; }
 
+# Graphviz (the report's drawings) and headless Chromium (tests/test_report_browser.py) from Debian when missing.
+browser:
+	@{ command -v dot >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; } || { \
+	  echo "installing Graphviz and Chromium from Debian (apt-get install -y graphviz chromium)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz chromium >/dev/null; }
+
 ## The main job on a bundled example: verify the Megatron TP MLP and write its certificate.
 demo: $(STAMP)
 	$(VENV)/bin/tvcert verify examples/mlp_tp2.json --emit-cert build/mlp_tp2.cert.json; \
 	  rc=$$?; [ $$rc -le 2 ] || exit $$rc
 	$(VENV)/bin/tvcert check build/mlp_tp2.cert.json --plan examples/mlp_tp2.json
+	$(VENV)/bin/tvcert verify -q examples/mlp_tp2_no_allreduce.json --report build/mlp_tp2_no_allreduce.html \
+	  >/dev/null; rc=$$?; [ $$rc -le 2 ] || exit $$rc
+	@echo "example report (a refutation: the missing all_reduce): open build/mlp_tp2_no_allreduce.html in a browser"
 
 ## Everything: install what is needed, recheck the proofs, run the test suite.
-test: $(STAMP) coq
+test: $(STAMP) coq browser
 	$(PY) -m tvcert.proofkit check --coqchk
 	$(PY) -m pytest tests
 

@@ -88,6 +88,9 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a report or plan unreadable to others
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
