@@ -41,7 +41,10 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("tp_ln_gelu_mlp", {}, "VERIFIED"),
     ("tp_ln_gelu_mlp", {"approximate": "tanh", "dtype": "float64"}, "VERIFIED"),
     ("tp_ln_gelu_mlp", {"dtype": "bfloat16", "tp": 4}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {"checkpoint": "nonreentrant"}, "VERIFIED"),
+    ("tp_ln_gelu_mlp", {"checkpoint": "reentrant"}, "VERIFIED"),
     ("tp_ln_gelu_mlp", {"bug": "no_allreduce"}, "REFUTED"),
+    ("tp_ln_gelu_mlp", {"bug": "no_allreduce", "checkpoint": "reentrant"}, "REFUTED"),
     ("tp_ln_gelu_mlp", {"bug": "bias_every_rank"}, "REFUTED"),
     ("tp_ln_gelu_mlp", {"bug": "no_input_grad_reduce"}, "REFUTED"),
     ("dtensor_ln_gelu_mlp", {}, "VERIFIED"),
@@ -158,7 +161,8 @@ def op_probes():
         "masked_fill -inf + softmax": (lambda x, m: x.masked_fill(m.bool(), float("-inf")).softmax(-1).sum(), (2, 8),
                                        [((2, 8), 2)]),
         "activation checkpoint": (lambda x: checkpoint(torch.tanh, x, use_reentrant=False).sum(), (2, 8), []),
-        "sort": (lambda x: x.sort(1).values.sum(), (2, 8), []),
+        "sort (+ backward)": (lambda x: x.sort(1).values.sum(), (2, 8), []),
+        "reentrant activation checkpoint": (lambda x: checkpoint(torch.tanh, x, use_reentrant=True).sum(), (2, 8), []),
         "dropout (training)": (lambda x: F.dropout(x, 0.1).sum(), (2, 8), []),
     }
 

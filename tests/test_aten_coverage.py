@@ -53,7 +53,9 @@ def ir_run(fn, inputs, params=()):
 def torch_run(fn, inputs, params=()):
     kw = {k: (v.detach().clone().requires_grad_(True) if k in params else v) for k, v in inputs.items()}
     loss = fn(**kw)
-    gs = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True) if params else ()
+    if params:
+        loss.backward()  # (not autograd.grad: reentrant checkpointing refuses it)
+    gs = [kw[p].grad for p in params]
     return [loss.detach().numpy()] + [np.zeros(tuple(kw[p].shape)) if g is None else g.numpy()
                                       for p, g in zip(params, gs)]
 
@@ -173,6 +175,17 @@ def test_memory_efficient_attention_kernel_and_backward(case):
         assert a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_flash_attention_kernel_and_backward(causal):
+    """The CUDA flash kernel called directly (it has a meta kernel, so it traces on CPU); reference: F.sdpa."""
+    kw = _qkv(L=5)
+    mine = lambda q, k, v, R: (aten._scaled_dot_product_flash_attention(q, k, v, is_causal=causal)[0] * R).sum()  # noqa: E731
+    ref = lambda q, k, v, R: (F.scaled_dot_product_attention(q, k, v, is_causal=causal) * R).sum()  # noqa: E731
+    got, _ = ir_run(mine, kw, ("q", "k", "v"))
+    for a, b in zip(got, torch_run(ref, kw, ("q", "k", "v"))):
+        assert a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_fused_cpu_attention_logsumexp_is_not_made_up():
     """The kernel's logsumexp output is not computed by the decomposition: reading it is UNKNOWN."""
     kw = _qkv()
@@ -243,6 +256,31 @@ def test_scatter_index_put():
     check(setitem, dict(x=x, i=torch.tensor([1, 3, 1]), R=R), ("x",))
 
 
+def test_sort_argsort_topk_and_their_scatter_backward():
+    """sort = topk with k = n (ties: lower index first, as PyTorch's stable sort); their backward scatters at
+    the indices, distinct along the dim, so scatter of a tensor is exact there."""
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [2.0, 2.0, 0.0, 2.0]], dtype=D)  # ties
+    R = rnd(2, 4)
+    for desc in (False, True):
+        ops = check(lambda x, R: (x.sort(1, descending=desc).values * R).sum()
+                    + (x.sort(dim=1, descending=desc, stable=True).indices * R).sum() + (x.argsort(0) * 1.0).sum(),
+                    dict(x=x, R=R), ("x",))
+        assert "topk" in ops
+    y = rnd(3, 6)
+    check(lambda y, R: (torch.topk(y, 3, 1).values * R[:, :3]).sum() + (y.sort(0).values * R).sum(),
+          dict(y=y, R=rnd(3, 6)), ("y",))
+
+
+def test_scatter_at_topk_indices_of_another_dim_is_unknown():
+    """Distinct along dim 1 says nothing about dim 0: no exact conversion."""
+    def f(y, s):
+        idx = torch.topk(y, 3, 1).indices  # distinct along dim 1
+        return y.scatter(0, idx, s).sum()
+
+    msg = unknown(f, dict(y=rnd(3, 6), s=rnd(3, 3)), ("y",))
+    assert "aten.scatter.src" in msg
+
+
 def test_scatter_of_a_tensor_with_repeated_targets_is_unknown():
     msg = unknown(lambda x, ix, s: x.scatter(1, ix, s).sum(),
                   dict(x=rnd(3, 5), ix=torch.randint(0, 5, (3, 4), generator=g), s=rnd(3, 4)))
@@ -268,8 +306,9 @@ def test_activation_checkpoint_recompute():
     from torch.utils.checkpoint import checkpoint
 
     x, w, R = rnd(3, 5), rnd(5, 5), rnd(3, 5)
-    check(lambda x, w, R: (checkpoint(lambda a: F.gelu(a @ w), x, use_reentrant=False) * R).sum(),
-          dict(x=x, w=w, R=R), ("x", "w"))
+    for reentrant in (False, True):  # reentrant: autograd.grad is refused, the tracer uses .backward()
+        check(lambda x, w, R: (checkpoint(lambda a: F.gelu(a @ w), x, use_reentrant=reentrant) * R).sum(),
+              dict(x=x, w=w, R=R), ("x", "w"))
 
 
 # ---------------------------------------------------------------- -inf
@@ -378,9 +417,13 @@ def _verdict(raw):
     ({}, "VERIFIED"),
     ({"approximate": "tanh", "dtype": "float64"}, "VERIFIED"),
     ({"tp": 4}, "VERIFIED"),
+    ({"checkpoint": "nonreentrant"}, "VERIFIED"),
+    ({"checkpoint": "reentrant"}, "VERIFIED"),
     ({"bug": "no_allreduce"}, "REFUTED"),
     ({"bug": "bias_every_rank"}, "REFUTED"),
     ({"bug": "no_input_grad_reduce"}, "REFUTED"),
+    ({"bug": "no_allreduce", "checkpoint": "nonreentrant"}, "REFUTED"),
+    ({"bug": "no_input_grad_reduce", "checkpoint": "reentrant"}, "REFUTED"),
 ])
 def test_tp_layernorm_gelu_mlp(kw, want):
     import tp_ln_gelu_mlp as mlp

@@ -8,6 +8,7 @@ Megatron's `f`: the input gradient all-reduced).  The loss is a mean (``F.mse_lo
     tvcert trace examples/torch/tp_ln_gelu_mlp.py --set bug=no_allreduce --verify  # REFUTED
     tvcert trace examples/torch/tp_ln_gelu_mlp.py --set approximate=tanh --set dtype=float64 --verify
 
+``checkpoint=nonreentrant|reentrant`` runs the parallel block under activation checkpointing.
 ``bug``: ``no_allreduce`` (the row-parallel partial sums are never reduced), ``bias_every_rank`` (b2 added
 before the all_reduce, so tp times), ``no_input_grad_reduce`` (Megatron's `f` without its backward all_reduce:
 the LayerNorm's gradients see only this rank's half of the MLP).
@@ -40,18 +41,25 @@ def block(x, ln_w, ln_b, w1, b1, w2, b2, target, approximate="none"):
     return F.mse_loss(y, target)
 
 
-def make_tp(bug: str = "", approximate: str = "none"):
-    def block_tp(ctx, x, ln_w, ln_b, w1, b1, w2, b2, target):
-        tp = ctx.group("tp")
+def make_tp(bug: str = "", approximate: str = "none", checkpoint: str = ""):
+    def mlp(x, ln_w, ln_b, w1, b1, w2, b2, tp):
         h = F.layer_norm(x, (H,), ln_w, ln_b, eps=1e-5)
         h = (NoReduce if bug == "no_input_grad_reduce" else CopyToTP).apply(h, tp)
         a = F.gelu(h @ w1 + b1, approximate=approximate)           # column parallel
         if bug == "no_allreduce":
-            y = x + a @ w2 + b2                                    # BUG: partial sums
-        elif bug == "bias_every_rank":
-            y = x + ReduceFromTP.apply(a @ w2 + b2, tp)            # BUG: b2 added tp times
+            return x + a @ w2 + b2                                 # BUG: partial sums
+        if bug == "bias_every_rank":
+            return x + ReduceFromTP.apply(a @ w2 + b2, tp)         # BUG: b2 added tp times
+        return x + ReduceFromTP.apply(a @ w2, tp) + b2             # row parallel
+
+    def block_tp(ctx, x, ln_w, ln_b, w1, b1, w2, b2, target):
+        tp = ctx.group("tp")
+        if checkpoint:  # activation checkpointing: the block is recomputed in the backward (collectives too)
+            from torch.utils.checkpoint import checkpoint as ckpt
+
+            y = ckpt(lambda *a: mlp(*a, tp), x, ln_w, ln_b, w1, b1, w2, b2, use_reentrant=checkpoint == "reentrant")
         else:
-            y = x + ReduceFromTP.apply(a @ w2, tp) + b2            # row parallel
+            y = mlp(x, ln_w, ln_b, w1, b1, w2, b2, tp)
         return F.mse_loss(y, target)
     return block_tp
 
@@ -70,9 +78,10 @@ def inputs(dtype="float32"):
     }
 
 
-def tvcert_trace(bug: str = "", approximate: str = "none", tp: int = 2, dtype: str = "float32"):
+def tvcert_trace(bug: str = "", approximate: str = "none", tp: int = 2, dtype: str = "float32", checkpoint: str = ""):
+    """``checkpoint``: "" | "nonreentrant" | "reentrant" (the parallel block under torch.utils.checkpoint)."""
     def logical(**kw):
         return block(**kw, approximate=approximate)
 
-    return dict(logical=logical, parallel=make_tp(bug, approximate), inputs=inputs(dtype), mesh={"tp": tp},
+    return dict(logical=logical, parallel=make_tp(bug, approximate, checkpoint), inputs=inputs(dtype), mesh={"tp": tp},
                 name=f"tp_ln_gelu_mlp{'_' + bug if bug else ''}")

@@ -1893,12 +1893,13 @@ def _scatter_value(c, n, x, dim, index, value):
 @reg("aten.scatter.src")
 def _scatter_src(c, n, x, dim, index, src):
     """x.scatter(d, index, src).  Exact only when no element can be written twice: an index of size 1 along d
-    (each position of the other dims writes once; autograd's max / min / median backward scatters this way),
-    where it is where(hit, scatter_add(zeros, d, index, src), x).  With repeated indices PyTorch keeps an
+    (each position of the other dims writes once; autograd's max / min / median backward scatters this way), or
+    the indices output of a topk / sort along d (distinct along d by the IR's semantics; sort's backward), where
+    it is where(hit, scatter_add(zeros, d, index, src), x).  With repeated indices PyTorch keeps an
     unspecified one of the written values, which no IR op expresses: UNKNOWN."""
     xs, ixs = _shape(c.val(x)), _shape(c.val(index))
     d = int(dim) % len(xs)
-    if ixs[d] != 1:
+    if ixs[d] != 1 and not _distinct_along(c, c.ir(index, "int"), d):
         c.fail("scatter of a src tensor with an index longer than 1 along the scattered dim: with repeated indices "
                "PyTorch keeps an unspecified one of the written values, which no IR op expresses (scatter_add, "
                "scatter of a number, and an index of size 1 along the dim are converted)")
@@ -2026,3 +2027,40 @@ def _n_compare(op: str):
 
 for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
     NEGINF_TABLE[f"aten.{_cmp}"] = _n_compare(_cmp)
+
+
+def _distinct_along(c, name: str, d: int) -> bool:
+    """The IR tensor is the indices output of a topk along dim d, whose entries are distinct along d."""
+    for nd in reversed(c.nodes):
+        if name in nd.outputs:
+            return nd.op == "topk" and nd.outputs[1] == name and int(nd.attrs.get("dim", -1)) == d
+    return False
+
+
+def _sort_h(c, n, x, *a, **k):
+    """sort along dim: topk with k = the dim's size, on x (descending) or -x (ascending; values negated back).
+    Equal values come lower index first, as PyTorch's stable sort orders them (its unstable sort leaves the order
+    of equal values unspecified, so this is one of the orders it may return)."""
+    if str(n.target) == "aten.sort.stable":
+        dim, descending = k.get("dim", -1), k.get("descending", False)
+    else:
+        dim = a[0] if len(a) > 0 else k.get("dim", -1)
+        descending = a[1] if len(a) > 1 else k.get("descending", False)
+    shp = _shape(c.val(x))
+    if not shp:
+        return (c.ir(x), c.const(0, (), "int"))
+    d = int(dim) % len(shp)
+    src = c.ir(x) if descending else c.emit("neg", [c.ir(x)], base=f"{n.name}_neg")
+    vals, idx = c.emit("topk", [src], {"k": shp[d], "dim": d}, base=f"{n.name}_topk", n_out=2)
+    if not descending:
+        vals = c.emit("neg", [vals], base=f"{n.name}_v")
+    return (vals, idx)
+
+
+reg("aten.sort.default", "aten.sort.stable")(_sort_h)
+
+
+@reg("aten.argsort")
+def _argsort(c, n, x, dim=-1, descending=False, **k):
+    vals, idx = _sort_h(c, n, x, dim, descending)
+    return idx

@@ -44,8 +44,9 @@ set.  ``F.scaled_dot_product_attention`` is traced on SDPA's math backend
 (``sdpa_kernel([SDPBackend.MATH])``: the math form, so autograd differentiates matmuls and a softmax),
 and the fused CPU kernel ``_scaled_dot_product_flash_attention_for_cpu`` and the memory-efficient kernel
 ``_scaled_dot_product_efficient_attention`` (and their backwards), when code calls them anyway, are
-decomposed to the same math form (:func:`_sdpa_flash_cpu`).  The CUDA flash kernel and cuDNN attention are
-not (their outputs carry CUDA-only RNG state): UNKNOWN naming the op.
+decomposed to the same math form (:func:`_sdpa_flash_cpu`), and so is the CUDA flash kernel
+``_scaled_dot_product_flash_attention`` (code that calls it directly; its extra outputs are uninitialised).
+cuDNN attention is not: UNKNOWN naming the op.
 
 **Dtypes.** Fake inputs have the dtype the code uses: an input's ``dtype`` may be ``float`` (float32),
 ``float32``, ``float64``, ``bfloat16``, ``float16``, or ``int`` / ``int64`` / ``int32``; every float dtype
@@ -454,11 +455,13 @@ def decompositions() -> dict:
         # (not torch._decomp.decomposition_table: it lowers some ops to prims, which have no conversion)
         table = {op: f for op, f in core_aten_decompositions().items() if not converted(op)}
         aten = torch.ops.aten
-        fwd, bwd, efwd, ebwd = _sdpa_flash_cpu()
+        fwd, bwd, efwd, ebwd, ffwd, fbwd = _sdpa_flash_cpu()
         table[aten._scaled_dot_product_flash_attention_for_cpu.default] = fwd
         table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = bwd
         table[aten._scaled_dot_product_efficient_attention.default] = efwd
         table[aten._scaled_dot_product_efficient_attention_backward.default] = ebwd
+        table[aten._scaled_dot_product_flash_attention.default] = ffwd
+        table[aten._scaled_dot_product_flash_attention_backward.default] = fbwd
         _DECOMP = table
     return _DECOMP
 
@@ -547,12 +550,36 @@ def _sdpa_flash_cpu():
                 if any(n == 1 and dB.shape[i] != 1 for i, n in enumerate(attn_bias.shape)) else dB
         return dQ, dK, dV, dB
 
-    return fwd, bwd, efwd, ebwd
+    def ffwd(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        """The CUDA flash kernel: the same math form; logsumexp, sequence offsets, RNG state and debug mask are
+        uninitialised (reading them is UNKNOWN); max_q / max_k are the sequence lengths."""
+        if return_debug_mask:
+            raise RuntimeError("tvcert: flash attention's debug mask is not traced")
+        out, lse = fwd(query, key, value, dropout_p, is_causal, scale=scale)
+        e = torch.empty((), dtype=torch.int64)
+        return (out, lse, torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32), query.shape[-2],
+                key.shape[-2], e, torch.empty((), dtype=torch.int64), torch.empty(0, dtype=query.dtype))
+
+    def fbwd(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+             is_causal, philox_seed, philox_offset, *, scale=None):
+        return bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
+
+    return fwd, bwd, efwd, ebwd, ffwd, fbwd
 
 
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
                  grad_sync: Callable | None = None, sync_args: tuple = ()):
-    """make_fx the joint program: (loss, *grads of params)."""
+    """make_fx the joint program: (loss, *grads of params).  The gradients come from ``torch.autograd.grad``;
+    code that refuses it (reentrant activation checkpointing) is traced again with ``loss.backward()``."""
+    try:
+        return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, False)
+    except RuntimeError as exc:
+        if "incompatible with .grad()" not in str(exc) and "not compatible with .grad()" not in str(exc):
+            raise
+    return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, True)
+
+
+def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_backward: bool):
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fxtb
@@ -569,7 +596,15 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
             loss = loss[0]
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TraceError("the traced function must return a scalar loss tensor", "input")
-        grads = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True) if params else ()
+        if not params:
+            grads = ()
+        elif via_backward:
+            # reentrant activation checkpointing refuses autograd.grad; .backward() on fresh leaves computes the
+            # same gradients (the leaves are created here: no hooks, no earlier .grad to accumulate into)
+            loss.backward()
+            grads = [kw[p].grad for p in params]
+        else:
+            grads = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True)
         gd = {}
         for p, g in zip(params, grads):
             gd[p] = torch.zeros_like(kw[p]) if g is None else g
