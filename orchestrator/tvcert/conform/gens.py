@@ -675,11 +675,11 @@ def gen_slice(focus: str):
         rank = dr.int(1, 3)
         d = dr.int(0, rank - 1)
         if focus in ("block", "badblock"):
-            pl = list(fill(dr, axes, fi, R, rank, allow_z=False))
+            pl = list(fill(dr, axes, fi, R, rank, allow_z=True))
             pl = [R if (p.kind in ("S", "Z") and p.dim == d and j > fi) else p for j, p in enumerate(pl)]
             pl = tuple(pl)
             shape = fit(dr, rank, axes, sizes, [pl])
-            outer = _shard_factor(axes[:fi], sizes, pl[:fi], d)
+            outer = _shard_factor(axes[:fi], sizes, pl[:fi], d, ("S", "Z"))
             shape[d] = shape[d] * sizes[a] * dr.int(1, 2) if shape[d] % (outer * sizes[a]) else shape[d]
             shape[d] = shape[d] if shape[d] % (outer * sizes[a]) == 0 else outer * sizes[a]
             local = shape[d] // outer
