@@ -275,30 +275,33 @@ def _png_size(p: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (apt-get install -y chromium; "
-                                                 "`make test` installs it): browser rendering not checked")
-@pytest.mark.parametrize("verdict", list(CASES))
-def test_report_in_headless_chromium(tmp_path, verdict):
+NO_CHROMIUM = ("headless Chromium not installed (apt-get install -y chromium; `make test` installs it): browser "
+               "rendering not checked")
+
+
+def _in_browser(tmp_path: Path, page: str, name: str, keys: list[str], top_only=("svg.graph", "#proved")) -> dict:
+    """Screenshot ``page`` at 1280x900 into build/report-screenshots/NAME.png, measure it with the probe, and
+    check: no horizontal scrolling, every key element visible, inside the width and above the fold (wholly, or
+    for the large ones in ``top_only`` starting above it)."""
     exe = _chromium()
-    page, _ = _report(tmp_path, CASES[verdict])
     # mark the red node so the probe can find it (Graphviz gives no class for colours)
     page = re.sub(r'<g id="(node\d+)" class="node">((?:(?!</g>).)*?#cf222e)',
                   r'<g id="\1" class="node tvcert-red">\2', page, flags=re.S)
     SHOTS.mkdir(parents=True, exist_ok=True)
-    plain = tmp_path / f"{verdict.lower()}.html"
+    plain = tmp_path / f"{name}.html"
     plain.write_text(page)
-    shot = SHOTS / f"{verdict.lower()}_{CASES[verdict]}.png"
+    shot = SHOTS / f"{name}.png"
     r = _browser(exe, plain, f"--screenshot={shot}")
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     assert _png_size(shot) == (1280, 900)
-    probed = tmp_path / f"{verdict.lower()}_probe.html"
-    probed.write_text(page.replace("</body>", PROBE % json.dumps(ABOVE_FOLD[verdict]) + "</body>"))
+    probed = tmp_path / f"{name}_probe.html"
+    probed.write_text(page.replace("</body>", PROBE % json.dumps(keys) + "</body>"))
     r = _browser(exe, probed, "--virtual-time-budget=3000", "--dump-dom")
     m = re.search(r"<pre id=\"tvcert-probe\">(.*?)</pre>", r.stdout, re.S)
     assert m, (r.stdout[-1500:], r.stderr[-1500:])
     got = json.loads(htmlmod.unescape(m.group(1)))
-    (SHOTS / f"{verdict.lower()}_metrics.json").write_text(json.dumps(got, indent=1))
-    print(f"\n{verdict}: screenshot {shot}; scrollWidth {got['scrollWidth']} (viewport {got['innerWidth']}x"
+    (SHOTS / f"{name}_metrics.json").write_text(json.dumps(got, indent=1))
+    print(f"\n{name}: screenshot {shot}; scrollWidth {got['scrollWidth']} (viewport {got['innerWidth']}x"
           f"{got['innerHeight']}); " + ", ".join(f"{k} top={b['top']:.0f} bottom={b['bottom']:.0f}"
                                                  for k, b in got["boxes"].items() if b))
     assert got["innerWidth"] == 1280
@@ -310,5 +313,46 @@ def test_report_in_headless_chromium(tmp_path, verdict):
         assert b["width"] > 0 and b["height"] > 0, f"{key} is not visible"
         assert b["left"] >= 0 and b["right"] <= 1280, f"{key} is cut off horizontally: {b}"
         assert b["top"] >= 0 and b["top"] < fold, f"{key} is below the fold ({fold} px): {b}"
-        if key not in ("svg.graph", "#proved"):  # small elements: wholly above the fold
+        if key not in top_only:  # small elements: wholly above the fold
             assert b["bottom"] <= fold, f"{key} is cut by the fold ({fold} px): {b}"
+    return got
+
+
+@pytest.mark.skipif(_chromium() is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("verdict", list(CASES))
+def test_report_in_headless_chromium(tmp_path, verdict):
+    page, _ = _report(tmp_path, CASES[verdict])
+    _in_browser(tmp_path, page, f"{verdict.lower()}_{CASES[verdict]}", ABOVE_FOLD[verdict])
+
+
+# ============================================================================================ Hugging Face
+def test_hf_llama_doubled_all_reduce_report(tmp_path):
+    """The issue's case: transformers' own TP plan for a tiny Llama plus an extra ``all_reduce`` on the MLP (the
+    down_proj output is reduced twice).  The report names the residual add of modeling_llama.py and its module,
+    says why (a reduction applied twice), draws it, and shows it all above the fold in Chromium."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "hf.html"
+    r = CliRunner().invoke(main, ["trace", str(EX / "torch" / "hf_llama_tp.py"), "--set", "layers=1", "--set",
+                                  'tp_plan={"model.layers.*.mlp": "all_reduce"}', "--verify", "--report", str(out)])
+    assert r.exit_code == 1, r.output[-3000:]
+    assert "tracing rank 2/2" in r.stderr
+    page = out.read_text()
+    _self_contained(page)
+    assert _by_id(page, "verdict") == "REFUTED"
+    src = _by_id(page, "src")
+    assert src.startswith("modeling_llama.py:"), src
+    llama = Path(transformers.__file__).parent / "models" / "llama" / "modeling_llama.py"
+    line = llama.read_text().splitlines()[int(src.split(":")[1]) - 1]
+    assert "residual" in line and "+" in line, line  # the residual add after the MLP
+    assert _by_id(page, "module") == "model.layers.0"
+    hint = _by_id(page, "hints")
+    assert "applied twice" in hint and "model.layers.0.mlp" in hint
+    svg = htmlmod.unescape(page[page.index("<svg"):page.index("</svg>")])
+    assert svg.count("all_reduce →") >= 2 and "model.layers.0.mlp" in svg
+    if _chromium() is not None:
+        _in_browser(tmp_path, page, "refuted_hf_llama_doubled_all_reduce",
+                    ["#verdict", "#reason", "#div-op", "#src", "#module", "#hints", "svg.graph",
+                     "svg.graph g.node.tvcert-red"], top_only=("svg.graph", "svg.graph g.node.tvcert-red"))
+    else:
+        print(NO_CHROMIUM)

@@ -58,13 +58,18 @@ table{border-collapse:collapse;width:100%;table-layout:fixed;margin:4px 0}
 th,td{border:1px solid #d0d7de;padding:4px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f6f8fa;font-weight:600}
 td.num{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85rem}
+ul.hints{padding-left:0;margin:4px 0}
 ul.hints li{margin:2px 0}
 .hint{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:4px 8px;list-style:none;margin:4px 0}
 details{margin:6px 0}
 .top{display:grid;grid-template-columns:minmax(0,5fr) minmax(0,7fr);gap:12px;align-items:start}
 .top > *{min-width:0}
 .top h2{margin-top:4px}
-@media (max-width:1000px){.top{grid-template-columns:minmax(0,1fr)}}
+main > .box .split{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,2fr);gap:6px 16px;align-items:start}
+.split > *{min-width:0}
+.box h3{font-size:1rem;margin:6px 0 4px}
+.box h2{margin-top:2px}
+@media (max-width:1000px){.top, main > .box .split{grid-template-columns:minmax(0,1fr)}}
 summary{cursor:pointer;color:#0969da}
 """
 
@@ -227,8 +232,8 @@ def find_focus(res) -> Focus | None:
 
 
 # ============================================================================================ drawing
-def neighborhood(g, center: int, up: int = 2, down: int = 1, cap: int = 8, fan_out: int = 3,
-                 fan_in: int = 4) -> list[int]:
+def neighborhood(g, center: int, up: int = 2, down: int = 1, cap: int = 7, fan_out: int = 3,
+                 fan_in: int = 3) -> list[int]:
     prod = {o: i for i, n in enumerate(g.nodes) for o in n.outputs}
     cons: dict[str, list[int]] = {}
     for i, n in enumerate(g.nodes):
@@ -236,14 +241,17 @@ def neighborhood(g, center: int, up: int = 2, down: int = 1, cap: int = 8, fan_o
             cons.setdefault(x, []).append(i)
     keep = {center}
     front = [center]
-    for _ in range(up):
+    edge_of = set()  # the farthest ops up: their own inputs are named in their box, not drawn
+    for level in range(up):
         nxt = []
         for i in front:
-            for x in g.nodes[i].inputs[:fan_in]:
+            for x in g.nodes[i].inputs[:fan_in if level == 0 else 2]:  # farther up: the two main operands
                 j = prod.get(x)
                 if j is not None and j not in keep and len(keep) < cap:
                     keep.add(j)
                     nxt.append(j)
+                    if level == up - 1:
+                        edge_of.add(j)
         front = nxt
     front = [center]
     for _ in range(down):
@@ -254,8 +262,13 @@ def neighborhood(g, center: int, up: int = 2, down: int = 1, cap: int = 8, fan_o
                     if j not in keep:
                         keep.add(j)
                         nxt.append(j)
+                        edge_of.add(j)  # consumers: their other inputs are named in their box
         front = nxt
+    NEIGHBORHOOD_EDGE[id(g)] = edge_of
     return sorted(keep)
+
+
+NEIGHBORHOOD_EDGE: dict[int, set[int]] = {}  # graph id -> the rim (farthest-up ops, consumers) of its last one
 
 
 def _op_label(n, extra: str = "") -> str:
@@ -282,11 +295,18 @@ def _cluster(g, keep: list[int], prefix: str, mark: dict[int, str], edge_label, 
         c.nodes.append(draw.DNode(f"{prefix}{i}", _op_label(n), mark=mark.get(i),
                                   tooltip=f"{n.path}: {n.op}({', '.join(n.inputs)})"))
     ks = set(keep)
+    rim = NEIGHBORHOOD_EDGE.get(id(g), set())
     for i in keep:
         n = g.nodes[i]
         ins = list(dict.fromkeys(n.inputs))
         outside = [x for x in ins if prod.get(x) not in ks and x not in ext]
-        if len(outside) > 3:  # many tensors from outside the drawing: one node for them, not a wide row
+        if i in rim and outside:  # the rim of the drawing: its other inputs are named in its box, not drawn
+            for dn in c.nodes:
+                if dn.id == f"{prefix}{i}":
+                    dn.label += "\n← " + ", ".join(outside)
+            ins = [x for x in ins if prod.get(x) in ks]
+            outside = []
+        if len(outside) > 2:  # several tensors from outside the drawing: one node for them, not a wide row
             gid = f"{prefix}x:{i}"
             c.nodes.append(draw.DNode(gid, f"{len(outside)} tensors from outside:\n{', '.join(outside)}",
                                       kind="tensor", tooltip="; ".join(edge_label(x) for x in outside)))
@@ -294,7 +314,7 @@ def _cluster(g, keep: list[int], prefix: str, mark: dict[int, str], edge_label, 
             ext.update(outside)
         for x in ins:
             j = prod.get(x)
-            if j not in ks and x in ext and x in outside and len(outside) > 3:
+            if j not in ks and x in ext and x in outside and len(outside) > 2:
                 continue
             src = f"{prefix}{j}" if j in ks else f"{prefix}t:{x}"
             if j not in ks and x not in ext:
@@ -314,7 +334,7 @@ def build_drawing(res, focus: Focus) -> tuple[draw.Drawing, str] | None:
     mark = "red" if focus.kind in ("divergence", "output") else "amber"
 
     def pl_label(x: str) -> str:
-        f = _fact_text(res, focus.program, x, 2)
+        f = _fact_text(res, focus.program, x, 1)
         return f"{x}: {f}" if f else f"{x}: no fact"
 
     clusters = []
@@ -465,18 +485,18 @@ def divergence_section(res, focus: Focus | None, hints: list[str]) -> str:
     out = []
     if div and focus is not None and focus.kind == "divergence":
         ins = "".join(f"<li><code>{E(k)}</code> = {E(v)}</li>" for k, v in div.get("inputs", {}).items())
-        out.append("<section class='box focus' id='divergence'><h2>First diverging parallel op</h2>" + _kv([
+        out.append("<section class='box focus' id='divergence'><h2>First diverging parallel op</h2><div class='split'>" + _kv([
             ("op", f"<code id='div-op' class='where red'>{E(div['op'])}</code> producing <code>{E(div['tensor'])}</code>"),
             *_where_items(res, focus.program, focus.node),
             ("its inputs", f"<ul>{ins}</ul>" if ins else "no tensor inputs"),
             ("its result", "equals no logical tensor under any placement on the counterexample run"),
-        ]) + hints_section(hints, "h3") + "</section>")
+        ]) + hints_section(hints, "h3", wrap=True) + "</div></section>")
     elif focus is not None and focus.kind == "output":
         out.append("<section class='box focus' id='divergence'><h2>Where it shows</h2><p>no parallel op diverges "
                    f"before the read-back: output tensor <code id='div-op' class='red'>{E(focus.tensor or '')}</code> "
                    f"of program <code>{E(focus.program)}</code> is read back wrongly.</p>"
                    + (_kv(_where_items(res, focus.program, focus.node)) if focus.node is not None else "")
-                   + hints_section(hints, "h3") + "</section>")
+                   + hints_section(hints, "h3", wrap=True) + "</section>")
     return "".join(out)
 
 
@@ -510,11 +530,12 @@ def reduction_hints(res, focus: Focus | None) -> list[str]:
     return out
 
 
-def hints_section(hints: list[str], tag: str = "h2") -> str:
+def hints_section(hints: list[str], tag: str = "h2", wrap: bool = False) -> str:
     if not hints:
         return ""
-    return (f"<{tag}>Hints</{tag}><ul class='hints' id='hints'>" + "".join(f"<li class='hint'>{E(h)}</li>" for h in hints)
-            + "</ul>")
+    out = (f"<{tag}>Hints</{tag}><ul class='hints' id='hints'>" + "".join(f"<li class='hint'>{E(h)}</li>" for h in hints)
+           + "</ul>")
+    return f"<div>{out}</div>" if wrap else out
 
 
 def blocking_section(res, focus: Focus | None) -> str:
