@@ -214,7 +214,7 @@ def test_traced_report_has_module_path_and_progress(tmp_path):
     out = tmp_path / "t.html"
     r = CliRunner().invoke(main, ["trace", str(spec), "--verify", "--report", str(out)])
     assert r.exit_code == 1, r.output
-    assert "[tvcert] tracing the logical model" in r.stderr and "[tvcert] tracing rank 1/2" in r.stderr
+    assert "[tvcert] tracing rank 2/2" in r.stderr and "[tvcert] verifying" in r.stderr
     page = out.read_text()
     assert _by_id(page, "verdict") == "REFUTED"
     assert _by_id(page, "module") == "head"  # the square of the partial sum, in Head.forward

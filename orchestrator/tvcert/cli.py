@@ -210,10 +210,9 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
         if torch_spec is not None:
             from .frontends.cli_trace import traced_plan
 
-            progress(f"tracing {torch_spec}")
             plan = traced_plan(torch_spec, sets, as_json, progress=progress)
         else:
-            progress(f"loading {plan_path}")
+            progress.tick(f"loading {plan_path}")
             plan = _load(plan_path, as_json, check_run_dims=False)
         progress(f"verifying {plan.name!r}: {sum(len(g.nodes) for g in plan.programs.values())} parallel ops in "
                  f"{len(plan.programs)} program(s)")

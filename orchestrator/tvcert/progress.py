@@ -2,8 +2,11 @@
 
 ``Progress(quiet)`` is a callable taking one line of text: the line is printed as ``[tvcert] <text>
 (<elapsed> s)`` on stderr, and on a terminal a rich spinner shows the step in progress with its
-elapsed time.  ``quiet`` (``-q``, ``--json``) prints nothing.  Stdout is never touched, so verdicts and
-``--json`` stay clean.
+elapsed time.  ``tick(text)`` announces a frequent step (loading, a rank, a layer): on a terminal it
+goes to the spinner; elsewhere (a CI log) its line is printed once the next step starts, so a step
+that fails leaves only its error message (a broken spec is still one line), and ticks closer than
+a second apart are thinned out.  ``quiet`` (``-q``, ``--json``) prints nothing.  Stdout is never
+touched, so verdicts and ``--json`` stay clean.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ class Progress:
         self._console: Any = None
         self._status: Any = None
         self._last = 0.0
-        self._transient = ""
+        self._pending: str | None = None  # the last tick's line (printed once the next step starts)
         if self.on:
             try:
                 from rich.console import Console
@@ -33,25 +36,35 @@ class Progress:
         """A step worth a line of its own."""
         if not self.on:
             return
-        line = f"[tvcert] {text} ({time.perf_counter() - self.t0:.1f} s)"
+        self._flush()
+        self._emit(f"[tvcert] {text} ({time.perf_counter() - self.t0:.1f} s)")
+        if self._status is not None:
+            self._status.update(f"[tvcert] {text}")
+
+    def _emit(self, line: str) -> None:
+        self._last = time.perf_counter()
         if self._console is not None:
             self._console.print(line, markup=False, highlight=False)
-            if self._status is not None:
-                self._status.update(f"[tvcert] {text}")
         else:
             print(line, file=sys.stderr, flush=True)
 
+    def _flush(self) -> None:
+        if self._pending is not None:
+            line, self._pending = self._pending, None
+            self._emit(line)
+
     def tick(self, text: str) -> None:
-        """A frequent step (a rank, a layer): shown on the spinner; as a line at most every 2 s off a terminal."""
+        """A frequent step (loading, a rank, a layer): on the spinner; off a terminal, a line once the next step
+        starts (so the previous one is done), at most about one a second."""
         if not self.on:
             return
-        if self._status is not None:
-            self._status.update(f"[tvcert] {text} ({time.perf_counter() - self.t0:.1f} s)")
-            return
         now = time.perf_counter()
-        if now - self._last >= 2.0:
-            self._last = now
-            self(text)
+        if self._status is not None:
+            self._status.update(f"[tvcert] {text} ({now - self.t0:.1f} s)")
+            return
+        if self._pending is not None and now - self._last >= 1.0:
+            self._flush()
+        self._pending = f"[tvcert] {text} ({now - self.t0:.1f} s)"
 
     # ------------------------------------------------------------------ spinner
     def __enter__(self) -> "Progress":

@@ -191,7 +191,6 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
 
     titan_kw = {"tp": tp, "ep": ep, "sp": sp, "mesh_context": not no_mesh_context,
                 "vocab_parallel": not replicated_vocab, "layers": layers}
-    progress(f"tracing {spec or 'torchtitan ' + str(titan)}")
     plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress)
     if out_path:
         from ..cli import write_atomic
