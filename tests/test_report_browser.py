@@ -228,6 +228,19 @@ def test_traced_report_has_module_path_and_progress(tmp_path):
     assert r.stderr == ""
     r = CliRunner().invoke(main, ["trace", str(spec), "--report", str(out)])
     assert r.exit_code == 2 and "--report needs --verify" in r.output
+    out2 = tmp_path / "v.html"
+    r = CliRunner().invoke(main, ["verify", "--torch", str(spec), "-q", "--report", str(out2)])
+    assert r.exit_code == 1 and r.stderr == ""
+    page = out2.read_text()
+    assert _by_id(page, "module") == "head" and "traced from" in page
+
+
+def test_unwritable_report_is_bad_input(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(main, ["verify", str(EX / "mlp_tp2.json"), "-q", "--report", str(blocker / "r.html")])
+    assert r.exit_code == 3 and "Traceback" not in r.output
+    assert "--report" in r.stderr and "cannot write the report" in r.stderr
 
 
 # ============================================================================================ browser

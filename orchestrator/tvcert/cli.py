@@ -219,8 +219,13 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
         res = run_verify(plan, refute=not no_refute, progress=progress)
         if report_path:
             progress(f"writing the report {report_path}")
-            write_atomic(report_path, render_html(res, cert_path=cert_path if res.verdict == "VERIFIED" else None,
-                                                  title_note=f"traced from {torch_spec}" if torch_spec else None))
+            page = render_html(res, cert_path=cert_path if res.verdict == "VERIFIED" else None,
+                               title_note=f"traced from {torch_spec}" if torch_spec else None)
+            try:
+                write_atomic(report_path, page)
+            except OSError as exc:
+                progress.stop()
+                _fail_bad(f"--report {report_path}: cannot write the report: {exc.strerror or exc}", as_json)
     cert_note = None
     if cert_path:
         if res.verdict == "VERIFIED":

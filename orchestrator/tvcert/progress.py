@@ -15,6 +15,13 @@ import time
 from typing import Any
 
 
+def _plain(text: str):
+    """Text for rich that is not read as markup (``[tvcert]`` would be a style tag)."""
+    from rich.text import Text
+
+    return Text(text)
+
+
 class Progress:
     def __init__(self, quiet: bool = False):
         self.on = not quiet
@@ -39,7 +46,7 @@ class Progress:
         self._flush()
         self._emit(f"[tvcert] {text} ({time.perf_counter() - self.t0:.1f} s)")
         if self._status is not None:
-            self._status.update(f"[tvcert] {text}")
+            self._status.update(_plain(f"[tvcert] {text}"))
 
     def _emit(self, line: str) -> None:
         self._last = time.perf_counter()
@@ -60,7 +67,7 @@ class Progress:
             return
         now = time.perf_counter()
         if self._status is not None:
-            self._status.update(f"[tvcert] {text} ({now - self.t0:.1f} s)")
+            self._status.update(_plain(f"[tvcert] {text} ({now - self.t0:.1f} s)"))
             return
         if self._pending is not None and now - self._last >= 1.0:
             self._flush()
@@ -69,7 +76,7 @@ class Progress:
     # ------------------------------------------------------------------ spinner
     def __enter__(self) -> "Progress":
         if self.on and self._console is not None and self._console.is_terminal:
-            self._status = self._console.status("[tvcert] working", spinner="dots")
+            self._status = self._console.status(_plain("[tvcert] working"), spinner="dots")
             self._status.start()
         return self
 

@@ -223,7 +223,11 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         from ..engine.report import render_html
 
         progress(f"writing the report {report_path}")
-        write_atomic(report_path, render_html(res, hints=hints, title_note=f"traced from {spec or titan}"))
+        try:
+            write_atomic(report_path, render_html(res, hints=hints, title_note=f"traced from {spec or titan}"))
+        except OSError as exc:
+            say({"verdict": "BAD_INPUT", "reason": f"--report {report_path}: cannot write the report: {exc}"},
+                f"error: --report {report_path}: cannot write the report: {exc.strerror or exc}", 3)
     progress.stop()
     if as_json:
         out = result_json(res)
