@@ -21,7 +21,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "orchestrator"))
+# --src DIR: measure another copy of the orchestrator package (e.g. an older commit's, from `git archive`)
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(ROOT / "orchestrator")
+sys.path.insert(0, _SRC)
 sys.path.insert(0, str(ROOT / "examples" / "torch"))
 
 PROGRAMS = [  # (module, kwargs, expected)
@@ -77,6 +79,8 @@ def run_spec(mod_name: str, kw: dict):
     except TraceError as exc:
         verdict = {"crash": "REFUTED", "input": "BAD_INPUT"}.get(exc.kind, "UNKNOWN")
         return verdict, f"{exc.op or exc.kind}: {str(exc)[:160]}", time.time() - t
+    except Exception as exc:  # noqa: BLE001 - an older front end may fail otherwise
+        return "ERROR", f"{type(exc).__name__}: {str(exc)[:160]}", time.time() - t
     res = verify(load_plan(raw))
     why = "" if res.verdict != "UNKNOWN" else (res.reasons[0][:160] if res.reasons else "")
     return res.verdict, why, time.time() - t
@@ -188,6 +192,7 @@ def run_op(fn, shape, ints):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the Hugging Face probe")
+    ap.add_argument("--src", help="the orchestrator directory to import tvcert from (default: this tree's)")
     args = ap.parse_args()
     import logging
 

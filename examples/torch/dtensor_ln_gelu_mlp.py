@@ -54,12 +54,12 @@ def tvcert_trace(sp: bool = False, bug: str = "", tp: int = 2, dtype: str = "flo
 
     pl = plan(sp, bug)
     if sp:
-        seq = {"shape": [B, S, H], "placement": {"tp": "Shard(1)"}, "dtype": dtype}
+        seq = {"shape": [B, S, H], "placement": {"tp": "Shard(1)"}, **({} if dtype == "float32" else {"dtype": dtype})}
         return trace_module_plan(make, lambda m, mesh: parallelize_module(m, mesh, pl), loss_fn,
                                  data={"x": seq, "target": seq}, mesh={"tp": tp},
                                  name=f"dtensor_ln_gelu_mlp_sp{'_' + bug if bug else ''}",
                                  output_placements={"loss": {"tp": "Partial(sum)"}})
-    full = {"shape": [B, S, H], "dtype": dtype}
+    full = {"shape": [B, S, H], **({} if dtype == "float32" else {"dtype": dtype})}
     return trace_module_plan(make, lambda m, mesh: parallelize_module(m, mesh, pl), loss_fn,
                              data={"x": full, "target": full}, mesh={"tp": tp},
                              name=f"dtensor_ln_gelu_mlp{'_' + bug if bug else ''}")

@@ -59,7 +59,7 @@ def make_tp(bug: str = "", attn: str = "sdpa"):
 
 
 def inputs(dtype="float32"):
-    f = {"dtype": dtype}
+    f = {} if dtype == "float32" else {"dtype": dtype}  # float32 is the default
     col = {"placement": {"tp": "Shard(1)"}, "param": True, **f}
     return {"x": {"shape": [B, S, H], **f}, "wq": {"shape": [H, H], **col}, "wk": {"shape": [H, H], **col},
             "wv": {"shape": [H, H], **col}, "wo": {"shape": [H, H], "placement": {"tp": "Shard(0)"}, "param": True, **f},

@@ -65,7 +65,7 @@ def make_tp(bug: str = "", approximate: str = "none", checkpoint: str = ""):
 
 
 def inputs(dtype="float32"):
-    f = {"dtype": dtype}
+    f = {} if dtype == "float32" else {"dtype": dtype}  # float32 is the default
     return {
         "x": {"shape": [B, S, H], **f},
         "ln_w": {"shape": [H], "param": True, **f},

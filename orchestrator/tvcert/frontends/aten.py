@@ -961,9 +961,10 @@ def _empty(c, n, *a, **k):
     """Uninitialised memory has no value; only an unused one (``torch.empty(shape, device="meta").stride()``
     in transformers' TP layers) or one that is only ever the destination of ``copy_`` (a collective's
     output buffer) is accepted, and it produces nothing."""
-    if any(_pk(u) in _RANDOM for u in n.users):
-        c.fail(f"random numbers ({', '.join(sorted({_pk(u) for u in n.users if _pk(u) in _RANDOM}))}: dropout, noise) "
-               f"have no value over the reals; trace with dropout off (eval mode or p=0)")
+    rnd_users = sorted({str(u.target) for u in n.users if _pk(u) in _RANDOM})
+    if rnd_users:
+        raise Unconverted(rnd_users[0], c.cur_src, "random numbers (dropout, noise, sampling) have no value over the "
+                                                   "reals; trace with them off (eval mode or p=0)")
     if any(not (_pk(u) == "aten.copy_" and u.args[0] is n and n not in u.args[1:]) for u in n.users):
         c.fail("uninitialised tensor (torch.empty) whose contents are read")
     return None
