@@ -316,12 +316,13 @@ def test_masked_fill_neg_inf_softmax():
     x, R = rnd(3, 5), rnd(3, 5)
     m = torch.rand(3, 5, generator=g) > 0.5
     m[:, 0] = False
-    ops = check(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
-                dict(x=x, m=m.long(), R=R), ("x",))
-    assert "masked_fill" not in ops or True  # the -inf never reaches the IR:
+    check(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
+          dict(x=x, m=m.long(), R=R), ("x",))
     _, nodes = ir_run(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
                       dict(x=x, m=m.long(), R=R), ("x",))
+    # the -inf never reaches the IR: no infinite attribute, and the masked entries are zeroed after the softmax
     assert all(not (isinstance(v, float) and math.isinf(v)) for n in nodes for v in n.attrs.values())
+    assert [n.op for n in nodes if n.op in ("softmax", "where")][:2] == ["softmax", "where"]
 
 
 def test_fully_masked_row_softmax_is_nan_like_pytorch():
@@ -463,3 +464,33 @@ def test_tp_attention_sdpa(kw, want):
 
     res = _verdict(trace_plan(**att.tvcert_trace(**kw)))
     assert res.verdict == want, res.reasons
+
+
+# ---------------------------------------------------------------- the check itself can fail
+@pytest.mark.parametrize("op", ["aten.gelu_backward", "aten.cumsum", "aten.native_layer_norm"])
+def test_the_per_op_check_catches_a_wrong_conversion(monkeypatch, op):
+    """Positive control for the harness: a subtly wrong conversion (the gelu pdf term dropped, cumsum
+    exclusive instead of inclusive, layer norm without eps) is caught against PyTorch."""
+    from tvcert.frontends import aten as A
+
+    right = A.TABLE[op]
+
+    def wrong(c, n, *args, **kw):
+        if op == "aten.gelu_backward":
+            g_, x_ = args[:2]
+            e = c.emit("gelu", [c.ir(x_)], {"approximate": "none"}, base=f"{n.name}_w")
+            return c.emit("mul", [c.ir(g_), c.emit("sigmoid", [e], base=f"{n.name}_s")])
+        if op == "aten.cumsum":
+            out = right(c, n, *args, **kw)
+            return c.emit("sub", [out, c.ir(args[0])])  # exclusive prefix sum
+        return right(c, n, *args[:4], 0.0)  # eps dropped
+
+    monkeypatch.setitem(A.TABLE, op, wrong)
+    x, R = rnd(2, 3, 8) * 0.1, rnd(2, 3, 8)
+    fns = {"aten.gelu_backward": lambda x, R: (F.gelu(x) * R).sum(),
+           "aten.cumsum": lambda x, R: (x.cumsum(2) * R).sum(),
+           "aten.native_layer_norm": lambda x, R: (F.layer_norm(x, (8,), eps=0.5) * R).sum()}
+    with pytest.raises(AssertionError):
+        check(fns[op], dict(x=x, R=R), ("x",))
+    monkeypatch.setitem(A.TABLE, op, right)
+    check(fns[op], dict(x=x, R=R), ("x",))
