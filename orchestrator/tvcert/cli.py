@@ -7,6 +7,7 @@ one JSON object for machines.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,13 +21,31 @@ class _Main(click.Group):
     """The command group; an exception nothing anticipated is tvcert's own failure: it is printed with the op
     where it happened and exits EXIT_INTERNAL, never 0 or 1 (which scripts read as verified / refuted)."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:  # a usage error is bad input (3), not UNKNOWN (click's 2)
+            exc.exit_code = EXIT_BAD
+            raise
+
     def invoke(self, ctx: click.Context):
         from .errors import InternalError
 
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            exc.exit_code = EXIT_BAD
+            raise
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except WriteError as exc:  # an output path that cannot be written: bad input, naming it
+            _fail_bad(str(exc), "--json" in [*getattr(ctx, "_protected_args", ()), *ctx.args])
+        except KeyboardInterrupt:
+            click.echo("tvcert: interrupted", err=True)
+            sys.exit(130)
+        except MemoryError:
+            click.echo(f"tvcert: out of memory (no verdict; exit {EXIT_INTERNAL})", err=True)
+            sys.exit(EXIT_INTERNAL)
         except Exception as exc:  # noqa: BLE001 - the point is to catch everything
             import traceback
 
@@ -35,7 +54,9 @@ class _Main(click.Group):
             else:
                 tb = traceback.extract_tb(exc.__traceback__)[-1]
                 where, cause = f"{Path(tb.filename).name}:{tb.lineno} ({tb.name})", exc
-            msg = f"internal error at {where}: {type(cause).__name__}: {cause}"
+            msg = _cut(f"internal error at {where}: {type(cause).__name__}: {cause}")
+            if ctx.meta.get("tvcert.debug") or os.environ.get("TVCERT_DEBUG"):
+                traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             if "--json" in [*getattr(ctx, "_protected_args", ()), *ctx.args]:
                 click.echo(json.dumps({"error": msg, "internal": True}))
             click.echo(f"tvcert: {msg}\n(this is a bug in tvcert, not a verdict about the plan; exit {EXIT_INTERNAL})",
@@ -43,7 +64,17 @@ class _Main(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
+MAX_MESSAGE_CHARS = 900  # a message never echoes a huge bad value: it is cut, and lone surrogates escaped
+
+
+def _cut(msg: str, n: int = MAX_MESSAGE_CHARS) -> str:
+    if len(msg) > n:
+        msg = msg[:n] + f"... ({len(msg) - n} more characters)"
+    return msg.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _fail_bad(msg: str, as_json: bool = False) -> None:
+    msg = _cut(msg)
     if as_json:
         click.echo(json.dumps({"error": msg}))
     else:
@@ -64,7 +95,10 @@ def _parse_dims(text: str | None) -> dict[str, int]:
         try:
             out[k.strip()] = int(v)
         except ValueError:
-            raise click.BadParameter(f"{v!r} is not an integer", param_hint="--dims") from None
+            raise click.BadParameter(f"{_cut(v, 60)!r} is not an integer", param_hint="--dims") from None
+        if not 0 < out[k.strip()] < 2 ** 62:
+            raise click.BadParameter(f"{_cut(k.strip(), 60)}={out[k.strip()]}: a size must be a positive integer "
+                                     f"below 2^62", param_hint="--dims")
     return out
 
 
@@ -77,29 +111,111 @@ def _load(path: str, as_json: bool, check_run_dims: bool = True):
         _fail_bad(f"{path}: {exc}", as_json)
 
 
+TMP_TAG = ".tvcert-tmp."  # temp files are named .<target>.tvcert-tmp.<pid>.<random>; a later write removes stale ones
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def check_outputs(inputs: dict[str, str | None], outputs: dict[str, str | None], as_json: bool = False) -> None:
+    """No output path may be an input path (``verify p.json --emit-cert p.json`` would replace the plan), nor
+    another output path; exit 3 naming both options."""
+    ins = [(k, v) for k, v in inputs.items() if v and v != "-"]
+    outs = [(k, v) for k, v in outputs.items() if v]
+    for i, (ko, vo) in enumerate(outs):
+        for ki, vi in ins:
+            if _same_file(vo, vi):
+                _fail_bad(f"{ko} {vo} is the {ki} {vi}: tvcert never writes over its input (give another path)", as_json)
+        for ko2, vo2 in outs[i + 1:]:
+            if _same_file(vo, vo2):
+                _fail_bad(f"{ko} and {ko2} are the same path {vo}", as_json)
+
+
+def _clean_stale(parent: Path, name: str) -> None:
+    """Remove temp files of ``name`` left by a tvcert that was killed (SIGKILL gives no chance to clean up)."""
+    try:
+        for q in parent.glob(f".{name}{TMP_TAG}*"):
+            try:
+                pid = int(q.name[len(f".{name}{TMP_TAG}"):].split(".", 1)[0])
+            except ValueError:
+                continue
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+                continue  # its writer still runs
+            except ProcessLookupError:
+                q.unlink(missing_ok=True)
+            except PermissionError:
+                continue
+    except OSError:
+        pass
+
+
+class WriteError(OSError):
+    pass
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write to a temp file beside ``path`` and rename, so nothing is ever half-written."""
-    import os
+    """Write to a temp file beside ``path`` and rename, so nothing is ever half-written.
+
+    The temp file is removed when the write fails or is interrupted (SIGINT / SIGTERM / SIGHUP while writing);
+    after a SIGKILL, the next write to the same path removes it (its name carries the dead writer's pid).
+    A path that cannot be written (under a file, in /proc, no permission) raises :class:`WriteError`."""
+    import signal
     import tempfile
+    import threading
 
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() and not p.is_file():
+            raise WriteError(f"{p} exists and is not a regular file")
+        _clean_stale(p.parent, p.name)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}{TMP_TAG}{os.getpid()}.", dir=p.parent)
+    except WriteError:
+        raise
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    old = {}
+
+    def on_signal(signum, frame):
+        Path(tmp).unlink(missing_ok=True)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                old[sig] = signal.signal(sig, on_signal)
+            except (ValueError, OSError):
+                pass
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a report or plan unreadable to others
         os.replace(tmp, p)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tvcert")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="print the traceback of an internal error (also TVCERT_DEBUG=1)")
+@click.pass_context
+def main(ctx: click.Context, debug: bool = False) -> None:
     """tvcert: prove that a parallel training plan computes what its logical model computes.
 
     \b
@@ -110,8 +226,10 @@ def main() -> None:
       tvcert proofs                                         # recheck the Coq rule kernel
 
     Exit codes: 0 verified/equal/valid, 1 refuted/differ/invalid, 2 unknown, 3 bad input,
-    4 internal error (a bug in tvcert, never a verdict).
+    4 internal error (a bug in tvcert, never a verdict).  Usage errors are bad input (3).
+    Plans and certificates must be regular files (or - for stdin) of at most 256 MB.
     """
+    ctx.meta["tvcert.debug"] = debug
 
 
 @main.command()
@@ -203,6 +321,8 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
 
     if (plan_path is None) == (torch_spec is None):
         raise click.UsageError("give exactly one of PLAN.json or --torch SPEC.py")
+    check_outputs({"PLAN.json": plan_path, "--torch": torch_spec},
+                  {"--emit-cert": cert_path, "--report": report_path, "--emit-coq": coq_path}, as_json)
     from .progress import Progress
 
     progress = Progress(quiet or as_json)
@@ -231,7 +351,10 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
         if res.verdict == "VERIFIED":
             from .certificate.emit import build_certificate, dump_certificate
 
-            write_atomic(cert_path, dump_certificate(build_certificate(res)))
+            try:
+                write_atomic(cert_path, dump_certificate(build_certificate(res)))
+            except WriteError as exc:
+                _fail_bad(f"--emit-cert {cert_path}: {exc}", as_json)
             cert_note = f"certificate written to {cert_path}"
         else:
             cert_note = f"no certificate written: the verdict is {res.verdict}, not VERIFIED"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
@@ -238,40 +239,168 @@ def _pyd_path(loc: tuple) -> str:
     return out
 
 
+def read_json_file(path: str | Path, what: str = "plan", limit: int = MAX_PLAN_BYTES) -> str:
+    """The text of a plan or certificate file, read without ever blocking or reading without bound.
+
+    Only a regular file (or ``-``: stdin) is read: a FIFO, a device (``/dev/zero``), a directory or a socket is
+    refused, and the size limit is checked before reading and enforced while reading (a file that grows)."""
+    import os
+    import stat as stat_
+
+    if str(path) == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
+        except OSError as exc:
+            raise PlanError("$", f"cannot read {what} {_short(path)}: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat_.S_ISREG(st.st_mode):
+                kind = ("a directory" if stat_.S_ISDIR(st.st_mode) else "a FIFO" if stat_.S_ISFIFO(st.st_mode) else
+                        "a device" if stat_.S_ISCHR(st.st_mode) or stat_.S_ISBLK(st.st_mode) else
+                        "a socket" if stat_.S_ISSOCK(st.st_mode) else "not a regular file")
+                raise PlanError("$", f"{_short(path)} is {kind}: a {what} must be a regular file (or - for stdin)")
+            if st.st_size > limit:
+                raise PlanError("$", f"{_short(path)} is {st.st_size} bytes, larger than the {limit}-byte limit")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)
+        except OSError as exc:
+            raise PlanError("$", f"cannot read {what} {_short(path)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+    if len(data) > limit:
+        raise PlanError("$", f"{_short(path)} is larger than the {limit}-byte limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError("$", f"{_short(path)} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
 def read_plan_json(path: str | Path) -> dict:
-    p = Path(path)
+    return parse_plan_text(read_json_file(path, "plan"))
+
+
+MAX_INT = 2 ** 63  # every integer of a plan or certificate lies in (-2^63, 2^63): sizes, indices, attrs
+MAX_MESSAGE = 900  # characters of a bad value quoted in a message
+
+
+def _short(v: Any, n: int = 120) -> str:
+    """``v`` for a message: at most ``n`` characters, lone surrogates escaped (a message must print)."""
+    s = v if isinstance(v, str) else str(v)
+    if len(s) > n:
+        s = s[:n] + f"... ({len(s)} characters)"
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _BadLiteral:
+    """Parse-time stand-in for a literal tvcert refuses (found afterwards by :func:`_find_bad_literal`)."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _find_bad_literal(raw: Any, surrogates: bool) -> tuple[str, str] | None:
+    """(JSON path, problem) of the first refused literal in document order, or None."""
+    stack = [(raw, "$")]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, _BadLiteral):
+            return p, v.why
+        if isinstance(v, str):
+            if surrogates and any("\ud800" <= ch <= "\udfff" for ch in v):
+                return p, f"the string {_short(v, 60)!r} holds a lone UTF-16 surrogate, which is not a character"
+        elif isinstance(v, dict):
+            items = []
+            for k, x in v.items():
+                if surrogates and any("\ud800" <= ch <= "\udfff" for ch in k):
+                    return p, f"the key {_short(k, 60)!r} holds a lone UTF-16 surrogate, which is not a character"
+                items.append((x, f"{p}.{_short(k, 60)}"))
+            stack.extend(reversed(items))
+        elif isinstance(v, list):
+            stack.extend(reversed([(x, f"{p}[{i}]") for i, x in enumerate(v)]))
+    return None
+
+
+def json_path_at(text: str, pos: int) -> str:
+    """The JSON path of the value being read at character ``pos`` of ``text`` (for a parse error's message)."""
+    stack: list[list] = []  # ["o", key, expecting_key] | ["a", index]
+    i, n = 0, min(pos, len(text), 64 * 1024 * 1024)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if stack and stack[-1][0] == "o" and stack[-1][2]:
+                stack[-1][1], stack[-1][2] = text[i + 1:j], False
+            i = j + 1
+            continue
+        if c == "{":
+            stack.append(["o", None, True])
+        elif c == "[":
+            stack.append(["a", 0])
+        elif c in "}]":
+            if stack:
+                stack.pop()
+        elif c == "," and stack:
+            if stack[-1][0] == "o":
+                stack[-1][2] = True
+            else:
+                stack[-1][1] += 1
+        i += 1
+    out = "$"
+    for e in stack[:64]:
+        if e[0] == "a":
+            out += f"[{e[1]}]"
+        elif e[1] is not None:
+            out += f".{_short(e[1], 60)}"
+    return out + ("..." if len(stack) > 64 else "")
+
+
+def parse_json_text(text: str, what: str = "plan") -> Any:
+    """Parse ``text``, refusing what is not a number or a string over the reals: NaN / Infinity tokens and
+    overflowing floats (``1e999``), integers outside (-2^63, 2^63), lone surrogates; errors name the JSON path."""
+    bad = []
+
+    def on_int(s: str):
+        if len(s) > 20 or not -MAX_INT < int(s) < MAX_INT:
+            bad.append(1)
+            return _BadLiteral(f"the integer {_short(s, 40)} is outside the 64-bit range (-2^63, 2^63)")
+        return int(s)
+
+    def on_float(s: str):
+        v = float(s)
+        if v in (float("inf"), float("-inf")):
+            bad.append(1)
+            return _BadLiteral(f"{_short(s, 40)} overflows to infinity: {what}s are read over the reals")
+        return v
+
+    def on_constant(s: str):
+        bad.append(1)
+        return _BadLiteral(f"{s} is not a finite number: {what}s are read over the reals (use a large finite value, "
+                           f"e.g. -1e9 for a mask fill)")
+
     try:
-        size = p.stat().st_size
-    except OSError as exc:
-        raise PlanError("$", f"cannot read {path}: {exc.strerror}") from None
-    if size > MAX_PLAN_BYTES:
-        raise PlanError("$", f"{path} is {size} bytes, larger than the {MAX_PLAN_BYTES}-byte limit")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError("$", f"cannot read {path}: {exc}") from None
-    return parse_plan_text(text)
-
-
-class _NonFinite(Exception):
-    pass
-
-
-def _non_finite_token(token: str):
-    raise _NonFinite(token)
+        raw = json.loads(text, parse_int=on_int, parse_float=on_float, parse_constant=on_constant)
+    except json.JSONDecodeError as exc:
+        raise PlanError(json_path_at(text, exc.pos),
+                        f"malformed JSON at line {exc.lineno} column {exc.colno} (not valid JSON): {exc.msg}") from None
+    except RecursionError:
+        raise PlanError("$", "JSON nested too deeply") from None
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None
+    if bad or surrogates:
+        found = _find_bad_literal(raw, surrogates)
+        if found is not None:
+            raise PlanError(*found)
+    return raw
 
 
 def parse_plan_text(text: str) -> dict:
-    try:
-        raw = json.loads(text, parse_constant=_non_finite_token)
-    except _NonFinite:  # a NaN / Infinity token: parse again to say where it is
-        raw = json.loads(text)
-        _reject_non_finite(raw)
-        raise PlanError("$", "the plan holds NaN or Infinity") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError("$", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise PlanError("$", "JSON nested too deeply") from None
+    raw = parse_json_text(text, "plan")
     if not isinstance(raw, dict):
         raise PlanError("$", f"a plan must be a JSON object, got {type(raw).__name__}")
     return raw

@@ -46,22 +46,24 @@ class CheckResult:
 
 
 def read_certificate(path: str | Path) -> Certificate:
+    """Read a certificate file as plans are read (:func:`tvcert.plan.read_json_file`: a regular file or ``-``, the
+    size limit before and while reading, no NaN / overflowing numbers / lone surrogates); errors name the JSON path."""
+    from ..plan import _short, parse_json_text, read_json_file
+
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise Unreadable(f"cannot read {path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Unreadable(f"{path} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise Unreadable(f"{path}: JSON nested too deeply") from None
+        raw = parse_json_text(read_json_file(path, "certificate"), "certificate")
+    except PlanError as exc:
+        raise Unreadable(f"{_short(path)}: {exc}") from None
     if not isinstance(raw, dict) or "tvcert_certificate" not in raw:
-        raise Unreadable(f"{path} is not a tvcert certificate (no 'tvcert_certificate' field)")
+        raise Unreadable(f"{_short(path)}: $: not a tvcert certificate (no 'tvcert_certificate' field)")
     try:
         return Certificate.model_validate(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
-        loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
-        raise Unreadable(f"{path}: {loc}: {e['msg']}") from None
+        loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{_short(p, 60)}" for p in e["loc"])
+        raise Unreadable(f"{_short(path)}: {loc}: {_short(e['msg'], 300)}") from None
+    except RecursionError:
+        raise Unreadable(f"{_short(path)}: $: certificate nested too deeply") from None
 
 
 @deep
@@ -72,12 +74,18 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     # 1. the plan, bound by its hash
     raw = cert.plan.content
     if plan_path is not None:
-        try:
-            raw = json.loads(Path(plan_path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise Unreadable(f"cannot read plan {plan_path}: {exc}") from None
-    if plan_digest(raw) != cert.plan.digest:
-        raise Invalid(f"plan hash mismatch: the plan hashes to {plan_digest(raw)}, the certificate was made for "
+        from ..plan import read_plan_json
+
+        try:  # the plan reader's limits: regular file, size, depth, literals
+            raw = read_plan_json(plan_path)
+        except PlanError as exc:
+            raise Unreadable(f"plan {plan_path}: {exc}") from None
+    try:
+        digest = plan_digest(raw)
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise Unreadable(f"plan: $: cannot be hashed ({type(exc).__name__}: nested too deeply or not JSON data)") from None
+    if digest != cert.plan.digest:
+        raise Invalid(f"plan hash mismatch: the plan hashes to {digest}, the certificate was made for "
                       f"{cert.plan.digest} (the plan changed after certification)")
     try:
         plan = load_plan(raw)

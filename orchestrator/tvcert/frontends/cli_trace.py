@@ -177,6 +177,9 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         raise click.UsageError("give exactly one of SPEC or --torchtitan MODEL")
     if report_path and not do_verify:
         raise click.UsageError("--report needs --verify (the report is of the verification)")
+    from ..cli import check_outputs
+
+    check_outputs({"SPEC": spec}, {"-o": out_path, "--report": report_path}, as_json)
     from ..plan import PlanError, load_plan
     from ..progress import Progress
 

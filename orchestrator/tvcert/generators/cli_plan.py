@@ -59,6 +59,12 @@ def plan(model, tp, sp, cp, cp_style, dp, zero, mb, ep, pp, tie, masked, layers,
                             masked_embedding=masked)
     except GenError as exc:
         _fail_bad(str(exc))
+    from ..plan import PlanError, load_plan
+
+    try:  # never write a plan `verify` would refuse (e.g. --dims h=0, or sizes the shards do not divide)
+        load_plan(json.loads(json.dumps(p)))
+    except PlanError as exc:
+        _fail_bad(f"the options give a plan that is not valid: {exc}")
     write_atomic(out, json.dumps(p, indent=1) + "\n")
     n = sum(len(g["nodes"]) for g in p["parallel"])
     click.echo(f"wrote {out}: {p['description']} ({len(p['logical']['nodes'])} logical ops, {n} parallel ops)")
@@ -82,6 +88,9 @@ def mutate(plan_path, bug, list_, out):
         return
     if not (plan_path and bug and out):
         _fail_bad("give PLAN.json, --bug NAME and -o OUT (or --list)")
+    from ..cli import check_outputs
+
+    check_outputs({"PLAN.json": plan_path}, {"-o": out})
     try:
         raw = read_plan_json(plan_path)
         mutated, role = do_mutate(raw, bug)

@@ -312,18 +312,35 @@ def _op_term(op: str, x: list[str], at: Mapping, fns: set[str]) -> str:
 
 
 # ------------------------------------------------------------------ solvers
-def solve_z3(text: str, timeout_ms: int = 10000) -> str:
+# Solver budgets: an obligation is answered within these or it is "unknown" (never proved, so never VERIFIED).
+SMT_TIMEOUT_MS = 10000  # per obligation, wall clock
+SMT_RLIMIT = 50_000_000  # z3 resource units per obligation (deterministic; the timeout alone depends on the machine)
+SMT_MEMORY_MB = 1024  # z3's memory cap (memory_max_size)
+SMT_MAX_TEXT = 8 * 1024 * 1024  # characters of one obligation; a larger one is not sent to a solver
+
+
+def solve_z3(text: str, timeout_ms: int = SMT_TIMEOUT_MS) -> str:
     import z3
 
+    if len(text) > SMT_MAX_TEXT:
+        return "unknown"
+    z3.set_param("memory_max_size", SMT_MEMORY_MB)
     s = z3.Solver()
     s.set("timeout", timeout_ms)
+    s.set("rlimit", SMT_RLIMIT)
     s.from_string(text)
-    r = str(s.check())
+    try:
+        r = str(s.check())
+    except z3.Z3Exception:  # out of memory / resources inside z3: no answer
+        return "unknown"
     return r if r in ("sat", "unsat") else "unknown"
 
 
-def solve_cvc5(text: str, timeout_ms: int = 10000) -> str:
+def solve_cvc5(text: str, timeout_ms: int = SMT_TIMEOUT_MS) -> str:
     import cvc5
+
+    if len(text) > SMT_MAX_TEXT:
+        return "unknown"
 
     tm = cvc5.TermManager()
     s = cvc5.Solver(tm)
