@@ -2065,3 +2065,203 @@ reg("aten.sort.default", "aten.sort.stable")(_sort_h)
 def _argsort(c, n, x, dim=-1, descending=False, **k):
     vals, idx = _sort_h(c, n, x, dim, descending)
     return idx
+
+
+# -------------------------------------------------------------- more core ops with real semantics
+@reg("aten.log1p")
+def _log1p(c, n, x):
+    """log(1 + x) (domain x > -1, where PyTorch's is real)."""
+    return c.emit("log", [c.emit("add_scalar", [c.ir(x)], {"value": 1}, base=f"{n.name}_1p")])
+
+
+@reg("aten.expm1")
+def _expm1(c, n, x):
+    return c.emit("add_scalar", [c.emit("exp", [c.ir(x)], base=f"{n.name}_e")], {"value": -1})
+
+
+@reg("aten.sign")
+def _sign(c, n, x):
+    """sign(x) = [x > 0] - [x < 0] (0 at 0)."""
+    xi = c.ir(x)
+    zero = c.const(0, (), ir_dtype(c.val(x)))
+    d = c.emit("sub", [c.emit("gt", [xi, zero], base=f"{n.name}_p"), c.emit("lt", [xi, zero], base=f"{n.name}_m")],
+               base=f"{n.name}_d")
+    return c.emit("cast", [d], {"dtype": "float"}) if ir_dtype(_out(c, n)) == "float" else d
+
+
+@reg("aten.constant_pad_nd")
+def _constant_pad_nd(c, n, x, pad, value=0):
+    """F.pad's constant mode: ``pad`` lists (before, after) pairs from the last dim backwards; a negative amount
+    crops (a slice)."""
+    shp = _shape(c.val(x))
+    pad = [int(p) for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > len(shp):
+        c.fail(f"pad {pad} for a tensor of rank {len(shp)}")
+    if _nonfinite(value) or not isinstance(value, (int, float)):
+        c.fail(f"pad value {value!r} (the IR has no infinities)")
+    per = [[0, 0] for _ in shp]
+    for k in range(len(pad) // 2):
+        per[len(shp) - 1 - k] = [pad[2 * k], pad[2 * k + 1]]
+    xi = c.ir(x)
+    for d, (a, b) in enumerate(per):  # crop first
+        if a < 0 or b < 0:
+            xi = c.emit("slice", [xi], {"dim": d, "start": max(0, -a), "end": shp[d] - max(0, -b)},
+                        base=f"{n.name}_crop{d}")
+    pads = [max(0, v) for ab in per for v in ab]
+    if not any(pads):
+        return xi
+    attrs = {"pads": pads}
+    if value != 0:
+        attrs["value"] = value
+    return c.emit("pad", [xi], attrs)
+
+
+@reg("aten.repeat")
+def _repeat(c, n, x, repeats):
+    """x.repeat(r): reshape to [1, s0, 1, s1, ...], expand to [r0, s0, r1, s1, ...], merge each pair
+    (out index r_i * s_i + j reads x[j])."""
+    reps = [int(r) for r in repeats]
+    shp = [1] * (len(reps) - len(_shape(c.val(x)))) + _shape(c.val(x))
+    inter = [v for s in shp for v in (1, s)]
+    big = [v for r, s in zip(reps, shp) for v in (r, s)]
+    xi = c.emit("reshape", [c.ir(x)], {"shape": inter}, base=f"{n.name}_r")
+    xi = c.emit("expand", [xi], {"shape": big}, base=f"{n.name}_x")
+    return c.emit("reshape", [xi], {"shape": [r * s for r, s in zip(reps, shp)]})
+
+
+@reg("aten.roll")
+def _roll(c, n, x, shifts, dims=()):
+    """roll along each dim: concat(x[n-k:], x[:n-k]) for k = shift mod n."""
+    shp = _shape(c.val(x))
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    xi = c.ir(x)
+    if not dims:
+        total = math.prod(shp)
+        flat = c.emit("reshape", [xi], {"shape": [total]}, base=f"{n.name}_flat")
+        k = shifts[0] % total if total else 0
+        if k:
+            a = c.emit("slice", [flat], {"dim": 0, "start": total - k, "end": total}, base=f"{n.name}_a")
+            b = c.emit("slice", [flat], {"dim": 0, "start": 0, "end": total - k}, base=f"{n.name}_b")
+            flat = c.emit("concat", [a, b], {"dim": 0}, base=f"{n.name}_cat")
+        return c.emit("reshape", [flat], {"shape": shp})
+    for s, d in zip(shifts, dims):
+        d %= len(shp)
+        L = shp[d]
+        k = s % L
+        if not k:
+            continue
+        a = c.emit("slice", [xi], {"dim": d, "start": L - k, "end": L}, base=f"{n.name}_a{d}")
+        b = c.emit("slice", [xi], {"dim": d, "start": 0, "end": L - k}, base=f"{n.name}_b{d}")
+        xi = c.emit("concat", [a, b], {"dim": d}, base=f"{n.name}_cat{d}")
+    return xi
+
+
+@reg("aten.leaky_relu")
+def _leaky_relu(c, n, x, slope=0.01):
+    xi = c.ir(x)
+    pos = c.emit("gt", [xi, c.const(0)], base=f"{n.name}_pos")
+    return c.emit("where", [pos, xi, c.emit("scale", [xi], {"value": slope}, base=f"{n.name}_neg")])
+
+
+@reg("aten.hardtanh")
+def _hardtanh(c, n, x, lo=-1.0, hi=1.0):
+    xi = c.emit("maximum", [c.ir(x), c.const(lo)], base=f"{n.name}_lo")
+    return c.emit("minimum", [xi, c.const(hi)])
+
+
+@reg("aten.elu")
+def _elu(c, n, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """scale * x for x > 0, else alpha * scale * (exp(input_scale * x) - 1)."""
+    xi = c.ir(x)
+    pos = c.emit("gt", [xi, c.const(0)], base=f"{n.name}_pos")
+    e = c.emit("exp", [c.emit("scale", [xi], {"value": input_scale}, base=f"{n.name}_is")], base=f"{n.name}_e")
+    neg = c.emit("scale", [c.emit("add_scalar", [e], {"value": -1}, base=f"{n.name}_em1")],
+                 {"value": alpha * scale}, base=f"{n.name}_neg")
+    p = c.emit("scale", [xi], {"value": scale}, base=f"{n.name}_p") if scale != 1 else xi
+    return c.emit("where", [pos, p, neg])
+
+
+@reg("aten.linalg_vector_norm")
+def _vector_norm(c, n, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """ord 2: sqrt(sum x^2); 1: sum |x|; inf: max |x|; -inf: min |x|; other p > 0: (sum |x|^p)^(1/p)."""
+    ds = _dims(c, x, dim)
+    a = c.emit("abs", [c.ir(x)], base=f"{n.name}_abs")
+    red = {"dims": ds, "keepdim": bool(keepdim)}
+    if ord == 2:
+        return c.emit("sqrt", [c.emit("sum", [c.emit("square", [c.ir(x)], base=f"{n.name}_sq")], red,
+                                      base=f"{n.name}_ss")])
+    if ord == 1:
+        return c.emit("sum", [a], red)
+    if isinstance(ord, float) and math.isinf(ord):
+        return c.emit("amax" if ord > 0 else "amin", [a], red)
+    if not isinstance(ord, (int, float)) or ord <= 0:
+        c.fail(f"vector norm of order {ord!r}")
+    s = c.emit("sum", [c.emit("pow", [a], {"exponent": ord}, base=f"{n.name}_p")], red, base=f"{n.name}_s")
+    return c.emit("pow", [s], {"exponent": 1 / ord})
+
+
+@reg("aten.native_group_norm")
+def _native_group_norm(c, n, x, weight, bias, N, C, HxW, group, eps):
+    """(y, mean, rstd): x as [N, G, C/G * HxW] normalized over its last dim (biased variance, rsqrt(var + eps)),
+    then w, b per channel (dim 1); mean / rstd are [N, G]."""
+    shp = _shape(c.val(x))
+    N, C, HxW, G = int(N), int(C), int(HxW), int(group)
+    xi = c.emit("reshape", [c.ir(x)], {"shape": [N, G, (C // G) * HxW]}, base=f"{n.name}_g")
+    mean = c.emit("mean", [xi], {"dims": [2], "keepdim": True}, base=f"{n.name}_mean")
+    xc = c.emit("sub", [xi, mean], base=f"{n.name}_xc")
+    var = c.emit("mean", [c.emit("square", [xc], base=f"{n.name}_sq")], {"dims": [2], "keepdim": True},
+                 base=f"{n.name}_var")
+    rstd = c.emit("rsqrt", [c.emit("add_scalar", [var], {"value": eps}, base=f"{n.name}_ve")], base=f"{n.name}_rstd")
+    y = c.emit("reshape", [c.emit("mul", [xc, rstd], base=f"{n.name}_xh")], {"shape": shp}, base=f"{n.name}_y")
+    bshape = [1, C] + [1] * (len(shp) - 2)
+    if weight is not None:
+        y = c.emit("mul", [y, c.emit("reshape", [c.ir(weight)], {"shape": bshape}, base=f"{n.name}_w")],
+                   base=f"{n.name}_yw")
+    if bias is not None:
+        y = c.emit("add", [y, c.emit("reshape", [c.ir(bias)], {"shape": bshape}, base=f"{n.name}_b")],
+                   base=f"{n.name}_yb")
+    m2 = c.emit("squeeze", [mean], {"dims": [2]}, base=f"{n.name}_m2")
+    r2 = c.emit("squeeze", [rstd], {"dims": [2]}, base=f"{n.name}_r2")
+    return (y, m2, r2)
+
+
+@reg("aten.native_batch_norm")
+def _native_batch_norm(c, n, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Training mode: (y, mean, invstd) with the batch statistics over every dim but 1 (biased variance);
+    y = (x - mean) * invstd * w + b.  The running-statistics update is not an output of the traced step."""
+    if not training:
+        c.fail("batch norm in eval mode (running statistics; only training mode is converted)")
+    shp = _shape(c.val(x))
+    ds = [d for d in range(len(shp)) if d != 1]
+    bshape = [1, shp[1]] + [1] * (len(shp) - 2)
+    xi = c.ir(x)
+    mean = c.emit("mean", [xi], {"dims": ds, "keepdim": True}, base=f"{n.name}_mean")
+    xc = c.emit("sub", [xi, mean], base=f"{n.name}_xc")
+    var = c.emit("mean", [c.emit("square", [xc], base=f"{n.name}_sq")], {"dims": ds, "keepdim": True},
+                 base=f"{n.name}_var")
+    inv = c.emit("rsqrt", [c.emit("add_scalar", [var], {"value": eps}, base=f"{n.name}_ve")], base=f"{n.name}_inv")
+    y = c.emit("mul", [xc, inv], base=f"{n.name}_xh")
+    if weight is not None:
+        y = c.emit("mul", [y, c.emit("reshape", [c.ir(weight)], {"shape": bshape}, base=f"{n.name}_w")],
+                   base=f"{n.name}_yw")
+    if bias is not None:
+        y = c.emit("add", [y, c.emit("reshape", [c.ir(bias)], {"shape": bshape}, base=f"{n.name}_b")],
+                   base=f"{n.name}_yb")
+    m1 = c.emit("reshape", [mean], {"shape": [shp[1]]}, base=f"{n.name}_m1")
+    i1 = c.emit("reshape", [inv], {"shape": [shp[1]]}, base=f"{n.name}_i1")
+    return (y, m1, i1)
+
+
+@reg("aten.clamp_min", "aten.clamp_max")
+def _clamp_min_max(c, n, x, bound):
+    dt = ir_dtype(_out(c, n))
+    if ir_dtype(c.val(x)) != dt:
+        c.fail("clamp changing the dtype class")
+    op = "maximum" if _pk(n).rstrip("_") == "aten.clamp_min" else "minimum"  # (also clamp_min_)
+    return c.emit(op, [c.ir(x), c.ir(bound, dt)])
+
+
+for _ip in ("clamp", "clamp_min", "clamp_max"):
+    reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
+reg("aten.pow_")(_inplace("aten.pow"))
