@@ -89,7 +89,7 @@ def test_refuted_report_values_match_the_interpreter(tmp_path):
     run = run_plan(plan, seed=0)
     table = page[page.index("<table id='values'"):]
     table = table[:table.index("</table>")]
-    rows = re.findall(r"<tr><td class='num'>\[(\d+)\]</td>(.*?)</tr>", table, re.S)
+    rows = re.findall(r"<tr><td class='num'>tp=(\d+)</td>(.*?)</tr>", table, re.S)
     assert [r for r, _ in rows] == ["0", "1"]
     for r, row in rows:
         local = run.parallel.values["tp"][(int(r),)]["y"]
@@ -98,9 +98,9 @@ def test_refuted_report_values_match_the_interpreter(tmp_path):
         assert want > 0 and abs(shown - want) <= 1e-5 * max(1.0, want)
         assert f"{local.flat[0]:.6g}" in row
     # the full values behind a fold: every entry of rank 0's local y
-    fold = page[page.index("<details><summary>rank [0]"):]
+    fold = page[page.index("<details><summary>rank tp=0"):]
     first = htmlmod.unescape(re.search(r"<pre>(.*?)</pre>", fold[:fold.index("</details>")], re.S).group(1))
-    assert first.startswith("parallel y on rank [0] [4, 8]:")
+    assert first.startswith("parallel y on rank tp=0 [4, 8]:")
     nums = [float(x) for x in re.findall(r"-?\d+\.\d+(?:e[-+]?\d+)?", first.split(":", 1)[1])]
     np.testing.assert_allclose(nums, run.parallel.values["tp"][(0,)]["y"].ravel(), rtol=1e-7, atol=1e-8)
 
@@ -369,3 +369,14 @@ def test_hf_llama_doubled_all_reduce_report(tmp_path):
                      "svg.graph g.node.tvcert-red"], top_only=("svg.graph", "svg.graph g.node.tvcert-red"))
     else:
         print(NO_CHROMIUM)
+
+
+def test_refutation_seen_only_at_the_read_back_points_at_the_output(tmp_path):
+    """When no op diverges before the read-back (the localizer found none), the report points at the first
+    differing output's tensor and the op producing it, and keeps the hints the terminal printed."""
+    res = verify(load_plan(EX / "mlp_tp2_no_allreduce.json"))
+    res.counterexample["first_divergence"] = None
+    page = render_report(res, hints=["hint: gradient gw2 is read back as Replicate but its local values differ"])
+    assert "Where it shows" in page and _by_id(page, "div-op") == "loss"
+    assert "gradient gw2 is read back as Replicate" in _by_id(page, "hints")
+    assert "<svg" in page and draw.RED in page

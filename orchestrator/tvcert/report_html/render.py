@@ -419,7 +419,7 @@ def values_section(res, focus: Focus | None) -> str:
             want, how = _compare(plan, run, focus.program, r, v, np.asarray(lval))
         md = _fdiff(v, want) if want is not None else None
         mdt = "—" if md is None else f"<b class='red'>{_fmt_num(md)}</b>" if md > 0 else "0"
-        rk = E(str(list(r)))
+        rk = E(", ".join(f"{a}={c}" for a, c in zip(run.mesh.axes, r)))
         rows.append(f"<tr><td class='num'>{rk}</td><td class='num'>{E(str(list(v.shape)))} {E(_few(v))}</td>"
                     f"<td class='num'>{'' if want is None else E(str(list(np.shape(want)))) + ' ' + E(_few(want))}"
                     f"<br><span class='note'>{E(how)}</span></td><td class='num'>{mdt}</td></tr>")
