@@ -227,7 +227,7 @@ def test_traced_report_has_module_path_and_progress(tmp_path):
     r = CliRunner().invoke(main, ["trace", str(spec), "--verify", "-q", "--report", str(out)])
     assert r.stderr == ""
     r = CliRunner().invoke(main, ["trace", str(spec), "--report", str(out)])
-    assert r.exit_code == 2 and "--report needs --verify" in r.output
+    assert r.exit_code == 3 and "--report needs --verify" in r.output  # a usage error is bad input
     out2 = tmp_path / "v.html"
     r = CliRunner().invoke(main, ["verify", "--torch", str(spec), "-q", "--report", str(out2)])
     assert r.exit_code == 1 and r.stderr == ""
