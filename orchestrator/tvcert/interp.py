@@ -8,7 +8,10 @@ functions replaced by a fixed pseudo-random table so equality is decidable).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import time
 import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal, DivisionByZero, InvalidOperation, Overflow, getcontext, localcontext
@@ -28,6 +31,15 @@ from .shapes import dim_value
 Rank = tuple[int, ...]  # coordinates on every mesh axis, in mesh order
 MAX_ELEMENTS = 5_000_000
 
+# Budget of one run (checked before it starts, from the shapes at its dims): tensor elements held at once (the
+# logical graph's and every rank's), and arithmetic work (an element of each op's output, times the contracted
+# size for matmul / einsum).  Exact and decimal runs compute with Python numbers, so their budget is smaller.
+# TVCERT_RUN_ELEMENTS / TVCERT_RUN_WORK set the float64 budget (exact / decimal: half the elements, 1.5e7 work).
+RUN_MAX_ELEMENTS = int(os.environ.get("TVCERT_RUN_ELEMENTS", 20_000_000))
+RUN_MAX_WORK = int(os.environ.get("TVCERT_RUN_WORK", 2_000_000_000))
+EXACT_DIVISOR = 2
+EXACT_MAX_WORK = 15_000_000
+
 
 class RunError(RuntimeError):
     """The plan cannot be executed (deadlock, too large, out-of-range index ...).
@@ -37,6 +49,100 @@ class RunError(RuntimeError):
 
     side: str | None = None
     domain: bool = False
+
+
+class BudgetExceeded(RunError):
+    """The run would exceed (or has exceeded) its element, work or time budget: no result, never a verdict.
+    ``kind``: "size" (found before the run, from its shapes) or "time" / "memory" (during it)."""
+
+    def __init__(self, msg: str, kind: str = "size"):
+        super().__init__(msg)
+        self.kind = kind
+
+
+_deadline: list[float] = []  # monotonic deadlines of the enclosing :func:`time_budget` blocks
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float):
+    """Runs inside stop with :class:`BudgetExceeded` once ``seconds`` have passed (checked at every op)."""
+    _deadline.append(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline.pop()
+
+
+def _check_time(where: str) -> None:
+    if _deadline and time.monotonic() > min(_deadline):
+        raise BudgetExceeded(f"the time budget ran out at {where}", "time")
+
+
+def run_cost(plan: Plan, dims: Mapping[str, int]) -> tuple[int, int]:
+    """(tensor elements, work) of one run at ``dims``: every tensor of the logical graph and of every program
+    on each of its ranks (all are held until the comparison), and the arithmetic of every op."""
+    from .graph import GraphError
+    from .ops.linalg import parse_equation
+
+    mesh = plan.mesh(dims)
+
+    def cost(g: Graph, env: Mapping[str, int]) -> tuple[int, int]:
+        try:
+            types = g.infer(env, mesh, key="shape@budget")
+        except GraphError as exc:
+            raise RunError(f"the plan is ill-shaped at these dims: {exc.path}: {exc.msg}") from None
+        elems = sum(_numel(sh) for sh, _ in types.values())
+        work = 0
+        for n in g.nodes:
+            ins = [types[x][0] for x in n.inputs if x in types]
+            out = sum(_numel(types[o][0]) for o in n.outputs if o in types)
+            w = out + sum(_numel(sh) for sh in ins)
+            try:
+                if n.op == "matmul" and ins and ins[0]:
+                    w = out * max(ins[0][-1], 1)
+                elif n.op == "einsum":
+                    _, _, sizes = parse_equation(n.attrs.get("equation"), ins)
+                    w = _numel(tuple(sizes.values()))
+            except Exception:  # noqa: BLE001 - the estimate only; infer has accepted the op
+                pass
+            work += w
+        return elems, work
+
+    elems, work = cost(plan.logical, dims)
+    for pname, g in plan.programs.items():
+        env = dict(dims)
+        for a in plan.program_axes(pname):
+            env[f"rank.{a}"] = 0
+        env.update({f"rank.{a}": c for a, c in g.stage.items()})
+        e, w = cost(g, env)
+        nranks = 1
+        for a, sz in mesh.items():
+            if a not in g.stage:
+                nranks *= sz
+        elems += e * nranks
+        work += w * nranks
+    return elems, work
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def check_budget(plan: Plan, dims: Mapping[str, int], mode: str) -> None:
+    """Raise :class:`BudgetExceeded` when a run at ``dims`` in ``mode`` would exceed its budget."""
+    elems, work = run_cost(plan, dims)
+    max_e = RUN_MAX_ELEMENTS if mode == "float64" else RUN_MAX_ELEMENTS // EXACT_DIVISOR
+    max_w = RUN_MAX_WORK if mode == "float64" else EXACT_MAX_WORK
+    shown = ", ".join(f"{k}={v}" for k, v in dims.items())
+    if elems > max_e:
+        raise BudgetExceeded(f"a {mode} run at {shown[:300]} would hold {elems:.3g} tensor elements (logical graph and "
+                             f"every rank), over the budget of {max_e:.3g}; give smaller run_dims (or --dims)")
+    if work > max_w:
+        raise BudgetExceeded(f"a {mode} run at {shown[:300]} would take {work:.3g} arithmetic operations, over the "
+                             f"budget of {max_w:.3g}; give smaller run_dims (or --dims)")
 
 
 # ------------------------------------------------------------------ numbers
@@ -238,6 +344,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 # ------------------------------------------------------------------ graph execution
 def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[str, int], ctx: Ctx) -> list[np.ndarray]:
+    _check_time(f"{n.path} ({n.op})")
     spec = REGISTRY[n.op]
     ra = resolve_attrs(spec, n.attrs, env_dims)
     try:
@@ -246,6 +353,8 @@ def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[s
                 for v in outs]
     except TablesNeeded:
         raise
+    except MemoryError:
+        raise BudgetExceeded(f"{n.path} ({n.op}): out of memory", "memory") from None
     except (ValueError, IndexError, ZeroDivisionError, ArithmeticError) as exc:
         err = RunError(f"{n.path} ({n.op} -> {n.name}): {exc}")
         err.domain = isinstance(exc, ArithmeticError) or any(
@@ -458,6 +567,7 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
         _run_loop(n, prog, ranks, vals, envs, mesh, mailbox, ctx)
         return True
     if spec.category == "collective":
+        _check_time(f"{n.path} ({n.op})")
         ra = resolve_attrs(spec, n.attrs, envs[ranks[0]])
         axes = axes_of(ra)
         done: set[Rank] = set()
@@ -597,6 +707,7 @@ def run_plan(plan: Plan, dims: Mapping[str, int] | None = None, seed: int = 0, e
 
 def _run(plan: Plan, dims: dict[str, int], seed: int, ctx: Ctx, inputs, mode: str) -> RunResult:
     mesh = plan_mesh(plan, dims)
+    check_budget(plan, dims, mode)
     if inputs is None:
         inputs = make_inputs(plan, dims, seed, ctx)
     try:

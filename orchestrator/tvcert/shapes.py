@@ -48,6 +48,9 @@ class DimExpr:
 Dim = Union[int, str]
 
 
+MAX_EXPR_DEPTH = 100  # operators and operands nested in one dim expression
+
+
 @lru_cache(maxsize=65536)
 def parse(text: str) -> DimExpr:
     """Parse a dim expression such as ``hidden/tp`` or ``rank.tp*(vocab//tp)``."""
@@ -59,6 +62,15 @@ def parse(text: str) -> DimExpr:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
         raise DimError(f"cannot parse dim expression {text!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise DimError(f"dim expression nested too deeply: {text[:60]!r}...") from None
+    stack, depth = [(tree, 1)], 0  # bound the nesting before anything recurses over the tree
+    while stack:
+        node, d = stack.pop()
+        depth = max(depth, d)
+        if depth > MAX_EXPR_DEPTH:
+            raise DimError(f"dim expression nested deeper than {MAX_EXPR_DEPTH} levels: {text[:60]!r}...")
+        stack.extend((c, d + 1) for c in ast.iter_child_nodes(node))
     _validate(tree, text)
     return DimExpr(ast.unparse(tree), tree)
 

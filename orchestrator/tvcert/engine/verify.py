@@ -7,13 +7,14 @@ arithmetic, over a few seeds; only an interpreter-confirmed difference is a refu
 from __future__ import annotations
 
 import json
+import os
 import time
 import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deep import deep
-from ..interp import DECIMAL_RTOL, DIGITS, RunError, run_plan
+from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, run_plan, time_budget
 from ..kernel.equality import Prover
 from ..ops.base import TablesNeeded
 from ..kernel.expr import Exprs
@@ -154,7 +155,20 @@ def _reasons(res: Result) -> list[str]:
     return out
 
 
+REFUTE_SECONDS = float(os.environ.get("TVCERT_REFUTE_SECONDS", 30))  # wall-clock budget of the whole search
+
+
 def _refute(res: Result, seeds: int) -> None:
+    """The counterexample search within its budget (interp.check_budget: elements and work of each run, and
+    REFUTE_SECONDS for the whole search); past it the verdict stays UNKNOWN, with the reason."""
+    try:
+        with time_budget(REFUTE_SECONDS):
+            _search(res, seeds)
+    except BudgetExceeded as exc:
+        res.reasons.append(f"no counterexample search past its budget: {exc}")
+
+
+def _search(res: Result, seeds: int) -> None:
     """Search for a counterexample; only a difference rounding cannot explain refutes.
 
     An exact run (rationals, no function tables) is decisive.  A float64 difference counts only once it is
@@ -169,6 +183,8 @@ def _refute(res: Result, seeds: int) -> None:
     for seed in range(seeds):
         try:
             run = run_plan(plan, seed=seed)
+        except BudgetExceeded:
+            raise
         except RunError as exc:
             res.reasons.append(f"interpreter could not run the plan (float64): {exc}")
             break
@@ -186,6 +202,11 @@ def _refute(res: Result, seeds: int) -> None:
         res.reasons.append(f"no exact-mode run: the plan uses {exc}, whose exact semantics would be an uninterpreted "
                            f"table, so a difference there would not be a counterexample; no float64 difference "
                            f"confirmed on {seeds} seeds")
+        return
+    except BudgetExceeded as exc:
+        if exc.kind != "size":
+            raise
+        res.reasons.append(f"no exact-mode run: {exc}; no float64 difference confirmed on {seeds} seeds")
         return
     except RunError as exc:  # a division by zero where float64 saw no difference (e.g. in a masked branch) is not a
         # counterexample on its own; the prover requires every divisor nonzero anyway, so this stays UNKNOWN
@@ -214,6 +235,10 @@ def _confirm(plan: Plan, run):
         exact_note = "; the exact run of that seed is equal too"
     except TablesNeeded:
         pass
+    except BudgetExceeded as exc:
+        if exc.kind != "size":
+            raise
+        exact_note = f"; no exact run of that seed ({exc})"
     except RunError as exc:
         if exc.domain and exc.side == "parallel":
             return run, (f"the exact run of seed {run.seed} leaves an op's domain in the parallel program where the "
@@ -221,6 +246,8 @@ def _confirm(plan: Plan, run):
         exact_note = f"; the exact run of that seed failed ({exc})"
     try:
         dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
+    except BudgetExceeded:
+        raise
     except RunError as exc:
         if exc.domain and exc.side == "parallel":
             return run, (f"on the same inputs in {DIGITS}-digit arithmetic the parallel program leaves an op's domain "

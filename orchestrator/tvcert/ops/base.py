@@ -89,7 +89,13 @@ def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> 
         if a.kind == "dims":
             if not isinstance(v, list):
                 raise AttrError(f"{where} must be a list of dims, got {v!r}")
-            return tuple(dim_value(x, env) for x in v)
+            out = tuple(dim_value(x, env) for x in v)
+            if op in ("reshape", "view") and key == "shape":
+                for x, got in zip(v, out):
+                    if not isinstance(x, int) and got < 0:  # only the literal -1 means "inferred"
+                        raise AttrError(f"{where}: dim expression {str(x)[:80]!r} evaluates to {got}, a negative size "
+                                        f"(only the literal -1 asks for an inferred size)")
+            return out
         if a.kind == "num":
             if isinstance(v, bool):
                 raise AttrError(f"{where} must be a number, got {v!r}")
