@@ -82,6 +82,8 @@ def to_dot(d: Drawing) -> str:
                 attrs.update(color=AMBER, fillcolor=AMBER_FILL, penwidth="2.5")
             elif n.mark == "peer":
                 attrs.update(color="#0969da", fillcolor="#ddf4ff", penwidth="2")
+            if n.mark:
+                attrs["class"] = f"tvcert_{n.mark}"  # Graphviz puts it on the node's <g>: the page's tests find it
             if n.tooltip:
                 attrs["tooltip"] = n.tooltip
             a = ", ".join(f"{k2}={v if v.startswith(chr(34)) else _dq(v)}" for k2, v in attrs.items())
@@ -217,7 +219,8 @@ def own_svg(d: Drawing) -> str:
             elif n.mark == "peer":
                 stroke, fill, sw = "#0969da", "#ddf4ff", 2
             rx = h / 2 if n.kind == "tensor" else 6
-            out.append(f'<g><title>{html.escape(n.tooltip or n.label)}</title><rect x="{x:.1f}" y="{y:.1f}" '
+            cls = f"node tvcert_{n.mark}" if n.mark else "node"
+            out.append(f'<g class="{cls}"><title>{html.escape(n.tooltip or n.label)}</title><rect x="{x:.1f}" y="{y:.1f}" '
                        f'width="{w}" height="{h}" rx="{rx}" fill="{fill}" stroke="{stroke}" stroke-width="{sw}"/>')
             for k, ln in enumerate(wrap(n.label, 32, 5)):
                 out.append(f'<text x="{x + w / 2:.1f}" y="{y + PAD + 11 + LINE_H * k:.1f}" text-anchor="middle" '
