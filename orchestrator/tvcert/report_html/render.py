@@ -610,7 +610,9 @@ def proved_section(res, cert_digest: str | None, cert_path: str | None) -> str:
         ("stages", f"{st.get('stages', 0)} memoized stage instances, {st.get('distinct_stages', 0)} distinct; "
                    f"{st.get('programs', len(res.plan.programs))} program(s)"),
         ("SMT obligations", str(st.get("obligations", 0))),
-        ("Coq-checked", E(coq)),
+        ("rules proved in Coq", E(coq) + " <span class='note'>(the plan itself is Coq-checked, as a theorem "
+                                          "about it, only by <code>--emit-coq</code> / <code>tvcert check --coq</code>)"
+                                          "</span>"),
         ("certificate digest", digest + (f" <span class='note'>(written to {E(cert_path)}; replay with "
                                           f"<code>tvcert check {E(cert_path)}</code>)</span>" if cert_path else
                                           " <span class='note'>(sha256 of the certificate `--emit-cert` writes)</span>")),
