@@ -3,6 +3,7 @@ names the file and the problem -- never a traceback, never 0 (VERIFIED), 1 (REFU
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -93,11 +94,20 @@ def test_a_spec_that_extends_sys_path_keeps_it(tmp_path):
         "    return sibling_mod_xyz.tvcert_trace()\n")
     before = list(sys.path)
     try:
+        os.environ["TVCERT_SPEC_INPROCESS"] = "1"  # in-process tracing (the default runs the spec in a child)
         r = CliRunner().invoke(main, ["trace", str(spec), "--verify"])
         assert r.exit_code == 0, r.output
         assert str(lib) in sys.path  # the spec's entry is kept
         assert sys.path.count(str(tmp_path)) == before.count(str(tmp_path))  # ours is gone
+        del os.environ["TVCERT_SPEC_INPROCESS"]
+        for m in ("tvcert_helper_mod_xyz", "sibling_mod_xyz", "extends_path"):
+            sys.modules.pop(m, None)
+        sys.path.remove(str(lib))
+        r = CliRunner().invoke(main, ["trace", str(spec), "--verify"])  # in the child: the same verdict, and the
+        assert r.exit_code == 0, r.output  # spec's sys.path edits stay in the child
+        assert str(lib) not in sys.path
     finally:
+        os.environ.pop("TVCERT_SPEC_INPROCESS", None)
         while str(lib) in sys.path:
             sys.path.remove(str(lib))
         for m in ("tvcert_helper_mod_xyz", "sibling_mod_xyz", "extends_path"):

@@ -40,6 +40,12 @@ class _Main(click.Group):
             raise
         except WriteError as exc:  # an output path that cannot be written: bad input, naming it
             _fail_bad(str(exc), "--json" in [*getattr(ctx, "_protected_args", ()), *ctx.args])
+        except BrokenPipeError:  # the reader of stdout went away: nothing more to say, and no verdict was read
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except OSError:
+                pass
+            sys.exit(EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.echo("tvcert: interrupted", err=True)
             sys.exit(130)
@@ -230,6 +236,12 @@ def main(ctx: click.Context, debug: bool = False) -> None:
     Plans and certificates must be regular files (or - for stdin) of at most 256 MB.
     """
     ctx.meta["tvcert.debug"] = debug
+    for stream in (sys.stdout, sys.stderr):  # no name, however odd, makes printing fail
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
 
 
 @main.command()
@@ -245,6 +257,9 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
     placements, simulates every rank and collective, reassembles the outputs and reports the
     largest difference per output and the first rank-local tensor that no longer matches the
     logical computation. This is testing, not proof: use `tvcert verify` for a proof.
+    Budget: a run holding more than 2e7 tensor elements (the logical graph's and every rank's) or taking
+    more than 2e9 arithmetic operations (--exact: 1e7 / 1.5e7) at these dims is refused (exit 3) before it
+    starts; give smaller --dims.
     Exit 0 if every output matches, 1 if one differs, 3 on bad input.
     """
     from .interp import RunError, run_plan
@@ -315,6 +330,13 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
     UNKNOWN   no proof and no counterexample; the reasons say which op, which
               placements and which rule premise failed (exit 2).
     Bad input exits 3 with the JSON path of the problem.
+
+    \b
+    Budgets (past one: UNKNOWN with the reason, never a hang):
+      counterexample search  at the plan's run_dims only; each run at most 2e7 tensor
+                             elements and 2e9 operations (exact / decimal runs 1e7 and
+                             1.5e7), the whole search 30 s (TVCERT_REFUTE_SECONDS)
+      SMT                    per obligation 10 s, z3 rlimit 5e7, 1 GB, 8 MB of text
     """
     from .engine.report import render_html, render_text, result_json
     from .engine.verify import verify as run_verify

@@ -283,6 +283,7 @@ def read_plan_json(path: str | Path) -> dict:
 
 MAX_INT = 2 ** 63  # every integer of a plan or certificate lies in (-2^63, 2^63): sizes, indices, attrs
 MAX_MESSAGE = 900  # characters of a bad value quoted in a message
+MAX_JSON_DEPTH = 20000  # nesting of a plan or certificate document (the Python recursion limit while parsing)
 
 
 def _short(v: Any, n: int = 120) -> str:
@@ -384,13 +385,20 @@ def parse_json_text(text: str, what: str = "plan") -> Any:
         return _BadLiteral(f"{s} is not a finite number: {what}s are read over the reals (use a large finite value, "
                            f"e.g. -1e9 for a mask fill)")
 
+    old_limit = sys.getrecursionlimit()
+    try:  # the depth a JSON document may have, also on tvcert.deep's big-stack thread (recursion limit 2e6)
+        sys.setrecursionlimit(min(old_limit, MAX_JSON_DEPTH))
+    except RecursionError:
+        pass
     try:
         raw = json.loads(text, parse_int=on_int, parse_float=on_float, parse_constant=on_constant)
     except json.JSONDecodeError as exc:
         raise PlanError(json_path_at(text, exc.pos),
                         f"malformed JSON at line {exc.lineno} column {exc.colno} (not valid JSON): {exc.msg}") from None
     except RecursionError:
-        raise PlanError("$", "JSON nested too deeply") from None
+        raise PlanError("$", f"JSON nested too deeply (more than about {MAX_JSON_DEPTH} levels)") from None
+    finally:
+        sys.setrecursionlimit(old_limit)
     surrogates = _SURROGATE_ESCAPE.search(text) is not None
     if bad or surrogates:
         found = _find_bad_literal(raw, surrogates)

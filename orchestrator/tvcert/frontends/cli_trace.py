@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -271,9 +272,121 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
     if progress is not None:
         _trace_mod.progress_hook = progress.tick
     try:
+        if spec is not None and os.environ.get("TVCERT_SPEC_INPROCESS") != "1" and hasattr(os, "fork"):
+            return _traced_in_child(spec, sets, as_json, progress)
         return _traced_dict(spec, sets, as_json, titan, titan_kw)
     finally:
         _trace_mod.progress_hook = old_hook
+
+
+SPEC_SECONDS = float(os.environ.get("TVCERT_SPEC_SECONDS", 300))  # wall clock of importing and tracing one spec
+SPEC_MEMORY = int(os.environ.get("TVCERT_SPEC_MEMORY_MB", 4096)) * 1024 * 1024  # address space it may add
+
+
+def _vm_size() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _traced_in_child(spec: str, sets: tuple, as_json: bool, progress=None) -> dict:
+    """Import and trace the spec in a forked child with a time and memory budget: a spec that calls
+    os._exit, loops, allocates without bound or crashes the interpreter is bad input (exit 3), never a hang.
+    The child's output is passed back and printed here (so it also reaches a test runner's streams)."""
+    import io
+    import pickle
+    import resource
+    import select
+    import signal
+    import time
+
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(rfd)
+        out, err = io.StringIO(), io.StringIO()
+        code, result = 4, None
+        try:
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + SPEC_MEMORY, resource.RLIM_INFINITY))
+            except (ValueError, OSError):
+                pass
+            old_out, old_err = sys.stdout, sys.stderr
+            sys.stdout, sys.stderr = out, err
+            try:
+                result = _traced_dict(spec, sets, as_json)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 3
+            except MemoryError:
+                err.write(f"error: {spec}: the spec ran out of its memory budget ({SPEC_MEMORY >> 20} MB)\n")
+                code = 3
+            except BaseException as exc:  # noqa: BLE001 - reported by the parent as tvcert's own failure
+                err.write(f"tvcert: internal error while tracing {spec}: {type(exc).__name__}: {str(exc)[:500]}\n")
+                code = 4
+            finally:
+                sys.stdout, sys.stderr = old_out, old_err
+            try:
+                payload = pickle.dumps((code, out.getvalue(), err.getvalue(), result))
+            except Exception as exc:  # noqa: BLE001
+                payload = pickle.dumps((4, out.getvalue(), f"tvcert: internal error: the traced plan cannot be passed "
+                                                           f"back: {type(exc).__name__}: {exc}\n", None))
+            view = memoryview(payload)
+            while view:
+                n = os.write(wfd, view[:1 << 20])
+                view = view[n:]
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + SPEC_SECONDS
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([rfd], [], [], min(left, 1.0))
+            if ready:
+                b = os.read(rfd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+    finally:
+        os.close(rfd)
+        if timed_out:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, status = os.waitpid(pid, 0)
+
+    def bad(msg: str):
+        click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": msg}) if as_json else f"error: {msg}", err=not as_json)
+        sys.exit(3)
+
+    if timed_out:
+        bad(f"{spec}: the spec did not finish importing and tracing within its time budget of {SPEC_SECONDS:g} s "
+            f"(TVCERT_SPEC_SECONDS)")
+    try:
+        code, out, err, result = pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - the child died before it could answer
+        why = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exited with status {os.WEXITSTATUS(status)} before tracing finished")
+        bad(f"{spec}: the spec process {why} (a spec that exits the interpreter, crashes it, or exceeds its "
+            f"memory budget of {SPEC_MEMORY >> 20} MB)")
+    if out:
+        click.echo(out, nl=False)
+    if err:
+        click.echo(err, nl=False, err=True)
+    if code != 0:
+        sys.exit(code)
+    return result
 
 
 def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
