@@ -95,9 +95,13 @@ Definition lit (c : rat_lit) : R :=
 Definition proj (a o : shape) (i : index) : index :=
   map (fun x => if x.1 == 1%N then 0%N else x.2) (zip a (drop (size o - size a) i)).
 
+(** [F 0 + ... + F (n-1)] by plain recursion (MathComp's locked big operators do not
+    run under [vm_compute]; [SoundOps.sumRE] proves this is [\sum_(0 <= k < n) F k]). *)
+Definition sumR (n : nat) (F : nat -> R) : R := foldr (fun k acc => F k + acc) 0 (iota 0 n).
+
 (** Sum over dim [e] of a tensor of shape [s]. *)
 Definition sum1 (s : shape) (e : nat) (t : tensor) : tensor :=
-  fun i => \sum_(0 <= k < nth 0%N s e) t (ins_at e k i).
+  fun i => sumR (nth 0%N s e) (fun k => t (ins_at e k i)).
 Fixpoint sum_many (ds : seq nat) (s : shape) (t : tensor) : tensor :=
   match ds with
   | [::] => t
@@ -122,8 +126,8 @@ Definition op_val (o : op) (ss : seq shape) (ts : seq tensor) : tensor :=
   | Scale c => fun i => t0 i * lit c                            (* x * c *)
   | Fn f => fun i => fn f (t0 i)                                (* e.g. torch.tanh *)
   | Const c _ => fun _ => lit c                                 (* torch.full *)
-  | MM => fun i => \sum_(0 <= k < nth 0%N s0 1)                 (* torch.mm *)
-                     t0 [:: nth 0%N i 0; k] * t1 [:: k; nth 0%N i 1]
+  | MM => fun i => sumR (nth 0%N s0 1)                          (* torch.mm *)
+                     (fun k => t0 [:: nth 0%N i 0; k] * t1 [:: k; nth 0%N i 1])
   | Sum ds => sum_many (sum_order ds) s0 t0                     (* torch.sum(x, ds) *)
   | Transpose d0 d1 => fun i => t0 (swap d0 d1 i)               (* torch.transpose *)
   | AllReduce _ | AllGather _ => t0                             (* see [step] *)
@@ -134,9 +138,9 @@ Definition step (p : nat) (o : op) (ss : seq shape) (fs : seq family) : family :
   let s0 := nth [::] ss 0 in
   let f0 := nth (fun _ => zero_t) fs 0 in
   match o with
-  | AllReduce RSum => fun _ => mask s0 (fun i => \sum_(0 <= k < p) f0 k i)
-  | AllReduce RAvg => fun _ => mask s0 (fun i => p%:R^-1 * \sum_(0 <= k < p) f0 k i)
-  | AllReduce RMax => fun _ => mask s0 (fun i => \big[Num.max/f0 0%N i]_(0 <= k < p) f0 k i)
+  | AllReduce RSum => fun _ => mask s0 (fun i => sumR p (fun k => f0 k i))
+  | AllReduce RAvg => fun _ => mask s0 (fun i => p%:R^-1 * sumR p (fun k => f0 k i))
+  | AllReduce RMax => fun _ => mask s0 (fun i => foldr (fun k m => Num.max (f0 k i) m) (f0 0%N i) (iota 0 p))
   | AllGather d =>   (* rank k's block is rows k*m .. k*m+m-1 of dim d *)
       let m := nth 0%N s0 d in
       fun _ => mask (op_shape p o ss)

@@ -209,7 +209,7 @@ case: (n_op n) => // [[]|d] _ //; case: (n_args n) aa => [|a [|? ?]] //= /andP [
   have [ll [H -> ok mT mL]] := I a ak; case: (nth dfact fs a) ll H ok mT mL => l1 [|d1|[]] //= ll H ok mT mL.
 - case/andP => /andP [/eqP -> rep] _; have -> : pl = Replicate by case: pl rep.
   split=> //; split => //.
-  + by move=> r i rp /= ii; rewrite /mask ii H.
+  + by move=> r i rp /= ii; rewrite /mask ii sumRE H.
   + by move=> r i /= ni'; rewrite /mask ifN.
 - case/andP => /andP [/andP [/eqP -> /eqP ed] rep] _; have -> : pl = Replicate by case: pl rep.
   subst d1.

@@ -31,6 +31,9 @@ Local Notation zero_t := (zero_t R).
 
 Definition zmask (s : shape) (t : tensor) : Prop := forall i, ~~ inb s i -> t i = 0.
 
+Lemma sumRE n (F : nat -> R) : sumR n F = \sum_(0 <= k < n) F k.
+Proof. by rewrite /sumR unlock /index_iota subn0. Qed.
+
 (** What the checker knows about an operand: its fact holds, its local shape is
     the placement's, the placement is well formed, and both sides are masked. *)
 Definition arg_ok p (s : shape) (pl : placement) (T : tensor) (ps : shape) (L : family) : Prop :=
@@ -157,7 +160,7 @@ Lemma op_val_mm s0 s1 ss t0 t1 ts :
   op_val MM [:: s0, s1 & ss] [:: t0, t1 & ts] =
   mask [:: nth 0%N s0 0; nth 0%N s1 1]
     (fun i => \sum_(0 <= k < nth 0%N s0 1) t0 [:: nth 0%N i 0; k] * t1 [:: k; nth 0%N i 1]).
-Proof. by []. Qed.
+Proof. by congr (mask _ _); apply: functional_extensionality => i; rewrite sumRE. Qed.
 
 Lemma inb2P a b i0 i1 : inb [:: a; b] [:: i0; i1] = (i0 < a)%N && (i1 < b)%N.
 Proof. by rewrite /= andbT. Qed.
@@ -272,7 +275,7 @@ move: ii; rewrite /= hn -hls => ii; rewrite ii.
 have szi : size i = (size s).-1 by rewrite (inb_size ii) size_rem_at ?size_set_nth_lt.
 have si : inb (rem_at e s) (shift d' (r * (nth 0%N s d %/ p)%N) i).
   by apply: (@inb_shift p); rewrite ?hn //; rewrite hls in ii.
-rewrite si /sum1.
+rewrite si /sum1 !sumRE.
 have hne : nth 0%N (set_nth 0%N s d (nth 0%N s d %/ p)%N) e = nth 0%N s e.
   by rewrite nth_set_nth_lt (negbTE ed).
 rewrite hne; apply: eq_big_nat => t /andP [_ te].
@@ -290,11 +293,11 @@ Proof.
 move=> [[ds dv H] -> _ _ _].
 have hls : rem_at d (set_nth 0%N s d (nth 0%N s d %/ p)%N) = rem_at d s by rewrite rem_at_set_nth_same.
 split; first by rewrite /= /sum_shape /= hls.
-move=> i ii /=; rewrite op_val_sum1 /mask ii /sum1.
+move=> i ii /=; rewrite op_val_sum1 /mask ii /sum1 sumRE.
 have szi : size i = (size s).-1 by rewrite (inb_size ii) size_rem_at.
 have di : (d <= size i)%N by rewrite szi; nat_lia.
 rewrite -[in RHS]dv [in RHS]mulnC sum_blocks.
-apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_sum1 /mask hls ii /sum1 nth_set_nth_lt eqxx.
+apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_sum1 /mask hls ii /sum1 sumRE nth_set_nth_lt eqxx.
 apply: eq_big_nat => t /andP [_ tm].
 rewrite H //; first by rewrite shift_ins_same.
 by apply: inb_rem_ins; rewrite ?size_set_nth_lt ?nth_set_nth_lt ?eqxx // rem_at_set_nth_same.

@@ -143,10 +143,11 @@ def _local_shape(s, pl: Pl, p: int):
 def _num(v: Any) -> Fraction | None:
     if isinstance(v, bool) or not isinstance(v, (int, float, Fraction)):
         return None
-    f = Fraction(v)
-    if isinstance(v, float) and float(f) != v:
-        return None
-    return f
+    if isinstance(v, float):  # the decimal it is written as (0.1 is 1/10), as the exact interpreter reads it
+        if v != v or v in (float("inf"), float("-inf")):
+            return None
+        return Fraction(str(v))
+    return Fraction(v)
 
 
 def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axis: str, fns: list[str]) -> tuple:
@@ -419,6 +420,12 @@ def search(cp: CoqPlan) -> list[tuple[int, Pl]]:
             raise NotCovered([Uncovered("parallel", n.name, _ir_name(n.op), why)])
         facts.append(f)
         cert.append(f)
+    bad = [Uncovered("parallel", cp.p_nodes[po - len(cp.p_inputs)].name if po >= len(cp.p_inputs) else
+                     cp.p_inputs[po][0], "output",
+                     f"holds logical node {facts[po][0]} as {facts[po][1]}, declared logical {lname!r} as {pl}")
+           for lname, lo, po, pl in cp.p_outputs if facts[po] != (lo, pl)]
+    if bad:
+        raise NotCovered(bad)
     return cert
 
 
