@@ -148,7 +148,7 @@ def test_mutants_are_wrong_and_coq_check_is_false():
         with pytest.raises(NotCovered):
             search(cp)
         text = render(cp, _forged_cert(cp, good))
-        body = text[text.index("Definition the_plan"):text.index("Lemma the_check")]
+        body = text[text.index("Definition the_plan"):text.index("(* Printer check")]
         body = body.replace("the_plan", f"plan_{len(names)}").replace("the_cert", f"cert_{len(names)}")
         lines.append(body)
         lines.append(f"Eval vm_compute in check plan_{len(names)} cert_{len(names)}.")
@@ -168,14 +168,14 @@ def test_mutants_are_wrong_and_coq_check_is_false():
         c = list(good_cert)
         c[idx[node]] = fact
         body = render(good_cp, c)
-        body = body[body.index("Definition the_plan"):body.index("Lemma the_check")]
+        body = body[body.index("Definition the_plan"):body.index("(* Printer check")]
         k = len(names)
         lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}"))
         lines.append(f"Eval vm_compute in check plan_{k} cert_{k}.")
         names.append(what)
     k = len(names)
     body = render(good_cp, good_cert)
-    lines.append(body[body.index("Definition the_plan"):body.index("Lemma the_check")]
+    lines.append(body[body.index("Definition the_plan"):body.index("(* Printer check")]
                  .replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}"))
     lines.append(f"Eval vm_compute in check plan_{k} cert_{k}.")
     head = ("From mathcomp Require Import all_ssreflect.\nFrom TVCert Require Import IR.Syntax IR.Denote IR.Check.\n"

@@ -501,6 +501,14 @@ Definition the_plan : plan := {{|
 
 Definition the_cert : seq fact := {'[::' + chr(10) + facts + chr(10) + '  ]' if cert else '[::]'}.
 
+(* Printer check: the shapes Coq's op_shape gives every node are the shapes tvcert's IR infers. *)
+Lemma the_shapes :
+  run_s 1 (l_inputs the_plan) (l_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
+  run_s (mesh_size the_plan)
+    (map (fun b => local_shape (mesh_size the_plan) (nth [::] (l_inputs the_plan) b.1) b.2) (p_inputs the_plan))
+    (p_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.
+Proof. split; vm_compute; reflexivity. Qed.
+
 Lemma the_check : check the_plan the_cert = true.
 Proof. vm_compute. reflexivity. Qed.
 
