@@ -100,4 +100,4 @@ def test_cli_verify_torch_in_one_step(tmp_path):
     r = CliRunner().invoke(main, ["verify", "--torch", str(EX / "dtensor_llama_block.py"), "--set", "swap=true"])
     assert r.exit_code == 1 and "dtensor_llama_block.py:" in r.output, r.output
     r = CliRunner().invoke(main, ["verify", str(EX / "megatron_mlp.py"), "--torch", str(EX / "megatron_mlp.py")])
-    assert r.exit_code == 2 and "exactly one of" in r.output  # click usage error
+    assert r.exit_code == 3 and "exactly one of" in r.output  # a usage error is bad input (exit 3, cli.py)
