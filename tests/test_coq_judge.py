@@ -217,6 +217,7 @@ def _rand(shape, rng):
 CASES = [  # (IR op, attrs, input shapes, covered Coq op)
     ("add", {}, [(2, 3), (2, 3)]), ("add", {}, [(2, 3), (3,)]), ("add", {}, [(), (2, 2)]),
     ("sub", {}, [(2, 3), (3,)]), ("mul", {}, [(3, 2), (3, 2)]), ("mul", {}, [(2, 1), (2, 3)]),
+    ("div", {}, [(2, 3), (3,)]), ("div", {}, [(2, 2), ()]),
     ("neg", {}, [(2, 2)]), ("square", {}, [(3,)]), ("scale", {"value": 0.5}, [(2, 2)]),
     ("scale", {"value": -3}, [(3,)]), ("tanh", {}, [(2, 3)]), ("exp", {}, [(3,)]), ("relu", {}, [(4,)]),
     ("const", {"value": 0.25, "shape": [2, 2]}, []), ("matmul", {}, [(2, 3), (3, 2)]),
@@ -295,3 +296,16 @@ def test_link_denotation_matches_exact_interpreter():
             assert all(v.denominator == 1 and 1 <= v <= len(inputs) for v in vals), (what, vals)
             vals = [f(inputs[int(v) - 1]) for v in vals]
         assert vals == want, f"{what}: Coq {vals} != interpreter {want}"
+
+
+def test_div_plan_coq_checked():
+    """A plan dividing a column shard by its sharded bias (broadcast) is Coq-checked too."""
+    d = json.loads((EX / "mlp_tp2.json").read_text())
+    for g in (d["logical"], d["parallel"][0]):
+        for n in g["nodes"]:
+            if n["name"] == "hid":
+                n.update(op="div", inputs=["a1", "b1"])
+    text, _, _ = emit(load_plan(d))
+    assert "Node Div" in text
+    res = check_text(text)
+    assert res.ok, res.message

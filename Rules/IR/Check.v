@@ -86,7 +86,7 @@ Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement)
       | Add | Sub =>
           (if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false)
           || (is_psum a && is_psum b && is_psum pl && (s0 == so) && (s1 == so))
-      | Mul => if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false
+      | Mul | Div => if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false
       | MM => mm_ok ss &&
           ((is_rep a && (sh b == Some 1) && (sh pl == Some 1))        (* column parallel *)
            || ((sh a == Some 0) && is_rep b && (sh pl == Some 0))     (* rows of the lhs *)

@@ -57,7 +57,7 @@ Definition op_shape (p : nat) (o : op) (ss : seq shape) : shape :=
   let s0 := nth [::] ss 0 in
   let s1 := nth [::] ss 1 in
   match o with
-  | Add | Sub | Mul => bshape s0 s1
+  | Add | Sub | Mul | Div => bshape s0 s1
   | Neg | Square | Scale _ | Fn _ | AllReduce _ => s0
   | Const _ s => s
   | MM => [:: nth 0%N s0 0; nth 0%N s1 1]
@@ -121,6 +121,7 @@ Definition op_val (o : op) (ss : seq shape) (ts : seq tensor) : tensor :=
   | Add => fun i => t0 (proj s0 so i) + t1 (proj s1 so i)       (* torch.add *)
   | Sub => fun i => t0 (proj s0 so i) - t1 (proj s1 so i)       (* torch.sub *)
   | Mul => fun i => t0 (proj s0 so i) * t1 (proj s1 so i)       (* torch.mul *)
+  | Div => fun i => t0 (proj s0 so i) / t1 (proj s1 so i)       (* torch.div *)
   | Neg => fun i => - t0 i                                      (* torch.neg *)
   | Square => fun i => t0 i * t0 i                              (* torch.square *)
   | Scale c => fun i => t0 i * lit c                            (* x * c *)

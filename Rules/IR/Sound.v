@@ -60,7 +60,7 @@ Definition env_masked (env : seq entry) : Prop :=
 
 Lemma step_masked p o ss fs r i : ~~ inb (op_shape p o ss) i -> step fn p o ss fs r i = 0.
 Proof.
-case: o => [| | | | |c|f|c s| |ds|d0 d1|[]|d] ni;
+case: o => [| | | | | |c|f|c s| |ds|d0 d1|[]|d] ni;
   by rewrite /step ?/op_val /mask ifN.
 Qed.
 

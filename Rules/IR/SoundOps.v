@@ -80,13 +80,14 @@ Definition bfun (o : op) : option (R -> R -> R) :=
   | Add => Some (fun x y => x + y)
   | Sub => Some (fun x y => x - y)
   | Mul => Some (fun x y => x * y)
+  | Div => Some (fun x y => x / y)
   | _ => None
   end.
 
 Lemma op_val_binary o g s0 s1 ss t0 t1 ts : bfun o = Some g ->
   op_val o [:: s0, s1 & ss] [:: t0, t1 & ts] =
   mask (bshape s0 s1) (fun i => g (t0 (proj s0 (bshape s0 s1) i)) (t1 (proj s1 (bshape s0 s1) i))).
-Proof. by case: o => //= [] [<-]. Qed.
+Proof. by case: o => //= -[<-]. Qed.
 
 Lemma bin_arg_shape p so d s a T ps (L : family) :
   (d < size so)%N -> bin_shard so s a d -> arg_ok p s a T ps L ->
@@ -381,7 +382,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A.
   have A0 := A 0%N isT; rewrite /= in A0 *; clear A.
   have [_ e0 _ _ _] := A0.
-  case: o loc => [| | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
+  case: o loc => [| | | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
   + case/orP => [/andP [ha /eqP hpl]|/andP [/is_psumP ha /is_psumP hpl]] ok.
       case ha': (sh a) ha => [d|] // _; rewrite ha' in hpl.
       rewrite (shP ha') (shP hpl) in A0 e0 *.
@@ -418,7 +419,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
 - case: ss hss A => [|s0 [|s1 [|]]] // _ A; case: Ts hTs A => [|T0 [|T1 [|]]] // _ A.
   case: pss hps A => [|ps0 [|ps1 [|]]] // _ A; case: Ls hLs A => [|L0 [|L1 [|]]] // _ A.
   have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *; clear A.
-  case: o loc => [| | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
+  case: o loc => [| | | | | |c|f|c' s'| |ds|d0 d1|rr|dd] // _.
   + case/orP => [|].
       case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
       rewrite !(@op_val_binary Add (fun x y => x + y)) //.
@@ -437,6 +438,9 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
     case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
     rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
     exact: (@binary_shard p (fun x y => x * y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+  + (* div *) case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+    rewrite !(@op_val_binary Div (fun x y => x / y)) //.
+    exact: (@binary_shard p (fun x y => x / y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
   + rewrite /mm_ok /=; case/andP => /andP [/andP [z0 z1] /eqP k01].
     case: s0 z0 A0 k01 => [|a0 [|k0 [|]]] // _ A0 k01.
     case: s1 z1 A1 k01 => [|k1 [|n1 [|]]] // _ A1 /= k01; rewrite -k01 in A1 *.

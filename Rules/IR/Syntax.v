@@ -29,6 +29,7 @@ Inductive placement :=
 (** The covered ops; each is denoted in [Denote.v]. *)
 Inductive op :=
 | Add | Sub | Mul              (* torch.add / torch.sub / torch.mul, broadcasting *)
+| Div                          (* torch.div (true division), broadcasting; x / 0 = 0 in a field *)
 | Neg | Square                 (* torch.neg, torch.square *)
 | Scale (c : rat_lit)          (* x * c *)
 | Fn (f : nat)                 (* an uninterpreted pointwise function (tanh, exp, relu, ...) *)
@@ -68,7 +69,7 @@ Definition rat_lit_eqb (a b : rat_lit) : bool := a == b.
 
 Definition op_eqb (a b : op) : bool :=
   match a, b with
-  | Add, Add | Sub, Sub | Mul, Mul | Neg, Neg | Square, Square | MM, MM => true
+  | Add, Add | Sub, Sub | Mul, Mul | Div, Div | Neg, Neg | Square, Square | MM, MM => true
   | Scale c, Scale c' => rat_lit_eqb c c'
   | Fn f, Fn g => f == g
   | Const c s, Const c' s' => rat_lit_eqb c c' && (s == s')

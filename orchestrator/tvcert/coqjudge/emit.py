@@ -107,7 +107,7 @@ def _bshape(a, b):
 def _shape(op: tuple, ss: list[tuple[int, ...]], p: int) -> tuple[int, ...]:
     k = op[0]
     s0 = ss[0] if ss else ()
-    if k in ("Add", "Sub", "Mul"):
+    if k in ("Add", "Sub", "Mul", "Div"):
         return _bshape(s0, ss[1])
     if k in ("Neg", "Square", "Scale", "Fn", "AllReduce"):
         return s0
@@ -154,7 +154,7 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axis: str, fns: list[str]
     """The Coq op of an IR node, or raise ValueError(why)."""
     op = n.op
     nd = lambda d, r: d + r if d < 0 else d  # noqa: E731
-    if op in ("add", "sub", "mul"):
+    if op in ("add", "sub", "mul", "div"):
         return (op.capitalize(),)
     if op in ("neg", "square"):
         return (op.capitalize(),)
@@ -362,13 +362,13 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
             cands.append(PSUM if e == a.dim else Pl("S", a.dim - 1 if e < a.dim else a.dim))
     elif len(pls) == 2:
         a, b = pls
-        if k in ("Add", "Sub", "Mul"):
+        if k in ("Add", "Sub", "Mul", "Div"):
             for x in (a, b):
                 if x.kind == "S":
                     d = x.dim + len(so) - len(ss[pls.index(x)])
                     if _bin_shard(so, ss[0], a, d) and _bin_shard(so, ss[1], b, d):
                         cands.append(Pl("S", d))
-            if k != "Mul" and a == PSUM and b == PSUM and tuple(ss[0]) == so and tuple(ss[1]) == so:
+            if k in ("Add", "Sub") and a == PSUM and b == PSUM and tuple(ss[0]) == so and tuple(ss[1]) == so:
                 cands.append(PSUM)
         if k == "MM" and len(ss[0]) == 2 and len(ss[1]) == 2 and ss[0][1] == ss[1][0]:
             if a.kind == "R" and b == Pl("S", 1):
@@ -444,7 +444,7 @@ def _seq(xs) -> str:
 
 def coq_op(op: tuple) -> str:
     k = op[0]
-    if k in ("Add", "Sub", "Mul", "Neg", "Square", "MM"):
+    if k in ("Add", "Sub", "Mul", "Div", "Neg", "Square", "MM"):
         return k
     if k == "Scale":
         return f"(Scale {_rat(op[1])})"
