@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test proofs coq browser venv bench fuzz conform clean
+.PHONY: hostile demo test proofs coq browser venv bench fuzz conform clean
 
 # torchtitan's declared deps (datasets, wandb, tensorboard, torchdata, ...: ~40 packages) serve its
 # trainer; tests/test_trace_torchtitan.py imports only the models: --no-deps, plus what they import.
@@ -58,6 +58,11 @@ bench: $(STAMP)
 N ?= 100000
 fuzz: $(STAMP)
 	$(PY) -m tvcert.fuzz --pairs $(N)
+
+## Hostile-input suite (issue 18): N generated bad inputs (default 10000), each in a forked child; exit 1 on a
+## traceback, hang (30 s), 1 GB peak, wrong exit code or a bad message (bench/fuzz_results.md records a run)
+hostile: $(STAMP)
+	$(PY) -m tvcert.fuzz.hostile --n $(if $(filter command line,$(origin N)),$(N),10000)
 
 ## Rule conformance: N random instances per kernel rule id (default 1000), checked on every rank against the
 ## reference interpreter (tvcert.conform; bench/conformance_results.md records a run)

@@ -255,6 +255,14 @@ def test_scatter_index_put():
 
     check(setitem, dict(x=x, i=torch.tensor([1, 3, 1]), R=R), ("x",))
 
+    def inplace(x, ix, s, R):
+        y = x * 1.5
+        y.scatter_(1, ix, 0.25)
+        y.scatter_add_(1, ix, s)
+        return (y * R).sum()
+
+    check(inplace, dict(x=x, ix=ix, s=s, R=R), ("x", "s"))
+
 
 def test_sort_argsort_topk_and_their_scatter_backward():
     """sort = topk with k = n (ties: lower index first, as PyTorch's stable sort); their backward scatters at

@@ -2265,3 +2265,7 @@ def _clamp_min_max(c, n, x, bound):
 for _ip in ("clamp", "clamp_min", "clamp_max"):
     reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
 reg("aten.pow_")(_inplace("aten.pow"))
+for _ip in ("scatter.value", "scatter.src", "scatter_add", "index_add", "masked_scatter"):
+    if f"aten.{_ip}" in TABLE:
+        _pk_ip, _, _ov = _ip.partition(".")
+        reg(f"aten.{_pk_ip}_" + (f".{_ov}" if _ov else ""))(_inplace(f"aten.{_ip}"))
