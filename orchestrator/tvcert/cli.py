@@ -139,6 +139,30 @@ def check_outputs(inputs: dict[str, str | None], outputs: dict[str, str | None],
         for ko2, vo2 in outs[i + 1:]:
             if _same_file(vo, vo2):
                 _fail_bad(f"{ko} and {ko2} are the same path {vo}", as_json)
+        why = _unwritable(vo)
+        if why:
+            _fail_bad(f"{ko} {vo}: {why}", as_json)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written (before any work is done), or None: a probe file is created beside it."""
+    import tempfile
+
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        return "exists and is not a regular file"
+    d = p.parent
+    while not d.exists():
+        d = d.parent
+    if not d.is_dir():
+        return f"{d} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}{TMP_TAG}{os.getpid()}.", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in {d}: {exc.strerror or exc}"
+    return None
 
 
 def _clean_stale(parent: Path, name: str) -> None:
@@ -437,9 +461,9 @@ def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solv
         _fail_bad(str(exc), as_json)
     except Invalid as exc:
         if as_json:
-            click.echo(json.dumps({"valid": False, "reason": str(exc)}))
+            click.echo(json.dumps({"valid": False, "reason": _cut(str(exc))}))
         else:
-            click.echo(f"INVALID certificate {cert_path}: {exc}")
+            click.echo(_cut(f"INVALID certificate {cert_path}: {exc}"))
         sys.exit(EXIT_DIFF)
     coq_j = None
     if coq:

@@ -396,6 +396,7 @@ def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None
     except ImportError:
         click.echo("error: tracing needs PyTorch (pip install torch==2.13.0)", err=True)
         sys.exit(3)
+    from ..cli import _cut
     from .trace import TraceError, trace_plan
 
     err: Exception | None = None
@@ -423,9 +424,9 @@ def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None
     if isinstance(err, TraceError):
         exit_trace_error(err, as_json)
     if as_json:
-        click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": str(err)}))
+        click.echo(json.dumps({"verdict": "BAD_INPUT", "reason": _cut(str(err))}))
     else:
-        click.echo(f"error: {err}", err=True)
+        click.echo(_cut(f"error: {err}"), err=True)
     sys.exit(3)
 
 
