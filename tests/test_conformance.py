@@ -209,5 +209,7 @@ def test_equality_rule_conforms(rule):
 
 @pytest.mark.parametrize("rule", sorted(PLAN_RULES))
 def test_plan_rule_conforms(rule):
-    st = run_rule(rule, N_PLAN, seed=1, time_budget=20)
+    # the torchtitan trace behind the clamped backward takes ~40 s: one instance in CI
+    n = 1 if rule == "vocab_parallel_embedding_clamped_backward" else N_PLAN
+    st = run_rule(rule, n, seed=1, time_budget=20)
     assert st.bad == 0, st.failures

@@ -271,6 +271,26 @@ VPC = ["vocab_parallel_embedding_clamped.json", "vocab_parallel_embedding_clampe
 LOSS = ["vocab_parallel_loss.json", "vocab_parallel_loss_local_max.json", "vocab_parallel_loss_no_target_all_reduce.json"]
 
 
+_TITAN: dict = {}
+
+
+def b_titan(dr: Draw):
+    """torchtitan's Llama 3 debug model (1 layer) under its own TP plan with loss parallel, traced once per tp
+    degree and cached (tracing takes ~40 s); half the time with a random edit of the parallel program.  Its
+    shapes are concrete, so it runs in float64."""
+    tp = dr.pick([2, 2, 4])
+    if tp not in _TITAN:
+        try:
+            from ..frontends.torchtitan import llama3_debug, trace_titan
+        except ImportError as exc:  # torch / torchtitan not installed
+            raise _Skip(f"torchtitan unavailable: {exc}")
+        _TITAN[tp] = trace_titan(llama3_debug(layers=1), tp=tp, sp=False)
+    d = copy.deepcopy(_TITAN[tp])
+    d["name"] = "llama-titan"  # float64 oracle
+    extra = _edit_example(dr, d) if dr.coin(0.5) else ""
+    return d, f"torchtitan llama3 debug tp={tp}{extra}"
+
+
 def _mix(*bs):
     def b(dr: Draw):
         return dr.pick(list(bs))(dr)
@@ -282,12 +302,12 @@ PLAN_RULES: dict[str, Callable] = {
     "stage_repeat": plan_gen(b_layers, "stage_repeat"),
     "vocab_parallel_embedding": plan_gen(_mix(b_masked, b_example(VP, _vp_dims)), "vocab_parallel_embedding"),
     "vocab_parallel_embedding_backward": plan_gen(b_masked, "vocab_parallel_embedding_backward"),
-    "vocab_parallel_embedding_clamped": plan_gen(b_example(VPC, _vp_dims), "vocab_parallel_embedding_clamped"),
-    "vocab_parallel_embedding_clamped_backward": plan_gen(b_example(VPC, _vp_dims),
-                                                          "vocab_parallel_embedding_clamped_backward"),
+    "vocab_parallel_embedding_clamped": plan_gen(_mix(b_example(VPC, _vp_dims), b_example(VPC, _vp_dims), b_titan),
+                                                 "vocab_parallel_embedding_clamped"),
+    "vocab_parallel_embedding_clamped_backward": plan_gen(b_titan, "vocab_parallel_embedding_clamped_backward"),
     "vocab_parallel_log_softmax": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_log_softmax"),
     "vocab_parallel_nll_loss": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_nll_loss"),
-    "vocab_parallel_nll_backward": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_nll_backward"),
+    "vocab_parallel_nll_backward": plan_gen(_mix(b_example(LOSS, _vp_dims), b_titan), "vocab_parallel_nll_backward"),
     "ring_attention_online_softmax": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_online_softmax"),
     "ring_attention_backward": plan_gen(b_ring, "ring_attention_backward"),
     "ring_attention_zigzag": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_zigzag"),
