@@ -304,10 +304,22 @@ def _traced_in_child(spec: str, sets: tuple, as_json: bool, progress=None) -> di
     import signal
     import time
 
+    from . import trace as _trace_mod
+
     rfd, wfd = os.pipe()
+    prfd, pwfd = os.pipe()  # the child's progress lines (ranks, layers), shown here as they happen
     pid = os.fork()
     if pid == 0:  # child
         os.close(rfd)
+        os.close(prfd)
+
+        def _relay(text: str) -> None:
+            try:
+                os.write(pwfd, (text.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+            except OSError:
+                pass
+
+        _trace_mod.progress_hook = _relay if progress is not None else None
         out, err = io.StringIO(), io.StringIO()
         code, result = 4, None
         try:
@@ -342,23 +354,35 @@ def _traced_in_child(spec: str, sets: tuple, as_json: bool, progress=None) -> di
         finally:
             os._exit(0)
     os.close(wfd)
+    os.close(pwfd)
     chunks: list[bytes] = []
     deadline = time.monotonic() + SPEC_SECONDS
     timed_out = False
+    pbuf, popen = b"", True
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([rfd], [], [], min(left, 1.0))
-            if ready:
+            ready, _, _ = select.select([rfd] + ([prfd] if popen else []), [], [], min(left, 1.0))
+            if popen and prfd in ready:
+                b = os.read(prfd, 1 << 16)
+                if not b:
+                    popen = False
+                pbuf += b
+                *lines, pbuf = pbuf.split(b"\n")
+                for line in lines:
+                    if progress is not None and line:
+                        progress.tick(line.decode("utf-8", "replace"))
+            if rfd in ready:
                 b = os.read(rfd, 1 << 20)
                 if not b:
                     break
                 chunks.append(b)
     finally:
         os.close(rfd)
+        os.close(prfd)
         if timed_out:
             try:
                 os.kill(pid, signal.SIGKILL)
