@@ -216,13 +216,6 @@ split; last by move=> c x j; rewrite mulrN.
 by split=> [f g y|]; [rewrite opprD | split=> [y|f g e y]; rewrite ?oppr0 ?e].
 Qed.
 
-Theorem scale_linear {I : Type} {R : comRingType} (v : R) :
-  linear_op (fun (x : I -> R) i => x i * v) /\ homogeneous (fun (x : I -> R) i => x i * v).
-Proof.
-split; last by move=> c x j; rewrite mulrA.
-by split=> [f g y|]; [rewrite mulrDl | split=> [y|f g e y]; rewrite ?mul0r ?e].
-Qed.
-
 Theorem mul_linear_l {I : Type} {R : comRingType} (w : I -> R) :
   linear_op (fun (x : I -> R) i => x i * w i) /\ homogeneous (fun (x : I -> R) i => x i * w i).
 Proof.
@@ -239,10 +232,11 @@ Qed.
 
 Theorem div_linear_num {I : Type} {R : fieldType} (w : I -> R) :
   linear_op (fun (x : I -> R) i => x i / w i) /\ homogeneous (fun (x : I -> R) i => x i / w i).
-Proof.
-split; last by move=> c x j; rewrite mulrA.
-by split=> [f g y|]; [rewrite mulrDl | split=> [y|f g e y]; rewrite ?mul0r ?e].
-Qed.
+Proof. exact: (mul_linear_l (fun i => (w i)^-1)). Qed.
+
+Theorem scale_linear {I : Type} {R : comRingType} (v : R) :
+  linear_op (fun (x : I -> R) i => x i * v) /\ homogeneous (fun (x : I -> R) i => x i * v).
+Proof. exact: (mul_linear_l (fun=> v)). Qed.
 
 (** cast of an int tensor into float: the ring morphism [int -> R] *)
 Definition cast_float {I : Type} {R : ringType} (x : I -> int) : I -> R := fun i => (x i)%:~R.

@@ -267,6 +267,11 @@ def m_reshape_transpose(plan, rng):
 _RANK_RE = re.compile(r"rank\.([A-Za-z_]\w*)")
 
 
+def _mesh_axes(plan: dict) -> list[str]:
+    """The mesh axis names, whether the mesh is written as an object or as [[axis, size], ...]."""
+    return list(plan["mesh"]) if isinstance(plan["mesh"], dict) else [a for a, _ in plan["mesh"]]
+
+
 def _rank_strings(v, path=()):
     """(path, string) of every string mentioning a rank coordinate inside an attribute value, at any depth."""
     if isinstance(v, str):
@@ -289,7 +294,7 @@ def _set_path(root, path, value):
 def m_rank_other_axis(plan, rng):
     """A rank offset that also depends on another mesh axis: the global rank ``rank.dp*tp + rank.tp`` where the
     tp rank is meant, or ``rank.tp + rank.dp`` (right on coordinate 0 of the other axis only)."""
-    axes = list(plan["mesh"]) if isinstance(plan["mesh"], dict) else [a for a, _ in plan["mesh"]]
+    axes = _mesh_axes(plan)
     if len(axes) < 2:
         return None
     cands = [(n["attrs"], k, path, text) for g in plan["parallel"] for n in g["nodes"]
@@ -319,7 +324,7 @@ def m_nested_rank_literal(plan, rng):
         return None
     i = rng.choice(cands)
     n = prog["nodes"][i]
-    axes = list(plan["mesh"]) if isinstance(plan["mesh"], dict) else [a for a, _ in plan["mesh"]]
+    axes = _mesh_axes(plan)
     val: object = rng.choice([f"rank.{rng.choice(axes)}", f"0*rank.{rng.choice(axes)}+1"])
     for _ in range(rng.choice([1, 2, 3])):
         val = [val]
