@@ -735,9 +735,7 @@ def _run(plan: Plan, dims: dict[str, int], seed: int, ctx: Ctx, inputs, mode: st
         _check_reads_all(b, logical[name].shape, dims)
         want = apply_layout(b, logical[name], dims, ctx)
         prog_ranks = mesh.ranks(plan.programs[b.program].stage)
-        # an axis the placement leaves out is Replicate: every coordinate is compared, not coordinate 0 only
-        full = {a: b.placement.get(a, Placement("R")) for a in mesh.axes if a not in plan.programs[b.program].stage}
-        asm = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx, full)
+        asm = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx)
         if asm.value is None:
             diffs.append(OutputDiff(name, False, float("inf"), asm.problem))
         elif asm.value.shape != want.shape:
