@@ -379,3 +379,31 @@ def test_fuzz_stream_draws_the_new_families():
 
     fams = {generate(5, i).family for i in range(200)}
     assert {"stage_alias", "p2p"} <= fams
+
+
+def test_first_divergence_explains_a_recv_by_its_own_send():
+    """localize pairs messages as the loader does (plan.p2p): stage s2 receives tag "t" from s0 (x) and from s1
+    (y, forwarded); computing neg of the one from s1 is the divergence, whichever send ran last.  (The old
+    (tag, receiving program) key gave the same answer here, since a recv's value is explained numerically; this
+    pins the behaviour with two same-tag messages into one stage.)"""
+    from tvcert.localize import first_divergence
+    for order in ("x_last", "y_last"):
+        fwd = [send("y", "u", to=1), send("x", "t", to=2)]
+        s0 = fwd if order == "y_last" else fwd[::-1]
+        raw = {"tvcert_plan": 1, "name": "p2p3", "dims": {"n": 4, "pp": 3}, "mesh": [["pp", "pp"]],
+               "logical": {"inputs": [{"name": x, "shape": ["n"]} for x in ("x", "y")],
+                           "nodes": [{"name": "o1", "op": "neg", "inputs": ["x"]}], "outputs": ["o1"]},
+               "parallel": [
+                   {"name": "s0", "stage": {"pp": 0}, "inputs": [{"name": x, "shape": ["n"]} for x in ("x", "y")],
+                    "nodes": s0, "outputs": []},
+                   {"name": "s1", "stage": {"pp": 1}, "inputs": [], "outputs": [],
+                    "nodes": [recv("ry", "u", src=0), send("ry", "t", to=2)]},
+                   {"name": "s2", "stage": {"pp": 2}, "inputs": [], "outputs": ["o1"],
+                    "nodes": [recv("rx", "t", src=0), recv("r1", "t", src=1), NEG]}],
+               "inputs": {x: {"program": "s0", "local": x} for x in ("x", "y")},
+               "outputs": {"o1": {"program": "s2", "local": "o1"}}}
+        plan = load_plan(raw)
+        res = run_plan(plan)
+        assert not res.equal
+        div = first_divergence(plan, res)
+        assert div is not None and div.program == "s2" and div.op == "neg", (order, div)

@@ -120,7 +120,7 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     known: dict[str, dict[str, str]] = {
         pname: {b.local: f"{name} as {fmt_placement(b.placement)}" for name, b in plan.inputs.items() if b.program == pname}
         for pname in plan.programs}
-    sent: dict[tuple[str, str], str] = {}  # (tag, receiving program) -> explanation of the sent tensor
+    sent: dict[tuple[str, int], str] = {}  # (program, send node) -> explanation of the sent tensor
     zigzag = uses_zigzag(plan)
     loop_only = _loop_only_inputs(plan)
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
@@ -128,9 +128,8 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
         n = g.nodes[i]
         kn = known[pname]
         if n.op == "send":
-            for q in plan.programs:
-                if n.inputs[0] in kn:
-                    sent[(n.attrs.get("tag"), q)] = kn[n.inputs[0]]
+            if n.inputs[0] in kn:
+                sent[(pname, i)] = kn[n.inputs[0]]
             continue
         if not n.outputs:
             continue
@@ -138,7 +137,8 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
             for o in n.outputs:
                 kn[o] = "a constant"
             continue
-        if any(x not in kn for x in n.inputs) or (n.op == "recv" and (n.attrs.get("tag"), pname) not in sent):
+        if any(x not in kn for x in n.inputs) or (n.op == "recv" and plan.p2p.get((pname, i)) not in sent):
+            # a recv is explained only by its own send (the loader's pairing, plan.pair_messages)
             for o in n.outputs:
                 kn.pop(o, None)
             continue
