@@ -338,6 +338,13 @@ def _alias(c, n, x, *a, **k):
     return c.ir(x)
 
 
+@reg("profiler._record_function_enter_new", "profiler._record_function_exit")
+def _profiler_range(c, n, *a, **k):
+    """``torch.autograd.profiler.record_function`` (DDP's forward is wrapped in one): a profiler label, no
+    value."""
+    return None
+
+
 @reg("aten._to_copy", "aten.to", "aten._to_copy.default")
 def _to_copy(c, n, x, *a, **k):
     src, dst = ir_dtype(c.val(x)), ir_dtype(_out(c, n))
@@ -1071,7 +1078,15 @@ def _check_unaliased(c, n, x, what: str) -> None:
 
     pname, prod = packet(x)
     order = {m: i for i, m in enumerate(c.gm.graph.nodes)}
-    if prod is None or pname in _VIEW_OPS or any(
+    base = x
+    while prod is not None and pname in _VIEW_OPS:
+        # a view is written soundly only when each tensor it views is read by nothing but the next view of the
+        # chain (a gradient's ``.grad`` is ``detach(view(sum(...)))``): then no other node sees the write
+        base = base.args[0]
+        if not isinstance(base, torch.fx.Node) or len(base.users) != 1:
+            c.fail(f"in-place {what} on a view of a tensor that other ops read")
+        pname, prod = packet(base)
+    if prod is None or any(
             order[u] < order[n] and (packet(u)[0] in _VIEW_OPS or packet(u)[1] is None) for u in x.users if u is not n):
         c.fail(f"in-place {what} on a tensor that may be aliased (a view, an input, or viewed before the write)")
 

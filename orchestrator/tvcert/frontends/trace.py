@@ -568,9 +568,12 @@ def _sdpa_flash_cpu():
 
 
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
-                 grad_sync: Callable | None = None, sync_args: tuple = ()):
+                 grad_sync: Callable | None = None, sync_args: tuple = (), backward: bool = False):
     """make_fx the joint program: (loss, *grads of params).  The gradients come from ``torch.autograd.grad``;
-    code that refuses it (reentrant activation checkpointing) is traced again with ``loss.backward()``."""
+    code that refuses it (reentrant activation checkpointing) is traced again with ``loss.backward()``, and so
+    is code whose gradients are produced by hooks that only ``backward()`` fires (``backward=True``)."""
+    if backward:
+        return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, True)
     try:
         return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, False)
     except RuntimeError as exc:
@@ -734,7 +737,7 @@ def spmd_compress(per_rank: dict[tuple[int, ...], list[dict]], axes, sizes) -> t
 def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inputs: Mapping[str, Mapping[str, Any]],
                mesh: Mapping[str, int], name: str = "traced", description: str | None = None,
                grad_sync: Callable | None = None, output_placements: Mapping[str, Mapping[str, str]] | None = None,
-               parallel_setup: Callable | None = None, validate: bool = True) -> dict:
+               parallel_setup: Callable | None = None, validate: bool = True, parallel_backward: bool = False) -> dict:
     """Trace ``logical`` (degree 1) and ``parallel`` (every rank of ``mesh``) into a plan dict.
 
     ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs), placement {axis: text},
@@ -742,6 +745,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     ``grad_sync(ctx, grads) -> grads`` runs on each rank after autograd, inside the trace.
     ``parallel_setup(ctx)`` runs on each rank before tracing (outside the trace); its result is
     ``ctx.state`` (build and parallelize modules there).
+    ``parallel_backward``: the parallel program is traced with ``loss.backward()`` (not ``autograd.grad``), so
+    the framework's post-accumulate-grad hooks (DDP's reducer) run inside the trace; gradients are read from
+    each parameter's ``.grad`` (``grad_sync`` may read them from where the framework left them instead).
     Raises :class:`TraceError` (unsupported op, ranks not SPMD, bad mapping)."""
     mesh = {str(a): int(s) for a, s in mesh.items()}
     if not mesh or any(s <= 0 for s in mesh.values()):
@@ -785,7 +791,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             if parallel_setup is not None:
                 ctx.state = parallel_setup(ctx)
             try:
-                gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,))
+                gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),
+                                        backward=parallel_backward)
             except TraceError:
                 raise
             except Exception as exc:  # the user's parallel code itself fails (shapes, sharding propagation)
