@@ -103,6 +103,9 @@ RULES: dict[str, str] = {
     "allreduce_max_replicate": f"{_T}.Collectives.allreduce_max_replicate",
     # reductions and softmax
     "reduce_sum_sharded_dim": f"{_T}.Reductions.reduce_sum_sharded_dim",
+    # reductions spelled differently, broadcasts read as shards (kernel/reductions.py, kernel/broadcast.py)
+    "reduction_normal_form": f"{_T}.NormaliseReductions.reduction_normal_form",
+    "replicate_broadcast_as_shard": f"{_T}.NormaliseReductions.replicate_broadcast_as_shard",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
     "reduce_max_sharded_dim": f"{_T}.Reductions.reduce_max_sharded_dim",
     "reduce_other_dim": f"{_T}.Reductions.reduce_other_dim",

@@ -305,3 +305,8 @@ EQUALITY: dict[str, Callable] = {
     "elementwise_smt": gen_smt,
     "congruence": gen_congruence,
 }
+
+
+from .gens_norm import NORM_GENERATORS  # noqa: E402  (reduction / broadcast rules; they reuse _check_pair)
+
+EQUALITY.update(NORM_GENERATORS)

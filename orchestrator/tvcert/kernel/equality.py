@@ -5,6 +5,9 @@ Three certified steps, tried in order, each sound on its own:
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
   (matmul, einsum, reductions, layout ops, ...) and compare factors and cores;
+* ``reduction_normal_form``: sums and means spelled one way (:mod:`.reductions`: a mean is the sum over
+  its dims divided by their element count; a sum of a sum is one sum over the union of the dims; a scalar
+  factor leaves the sum), then compared by the other steps;
 * ``elementwise_smt``: an elementwise region, with every non-elementwise subterm as a leaf,
   checked by an SMT solver over the reals (see :mod:`.smt` for why one index suffices).
 
@@ -19,6 +22,7 @@ from typing import Callable
 
 from ..ops import REGISTRY
 from .expr import Exprs
+from .reductions import reduction_normal_form
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
 # ops a scalar factor of their first argument moves across, when the op's own flag says it is homogeneous in
@@ -58,6 +62,7 @@ class Prover:
         self._memo: dict[tuple[int, int], bool] = {}
         self._norm: dict[int, tuple[Fraction, int]] = {}
         self._lnorm: dict[int, int] = {}
+        self._rnorm: dict[int, int] = {}
 
     # ------------------------------------------------------------------ public
     def equal(self, a: int, b: int) -> bool:
@@ -91,6 +96,10 @@ class Prover:
         la, lb = self.lnorm(a), self.lnorm(b)
         if (la, lb) != (a, b) and self.equal(la, lb):
             self.used.add("layout_commutes_pointwise")
+            return True
+        ra, rb = self.rnorm(a), self.rnorm(b)
+        if (ra, rb) != (a, b) and self.equal(ra, rb):
+            self.used.add("reduction_normal_form")
             return True
         if is_region_op(X, a) or is_region_op(X, b):
             return self._smt(a, b)
@@ -146,6 +155,13 @@ class Prover:
         if inner != e.args[0]:
             return X.mk(e.op, at, [inner])
         return i
+
+    def rnorm(self, i: int) -> int:
+        """The reduction normal form of ``i`` (memoized; ``i`` itself when it has none)."""
+        got = self._rnorm.get(i)
+        if got is None:
+            got = self._rnorm[i] = reduction_normal_form(self.exprs, i, self.rnorm, self.norm)
+        return got
 
     def norm(self, i: int) -> tuple[Fraction, int]:
         """(c, core) with i = c * core, the scalar pulled out through linear ops."""

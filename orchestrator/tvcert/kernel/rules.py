@@ -26,6 +26,7 @@ from ..ops import REGISTRY
 from ..ops.collectives import axes_of
 from ..plan import Placement
 from ..shapes import affine_in_rank, parse, rank_axes_in
+from .broadcast import RULE as _BROADCAST_RULE, promote_broadcasts
 from .expr import RESHAPE_LIKE, ExprError, Exprs
 
 R = Placement("R")
@@ -98,6 +99,10 @@ RULES: dict[str, str] = {
                                "-sum(ls * one_hot(l)) (torchtitan's loss parallel)",
     "vocab_parallel_nll_backward": "(masked local one-hot of -1 at t' - rank*B + exp(ls)) * where(l != ignore, g, 0) "
                                    "is the rank's vocab block of log_softmax_backward(-one_hot(l) * g, ls)",
+    _BROADCAST_RULE: "a replicated operand broadcast along a dim (its value independent of the index there) is, on "
+                     "every rank, the block of its broadcast to the full size: Shard of the widened expression",
+    "reduction_normal_form": "mean over dims = sum over them / element count; a sum of a sum = one sum over the union "
+                             "of the dims; a scalar factor leaves a sum (NormaliseReductions.v)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
     "reduce_mean_sharded_dim": "averaging over the evenly sharded dim gives Partial(avg)",
     "reduce_max_sharded_dim": "max over the sharded dim gives Partial(max)",
@@ -270,6 +275,7 @@ def _combine(kc: KCtx, per_axis: list[tuple[Placement, str]], expr: int) -> Deri
 # ====================================================================== elementwise
 def _elementwise(kc, op, ra, raw, facts):
     X = kc.exprs
+    facts, promoted = promote_broadcasts(kc, facts) if len(facts) > 1 else (facts, [])  # kernel/broadcast.py
     shapes = [X[f.expr].shape for f in facts]
     n = max((len(s) for s in shapes), default=0)
     unary = len(facts) == 1
@@ -325,7 +331,9 @@ def _elementwise(kc, op, ra, raw, facts):
             if aj != ai and any(f.pl[aj].kind == "P" for f in facts):
                 raise RuleFailure(f"{op}: {change[1]} on axis {kc.axes[ai]!r} needs no Partial operand on other axes")
         expr = change[2]
-    return _combine(kc, per_axis, expr)
+    d = _combine(kc, per_axis, expr)
+    d.rules.extend(promoted)
+    return d
 
 
 def _ew_partial(kc, op, ra, facts, ai, a, pls, spec):

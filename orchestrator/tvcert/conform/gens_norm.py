@@ -1,0 +1,229 @@
+"""Generators for the rules of kernel/reductions.py and kernel/broadcast.py.
+
+* ``reduction_normal_form``: a float tensor reduced two ways -- ``mean`` over a dim set against nested means
+  in any order, ``sum / count``, sums of sums with or without ``keepdim``, scalar factors inside and outside,
+  broadcasts of broadcasts of a scalar -- and near misses that must not be proved: a count off by one, a sum
+  where a mean was meant, a mean divided by the count again (p against p^2), another dim set, keepdim
+  mixed.  Every pair the prover calls equal is evaluated (eqgen._check_pair).
+* ``replicate_broadcast_as_shard``: a pointwise op of a sharded operand (random mesh, nested shards, other
+  axes sharding other dims) and a replicated operand at the local size, built as a broadcast (expand of a
+  scalar or of a size-1 dim, constant fills, unit reshapes, pointwise ops of those) or as a near miss (a leaf,
+  an iota, a literal tensor, a reduction: not constant along the dim).  The kernel's conclusion is checked
+  on every rank: the op run on each rank's pieces, reassembled by the concluded placement, against the
+  concluded logical expression.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernel.expr import ExprError, Exprs
+from ..kernel.rules import Fact, KCtx, RuleFailure, derive, fmt_pl, local_shape
+from ..ops import REGISTRY, Ctx
+from ..plan import Placement
+from .core import Mismatch, Result, _close, distribute, eval_expr, rand_values, reassemble
+from .eqgen import _check_pair
+from .gens import Draw
+
+R = Placement("R")
+
+
+# ------------------------------------------------------------------ reduction_normal_form
+def _const(X, v):
+    return X.mk("const", {"value": v, "shape": (), "dtype": "float"}, [])
+
+
+def _nested(X, dr: Draw, x, dims, op, keepdim):
+    """``op`` over ``dims`` of x as a chain of single- or multi-dim reductions in a random order."""
+    dims = list(dims)
+    order = list(dr.rng.permutation(dims)) if dims else []
+    cur, removed = x, []
+    while order:
+        k = dr.int(1, len(order))
+        grp, order = order[:k], order[k:]
+        if keepdim:
+            at = tuple(int(d) for d in grp)
+        else:  # dims of the current (reduced) tensor
+            at = tuple(int(d) - sum(1 for r in removed if r < d) for d in grp)
+            removed += grp
+        cur = X.mk(op, {"dims": at, "keepdim": keepdim}, [cur])
+    return cur
+
+
+def _count(shape, dims):
+    n = 1
+    for d in dims:
+        n *= shape[d]
+    return n
+
+
+def gen_reduction(dr: Draw, seed: int):
+    X = Exprs()
+    shape = tuple(dr.int(1, 4) for _ in range(dr.int(1, 3)))
+    x = X.leaf("x", shape, "float")
+    if dr.coin(0.2):
+        x = X.mk(dr.pick(["tanh", "exp", "square"]), {}, [x])
+    rank = len(shape)
+    dims = sorted({dr.int(0, rank - 1) for _ in range(dr.int(1, rank))})
+    keep = dr.coin(0.3)
+    n = _count(shape, dims)
+    try:
+        kind = dr.pick(["mean_vs_sum", "mean_vs_means", "sum_vs_sums", "scalar_inside", "broadcast"])
+        if kind == "broadcast":
+            s = X.leaf("s", (), "float")
+            tgt = tuple(dr.int(1, 3) for _ in range(dr.int(1, 3)))
+            mid = X.mk("expand", {"shape": tgt[-1:]}, [s])
+            a = X.mk("expand", {"shape": tgt}, [X.mk("reshape", {"shape": (1,) * (len(tgt) - 1) + tgt[-1:]}, [mid])])
+            b = X.mk("expand", {"shape": tgt}, [s if dr.coin(0.8) else X.mk("neg", {}, [s])])
+        else:
+            if kind == "mean_vs_sum":
+                a = X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x])
+                b = X.mk("div", {}, [_nested(X, dr, x, dims, "sum", keep), _const(X, n)])
+            elif kind == "mean_vs_means":
+                a = X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x])
+                b = _nested(X, dr, x, dims, "mean", keep)
+            elif kind == "sum_vs_sums":
+                a = X.mk("sum", {"dims": tuple(dims), "keepdim": keep}, [x])
+                b = _nested(X, dr, x, dims, "sum", keep)
+            else:
+                c = dr.pick([2, 3, 0.5, -1])
+                a = X.mk("scale", {"value": c}, [X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x])])
+                b = X.mk("div", {}, [_nested(X, dr, X.mk("scale", {"value": c}, [x]), dims, "sum", keep), _const(X, n)])
+            u = dr.rng.random()
+            if u < 0.12:  # off-by-one count
+                b = X.mk("div", {}, [_nested(X, dr, x, dims, "sum", keep), _const(X, n + 1)])
+            elif u < 0.22:  # sum where a mean was meant
+                b = _nested(X, dr, x, dims, "sum", keep)
+                a = X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x])
+            elif u < 0.3:  # divided by the count twice
+                b = X.mk("div", {}, [X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x]), _const(X, n)])
+                a = X.mk("mean", {"dims": tuple(dims), "keepdim": keep}, [x])
+            elif u < 0.37 and rank >= 2:  # another dim set of the same size
+                other = [d for d in range(rank) if d not in dims] or [0]
+                b = X.mk("mean", {"dims": tuple(other), "keepdim": keep}, [x])
+            elif u < 0.42 and rank >= 2 and len(dims) >= 2:  # keepdim on one stage only
+                inner = X.mk("sum", {"dims": (dims[0],), "keepdim": True}, [x])
+                b = X.mk("sum", {"dims": tuple(dims[1:]), "keepdim": False}, [inner])
+                a = X.mk("sum", {"dims": tuple(dims), "keepdim": False}, [x])
+    except ExprError as exc:
+        return Result("skip", detail=str(exc)), ""
+    if dr.coin():
+        a, b = b, a
+    return _check_pair(X, a, b, seed), f"{X.show(a, 6)} vs {X.show(b, 6)}"
+
+
+# ------------------------------------------------------------------ replicate_broadcast_as_shard
+def _bcast(X: Exprs, dr: Draw, shape: tuple, j: int, depth: int = 2):
+    """A replicated expression of ``shape`` constant along j (or, 25%, a near miss that is not)."""
+    u = dr.rng.random()
+    if depth == 0 or u < 0.35:
+        src = list(shape)
+        src[j] = 1
+        if dr.coin(0.4):
+            z = X.mk("const", {"value": dr.pick([1, 2, -0.5]), "shape": (), "dtype": "float"}, [])
+        elif dr.coin(0.5):
+            z = X.leaf(f"z{len(X)}", tuple(src), "float")
+        else:
+            z = X.leaf(f"z{len(X)}", tuple(src[j + 1:]), "float")  # missing leading dims
+        return X.mk("expand", {"shape": shape}, [z])
+    if u < 0.45:
+        return X.mk("const", {"value": dr.pick([1, 3]), "shape": shape, "dtype": "float"}, [])
+    if u < 0.55:  # unit reshape of a widenable operand
+        inner = _bcast(X, dr, shape, j, depth - 1)
+        return X.mk("reshape", {"shape": shape}, [X.mk("reshape", {"shape": (1,) + shape}, [inner])])
+    if u < 0.8:
+        op = dr.pick(["div", "mul", "add", "sub"])
+        c = X.mk("const", {"value": dr.pick([2, 3, 12]), "shape": (), "dtype": "float"}, [])
+        return X.mk(op, {}, [_bcast(X, dr, shape, j, depth - 1), c])
+    miss = dr.pick(["leaf", "iota", "literal", "sum"])  # not constant along j
+    if miss == "leaf":
+        return X.leaf(f"m{len(X)}", shape, "float")
+    if miss == "iota":
+        io = X.mk("iota", {"size": shape[j], "dtype": "float"}, [])
+        unit = tuple(shape[j] if d == j else 1 for d in range(len(shape)))
+        return X.mk("expand", {"shape": shape}, [X.mk("reshape", {"shape": unit}, [io])])
+    if miss == "literal":
+        vals = np.arange(int(np.prod(shape)), dtype=float).reshape(shape).tolist()
+        return X.mk("const", {"value": vals, "shape": shape, "dtype": "float"}, [])
+    big = X.leaf(f"m{len(X)}", shape + (2,), "float")
+    return X.mk("sum", {"dims": (len(shape),), "keepdim": False}, [big])
+
+
+def gen_broadcast(dr: Draw, seed: int):
+    axes, sizes = dr.mesh(max_axes=3, max_ranks=16)
+    rank = dr.int(1, 3)
+    j = dr.int(0, rank - 1)
+    pl = [R] * len(axes)
+    on_j = [i for i in range(len(axes)) if dr.coin(0.6)] or [0]
+    for i in range(len(axes)):
+        if i in on_j:
+            pl[i] = Placement("S", j)
+        elif rank > 1 and dr.coin(0.3):
+            pl[i] = Placement("S", dr.pick([d for d in range(rank) if d != j]))
+    shape = [dr.int(1, 3) for _ in range(rank)]
+    for i, p in enumerate(pl):
+        if p.kind == "S":
+            shape[p.dim] *= sizes[axes[i]]
+    shape = tuple(shape)
+    X = Exprs()
+    kc = KCtx(X, tuple(axes), dict(sizes), dict(sizes))
+    x = X.leaf("x", shape, "float")
+    loc = local_shape(shape, kc.axes, pl, kc.sizes)
+    if loc is None:
+        return Result("skip", detail="not divisible"), ""
+    rshape = list(loc)
+    for i, p in enumerate(pl):  # other sharded dims: the replicated operand is broadcast (size 1) there
+        if p.kind == "S" and p.dim != j:
+            rshape[p.dim] = 1
+    lead = dr.coin(0.2)
+    try:
+        y = _bcast(X, dr, tuple(rshape), j)
+        if lead:  # one more leading dim on the replicated side: the output gets it too
+            y = X.mk("expand", {"shape": (2,) + tuple(rshape)}, [y])
+    except ExprError as exc:
+        return Result("skip", detail=str(exc)), ""
+    op = dr.pick(["mul", "add", "sub", "div", "maximum"])
+    facts = [Fact(x, tuple(pl)), Fact(y, tuple([R] * len(axes)))]
+    if dr.coin():
+        facts.reverse()
+    lin = [local_shape(X[f.expr].shape, kc.axes, f.pl, kc.sizes) for f in facts]
+    try:
+        out_local = REGISTRY[op].infer(lin, {})
+    except ValueError as exc:
+        return Result("skip", detail=str(exc)), ""
+    desc = f"{op}({', '.join(X.show(f.expr, 4) + ' ' + fmt_pl(axes, f.pl) for f in facts)}) mesh {sizes}"
+    try:
+        d = derive(kc, op, {}, {}, facts, out_local)
+    except RuleFailure as exc:
+        return Result("refused", detail=str(exc)), desc
+    try:
+        return _check_broadcast(X, kc, facts, op, d, seed), desc
+    except (ValueError, ZeroDivisionError, ArithmeticError) as exc:  # outside exact semantics (a zero divisor)
+        return Result("skip", list(d.rules), f"eval: {exc}"), desc
+
+
+def _check_broadcast(X, kc, facts, op, d, seed) -> Result:
+    rng = np.random.default_rng(seed)
+    ctx = Ctx(exact=True, seed=seed)
+    leaves = {i: rand_values(e.shape, e.dtype, rng, True) for i, e in enumerate(X.nodes) if e.op == "input"}
+    memo: dict = {}
+    locals_ = []
+    for f in facts:
+        v = eval_expr(X, f.expr, leaves, ctx, memo)
+        locals_.append(distribute(v, kc.axes, kc.sizes, f.pl, rng, True))
+    outs = {r: REGISTRY[op].eval([loc[r] for loc in locals_], {}, ctx)[0] for r in locals_[0]}
+    f = d.facts[0]
+    want = eval_expr(X, f.expr, leaves, ctx, memo)
+    try:
+        got = reassemble(outs, kc.axes, kc.sizes, f.pl, True, ctx)
+    except (Mismatch, ValueError) as exc:
+        return Result("DISAGREE", list(d.rules), f"{exc}; concluded {X.show(f.expr, 4)} as {fmt_pl(kc.axes, f.pl)}")
+    if not _close(np.asarray(got), np.asarray(want), True):
+        return Result("DISAGREE", list(d.rules), f"reassembled by {fmt_pl(kc.axes, f.pl)} differs from the concluded "
+                                                 f"{X.show(f.expr, 4)}")
+    return Result("ok", list(d.rules))
+
+
+NORM_GENERATORS = {
+    "reduction_normal_form": gen_reduction,
+    "replicate_broadcast_as_shard": gen_broadcast,
+}
