@@ -1164,12 +1164,20 @@ def _all_reduce(c, n, x, op, group):
 
 @reg("_c10d_functional.all_gather_into_tensor", "_c10d_functional_autograd.all_gather_into_tensor")
 def _all_gather(c, n, x, group_size, group):
-    return c.emit("all_gather", [c.ir(x)], {"axis": _axis(c, group), "dim": 0})
+    return _with_shape(c, n, c.emit("all_gather", [c.ir(x)], {"axis": _axis(c, group), "dim": 0}))
+
+
+def _with_shape(c, n, out: str) -> str:
+    """Record the traced shape of a collective's output for :func:`_shape_of` (its shape rule needs the group
+    size, which the converter does not know)."""
+    c.__dict__.setdefault("_ir_shapes", {})[out] = _shape(n.meta["val"])
+    return out
 
 
 @reg("_c10d_functional.reduce_scatter_tensor", "_c10d_functional_autograd.reduce_scatter_tensor")
 def _reduce_scatter(c, n, x, op, group_size, group):
-    return c.emit("reduce_scatter", [c.ir(x)], {"axis": _axis(c, group), "dim": 0, "reduce": _red(c, op)})
+    return _with_shape(c, n, c.emit("reduce_scatter", [c.ir(x)], {"axis": _axis(c, group), "dim": 0,
+                                                                 "reduce": _red(c, op)}))
 
 
 @reg("_c10d_functional.all_to_all_single", "_c10d_functional_autograd.all_to_all_single")
