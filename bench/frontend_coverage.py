@@ -60,6 +60,16 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("tp_attention_sdpa", {"bug": "not_causal"}, "REFUTED"),
     ("tp_attention_sdpa", {"attn": "manual", "bug": "not_causal"}, "REFUTED"),
     ("tp_attention_sdpa", {"bug": "local_scale"}, "REFUTED"),
+    # mean losses and DDP's averaged gradients (examples/torch/realcode/norm_ddp.py)
+    ("realcode.norm_ddp", {}, "VERIFIED"),
+    ("realcode.norm_ddp", {"loss": "sum_div"}, "VERIFIED"),
+    ("realcode.norm_ddp", {"loss": "means"}, "VERIFIED"),
+    ("realcode.norm_ddp", {"loss": "global"}, "VERIFIED"),
+    ("realcode.norm_ddp", {"dp": 4}, "VERIFIED"),
+    ("realcode.norm_ddp", {"bug": "sum_grads"}, "REFUTED"),
+    ("realcode.norm_ddp", {"bug": "avg_twice"}, "REFUTED"),
+    ("realcode.norm_ddp", {"bug": "off_by_one"}, "REFUTED"),
+    ("realcode.norm_ddp", {"loss": "global", "bug": "global_avg"}, "REFUTED"),
 ]
 
 

@@ -190,6 +190,9 @@ def case_table():
     add("stage_repeat", None, None)  # memoized stages: tests/test_generators.py, tests/test_certificate.py
     for rule in ("congruence", "scale_commutes_linear", "layout_commutes_pointwise", "elementwise_smt"):
         add(rule, None, None)
+    # equality step / a replicated operand built as a broadcast (not a leaf): tests/test_rules_norm_real.py
+    add("reduction_normal_form", None, None)
+    add("replicate_broadcast_as_shard", None, None)
     return c
 
 

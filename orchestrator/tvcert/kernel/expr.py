@@ -6,8 +6,9 @@ parallel side computed the same thing" an integer comparison.  Shapes are checke
 construction with the op's own shape inference, so an ill-formed expression cannot exist.
 
 Layout ops are canonicalized on construction (transpose -> permute; view / flatten / squeeze /
-unsqueeze -> reshape to the inferred shape): these are definitional equalities (the same
-function), not rewrites.
+unsqueeze -> reshape to the inferred shape; a constant's shape and dtype spelled out, an expand of a
+fill is the fill): these are
+definitional equalities (the same function), not rewrites.
 """
 from __future__ import annotations
 
@@ -155,8 +156,14 @@ class Exprs:
             if tuple(out_shape) == tuple(in_shapes[0]):
                 return args[0]
             attrs = {"shape": tuple(out_shape)}
+            src = self.nodes[args[0]]
+            v = src.attr_dict().get("value") if src.op == "const" else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool):  # a broadcast fill is a fill
+                op, attrs = "const", {**src.attr_dict(), "shape": tuple(out_shape)}
         if op == "permute" and tuple(attrs["dims"]) == tuple(range(len(in_shapes[0]))):
             return args[0]
+        if op == "const":  # shape and dtype spelled out: ``shape=None`` of a scalar is shape ``()``
+            attrs = {**attrs, "shape": tuple(out_shape), "dtype": attrs.get("dtype", "float")}
         if op == "cast" and in_shapes and attrs.get("dtype", "float") == self.nodes[args[0]].dtype:
             return args[0]  # cast to the same type is the identity
         return self._intern(Expr(op, canon_attrs(attrs), tuple(args), tuple(out_shape), out_dtype))
