@@ -567,6 +567,118 @@ def _sdpa_flash_cpu():
     return fwd, bwd, efwd, ebwd, ffwd, fbwd
 
 
+def _returned(result, params: Sequence[str]):
+    """(loss, None) for a loss to differentiate, or (loss, outputs) for outputs the program computed itself.
+
+    Returned as: a 0-d loss tensor (or a tuple whose first element is one); ``(loss, {param: grad})``, a loss
+    with its own gradients alongside (keys ``p`` or ``grad_p``, every parameter); or a dict
+    ``{name: tensor}`` of named outputs (``loss``, ``grad_<p>``, updated parameters, optimizer state)."""
+    import torch
+
+    def tensor(name, t):
+        if not isinstance(t, torch.Tensor):
+            raise TraceError(f"the traced function returns {type(t).__name__} as {name!r}, not a tensor", "input")
+        return t.detach()
+
+    if isinstance(result, Mapping):
+        if not result:
+            raise TraceError("the traced function returns an empty dict of outputs", "input")
+        return None, {str(k): tensor(str(k), v) for k, v in result.items()}
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], Mapping):
+        loss, gd = result
+        keys = {str(k).removeprefix("grad_") if str(k).removeprefix("grad_") in params else str(k) for k in gd}
+        if keys != set(params):
+            raise TraceError(f"the traced function returns (loss, gradients) with gradients of {sorted(keys)}, but "
+                             f"the parameters are {sorted(params)}", "input")
+        by = {(str(k).removeprefix("grad_") if str(k).removeprefix("grad_") in params else str(k)): v
+              for k, v in gd.items()}
+        _scalar(loss)
+        return loss, {"loss": tensor("loss", loss), **{f"grad_{p}": tensor(f"grad_{p}", by[p]) for p in params}}
+    loss = result[0] if isinstance(result, (tuple, list)) and result else result
+    _scalar(loss)
+    return loss, None
+
+
+def _scalar(loss) -> None:
+    import torch
+
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise TraceError("the traced function must return a scalar loss tensor, (loss, {param: gradient}) or a dict "
+                         "of named outputs", "input")
+
+
+def _gradients(loss, kw: Mapping[str, Any], params: Sequence[str], via_backward: bool) -> dict:
+    """``grad_<p>`` of every parameter.  A program that ran the backward itself (``loss.backward()``, the
+    gradients are in ``.grad``) is read as it is; hooks it registered on a parameter while it ran (Hugging Face's
+    ``replicated_with_grad_allreduce`` registers its all_reduce at the first forward) are fired by running
+    ``loss.backward()``, inside the trace; else ``torch.autograd.grad``."""
+    import torch
+
+    leaves = [kw[p] for p in params]
+    if not params:
+        return {}
+    ran = any(t.grad is not None for t in leaves)
+    if not ran:
+        if not loss.requires_grad:
+            raise TraceError("the traced function returns a loss that does not require grad and computed no "
+                             "gradients (no .grad is set): return (loss, {param: gradient}) or a dict of outputs "
+                             "for a program that computes its own gradients", "input")
+        hooked = [p for p, t in zip(params, leaves) if getattr(t, "_post_accumulate_grad_hooks", None)]
+        for p in hooked:  # a hook that cannot be traced is UNKNOWN naming the parameter, never a crash / REFUTED
+            hooks = kw[p]._post_accumulate_grad_hooks
+            for k, h in list(hooks.items()):
+                hooks[k] = _guarded_hook(h, p)
+        if via_backward or hooked:
+            loss.backward()
+        else:
+            gs = torch.autograd.grad(loss, leaves, allow_unused=True)
+            return {f"grad_{p}": torch.zeros_like(t) if g is None else g for p, t, g in zip(params, leaves, gs)}
+    return {f"grad_{p}": torch.zeros_like(t) if t.grad is None else t.grad for p, t in zip(params, leaves)}
+
+
+def _guarded_hook(h, param: str):
+    def hook(t):
+        try:
+            return h(t)
+        except TraceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the hook's own code
+            raise TraceError(f"the gradient hook {getattr(h, '__qualname__', h)!r} registered on parameter {param!r} "
+                             f"while the program ran cannot be traced ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:300]}): its gradient synchronisation is unknown",
+                             "unsupported", "grad hook") from None
+    return hook
+
+
+@contextlib.contextmanager
+def _traceable_collectives():
+    """``torch.distributed``'s classic collectives (``dist.all_reduce(t, group=g)``, what gradient hooks call)
+    traced as their functional form copied into the buffer: PyTorch's own remapping for tracing
+    (``_functional_collectives.traceable_collective_remaps``).  ``async_op=True`` keeps the classic call (which
+    the converter refuses: UNKNOWN); point-to-point ops are not remapped."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+    import torch.distributed.distributed_c10d as c10d
+
+    saved = []
+    for orig, new in getattr(fc, "traceable_collective_remaps", {}).items():
+        if orig.__name__ in ("isend", "irecv", "batch_isend_irecv"):
+            continue
+
+        def wrap(*a, _orig=orig, _new=new, **k):
+            return _orig(*a, **k) if k.get("async_op") else _new(*a, **k)
+
+        for mod in (dist, c10d):
+            if getattr(mod, orig.__name__, None) is orig:
+                saved.append((mod, orig.__name__, orig))
+                setattr(mod, orig.__name__, wrap)
+    try:
+        yield
+    finally:
+        for mod, name, orig in reversed(saved):
+            setattr(mod, name, orig)
+
+
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
                  grad_sync: Callable | None = None, sync_args: tuple = (), backward: bool = False):
     """make_fx the joint program: (loss, *grads of params).  The gradients come from ``torch.autograd.grad``;
@@ -590,30 +702,28 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
     names = [s.name for s in specs]
     params = [s.name for s in specs if s.param]
 
+    out_names: list[str] = []
+
     def joint(*flat):
         kw = {}
         for n, t, s in zip(names, flat, specs):
             kw[n] = t.detach().requires_grad_(True) if s.param else t
-        loss = fn(*pre_args, **kw)
-        if isinstance(loss, (tuple, list)):
-            loss = loss[0]
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TraceError("the traced function must return a scalar loss tensor", "input")
-        if not params:
-            grads = ()
-        elif via_backward:
-            # reentrant activation checkpointing refuses autograd.grad; .backward() on fresh leaves computes the
-            # same gradients (the leaves are created here: no hooks, no earlier .grad to accumulate into)
-            loss.backward()
-            grads = [kw[p].grad for p in params]
-        else:
-            grads = torch.autograd.grad(loss, [kw[p] for p in params], allow_unused=True)
-        gd = {}
-        for p, g in zip(params, grads):
-            gd[p] = torch.zeros_like(kw[p]) if g is None else g
-        if grad_sync is not None:
-            gd = dict(grad_sync(*sync_args, gd))
-        return (loss, *[gd[p] for p in params])
+        with _traceable_collectives():
+            result = fn(*pre_args, **kw)
+            loss, given = _returned(result, params)
+            if given is not None:  # the program's own outputs (its own gradients, an optimizer step): as they are
+                outs = given
+            else:
+                outs = {"loss": loss, **_gradients(loss, kw, params, via_backward)}
+                if grad_sync is not None:
+                    gd = dict(grad_sync(*sync_args, {p: outs[f"grad_{p}"] for p in params}))
+                    outs.update({f"grad_{p}": gd[p] for p in params})
+        clash = sorted(set(outs) & set(names))
+        if clash:
+            raise TraceError(f"output {clash[0]!r} has an input's name: name an updated parameter e.g. "
+                             f"'new.{clash[0]}'", "input")
+        out_names[:] = list(outs)
+        return tuple(outs.values())
 
     xs = _fake_inputs(specs, shapes)
     import logging
@@ -629,7 +739,7 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
                          decomposition_table=decompositions())(*xs)
     finally:
         log.setLevel(level)
-    return gm, params
+    return gm, list(out_names)
 
 
 def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) -> tuple[list[IRNode], list[Any]]:
@@ -764,7 +874,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     _progress_where = "logical model"
     _tick("tracing the logical model")
     try:
-        gm, params = _trace_joint(logical, specs, [s.shape for s in specs])
+        gm, out_names = _trace_joint(logical, specs, [s.shape for s in specs])
     except TraceError:
         raise
     except Exception as exc:
@@ -772,7 +882,6 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
                          "input", None, src) from exc
     lnodes, louts = _convert(gm, names)
-    out_names = ["loss"] + [f"grad_{p}" for p in params]
     lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
 
     # ---- parallel, per rank
@@ -791,7 +900,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             if parallel_setup is not None:
                 ctx.state = parallel_setup(ctx)
             try:
-                gm_r, _ = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),
+                gm_r, pout_names = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),
                                         backward=parallel_backward)
             except TraceError:
                 raise
@@ -802,6 +911,10 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                                  f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
                                  "crash", None, src) from exc
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
+        if sorted(pout_names) != sorted(out_names):
+            raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
+                             "input")
+        pouts = [pouts[pout_names.index(o)] for o in out_names]
         nodes_j, outs_j = _finish_outputs(pnodes, pouts, out_names, names)
         if pouts_ref is None:
             pouts_ref = outs_j
@@ -813,10 +926,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
 
     # ---- placements
     in_pl = {s.name: {"local": s.name, "placement": dict(s.placement)} for s in specs}
-    out_pl: dict[str, dict] = {"loss": {"local": pouts_ref[0], "placement": {}}}
-    by_name = {s.name: s for s in specs}
-    for p, local in zip(params, pouts_ref[1:]):
-        out_pl[f"grad_{p}"] = {"local": local, "placement": dict(by_name[p].placement)}
+    out_pl = {o: {"local": local, "placement": _output_placement(o, specs)} for o, local in zip(out_names, pouts_ref)}
     for k, v in (output_placements or {}).items():
         if k not in out_pl:
             raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
@@ -848,6 +958,19 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         except PlanError as exc:
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
     return plan
+
+
+def _output_placement(out: str, specs: Sequence[InputSpec]) -> dict:
+    """The default placement of an output: that of the input it is named after -- ``grad_<p>``, ``<p>`` (an
+    updated parameter) or ``<state>.<p>`` / ``<state>_<p>`` (optimizer state, e.g. ``exp_avg.<p>``), the longest
+    input name matching --, else Replicate (``loss``, anything else)."""
+    best = None
+    for s in specs:
+        n = s.name
+        if out == n or out.endswith("." + n) or out.endswith("_" + n):
+            if best is None or len(n) > len(best.name):
+                best = s
+    return dict(best.placement) if best is not None else {}
 
 
 def _finish_outputs(nodes: list[IRNode], outs: list[Any], out_names: list[str], input_names: list[str]):
