@@ -128,6 +128,52 @@ def test_conformance_replicate_broadcast_as_shard():
     assert st.hits > 50 and st.counts["refused"] > 20
 
 
+# ------------------------------------------------------------------ collectives
+def _coll(kc, op, attrs, fact, p):
+    X = kc.exprs
+    from tvcert.kernel.rules import local_shape
+    loc = local_shape(X[fact.expr].shape, kc.axes, fact.pl, kc.sizes)
+    ra = dict(attrs, _p=p)
+    return derive(kc, op, ra, attrs, [fact], REGISTRY_INFER(op, loc, ra))
+
+
+def REGISTRY_INFER(op, loc, ra):
+    from tvcert.ops import REGISTRY
+    return REGISTRY[op].infer([loc], ra)
+
+
+def test_reduce_scatter_of_replicate_is_p_times_shard():
+    X, kc = _kc({"tp": 4})
+    x = X.leaf("x", (8, 2), "float")
+    d = _coll(kc, "reduce_scatter", {"axis": "tp", "dim": 0, "reduce": "sum"}, Fact(x, (R,)), 4)
+    assert d.rules == ["reduce_scatter_replicate"] and d.facts[0].pl == (S0,)
+    pv = Prover(X)
+    assert pv.equal(d.facts[0].expr, X.mk("scale", {"value": 4}, [x]))
+    assert not pv.equal(d.facts[0].expr, x) and not pv.equal(d.facts[0].expr, X.mk("scale", {"value": 16}, [x]))
+    d = _coll(kc, "reduce_scatter", {"axis": "tp", "dim": 0, "reduce": "avg"}, Fact(x, (R,)), 4)
+    assert d.facts[0].expr == x
+
+
+def test_allreduce_avg_over_two_axes_of_partial_sums():
+    X, kc = _kc({"dp": 2, "cp": 3})
+    x = X.leaf("x", (2,), "float")
+    Ps = Placement("P", reduce="sum")
+    d = _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, Ps)), 6)
+    assert d.rules == ["allreduce_avg_partial_sum_axes"] and d.facts[0].pl == (R, R)
+    pv = Prover(X)
+    assert pv.equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 6)]))
+    assert not pv.equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 2)]))
+    with pytest.raises(RuleFailure):  # only one of the two axes is partial: not this rule's premise
+        _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, R)), 6)
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes"])
+def test_conformance_collectives(rule):
+    st = run_rule(rule, 300)
+    assert st.bad == 0, st.failures
+    assert st.hits > 50 and st.counts["refused"] > 20
+
+
 # ------------------------------------------------------------------ real code
 CASES = [  # (module, kwargs, expected)
     ("norm_ddp", {}, "VERIFIED"),

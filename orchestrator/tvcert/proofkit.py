@@ -106,6 +106,8 @@ RULES: dict[str, str] = {
     # reductions spelled differently, broadcasts read as shards (kernel/reductions.py, kernel/broadcast.py)
     "reduction_normal_form": f"{_T}.NormaliseReductions.reduction_normal_form",
     "replicate_broadcast_as_shard": f"{_T}.NormaliseReductions.replicate_broadcast_as_shard",
+    "reduce_scatter_replicate": f"{_T}.CollectivesReal.reduce_scatter_replicate",
+    "allreduce_avg_partial_sum_axes": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_axes",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
     "reduce_max_sharded_dim": f"{_T}.Reductions.reduce_max_sharded_dim",
     "reduce_other_dim": f"{_T}.Reductions.reduce_other_dim",

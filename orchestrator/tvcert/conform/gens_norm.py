@@ -20,7 +20,7 @@ from ..kernel.expr import ExprError, Exprs
 from ..kernel.rules import Fact, KCtx, RuleFailure, derive, fmt_pl, local_shape
 from ..ops import REGISTRY, Ctx
 from ..plan import Placement
-from .core import Mismatch, Result, _close, distribute, eval_expr, rand_values, reassemble
+from .core import Mismatch, OpCase, Result, TIn, _close, distribute, eval_expr, rand_values, reassemble, safe_run
 from .eqgen import _check_pair
 from .gens import Draw
 
@@ -223,7 +223,66 @@ def _check_broadcast(X, kc, facts, op, d, seed) -> Result:
     return Result("ok", list(d.rules))
 
 
+# ------------------------------------------------------------------ collectives (kernel/rules.py, CollectivesReal.v)
+def gen_rs_replicate(dr: Draw, seed: int):
+    """reduce_scatter of a tensor replicated on its axis; other axes R, S (other dims, or the same dim on an
+    outer axis), and near misses: Partial elsewhere, the dim sharded on an inner axis, max."""
+    axes, sizes = dr.mesh(max_axes=3, max_ranks=16)
+    ai = dr.int(0, len(axes) - 1)
+    rank = dr.int(1, 3)
+    d = dr.int(0, rank - 1)
+    pl = []
+    for j in range(len(axes)):
+        u = dr.rng.random()
+        if j == ai:
+            pl.append(R if dr.coin(0.9) else Placement("P", reduce="sum"))
+        elif u < 0.5:
+            pl.append(R)
+        elif u < 0.75 and rank > 1:
+            pl.append(Placement("S", dr.pick([k for k in range(rank) if k != d])))
+        elif u < 0.9:
+            pl.append(Placement("S", d))  # nested when outer; refused when inner
+        else:
+            pl.append(Placement("P", reduce=dr.pick(["sum", "avg"])))
+    shape = [dr.int(1, 2) for _ in range(rank)]
+    for j, q in enumerate(pl):
+        if q.kind == "S":
+            shape[q.dim] *= sizes[axes[j]]
+    shape[d] *= sizes[axes[ai]] * dr.pick([1, 1, 2])
+    red = dr.pick(["sum", "sum", "avg", "max"])
+    attrs = {"axis": axes[ai], "dim": d - rank if dr.coin(0.3) else d, "reduce": red}
+    case = OpCase("reduce_scatter", attrs, [TIn(tuple(shape), tuple(pl))], tuple(axes), dict(sizes))
+    return safe_run(case, seed), case.describe()
+
+
+def gen_ar_avg_axes(dr: Draw, seed: int):
+    """all_reduce(avg) over two or three axes of Partial(sum) on each; near misses: one of them P(avg) or R,
+    Partial on an axis outside the group, sum instead of avg."""
+    axes, sizes = dr.mesh(max_axes=3, min_axes=2, max_ranks=24)
+    k = dr.int(2, len(axes))
+    group = sorted(int(v) for v in dr.rng.permutation(len(axes))[:k])
+    pl = []
+    for j in range(len(axes)):
+        if j in group:
+            u = dr.rng.random()
+            pl.append(Placement("P", reduce="sum") if u < 0.85 else R if u < 0.93 else Placement("P", reduce="avg"))
+        else:
+            pl.append(dr.pick([R, R, Placement("S", 0), Placement("P", reduce="sum")]))
+    shape = [dr.int(1, 3), dr.int(1, 3)]
+    for j, q in enumerate(pl):
+        if q.kind == "S":
+            shape[0] *= sizes[axes[j]]
+    names = [axes[j] for j in group]
+    if dr.coin(0.3):
+        names.reverse()  # the op flattens in mesh order whatever the list order
+    red = "avg" if dr.coin(0.9) else "sum"
+    case = OpCase("all_reduce", {"axis": names, "reduce": red}, [TIn(tuple(shape), tuple(pl))], tuple(axes), dict(sizes))
+    return safe_run(case, seed), case.describe()
+
+
 NORM_GENERATORS = {
     "reduction_normal_form": gen_reduction,
     "replicate_broadcast_as_shard": gen_broadcast,
+    "reduce_scatter_replicate": gen_rs_replicate,
+    "allreduce_avg_partial_sum_axes": gen_ar_avg_axes,
 }

@@ -75,6 +75,8 @@ RULES: dict[str, str] = {
     "allreduce_nested_axes": "an all_reduce over several axes equals all_reduces over each in turn",
     "allgather_shard": "all_gather along d of Shard(d) is Replicate",
     "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
+    "reduce_scatter_replicate": "reduce_scatter(sum) along d of Replicate E is Shard(d) of p*E (avg: of E)",
+    "allreduce_avg_partial_sum_axes": "all_reduce(avg) over several axes of Partial(sum) on each is Replicate E / prod(p)",
     "all_to_all_reshard": "all_to_all(split a, concat b) turns Shard(b) into Shard(a)",
     "broadcast_replicate": "broadcasting a replicated tensor leaves it replicated",
     "send_recv_preserves": "a received tensor equals the sent one, with its placement",
@@ -986,6 +988,16 @@ def _collective(kc, op, ra, raw, facts):
                 c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
                 return Derivation([Fact(kc.exprs.mk("mul", {}, [f.expr, c]), tuple(pl))], ["allreduce_sum_replicate"])
             return Derivation([Fact(f.expr, tuple(pl))], [f"allreduce_{r}_replicate"])
+        if r == "avg" and len(idx) > 1 and all(pl[i] == P("sum") for i in idx):
+            # mean over the flattened group of partial sums on every axis of it: E / prod(p) (CollectivesReal.v)
+            if any(q.kind == "P" for j, q in enumerate(pl) if j not in idx):
+                raise RuleFailure("all_reduce(avg) over several axes of Partial(sum) with Partial on another axis: no rule")
+            n = 1
+            for i in idx:
+                pl[i] = R
+                n *= kc.sizes[kc.axes[i]]
+            c = kc.exprs.mk("const", {"value": n, "shape": (), "dtype": "float"}, [])
+            return Derivation([Fact(kc.exprs.mk("div", {}, [f.expr, c]), tuple(pl))], ["allreduce_avg_partial_sum_axes"])
         if r == "avg" and len(idx) == 1 and pl[idx[0]] == P("sum"):
             # mean over ranks of partial sums: (1/p) * E, the expression changes
             if any(q.kind == "P" for j, q in enumerate(pl) if j != idx[0]):
@@ -1016,6 +1028,20 @@ def _collective(kc, op, ra, raw, facts):
     elif op == "reduce_scatter":
         i = idx[0]
         d = ra["dim"] % len(shape)
+        if pl[i] == R and ra["reduce"] in ("sum", "avg"):
+            # every rank of the group holds E: rank r keeps block r of p*E (sum) or of E (avg) (CollectivesReal.v)
+            if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):
+                raise RuleFailure(f"reduce_scatter over {axes[0]!r}: dim {d} is already sharded on an inner axis")
+            if any(q.kind == "P" for q in pl):
+                raise RuleFailure(f"reduce_scatter of a replicated tensor with Partial on another axis: no rule")
+            if shape[d] % (kc.sizes[axes[0]] * shard_factor(kc.axes, pl, d, kc.sizes)):
+                raise RuleFailure(f"reduce_scatter: dim {d} of size {shape[d]} does not split evenly")
+            pl[i] = S(d)
+            e = f.expr
+            if ra["reduce"] == "sum":
+                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
+                e = kc.exprs.mk("mul", {}, [f.expr, c])
+            return Derivation([Fact(e, tuple(pl))], ["reduce_scatter_replicate"])
         if ra["reduce"] != "sum" or pl[i] != P("sum"):
             raise RuleFailure(f"reduce_scatter({ra['reduce']}) over {axes[0]!r} needs sum of Partial(sum), got {pl[i]}")
         if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):

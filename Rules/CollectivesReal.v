@@ -1,0 +1,39 @@
+(** * Collectives real code runs on replicated tensors and over several mesh axes.
+
+    [reduce_scatter_replicate]: reduce_scatter (sum) of a tensor every rank
+    holds alike gives rank [r] block [r] of [p * E]: Shard of [p * E] (the
+    average gives Shard of [E]).  [allreduce_avg_partial_sum_axes]: an
+    all_reduce(avg) over the flattened group of two axes (rank [k] is
+    [(k / pb, k mod pb)], mesh order) of a tensor Partial(sum) over both gives
+    [E / (pa * pb)] on every rank; more axes nest (the first axes' group is
+    again one axis). *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics NormaliseReductions.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory.
+Local Open Scope ring_scope.
+
+Theorem reduce_scatter_replicate {I : Type} {R : numFieldType} (p b : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  (forall r k x, (r < p)%N -> L r k x = E k x) ->
+  shard p b (fun k x => p%:R * E k x) (reduce_scatter p b L) /\
+  ((0 < p)%N -> shard p b E (fun r i x => (p%:R)^-1 * reduce_scatter p b L r i x)).
+Proof.
+move=> h; have sum_p : forall r i x, reduce_scatter p b L r i x = p%:R * E (r * b + i)%N x.
+  move=> r i x; rewrite /reduce_scatter (eq_big_nat _ _ (fun s sp => h s _ x (andP sp).2)).
+  by rewrite sumr_const_nat subn0 mulr_natl.
+split=> [r i x _ _|p0 r i x _ _]; rewrite sum_p //.
+by rewrite mulrA mulVf ?mul1r // Num.Theory.pnatr_eq0 -lt0n.
+Qed.
+
+Theorem allreduce_avg_partial_sum_axes {I : Type} {R : fieldType} (pa pb : nat)
+  (E : I -> R) (L : nat -> nat -> I -> R) :
+  (forall x, \sum_(0 <= r < pa) \sum_(0 <= s < pb) L r s x = E x) ->
+  forall x : I, (((pa * pb)%N%:R)^-1 * (\sum_(0 <= k < pa * pb) L (k %/ pb)%N (k %% pb)%N x) =
+            ((pa * pb)%N%:R)^-1 * E x)%R.
+Proof.
+move=> h x; congr (_ * _); rewrite -h.
+by have [_ [_ [sp _]]] := reduction_normal_form; rewrite (proj1 (sp R pa pb (fun r s => L r s x))).
+Qed.
