@@ -37,3 +37,16 @@ Proof.
 move=> h x; congr (_ * _); rewrite -h.
 by have [_ [_ [sp _]]] := reduction_normal_form; rewrite (proj1 (sp R pa pb (fun r s => L r s x))).
 Qed.
+
+(** A Partial(sum) of [E] is a Partial(avg) of [E / p], and back: the local
+    losses of ranks that divide by the global count (a Partial(sum) of the
+    mean) read as the Partial(avg) a user declares, with the factor [p]
+    checked, never assumed (kernel/partial_read.py). *)
+Theorem partial_sum_as_avg {I : Type} {R : numFieldType} (p : nat)
+  (E : I -> R) (L : nat -> I -> R) :
+  (0 < p)%N -> (partial_sum p E L <-> partial_avg p (fun x => (p%:R)^-1 * E x) L).
+Proof.
+move=> p0; have pn : (p%:R)^-1 != 0 :> R by rewrite invr_eq0 Num.Theory.pnatr_eq0 -lt0n.
+split=> h x; first by rewrite h.
+by apply: (mulfI pn); exact: h x.
+Qed.

@@ -70,6 +70,12 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_ddp", {"bug": "avg_twice"}, "REFUTED"),
     ("realcode.norm_ddp", {"bug": "off_by_one"}, "REFUTED"),
     ("realcode.norm_ddp", {"loss": "global", "bug": "global_avg"}, "REFUTED"),
+    # token-count normalisation across dp (examples/torch/realcode/norm_tokens.py)
+    ("realcode.norm_tokens", {}, "VERIFIED"),
+    ("realcode.norm_tokens", {"dp": 4}, "VERIFIED"),
+    ("realcode.norm_tokens", {"bug": "local_count"}, "REFUTED"),
+    ("realcode.norm_tokens", {"bug": "avg_grads"}, "REFUTED"),
+    ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
 ]
 
 

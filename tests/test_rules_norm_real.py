@@ -185,12 +185,16 @@ CASES = [  # (module, kwargs, expected)
     ("norm_ddp", {"bug": "off_by_one"}, "REFUTED"),
     ("norm_ddp", {"loss": "global", "bug": "global_avg"}, "REFUTED"),
     ("norm_ddp", {"loss": "means", "dp": 4, "bug": "avg_twice"}, "REFUTED"),
+    ("norm_ddp", {"loss": "sum_div"}, "VERIFIED"),  # Partial(sum) of sum/n_local read as Partial(avg)
+    ("norm_tokens", {}, "VERIFIED"),
+    ("norm_tokens", {"dp": 4}, "VERIFIED"),
+    ("norm_tokens", {"bug": "local_count"}, "REFUTED"),
+    ("norm_tokens", {"bug": "avg_grads"}, "REFUTED"),
+    ("norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
 ]
 
 
-@pytest.mark.parametrize("mod,kw,want", CASES, ids=[f"{m}-{k}" for m, k, _ in CASES])
-def test_realcode(mod, kw, want):
-    from tvcert.engine.verify import verify
+def _plan(mod, kw):
     from tvcert.frontends.trace import trace_plan
     from tvcert.plan import load_plan
 
@@ -199,7 +203,50 @@ def test_realcode(mod, kw, want):
         spec = importlib.import_module(mod).tvcert_trace(**kw)
     finally:
         sys.path.pop(0)
-    res = verify(load_plan(trace_plan(**spec)))
+    return load_plan(trace_plan(**spec))
+
+
+@pytest.mark.parametrize("mod,kw,want", CASES, ids=[f"{m}-{k}" for m, k, _ in CASES])
+def test_realcode(mod, kw, want):
+    from tvcert.engine.verify import verify
+
+    res = verify(_plan(mod, kw))
     assert res.verdict == want, res.reasons[:3]
     if want == "REFUTED":
         assert res.counterexample, "REFUTED must come with an interpreter-confirmed counterexample"
+
+
+def test_partial_read_in_a_certificate():
+    """The Partial(sum) -> Partial(avg) re-reading is cited and replayed by the certificate checker; declaring a
+    wrong Partial kind elsewhere (Replicate) is still refused."""
+    import json
+
+    from tvcert.certificate.check import check_certificate
+    from tvcert.certificate.emit import build_certificate, dump_certificate
+    from tvcert.certificate.format import Certificate
+    from tvcert.engine.verify import verify
+
+    res = verify(_plan("norm_ddp", {"loss": "sum_div"}), refute=False)
+    assert res.verdict == "VERIFIED" and "partial_sum_as_avg" in res.prover.used
+    cert = json.loads(dump_certificate(build_certificate(res)))
+    assert "partial_sum_as_avg" in cert["manifest"]["rules"]
+    assert check_certificate(Certificate.model_validate(cert)).outputs == 3
+
+
+def test_partial_read_factor_is_exact():
+    from tvcert.kernel.partial_read import read_as
+
+    X = Exprs()
+    x = X.leaf("x", (2,), "float")
+    Ps, Pa = Placement("P", reduce="sum"), Placement("P", reduce="avg")
+    e = read_as(X, ("dp", "tp"), {"dp": 2, "tp": 3}, x, (Ps, Ps), (Pa, Pa))
+    pv = Prover(X)
+    assert pv.equal(e, X.mk("div", {}, [x, _c(X, 6)])) and not pv.equal(e, X.mk("div", {}, [x, _c(X, 2)]))
+    assert read_as(X, ("dp",), {"dp": 2}, x, (Ps,), (R,)) is None
+    assert read_as(X, ("dp",), {"dp": 2}, x, (Ps,), (Placement("P", reduce="max"),)) is None
+
+
+def test_conformance_partial_read():
+    st = run_rule("partial_sum_as_avg", 300)
+    assert st.bad == 0, st.failures
+    assert st.hits > 50 and st.counts["refused"] > 10

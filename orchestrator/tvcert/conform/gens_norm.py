@@ -280,7 +280,48 @@ def gen_ar_avg_axes(dr: Draw, seed: int):
     return safe_run(case, seed), case.describe()
 
 
+# ------------------------------------------------------------------ partial_sum_as_avg (output matching)
+def gen_partial_read(dr: Draw, seed: int):
+    """A fact under random placements re-read with some Partial(sum) axes as Partial(avg) and back (and near
+    misses: Partial(max), Replicate or Shard against Partial): the ranks' pieces, reassembled by the declared
+    placements, must be the re-read expression."""
+    from ..kernel.partial_read import RULE, read_as
+
+    axes, sizes = dr.mesh(max_axes=3, max_ranks=16)
+    kinds = [Placement("P", reduce="sum"), Placement("P", reduce="avg"), R, Placement("S", 0)]
+    pl = [dr.pick(kinds) for _ in axes]
+    want = []
+    for q in pl:
+        if q.kind == "P" and dr.coin(0.6):
+            want.append(Placement("P", reduce="avg" if q.reduce == "sum" else "sum"))
+        elif dr.coin(0.1):
+            want.append(dr.pick([Placement("P", reduce="max"), R, Placement("P", reduce="sum")]))
+        else:
+            want.append(q)
+    shape = [dr.int(1, 3), dr.int(1, 2)]
+    for a, q in zip(axes, pl):
+        if q.kind == "S":
+            shape[0] *= sizes[a]
+    X = Exprs()
+    x = X.leaf("x", tuple(shape), "float")
+    desc = f"{fmt_pl(axes, pl)} read as {fmt_pl(axes, want)}"
+    e = read_as(X, axes, sizes, x, pl, want)
+    if e is None:
+        return Result("refused", detail="not a sum/avg re-reading"), desc
+    rng = np.random.default_rng(seed)
+    ctx = Ctx(exact=True, seed=seed)
+    v = rand_values(tuple(shape), "float", rng, True)
+    try:
+        got = reassemble(distribute(v, axes, sizes, pl, rng, True), axes, sizes, want, True, ctx)
+    except Mismatch as exc:
+        return Result("DISAGREE", [RULE], str(exc)), desc
+    if not _close(np.asarray(got), np.asarray(eval_expr(X, e, {x: v}, ctx)), True):
+        return Result("DISAGREE", [RULE], f"re-read as {X.show(e, 4)}, but the pieces reassemble differently"), desc
+    return Result("ok", [RULE] if e != x else []), desc
+
+
 NORM_GENERATORS = {
+    "partial_sum_as_avg": gen_partial_read,
     "reduction_normal_form": gen_reduction,
     "replicate_broadcast_as_shard": gen_broadcast,
     "reduce_scatter_replicate": gen_rs_replicate,

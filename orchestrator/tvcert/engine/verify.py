@@ -18,6 +18,7 @@ from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, run_plan, t
 from ..kernel.equality import Prover
 from ..ops.base import TablesNeeded
 from ..kernel.expr import Exprs
+from ..kernel.partial_read import RULE as PARTIAL_READ, read_as
 from ..kernel.rules import fmt_pl
 from ..kernel.setup import logical_exprs, output_targets
 from ..kernel.smt import is_region_op, solve_z3
@@ -129,13 +130,17 @@ def _match(plan, prop: Propagation, prover: Prover, exprs: Exprs, name: str, tar
     m = OutputMatch(name, False, local=b.local, program=b.program)
     if f is None:
         m.problem = f"local tensor {b.local!r} has no fact (an op before it has no applicable rule)"
-    elif f.pl != target.pl:
+        return m
+    e = read_as(exprs, axes, plan.mesh(), f.expr, f.pl, target.pl)  # Partial(sum) E as Partial(avg) E/p (kernel/partial_read.py)
+    if e is None:
         m.problem = (f"{b.local!r} holds {exprs.show(f.expr)} as {fmt_pl(axes, f.pl)}, but the plan reads it back as "
                      f"{fmt_pl(axes, target.pl)}")
-    elif not prover.equal(f.expr, target.expr):
-        m.problem = (f"{b.local!r} holds {exprs.show(f.expr)}, which is not proved equal to the logical "
-                     f"{exprs.show(target.expr)}")
+    elif not prover.equal(e, target.expr):
+        m.problem = (f"{b.local!r} holds {exprs.show(e)}{'' if e == f.expr else ' (read as ' + fmt_pl(axes, target.pl) + ')'}"
+                     f", which is not proved equal to the logical {exprs.show(target.expr)}")
     else:
+        if e != f.expr:
+            prover.used.add(PARTIAL_READ)
         m.ok = True
     return m
 
