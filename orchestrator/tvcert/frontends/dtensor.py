@@ -33,6 +33,44 @@ def _pl_text(p) -> str:
     raise TraceError(f"placement {p!r} is not Replicate / Shard / Partial", "unsupported")
 
 
+def param_placements(p, order) -> dict[str, str]:
+    """Per mesh axis placement text of a DTensor parameter, for a plan whose mesh nests ``order`` (outermost first).
+
+    Several axes sharding one dim split it in nested blocks: DTensor nests them in its mesh's dim order, except
+    that ``_StridedShard(d, sf)`` (FSDP's shard of a dim TP already shards) is split *inside* the plain shards of
+    d, whose sizes multiply to ``sf``.  Either is the plan's ``Shard(d)`` on each axis only when the plan nests
+    the axes the same way; otherwise TraceError (the blocks would be other blocks)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    names, sizes = list(p.device_mesh.mesh_dim_names), list(p.device_mesh.mesh.shape)
+    out: dict[str, str] = {}
+    plain: dict[int, list[str]] = {}
+    for a, pl in zip(names, p.placements):
+        if isinstance(pl, _StridedShard):
+            continue
+        out[a] = _pl_text(pl)
+        if isinstance(pl, Shard):
+            plain.setdefault(pl.dim, []).append(a)
+    for d, axs in plain.items():
+        if [a for a in order if a in axs] != axs:
+            raise TraceError(f"parameter sharded on dim {d} by mesh axes {axs} in that order, but the plan nests "
+                             f"{[a for a in order if a in axs]}", "unsupported", "DTensor placement")
+    for a, pl in zip(names, p.placements):
+        if not isinstance(pl, _StridedShard):
+            continue
+        outer = plain.get(pl.dim, [])
+        sf = 1
+        for b in outer:
+            sf *= sizes[names.index(b)]
+        if sf != pl.split_factor or any(order.index(b) > order.index(a) for b in outer) or a not in order:
+            raise TraceError(f"placement {pl!r} on mesh axis {a!r} splits inside axes {outer} (sizes multiplying to "
+                             f"{sf}), which the plan's mesh order {list(order)} does not nest outside it",
+                             "unsupported", "DTensor placement")
+        out[a] = f"Shard({pl.dim})"
+    return out
+
+
 def check_hidden_grad_sync(model) -> None:
     """Refuse (UNKNOWN) what the trace cannot see: gradient synchronisation in hooks.
 
@@ -98,7 +136,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
     for n in pnames + bnames:
         p = params0.get(n)
         if isinstance(p, DTensor):
-            placements[n] = {a: _pl_text(pl) for a, pl in zip(p.device_mesh.mesh_dim_names, p.placements)}
+            placements[n] = param_placements(p, axes)
         else:
             placements[n] = {}
     dnames = list(data)
@@ -123,7 +161,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         res = parallelize(model, ctx.device_mesh)
         model = res if res is not None else model
         check_hidden_grad_sync(model)
-        pls = {n: (p.placements if isinstance(p, DTensor) else None)
+        pls = {n: ((p.device_mesh, p.placements) if isinstance(p, DTensor) else None)  # a submesh's (SimpleFSDP + TP)
                for n, p in [*model.named_parameters(), *model.named_buffers()]}
         return model, pls
 
@@ -132,7 +170,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         params = {}
         for n in pnames + bnames:
             t = kw_[_safe(n)]
-            params[n] = DTensor.from_local(t, ctx.device_mesh, pls[n], run_check=False) if pls[n] is not None else t
+            params[n] = DTensor.from_local(t, *pls[n], run_check=False) if pls[n] is not None else t
         out = torch.func.functional_call(model, params, (kw_[dnames[0]],))
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})
         if isinstance(loss, DTensor):
