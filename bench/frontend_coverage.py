@@ -76,6 +76,18 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_tokens", {"bug": "local_count"}, "REFUTED"),
     ("realcode.norm_tokens", {"bug": "avg_grads"}, "REFUTED"),
     ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
+    # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
+    ("ddp_mlp", {}, "VERIFIED"),
+    ("ddp_mlp", {"sharded": True}, "VERIFIED"),
+    ("ddp_mlp", {"bug": "loss_div_world"}, "REFUTED"),
+    ("ddp_mlp", {"bug": "sum_loss"}, "REFUTED"),
+    ("ddp_mlp", {"bug": "same_shard"}, "REFUTED"),
+    ("fsdp_mlp", {}, "VERIFIED"),
+    ("fsdp_mlp", {"mode": "hybrid_shard"}, "VERIFIED"),
+    ("fsdp_mlp", {"mode": "fsdp_tp"}, "VERIFIED"),
+    ("fsdp_mlp", {"bug": "local_mean"}, "REFUTED"),
+    ("fsdp_mlp", {"mode": "hybrid_shard", "bug": "local_mean"}, "REFUTED"),
+    ("fsdp_mlp", {"mode": "fsdp_tp", "bug": "local_mean"}, "REFUTED"),
 ]
 
 
