@@ -115,7 +115,7 @@ RULES: dict[str, str] = {
     "softmax_other_dim": f"{_T}.Reductions.softmax_other_dim",
     # layout
     "permute_shard": f"{_T}.Layout.permute_shard",
-    "reshape_shard_block": f"{_T}.Layout.reshape_shard_block",
+    "reshape_shard_block": f"{_T}.LayoutReal.reshape_shard_rowmajor",
     "slice_other_dim": f"{_T}.Layout.slice_other_dim",
     "slice_block_to_shard": f"{_T}.Layout.slice_block_to_shard",
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
@@ -169,6 +169,9 @@ THEOREMS: dict[str, str] = {
     "partial_add_replicate_scaled": f"{_T}.Partial.partial_add_replicate_scaled",
     "partial_add_replicate_one_rank": f"{_T}.Partial.partial_add_replicate_one_rank",
     "reshape_transpose_swap_differs": f"{_T}.Layout.reshape_transpose_swap_differs",
+    "reshape_split_merge_leading": f"{_T}.Layout.reshape_shard_block",
+    "reshape_shard_nested": f"{_T}.LayoutReal.reshape_shard_nested",
+    "reshape_shard_interleaved_differs": f"{_T}.LayoutReal.reshape_shard_interleaved_differs",
     "vocab_parallel_cross_entropy": f"{_T}.Composite.vocab_parallel_cross_entropy",
     "online_softmax_merge": f"{_T}.Composite.online_softmax_merge",
     "online_softmax_fold": f"{_T}.Ring.online_softmax_fold",

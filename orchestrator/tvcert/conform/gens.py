@@ -1004,6 +1004,11 @@ def _rankify(gen: Callable[[Draw], OpCase], p: float = 0.08) -> Callable[[Draw],
     return g
 
 
+from .gens_layout import LAYOUT_GENERATORS  # noqa: E402  (layout rules real code needs; they import Draw, fit)
+
+for _k, _g in LAYOUT_GENERATORS.items():
+    SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
+
 SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}
 SINGLE_OP["replicate_any"] = _rankify(SINGLE_OP["replicate_any"], 0.3)
 

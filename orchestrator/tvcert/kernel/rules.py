@@ -113,7 +113,8 @@ RULES: dict[str, str] = {
     "softmax_other_dim": "softmax / log-softmax along an unsharded dim keeps the shard",
     "rowwise_shard": "an op computed independently for each index of a dim commutes with sharding that dim",
     "permute_shard": "permuting dims moves Shard(d) to Shard(perm^-1(d))",
-    "reshape_shard_block": "a reshape keeps Shard when the sharded dim leads its reshape group and the group's leading output dim is divisible",
+    "reshape_shard_block": "a reshape keeps Shard when, on logical shapes, the sharded dim heads its row-major reshape group "
+                           "(size-1 dims ahead add nothing) and the shard goes to the group's leading output dim",
     "slice_other_dim": "slicing an unsharded dim keeps the shard",
     "slice_block_to_shard": "rank r slicing block r of a replicated tensor yields Shard",
     "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
@@ -804,7 +805,14 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None)
     A candidate assignment scales those output dims back by their shard factors; on the
     logical shapes, each sharded dim must head its reshape group (after size-1 dims) and its
     output dim must head the same group's outputs, so shards are the same contiguous blocks
-    on both sides.  Exactly one assignment may qualify.
+    on both sides (LayoutReal.reshape_shard_rowmajor).  Everything is read on logical shapes.
+
+    Several assignments can qualify only when size-1 local dims precede the target in its
+    group: local [.., 1, HD] from a shard holding one head is logical [.., p, HD] Shard on the
+    heads, or [.., 1, p*HD] Shard on the last dim.  Each is a true fact (the theorem holds for
+    every qualifying one), so the choice decides completeness, never soundness: the written
+    logical target when the attrs give one (``intended``), else the earliest output dims (a
+    size-1 local dim heading the group is the rank's 1/p of it: one head, one sample, one row).
     """
     import itertools
 
@@ -822,15 +830,17 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None)
         ok = True
         for d, e in zip(ds, es):
             ga, gb = next(((ga, gb) for ga, gb in groups if d in ga), ([], []))
-            lead_in = [x for x in ga if logical_in[x] != 1]
-            lead_out = [y for y in gb if cand[y] != 1]
+            lead_in = [x for x in ga if logical_in[x] != 1 or x == d]  # size-1 dims ahead add nothing (flat_unit)
+            lead_out = [y for y in gb if cand[y] != 1 or y == e]
             if not (lead_in and lead_in[0] == d and lead_out and lead_out[0] == e):
                 ok = False
                 break
         if ok:
             found.append((dict(zip(ds, es)), cand))
-    if len(found) > 1 and intended is not None:
+    if len(found) > 1 and intended is not None and any(x[1] == list(intended) for x in found):
         found = [x for x in found if x[1] == list(intended)]
+    if found:
+        found = [min(found, key=lambda x: tuple(x[0][d] for d in ds))]
     if len(found) != 1:
         raise RuleFailure(f"reshape of a tensor sharded on dims {ds}: a sharded dim does not lead its reshape group "
                           f"with the group's leading output dim keeping the shard, so shards are not contiguous blocks "

@@ -1,0 +1,122 @@
+"""Layout rules real code needs (issue 15 §2): reshapes of a sharded tensor decided on logical shapes.
+
+Every kernel conclusion here is also run on every rank by the conformance harness (``run_case``: the ranks'
+local results reassembled under the concluded placement must equal the concluded logical expression).
+Positive cases: a shard holding one head / one KV head / one sample (tp = head count, micro-batch 1 per
+rank), the reverse merges, size-1 dims around the shard, nested shards over two axes, a Partial on another
+axis.  Negative: a shard that does not head its reshape group (ranks would interleave) is refused; a kernel
+that skipped that side condition is caught by the generators.  Whole programs: examples/torch/realcode.
+"""
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import numpy as np
+import pytest
+
+from tvcert.conform.core import OpCase, P, R, S, TIn, conclude, run_case
+from tvcert.conform.gens import Draw
+from tvcert.conform.gens_layout import LAYOUT_GENERATORS
+from tvcert.kernel import rules
+from tvcert.kernel.rules import RuleFailure
+
+
+def _case(shape, pl, target, sizes, op="reshape"):
+    attrs = {"shape": list(target)} if op in ("reshape", "view") else target
+    return OpCase(op, attrs, [TIn(tuple(shape), tuple(pl))], tuple(sizes), dict(sizes))
+
+
+POSITIVE = [  # (logical shape, placement, local target as traced code writes it, mesh, logical result, placement)
+    ("one head per rank (tp = NH)", [2, 4, 8], [S(2)], [2, 4, 1, 2], {"tp": 4}, (2, 4, 4, 2), (S(2),)),
+    ("heads merged back", [2, 4, 4, 2], [S(2)], [2, 4, 2], {"tp": 4}, (2, 4, 8), (S(2),)),
+    ("one KV head per rank (tp = NKV)", [2, 4, 4], [S(2)], [2, 4, 1, 2], {"tp": 2}, (2, 4, 2, 2), (S(2),)),
+    ("two heads per rank", [2, 4, 8], [S(2)], [2, 4, 2, 2], {"tp": 2}, (2, 4, 4, 2), (S(2),)),
+    ("repeat_kv merge of one KV head", [2, 2, 3, 4, 2], [S(1)], [2, 3, 4, 2], {"tp": 2}, (2, 6, 4, 2), (S(1),)),
+    ("micro-batch 1 per rank, flattened", [4, 3, 5], [S(0)], [3, 5], {"dp": 4}, (12, 5), (S(0),)),
+    ("micro-batch 1 per rank, unflattened", [12, 5], [S(0)], [1, 3, 5], {"dp": 4}, (4, 3, 5), (S(0),)),
+    ("one row per rank", [3, 5], [S(0)], [5], {"tp": 3}, (15,), (S(0),)),
+    ("unit dim dropped ahead of the shard", [2, 1, 8], [S(2)], [2, 4], {"tp": 2}, (2, 8), (S(1),)),
+    ("unit dims after the shard", [2, 8], [S(1)], [2, 4, 1], {"tp": 2}, (2, 8, 1), (S(1),)),
+    ("size-1 mesh axis on a size-1 dim", [1, 6], [S(0), R], [6, 1], {"tp": 1, "dp": 2}, (6, 1), (S(0), R)),
+    ("nested shards over two axes", [2, 12], [S(1), S(1)], [2, 1, 2], {"dp": 2, "tp": 3}, (2, 6, 2), (S(1), S(1))),
+    ("other dim sharded on another axis", [4, 6, 2], [S(0), S(1)], [2, 6], {"dp": 2, "tp": 2}, (4, 12),
+     (S(0), S(1))),
+    ("Partial on another axis", [2, 8], [P("sum"), S(1)], [2, 1, 2], {"dp": 3, "tp": 4}, (2, 4, 2), (P("sum"), S(1))),
+    ("odd sizes", [3, 15], [S(1)], [3, 1, 3], {"tp": 5}, (3, 5, 3), (S(1),)),
+]
+
+
+@pytest.mark.parametrize("name,shape,pl,target,sizes,want_shape,want_pl", POSITIVE, ids=[c[0] for c in POSITIVE])
+def test_reshape_on_logical_shapes(name, shape, pl, target, sizes, want_shape, want_pl):
+    case = _case(shape, pl, target, sizes)
+    X, _, _, _, d = conclude(case)
+    assert not isinstance(d, RuleFailure), d
+    (f,) = d.facts
+    assert X[f.expr].shape == want_shape and f.pl == want_pl
+    assert "reshape_shard_block" in d.rules
+    for seed in range(3):
+        res = run_case(case, seed)
+        assert res.status == "ok", res.detail
+
+
+def test_written_target_wins_over_the_default():
+    """A symbolic target (plan.json) says which reading is meant: [2, 4, 1, 8] Shard(3), not the head split."""
+    case = _case([2, 4, 8], [S(2)], [2, 4, 1, "8/tp"], {"tp": 4})
+    X, _, _, _, d = conclude(case)
+    assert X[d.facts[0].expr].shape == (2, 4, 1, 8) and d.facts[0].pl == (S(3),)
+    assert run_case(case, 0).status == "ok"
+    un = _case([2, 4, 8], [S(2)], {"dim": 2}, {"tp": 4}, op="unsqueeze")  # unsqueeze: its own logical shape
+    X, _, _, _, d = conclude(un)
+    assert X[d.facts[0].expr].shape == (2, 4, 1, 8) and d.facts[0].pl == (S(3),)
+
+
+def test_squeeze_of_a_one_head_shard_merges():
+    case = _case([2, 4, 4, 2], [S(2)], {"dims": [2]}, {"tp": 4}, op="squeeze")
+    X, _, _, _, d = conclude(case)
+    assert X[d.facts[0].expr].shape == (2, 4, 8) and d.facts[0].pl == (S(2),)
+    assert run_case(case, 1).status == "ok"
+
+
+NEGATIVE = [  # the shard does not head its group: rank r's elements are not one block of the result
+    ("sequence shard merged behind the batch", [2, 8], [S(1)], [8], {"tp": 2}),
+    ("head-dim shard merged behind the heads", [4, 6], [S(1)], [8], {"tp": 3}),
+    ("shard behind a non-unit dim in a split-merge", [2, 4, 6], [S(2)], [2, 12], {"tp": 2}),
+    ("nested: inner axis shards a trailing dim of the group", [4, 6], [S(0), S(1)], [6], {"dp": 2, "tp": 2}),
+]
+
+
+@pytest.mark.parametrize("name,shape,pl,target,sizes", NEGATIVE, ids=[c[0] for c in NEGATIVE])
+def test_reshape_that_interleaves_ranks_is_refused(name, shape, pl, target, sizes):
+    res = run_case(_case(shape, pl, target, sizes), 0)
+    assert res.status == "refused" and "does not lead its reshape group" in res.detail
+
+
+def _no_lead_check(logical_in, local_out, facs, intended=None):
+    """A broken kernel: any output dim that restores the element count carries the shard."""
+    ds = sorted(facs)
+    for es in itertools.product(range(len(local_out)), repeat=len(ds)):
+        cand = list(local_out)
+        for d, e in zip(ds, es):
+            cand[e] *= facs[d]
+        if len(set(es)) == len(es) and rules._prod(cand) == rules._prod(logical_in):
+            return dict(zip(ds, es))
+    raise RuleFailure("no candidate")
+
+
+def _draw(n):
+    gen = LAYOUT_GENERATORS["reshape_shard_block"]
+    for i in range(n):
+        yield gen(Draw(np.random.default_rng([i, zlib.crc32(b"layout_real")])))
+
+
+def test_generators_hold_and_catch_a_missing_side_condition(monkeypatch):
+    counts = {"ok": 0, "refused": 0}
+    for i, case in enumerate(_draw(400)):
+        res = run_case(case, i)
+        assert res.status in ("ok", "refused", "skip"), (case.describe(), res.detail)
+        counts[res.status] = counts.get(res.status, 0) + 1
+    assert counts["ok"] > 200 and counts["refused"] > 10
+    monkeypatch.setattr(rules, "_reshape_targets", _no_lead_check)
+    bad = sum(run_case(case, i).status == "DISAGREE" for i, case in enumerate(_draw(400)))
+    assert bad > 10
