@@ -1,0 +1,143 @@
+(** * tvcert IR, stage 2: plans on a mesh of several axes (trusted definitions).
+
+    Built on the one-axis definitions of [Denote.v] ([placed], [local_shape],
+    [op_val], [run]).  The mesh is a list of axis sizes, axis 0 outermost; a rank
+    is a coordinate list [c] (one entry per axis); a placement is one
+    [placement] per axis.  Placements nest as in [torch.distributed.tensor]: the
+    logical tensor is placed on axis 0, each of the pieces so obtained is placed
+    on axis 1, and so on; two [Shard]s of one dim nest, the first axis outermost.
+
+    A collective runs over one axis [k]: its group is the ranks whose
+    coordinates differ only at [k].  The logical graph is stage 1's ([run] on one
+    rank). *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import IR.Syntax IR.Denote.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Import JSyntax JDenote.
+
+Module JMesh.
+
+(** ** Syntax *)
+Inductive coll :=
+| CAllReduce (r : reduce_op)   (* all_reduce(r) *)
+| CAllGather (d : nat)         (* all_gather_into_tensor along dim d, in rank order *)
+| CReduceScatter (d : nat).    (* reduce_scatter_tensor(sum) along dim d: rank r keeps block r *)
+
+Inductive pnode :=
+| PLocal (o : op) (args : seq nat)       (* [o] on every rank (the checker refuses AllReduce / AllGather here) *)
+| PColl (c : coll) (k : nat) (a : nat).  (* collective [c] over mesh axis [k] of node [a] *)
+
+Record mplan := MPlan {
+  mesh : seq nat;                           (* axis sizes, axis 0 outermost *)
+  ml_inputs : seq (seq nat);                (* shapes of the logical inputs *)
+  ml_nodes : seq node;                      (* the single-device graph *)
+  mp_inputs : seq (nat * seq placement);    (* local input j: piece of logical input (fst), one placement per axis *)
+  mp_nodes : seq pnode;                     (* the SPMD program every rank runs *)
+  mp_outputs : seq (nat * nat * seq placement)  (* (logical id, parallel id, placements) *)
+}.
+
+(** Local shape of a tensor of shape [s] under one placement per axis. *)
+Fixpoint mlocal_shape (ms : seq nat) (s : shape) (pls : seq placement) : shape :=
+  match ms, pls with
+  | p :: ms', pl :: pls' => mlocal_shape ms' (local_shape p s pl) pls'
+  | _, _ => s
+  end.
+
+Definition coll_shape (p : nat) (cl : coll) (s : shape) : shape :=
+  match cl with
+  | CAllReduce _ => s
+  | CAllGather d => set_nth 0%N s d (nth 0%N s d * p)
+  | CReduceScatter d => set_nth 0%N s d (nth 0%N s d %/ p)
+  end.
+
+Local Open Scope ring_scope.
+
+Section Values.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+
+Definition coord := seq nat.
+Definition mfamily := coord -> tensor R.   (* the tensor held by each rank *)
+
+(** ** Nested placements: [T] of shape [s] is held by the ranks' tensors [L]. *)
+Fixpoint mplaced (ms : seq nat) (s : shape) (pls : seq placement) (T : tensor R) (L : mfamily) : Prop :=
+  match ms, pls with
+  | [::], [::] => forall i, inb s i -> L [::] i = T i
+  | p :: ms', pl :: pls' =>
+      exists M : family R, placed p s pl T M /\
+        forall r, (r < p)%N -> mplaced ms' (local_shape p s pl) pls' (M r) (fun c => L (r :: c))
+  | _, _ => False
+  end.
+
+(** A collective over axis [k] on operands of local shape [s]: rank [c] combines the
+    tensors of the ranks [set_nth 0 c k r], [r < p]. *)
+Definition coll_step (ms : seq nat) (cl : coll) (k : nat) (s : shape) (f : mfamily) : mfamily :=
+  let p := nth 0%N ms k in
+  let g r (c : coord) := f (set_nth 0%N c k r) in
+  fun c => mask (coll_shape p cl s)
+  (match cl with
+   | CAllReduce RSum => fun i => sumR p (fun r => g r c i)
+   | CAllReduce RAvg => fun i => p%:R^-1 * sumR p (fun r => g r c i)
+   | CAllReduce RMax => fun i => foldr (fun r m => Num.max (g r c i) m) (g 0%N c i) (iota 0 p)
+   | CAllGather d =>      (* block r of dim d comes from rank r *)
+       let m := nth 0%N s d in
+       fun i => g (nth 0%N i d %/ m)%N c (set_nth 0%N i d (nth 0%N i d %% m)%N)
+   | CReduceScatter d =>  (* rank c keeps block (nth 0 c k) of dim d of the sum *)
+       let m := (nth 0%N s d %/ p)%N in
+       fun i => sumR p (fun r => g r c (shift d (nth 0%N c k * m) i))
+   end).
+
+Definition mentry := (shape * mfamily)%type.
+Definition mdflt : mentry := ([::], fun _ => zero_t R).
+
+Definition mrun_node (ms : seq nat) (env : seq mentry) (n : pnode) : mentry :=
+  match n with
+  | PLocal o args =>
+      let a := map (nth mdflt env) args in
+      (op_shape 1 o (map fst a), fun c => op_val fn o (map fst a) (map (fun e => e.2 c) a))
+  | PColl cl k x =>
+      let e := nth mdflt env x in
+      (coll_shape (nth 0%N ms k) cl e.1, coll_step ms cl k e.1 e.2)
+  end.
+
+Fixpoint mrun (ms : seq nat) (env : seq mentry) (ns : seq pnode) : seq mentry :=
+  match ns with
+  | [::] => env
+  | n :: ns' => mrun ms (rcons env (mrun_node ms env n)) ns'
+  end.
+
+(** ** The plan's meaning *)
+Definition ml_init (P : mplan) (X : seq (tensor R)) : seq (entry R) :=
+  mkseq (fun j => let s := nth [::] (ml_inputs P) j in
+                  (s, fun _ => mask s (nth (zero_t R) X j))) (size (ml_inputs P)).
+
+Definition mp_init (P : mplan) (L : seq mfamily) : seq mentry :=
+  mkseq (fun j => let b := nth (0%N, [::]) (mp_inputs P) j in
+                  let s := mlocal_shape (mesh P) (nth [::] (ml_inputs P) b.1) b.2 in
+                  (s, fun c => mask s (nth (fun _ => zero_t R) L j c))) (size (mp_inputs P)).
+
+(** For all logical inputs [X] and all local inputs [L] placed as declared, every
+    declared output of the parallel program has the local shape of its logical
+    output under its placements and holds it under them. *)
+Definition mequiv_at (P : mplan) : Prop :=
+  forall (X : seq (tensor R)) (L : seq mfamily),
+  (forall j, (j < size (mp_inputs P))%N ->
+     let b := nth (0%N, [::]) (mp_inputs P) j in
+     mplaced (mesh P) (nth [::] (ml_inputs P) b.1) b.2 (nth (zero_t R) X b.1) (nth (fun _ => zero_t R) L j)) ->
+  let le := run fn 1 (ml_init P X) (ml_nodes P) in
+  let pe := mrun (mesh P) (mp_init P L) (mp_nodes P) in
+  forall lo po pls, List.In (lo, po, pls) (mp_outputs P) ->
+    (nth mdflt pe po).1 = mlocal_shape (mesh P) (nth (dflt R) le lo).1 pls /\
+    mplaced (mesh P) (nth (dflt R) le lo).1 pls ((nth (dflt R) le lo).2 0%N) (nth mdflt pe po).2.
+
+End Values.
+
+(** The parallel plan computes the logical graph: over every real field and every
+    interpretation of the pointwise functions. *)
+Definition mplan_equiv (P : mplan) : Prop :=
+  forall (R : realFieldType) (fn : nat -> R -> R), mequiv_at fn P.
+
+End JMesh.

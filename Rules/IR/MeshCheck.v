@@ -1,0 +1,115 @@
+(** * tvcert IR, stage 2: the checker for plans on several mesh axes.
+
+    As in [Check.v], the certificate gives one fact per parallel node, now
+    [(l, pls)]: "the node holds, on every rank, the piece of logical node [l]
+    under the placements [pls], one per axis".
+    - A local op is checked on every axis: [Check.rule] must accept the axis-[k]
+      placements of its operands and of the result, the shapes being the local
+      shapes after axes [0 .. k-1] ([mrule]).
+    - A collective over axis [k] changes the placement at [k] only
+      (all_reduce(r): Partial(r) -> Replicate; all_gather(d): Shard(d) ->
+      Replicate; reduce_scatter(d): Partial(sum) -> Shard(d)), and only when every
+      axis after [k] is Replicate or a Shard of another dim ([inner_ok]): a
+      Partial or a Shard of dim [d] inside [k] does not commute with it. *)
+From mathcomp Require Import all_ssreflect.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.Mesh.
+Import JSyntax JDenote JCheck JSoundOps JMesh.
+
+Module JMeshCheck.
+
+Definition mfact := (nat * seq placement)%type.
+Definition dmfact : mfact := (0, [::]).
+
+Fixpoint pls_eqb (a b : seq placement) : bool :=
+  match a, b with
+  | [::], [::] => true
+  | x :: a', y :: b' => placement_eqb x y && pls_eqb a' b'
+  | _, _ => false
+  end.
+
+(** Every axis's placement is well formed on the shape it applies to. *)
+Fixpoint mpl_ok (ms : seq nat) (s : shape) (pls : seq placement) : bool :=
+  match ms, pls with
+  | [::], [::] => true
+  | p :: ms', pl :: pls' => pl_ok p s pl && mpl_ok ms' (local_shape p s pl) pls'
+  | _, _ => false
+  end.
+
+(** [Check.rule] on every axis, with the operands' shapes local to the outer axes. *)
+Fixpoint mrule (ms : seq nat) (o : op) (ss : seq shape) (plss : seq (seq placement))
+    (pls : seq placement) : bool :=
+  match ms, pls with
+  | [::], [::] => true
+  | p :: ms', pl :: pls' =>
+      let hs := map (head Replicate) plss in
+      rule o ss hs pl &&
+      mrule ms' o (map (fun x => local_shape p x.1 x.2) (zip ss hs)) (map behead plss) pls'
+  | _, _ => false
+  end.
+
+Definition coll_in (cl : coll) : placement :=
+  match cl with CAllReduce r => Partial r | CAllGather d => Shard d | CReduceScatter _ => Partial RSum end.
+Definition coll_out (cl : coll) : placement :=
+  match cl with CReduceScatter d => Shard d | _ => Replicate end.
+
+(** Placements allowed on the axes inside the collective's axis. *)
+Definition inner_ok (cl : coll) (pl : placement) : bool :=
+  match pl, cl with
+  | Replicate, _ => true
+  | Shard _, CAllReduce _ => true
+  | Shard e, CAllGather d | Shard e, CReduceScatter d => e != d
+  | Partial _, _ => false
+  end.
+
+Definition coll_ok (ms : seq nat) (s : shape) (cl : coll) (k : nat) (pls pls' : seq placement) : bool :=
+  (k < size ms) && (size pls == size ms) &&
+  placement_eqb (nth Replicate pls k) (coll_in cl) &&
+  all (inner_ok cl) (drop k.+1 pls) &&
+  pls_eqb pls' (set_nth Replicate pls k (coll_out cl)) &&
+  mpl_ok ms s pls && mpl_ok ms s pls'.
+
+Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _ _ a => [:: a] end.
+
+Section Checker.
+Variable P : mplan.
+Let ms := mesh P.
+Let ni := size (ml_inputs P).
+Let ls := run_s 1 (ml_inputs P) (ml_nodes P).
+
+Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
+  let: (l, pls) := f in
+  match n, af with
+  | PColl cl k _, [:: (l1, pls1)] => (l == l1) && (l < size ls) && coll_ok ms (nth [::] ls l) cl k pls1 pls
+  | PColl _ _ _, _ => false
+  | PLocal o _, _ =>
+      let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
+      is_local o && (ni <= l) && (l < size ls) && op_eqb (n_op ln) o &&
+      (n_args ln == map fst af) && all (fun a => a < l) (n_args ln) &&
+      mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls &&
+      mpl_ok ms (nth [::] ls l) pls
+  end.
+
+Fixpoint mcheck_nodes (facts : seq mfact) (ns : seq pnode) (c : seq mfact) : bool :=
+  match ns, c with
+  | [::], [::] => true
+  | n :: ns', f :: c' =>
+      all (fun a => a < size facts) (pargs n) &&
+      mderive n (map (nth dmfact facts) (pargs n)) f &&
+      mcheck_nodes (rcons facts f) ns' c'
+  | _, _ => false
+  end.
+
+Definition mcheck_output (facts : seq mfact) (o : nat * nat * seq placement) : bool :=
+  let: (lo, po, pls) := o in
+  (lo < size ls) && (po < size facts) &&
+  ((nth dmfact facts po).1 == lo) && pls_eqb (nth dmfact facts po).2 pls.
+
+Definition mcheck (c : seq mfact) : bool :=
+  all (fun p => 0 < p) ms &&
+  all (fun b => (b.1 < ni) && mpl_ok ms (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) &&
+  mcheck_nodes (mp_inputs P) (mp_nodes P) c &&
+  all (mcheck_output (mp_inputs P ++ c)) (mp_outputs P).
+
+End Checker.
+
+End JMeshCheck.

@@ -1,0 +1,662 @@
+(** * Soundness of the mesh checker: [mcheck P c = true -> mplan_equiv P]. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From Coq Require Import FunctionalExtensionality.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.Sound IR.Mesh IR.MeshCheck.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Import JSyntax JDenote JCheck JLists JSoundOps JSound JMesh JMeshCheck.
+
+Module JMeshSound.
+Local Open Scope ring_scope.
+
+Lemma fin_choice (X : Type) (x0 : X) (Q : nat -> X -> Prop) n :
+  (forall r, (r < n)%N -> exists x, Q r x) -> exists F : nat -> X, forall r, (r < n)%N -> Q r (F r).
+Proof.
+elim: n => [|n IH] H; first by exists (fun _ => x0).
+have [F HF] : exists F : nat -> X, forall r, (r < n)%N -> Q r (F r).
+  by apply: IH => r rn; apply: H; rewrite ltnS ltnW.
+have [x Hx] := H n (ltnSn n).
+exists (fun r => if r == n then x else F r) => r; rewrite ltnS leq_eqVlt.
+by case: eqP => [-> //|_] /= rn; apply: HF.
+Qed.
+
+Lemma pls_eqbP a b : pls_eqb a b -> a = b.
+Proof. by elim: a b => [|x a IH] [|y b] //= /andP [/placement_eqbP -> /IH ->]. Qed.
+
+Section Gen.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+Local Notation tensor := (tensor R).
+Local Notation family := (family R).
+Local Notation mfamily := (mfamily R).
+Local Notation zero_t := (zero_t R).
+Local Notation op_val := (op_val fn).
+Local Notation mplaced := (@mplaced R).
+
+Lemma placed_ext p s pl (T T' : tensor) (M : family) :
+  (forall i, inb s i -> T i = T' i) -> placed p s pl T M -> placed p s pl T' M.
+Proof.
+move=> E; case: pl => [|d|[]] /=.
+- by move=> H r i rp ii; rewrite H // E.
+- move=> [ds dv H]; split=> // r i rp ii; rewrite H // E //; exact: (@inb_shift p).
+- by move=> H i ii; rewrite H // E.
+- by move=> H i ii; rewrite H // E.
+- by move=> H i ii; rewrite -E //; exact: H.
+Qed.
+
+Lemma mplaced_ext ms s pls (T T' : tensor) (L : mfamily) :
+  (forall i, inb s i -> T i = T' i) -> mplaced ms s pls T L -> mplaced ms s pls T' L.
+Proof.
+case: ms pls => [|p ms] [|pl pls] //= E.
+- by move=> H i ii; rewrite H // E.
+- by case=> M [H1 H2]; exists M; split=> //; exact: placed_ext H1.
+Qed.
+
+Lemma mplaced_Lext ms s pls (T : tensor) (L L' : mfamily) :
+  (forall c i, inb (mlocal_shape ms s pls) i -> L c i = L' c i) ->
+  mplaced ms s pls T L -> mplaced ms s pls T L'.
+Proof.
+elim: ms s pls T L L' => [|p ms IH] s [|pl pls] T L L' E //=.
+- by move=> H i ii; rewrite -E ?H.
+- case=> M [H1 H2]; exists M; split=> // r rp.
+  by apply: (IH _ _ _ (fun c => L (r :: c))) => [c i ii|]; [apply: E | apply: H2].
+Qed.
+
+(** What the invariant knows about an operand under nested placements. *)
+Definition marg_ok ms (s : shape) pls (T : tensor) (ps : shape) (L : mfamily) : Prop :=
+  [/\ mplaced ms s pls T L, ps = mlocal_shape ms s pls, mpl_ok ms s pls, zmask s T & forall c, zmask ps (L c)].
+
+Lemma zmask_mask s (T : tensor) : zmask s T -> mask s T = T.
+Proof.
+move=> z; apply: functional_extensionality => i; rewrite /mask.
+by case: ifP => // /negbT /z ->.
+Qed.
+
+(** The head axis's witness can be taken 0 outside the local shape. *)
+Lemma mplaced_cons p ms s pl pls (T : tensor) (L : mfamily) :
+  zmask s T -> pl_ok p s pl -> mplaced (p :: ms) s (pl :: pls) T L ->
+  exists M : family, [/\ placed p s pl T M, forall r, zmask (local_shape p s pl) (M r) &
+    forall r, (r < p)%N -> mplaced ms (local_shape p s pl) pls (M r) (fun c => L (r :: c))].
+Proof.
+move=> zT ok [M [H1 H2]]; exists (fun r => mask (local_shape p s pl) (M r)); split.
+- by rewrite -(zmask_mask zT); apply: placed_mask.
+- by move=> r i /negbTE ni; rewrite /mask ni.
+- by move=> r rp; apply: mplaced_ext (H2 r rp) => i ii; rewrite /mask ii.
+Qed.
+
+Lemma mrule_sound ms o ss plss pls Ts pss Ls :
+  is_local o -> all (fun p => 0 < p)%N ms ->
+  size ss = size plss -> size Ts = size plss -> size pss = size plss -> size Ls = size plss ->
+  (forall k, (k < size plss)%N ->
+     marg_ok ms (nth [::] ss k) (nth [::] plss k) (nth zero_t Ts k) (nth [::] pss k)
+             (nth (fun _ => zero_t) Ls k)) ->
+  mrule ms o ss plss pls -> mpl_ok ms (op_shape 1%N o ss) pls ->
+  op_shape 1%N o pss = mlocal_shape ms (op_shape 1%N o ss) pls /\
+  mplaced ms (op_shape 1%N o ss) pls (op_val o ss Ts) (fun c => op_val o pss (map (fun L => L c) Ls)).
+Proof.
+move=> loc.
+elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 hss hTs hps hLs A.
+- move=> _ _.
+  have ep : pss = ss.
+    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
+    rewrite hps => kp; have [H e _ _ _] := A k kp.
+    by move: H e; case: (nth [::] plss k) => //= _ ->.
+  have eT : map (fun L => L [::]) Ls = Ts.
+    apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
+    rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
+    have [H e _ mT mL] := A k kp; move: H e mL; case: (nth [::] plss k) => //= H e mL.
+    apply: functional_extensionality => i; case si: (inb (nth [::] ss k) i); first exact: H.
+    by rewrite mT ?si // (mL [::]) ?e ?si.
+  by split; [rewrite ep | move=> i ii; rewrite ep eT].
+- case/andP: p0 => p0 p0s; case/andP => ru mr; case/andP => okpl okr.
+  set n := size plss.
+  pose Q := fun k (M : family) =>
+      let s := nth [::] ss k in let a := head Replicate (nth [::] plss k) in
+      [/\ nth [::] plss k = a :: behead (nth [::] plss k), placed p s a (nth zero_t Ts k) M,
+          forall r, zmask (local_shape p s a) (M r) &
+          forall r, (r < p)%N -> mplaced ms (local_shape p s a) (behead (nth [::] plss k)) (M r)
+                                  (fun c => nth (fun _ => zero_t) Ls k (r :: c))].
+  have [F HF] : exists F : nat -> family, forall k, (k < n)%N -> Q k (F k).
+    apply: (@fin_choice family (fun _ => zero_t) Q) => k kn; rewrite /Q /=.
+    have [H e ok zT zL] := A k kn.
+    move: H e ok; case: (nth [::] plss k) => //= a rest H e /andP [oka okr'].
+    by have [M [? ? ?]] := mplaced_cons zT oka H; exists M; split.
+  set hs := map (head Replicate) plss.
+  set ss' := map (fun x => local_shape p x.1 x.2) (zip ss hs).
+  set Gs := mkseq F n.
+  have szhs : size hs = n by rewrite size_map.
+  have szss' : size ss' = n by rewrite size_map size_zip hss szhs minnn.
+  have nss' : forall k, (k < n)%N -> nth [::] ss' k = local_shape p (nth [::] ss k) (nth Replicate hs k).
+    move=> k kn; rewrite (nth_map ([::], Replicate)) ?size_zip ?hss ?szhs ?minnn //.
+    by rewrite nth_zip ?hss ?szhs.
+  have nhs : forall k, (k < n)%N -> nth Replicate hs k = head Replicate (nth [::] plss k).
+    by move=> k kn; rewrite (nth_map [::]).
+  have Aarg : forall k, (k < size hs)%N ->
+      arg_ok p (nth [::] ss k) (nth Replicate hs k) (nth zero_t Ts k) (nth [::] ss' k)
+             (nth (fun _ => zero_t) Gs k).
+    move=> k; rewrite szhs => kn; have /= [e1 e2 e3 e4] := HF k kn.
+    have [_ _ /= ok zT _] := A k kn; move: ok; rewrite e1 /= => /andP [oka _].
+    by rewrite /Gs nth_mkseq // nss' // nhs //; split.
+  have z1 : size ss = size hs by rewrite szhs.
+  have z2 : size Ts = size hs by rewrite szhs.
+  have z3 : size ss' = size hs by rewrite szhs.
+  have z4 : size Gs = size hs by rewrite size_mkseq szhs.
+  have [sh1 pl1] := @rule_sound R fn p o ss hs pl Ts ss' Gs loc z1 z2 z3 z4 Aarg ru okpl.
+  have IHr : forall r, (r < p)%N ->
+      op_shape 1%N o pss = mlocal_shape ms (op_shape 1%N o ss') pls /\
+      mplaced ms (op_shape 1%N o ss') pls (op_val o ss' (map (fun G => G r) Gs))
+        (fun c => op_val o pss (map (fun L => L c) (map (fun L c => L (r :: c)) Ls))).
+    move=> r rp; apply: (IH ss' (map behead plss) pls (map (fun G => G r) Gs) pss (map (fun L c => L (r :: c)) Ls)) => //; rewrite ?size_map ?size_iota ?size_mkseq ?size_zip ?hss ?szhs ?minnn ?hTs ?hps ?hLs //; last by rewrite sh1.
+    move=> k kn.
+    have /= [e1 e2 e3 e4] := HF k kn; have [_ eps /= ok _ zL] := A k kn.
+    move: ok eps; rewrite e1 /= => /andP [_ okr'] eps.
+    rewrite (nth_map [::]) // (nth_map (fun _ => zero_t)) ?size_mkseq // nth_mkseq //.
+    rewrite (nth_map (fun _ => zero_t)) ?hLs // nss' // nhs //.
+    by split; [exact: e4 | by [] | by [] | exact: e3 | move=> c; apply: zL].
+  have [r0 r0p] : exists r, (r < p)%N by exists 0%N.
+  have [esh _] := IHr r0 r0p.
+  split; first by rewrite esh sh1.
+  exists (fun r => op_val o ss' (map (fun G => G r) Gs)); split => // r rp.
+  have [_ H] := IHr r rp; rewrite -sh1.
+  by apply: mplaced_Lext H => c i _; rewrite -map_comp.
+Qed.
+
+(** ** Collectives commute with the axes inside theirs *)
+Section Inner.
+Variable p : nat.                        (* size of the collective's axis *)
+Variable Kern : (nat -> tensor) -> tensor.
+Variable tr : shape -> shape.            (* the collective's effect on a shape *)
+Variable good : shape -> bool.
+Variable okd : nat -> bool.              (* dims an inner Shard may split *)
+Hypothesis K_ext : forall s (M M' : nat -> tensor), good s ->
+  (forall r, (r < p)%N -> forall j, inb s j -> M r j = M' r j) -> forall i, inb (tr s) i -> Kern M i = Kern M' i.
+Hypothesis K_shift : forall (M : nat -> tensor) e off i, okd e ->
+  Kern (fun r j => M r (shift e off j)) i = Kern M (shift e off i).
+Hypothesis T_loc : forall q s e, okd e -> good s -> shard_ok q s e ->
+  local_shape q (tr s) (Shard e) = tr (local_shape q s (Shard e)).
+Hypothesis T_ok : forall q s e, okd e -> good s -> shard_ok q s e -> shard_ok q (tr s) e.
+Hypothesis T_nth : forall s e, okd e -> good s -> nth 0%N (tr s) e = nth 0%N s e.
+Hypothesis G_loc : forall q s e, okd e -> good s -> shard_ok q s e -> good (local_shape q s (Shard e)).
+
+Definition inner_pl (pl : placement) : bool :=
+  match pl with Replicate => true | Shard e => okd e | Partial _ => false end.
+
+Lemma inner_shape ms s pls : good s -> all inner_pl pls -> mpl_ok ms s pls ->
+  mlocal_shape ms (tr s) pls = tr (mlocal_shape ms s pls).
+Proof.
+elim: ms s pls => [|q ms IH] s [|pl pls] //; cbn [mlocal_shape mpl_ok all] => gs /andP [ipl ipls] /andP [okpl okr].
+case: pl ipl okpl okr => [|e|r] // oke oks okr; first exact: IH.
+by rewrite T_loc //; apply: IH => //; apply: G_loc.
+Qed.
+
+Lemma inner_comm ms s pls (M : nat -> tensor) (L : nat -> mfamily) :
+  good s -> all inner_pl pls -> mpl_ok ms s pls ->
+  (forall r, (r < p)%N -> mplaced ms s pls (M r) (L r)) ->
+  mplaced ms (tr s) pls (Kern M) (fun c => Kern (fun r => L r c)).
+Proof.
+elim: ms s pls M L => [|q ms IH] s [|pl pls] M L //.
+- by move=> gs _ _ H i ii; apply: K_ext ii => // r rp j jj; apply: H.
+- cbn [mlocal_shape mpl_ok all mplaced] => gs /andP [ipl ipls] /andP [okpl okr] H.
+  have [W HW] := @fin_choice family (fun _ => zero_t)
+    (fun r W => placed q s pl (M r) W /\ forall r', (r' < q)%N ->
+       mplaced ms (local_shape q s pl) pls (W r') (fun c => L r (r' :: c))) p H.
+  clear H.
+  exists (fun r' => Kern (fun r => W r r')); split.
+  + case: pl ipl okpl okr HW => [|e|rr] // oke oks okr HW.
+      by move=> r' i r'q ii; apply: K_ext ii => // r rp j jj; have [P1 _] := HW r rp; apply: P1.
+    have := T_ok oke gs oks; rewrite /shard_ok => /andP [es /eqP dv].
+    split => // r' i r'q; rewrite T_loc // => ii; rewrite T_nth //.
+    rewrite -K_shift //; apply: K_ext ii; first exact: G_loc.
+    move=> r rp j jj; have [[_ _ P1] _] := HW r rp; exact: P1.
+  + move=> r' r'q; case: pl ipl okpl okr HW => [|e|rr] // oke oks okr HW.
+      by apply: IH => // r rp; have [_ P2] := HW r rp; apply: P2.
+    rewrite T_loc //; apply: IH => //; first exact: G_loc.
+    by move=> r rp; have [_ P2] := HW r rp; apply: P2.
+Qed.
+End Inner.
+
+(** ** Index lemmas for the collectives *)
+Lemma set_set_nth_comm (l : seq nat) a b x y : a != b ->
+  set_nth 0%N (set_nth 0%N l a x) b y = set_nth 0%N (set_nth 0%N l b y) a x.
+Proof.
+move=> ab; apply: (@eq_from_nth _ 0%N) => [|k _]; first by rewrite !size_set_nth maxnCA.
+rewrite nth_set_nth /= [in RHS]nth_set_nth /= !nth_set_nth /=.
+case: (k =P a) => [ka|_]; case: (k =P b) => [kb|_] //.
+by move: ab; rewrite -ka kb eqxx.
+Qed.
+
+Lemma nth_shift_other e d off (i : seq nat) : e != d -> nth 0%N (shift e off i) d = nth 0%N i d.
+Proof. by move=> ed; rewrite /shift nth_set_nth /= eq_sym (negbTE ed). Qed.
+
+Lemma shift_set_comm e d off v (i : seq nat) : e != d ->
+  shift e off (set_nth 0%N i d v) = set_nth 0%N (shift e off i) d v.
+Proof.
+move=> ed; have de : d != e by rewrite eq_sym.
+by rewrite /shift nth_set_nth /= (negbTE ed) set_set_nth_comm.
+Qed.
+
+Lemma shift_shift_comm e d a b (i : seq nat) : e != d -> shift e a (shift d b i) = shift d b (shift e a i).
+Proof.
+move=> ed; have de : d != e by rewrite eq_sym.
+by rewrite /shift !nth_set_nth /= (negbTE ed) (negbTE de) set_set_nth_comm.
+Qed.
+
+Lemma inb_set_shape s d x w (i : seq nat) : (d < size s)%N -> (w < nth 0%N s d)%N ->
+  inb (set_nth 0%N s d x) i -> inb s (set_nth 0%N i d w).
+Proof.
+move=> ds ws /inbP [sz H]; rewrite size_set_nth_lt // in sz H; apply/inbP.
+rewrite size_set_nth_lt ?sz //; split=> // k ks; rewrite nth_set_nth /=.
+by case: eqP => [->|kd] //; have := H k ks; rewrite nth_set_nth /= (introF eqP kd).
+Qed.
+
+Lemma sumR_ext n (F F' : nat -> R) : (forall r, (r < n)%N -> F r = F' r) -> sumR n F = sumR n F'.
+Proof. by move=> E; rewrite !sumRE; apply: eq_big_nat => r /andP [_ rn]; apply: E. Qed.
+
+Lemma foldr_ext (g : R -> R -> R) (F F' : nat -> R) x l :
+  (forall r, r \in l -> F r = F' r) -> foldr (fun r m => g (F r) m) x l = foldr (fun r m => g (F' r) m) x l.
+Proof. by elim: l => //= a l IH E; rewrite E ?mem_head // IH // => r rl; apply: E; rewrite in_cons rl orbT. Qed.
+
+Lemma foldr_max_le (F : nat -> R) x t l : (forall r, r \in l -> F r <= t) -> x <= t ->
+  foldr (fun r m => Num.max (F r) m) x l <= t.
+Proof.
+elim: l => //= a l IH H xt; rewrite Order.TotalTheory.le_maxl H ?mem_head //= IH // => r rl.
+by apply: H; rewrite in_cons rl orbT.
+Qed.
+
+Lemma foldr_max_ge (F : nat -> R) x l : x <= foldr (fun r m => Num.max (F r) m) x l /\
+  forall r, r \in l -> F r <= foldr (fun r m => Num.max (F r) m) x l.
+Proof.
+elim: l => [|a l [IH1 IH2]] /=; first by split.
+split; first by rewrite Order.TotalTheory.le_maxr IH1 orbT.
+move=> r; rewrite in_cons => /orP [/eqP ->|rl]; first by rewrite Order.TotalTheory.le_maxr Order.POrderTheory.lexx.
+by rewrite Order.TotalTheory.le_maxr IH2 ?orbT.
+Qed.
+
+(** The result of a collective at axis 0 for the rank with coordinate [r'] there,
+    [M r] being the tensor of the rank with [r] there instead: the body of [coll_step]. *)
+Definition ckern (p : nat) (cl : coll) (sb : shape) (r' : nat) (M : nat -> tensor) : tensor :=
+  match cl with
+  | CAllReduce RSum => fun i => sumR p (fun r => M r i)
+  | CAllReduce RAvg => fun i => p%:R^-1 * sumR p (fun r => M r i)
+  | CAllReduce RMax => fun i => foldr (fun r m => Num.max (M r i) m) (M 0%N i) (iota 0 p)
+  | CAllGather d => let m := nth 0%N sb d in
+      fun i => M (nth 0%N i d %/ m)%N (set_nth 0%N i d (nth 0%N i d %% m)%N)
+  | CReduceScatter d => let m := (nth 0%N sb d %/ p)%N in
+      fun i => sumR p (fun r => M r (shift d (r' * m) i))
+  end.
+
+Lemma coll_step_eq ms cl k sb (f : mfamily) c :
+  coll_step ms cl k sb f c =
+  mask (coll_shape (nth 0%N ms k) cl sb) (ckern (nth 0%N ms k) cl sb (nth 0%N c k) (fun r => f (set_nth 0%N c k r))).
+Proof. by case: cl => [[]|d|d]. Qed.
+
+(** The shape transformer of all_gather / reduce_scatter and its side conditions. *)
+Section TrSet.
+Variables (d : nat) (v : nat -> nat) (m0 : nat).
+Definition trs (x : shape) : shape := set_nth 0%N x d (v (nth 0%N x d)).
+Definition goods (x : shape) : bool := (d < size x)%N && (nth 0%N x d == m0).
+
+Lemma trs_loc q s e : e != d -> goods s -> shard_ok q s e ->
+  local_shape q (trs s) (Shard e) = trs (local_shape q s (Shard e)).
+Proof.
+move=> ed _ _; have de : d != e by rewrite eq_sym.
+by rewrite /trs /local_shape !nth_set_nth /= (negbTE ed) (negbTE de) set_set_nth_comm.
+Qed.
+
+Lemma trs_ok q s e : e != d -> goods s -> shard_ok q s e -> shard_ok q (trs s) e.
+Proof.
+move=> ed /andP [ds _] /andP [es dv].
+by rewrite /shard_ok /trs size_set_nth_lt // es nth_set_nth /= (negbTE ed).
+Qed.
+
+Lemma trs_nth s e : e != d -> goods s -> nth 0%N (trs s) e = nth 0%N s e.
+Proof. by move=> ed _; rewrite /trs nth_set_nth /= (negbTE ed). Qed.
+
+Lemma goods_loc q s e : e != d -> goods s -> shard_ok q s e -> goods (local_shape q s (Shard e)).
+Proof.
+move=> ed /andP [ds dm] /andP [es _]; have de : d != e by rewrite eq_sym.
+by rewrite /goods /local_shape size_set_nth_lt // ds nth_set_nth /= (negbTE de).
+Qed.
+End TrSet.
+
+Lemma nth_mlocal_other d ms s pls : all (inner_pl (fun e => e != d)) pls -> mpl_ok ms s pls ->
+  nth 0%N (mlocal_shape ms s pls) d = nth 0%N s d.
+Proof.
+elim: ms s pls => [|q ms IH] s [|pl pls] //; cbn [mlocal_shape mpl_ok all] => /andP [ipl ipls] /andP [okpl okr].
+rewrite IH //; case: pl ipl {okpl okr} => //= e ed.
+by rewrite nth_set_nth /= eq_sym (negbTE ed).
+Qed.
+
+Definition cokd (cl : coll) : nat -> bool :=
+  match cl with CAllReduce _ => fun _ => true | CAllGather d | CReduceScatter d => fun e => e != d end.
+
+Lemma inner_okE cl pls : all (inner_ok cl) pls -> all (inner_pl (cokd cl)) pls.
+Proof. by case: cl => [rr|d|d]; elim: pls => //= pl pls IH /andP [h /IH ->]; case: pl h. Qed.
+
+(** *** all_reduce: a pointwise combination of the ranks *)
+Lemma ar_ext p rr sb r' s (M M' : nat -> tensor) : (0 < p)%N ->
+  (forall r, (r < p)%N -> forall j, inb s j -> M r j = M' r j) ->
+  forall i, inb s i -> ckern p (CAllReduce rr) sb r' M i = ckern p (CAllReduce rr) sb r' M' i.
+Proof.
+move=> p0 E i ii; case: rr => /=.
+- by apply: sumR_ext => r rp; apply: E.
+- by congr (_ * _); apply: sumR_ext => r rp; apply: E.
+- rewrite E //; apply: foldr_ext => r; rewrite mem_iota add0n => /andP [_ rp]; exact: E.
+Qed.
+
+Lemma ar_val p rr sb r' s (T : tensor) (M : family) : (0 < p)%N -> placed p s (Partial rr) T M ->
+  forall i, inb s i -> ckern p (CAllReduce rr) sb r' M i = T i.
+Proof.
+move=> p0; case: rr => /= H i ii; first by rewrite sumRE H.
+- by rewrite sumRE H.
+have [le [r rp eq]] := H i ii.
+have [ge1 ge2] := foldr_max_ge (fun r => M r i) (M 0%N i) (iota 0 p).
+apply: Order.POrderTheory.le_anti; apply/andP; split.
+  apply: foldr_max_le; last exact: le.
+  by move=> k; rewrite mem_iota add0n => /andP [_ kp]; apply: le.
+by rewrite -eq; apply: ge2; rewrite mem_iota add0n.
+Qed.
+
+Lemma ar_shift p rr sb r' (M : nat -> tensor) e off i :
+  ckern p (CAllReduce rr) sb r' (fun r j => M r (shift e off j)) i = ckern p (CAllReduce rr) sb r' M (shift e off i).
+Proof. by case: rr. Qed.
+
+(** *** all_gather along [d]: the rank is read off the index *)
+Lemma ag_ext p d sb r' s (M M' : nat -> tensor) : goods d (nth 0%N sb d) s ->
+  (forall r, (r < p)%N -> forall j, inb s j -> M r j = M' r j) ->
+  forall i, inb (trs d (fun x => x * p)%N s) i -> ckern p (CAllGather d) sb r' M i = ckern p (CAllGather d) sb r' M' i.
+Proof.
+move=> /andP [ds /eqP sm] E i ii /=; set m := nth 0%N sb d.
+have [sz Hi] := inbP _ _ ii; rewrite /trs size_set_nth_lt // in sz Hi.
+have := Hi d ds; rewrite nth_set_nth /= eqxx sm -/m => idm.
+have m0 : (0 < m)%N by rewrite lt0n; apply/eqP => m0; rewrite m0 mul0n in idm.
+apply: E; first by rewrite ltn_divLR // mulnC.
+apply: (inb_set_shape (x := (nth 0%N s d * p)%N)) => //; first by rewrite sm ltn_mod.
+Qed.
+
+Lemma ag_shift p d sb r' (M : nat -> tensor) e off i : e != d ->
+  ckern p (CAllGather d) sb r' (fun r j => M r (shift e off j)) i = ckern p (CAllGather d) sb r' M (shift e off i).
+Proof. by move=> ed /=; rewrite nth_shift_other // shift_set_comm. Qed.
+
+(** *** reduce_scatter along [d]: rank [r'] sums block [r'] *)
+Lemma rs_ext p d sb r' s (M M' : nat -> tensor) : (r' < p)%N -> (nth 0%N sb d %/ p * p = nth 0%N sb d)%N ->
+  goods d (nth 0%N sb d) s ->
+  (forall r, (r < p)%N -> forall j, inb s j -> M r j = M' r j) ->
+  forall i, inb (trs d (fun x => x %/ p)%N s) i -> ckern p (CReduceScatter d) sb r' M i = ckern p (CReduceScatter d) sb r' M' i.
+Proof.
+move=> r'p dv /andP [ds /eqP sm] E i ii /=; apply: sumR_ext => r rp; apply: E => //.
+by apply: (@inb_shift p) => //; [rewrite sm | move: ii; rewrite /trs sm].
+Qed.
+
+Lemma rs_shift p d sb r' (M : nat -> tensor) e off i : e != d ->
+  ckern p (CReduceScatter d) sb r' (fun r j => M r (shift e off j)) i = ckern p (CReduceScatter d) sb r' M (shift e off i).
+Proof. by move=> ed /=; apply: sumR_ext => r _; rewrite shift_shift_comm. Qed.
+
+(** *** A collective over the outermost axis *)
+Lemma coll_head p ms s cl pls (T : tensor) (L : mfamily) :
+  (0 < p)%N -> all (inner_ok cl) pls ->
+  mpl_ok (p :: ms) s (coll_in cl :: pls) -> mpl_ok (p :: ms) s (coll_out cl :: pls) ->
+  mplaced (p :: ms) s (coll_in cl :: pls) T L ->
+  let sb := mlocal_shape (p :: ms) s (coll_in cl :: pls) in
+  mlocal_shape (p :: ms) s (coll_out cl :: pls) = coll_shape p cl sb /\
+  mplaced (p :: ms) s (coll_out cl :: pls) T
+    (fun c => ckern p cl sb (nth 0%N c 0) (fun r => L (set_nth 0%N c 0 r))).
+Proof.
+move=> p0 iok ok ok' H sb; have ipl := inner_okE iok.
+move: ok ok' H; rewrite /sb; clear sb.
+case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in coll_out] => /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
+- split => //; exists (fun _ => T); split => // r' r'p.
+  have C := @inner_comm p (ckern p (CAllReduce rr) (mlocal_shape ms s pls) r') id predT (cokd (CAllReduce rr))
+    (fun s M M' _ E => @ar_ext p rr _ r' s M M' p0 E) (fun M e off i _ => @ar_shift p rr _ r' M e off i)
+    (fun _ _ _ _ _ _ => erefl) (fun _ _ _ _ _ h => h) (fun _ _ _ _ => erefl) (fun _ _ _ _ _ _ => isT)
+    ms s pls M (fun r c => L (r :: c)) isT ipl okr Hin.
+  by apply: mplaced_ext C => i ii; apply: ar_val HM i ii.
+- have [ds dv] : (d < size s)%N /\ (nth 0%N s d %/ p * p = nth 0%N s d)%N by case/andP: ok1 => -> /eqP.
+  set s1 := local_shape p s (Shard d) in okr Hin *.
+  have ns1 : nth 0%N (mlocal_shape ms s1 pls) d = nth 0%N s1 d by apply: nth_mlocal_other.
+  set m := nth 0%N (mlocal_shape ms s1 pls) d.
+  have g1 : goods d m s1.
+    by apply/andP; split; [rewrite /s1 /local_shape size_set_nth_lt | rewrite /m ns1].
+  have ts1 : trs d (fun x => x * p)%N s1 = s.
+    by rewrite /trs /s1 /local_shape set_nth_twice nth_set_nth_lt eqxx dv set_nth_nth_same.
+  have Sh := @inner_shape (trs d (fun x => x * p)%N) (goods d m) (cokd (CAllGather d))
+    (@trs_loc d _ m) (@goods_loc d m) ms s1 pls g1 ipl okr.
+  split; first by rewrite -{1}ts1 Sh.
+  exists (fun _ => T); split => // r' r'p.
+  have C := @inner_comm p (ckern p (CAllGather d) (mlocal_shape ms s1 pls) r') (trs d (fun x => x * p)%N)
+    (goods d m) (cokd (CAllGather d))
+    (fun s M M' g E => @ag_ext p d _ r' s M M' g E) (fun M e off i ed => @ag_shift p d _ r' M e off i ed)
+    (@trs_loc d _ m) (@trs_ok d _ m) (@trs_nth d _ m) (@goods_loc d m)
+    ms s1 pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
+  rewrite ts1 in C; apply: mplaced_ext C => i ii /=.
+  case: HM => _ _ HM; rewrite -/m.
+  have [sz Hi] := inbP _ _ ii.
+  have mm : m = (nth 0%N s d %/ p)%N by rewrite /m ns1 /s1 /local_shape nth_set_nth_lt eqxx.
+  have idm : (nth 0%N i d < m * p)%N by rewrite mm dv; apply: Hi.
+  have m0 : (0 < m)%N by rewrite lt0n; apply/eqP => m0; rewrite m0 mul0n in idm.
+  rewrite HM.
+  + rewrite /shift set_nth_twice nth_set_nth_lt eqxx -mm.
+    by rewrite -divn_eq set_nth_nth_same ?sz.
+  + by rewrite ltn_divLR // mulnC.
+  + apply: (inb_set_shape (x := nth 0%N s d)).
+    * by rewrite /local_shape size_set_nth_lt.
+    * by rewrite /local_shape nth_set_nth_lt eqxx -mm ltn_mod.
+    * by rewrite /local_shape set_nth_twice set_nth_nth_same.
+- have [ds dv] : (d < size s)%N /\ (nth 0%N s d %/ p * p = nth 0%N s d)%N by case/andP: ok1' => -> /eqP.
+  have ns : nth 0%N (mlocal_shape ms s pls) d = nth 0%N s d by apply: nth_mlocal_other.
+  set N := nth 0%N (mlocal_shape ms s pls) d.
+  have g1 : goods d N s by apply/andP; split; [| rewrite /N ns].
+  have Sh := @inner_shape (trs d (fun x => x %/ p)%N) (goods d N) (cokd (CReduceScatter d))
+    (@trs_loc d _ N) (@goods_loc d N) ms s pls g1 ipl okr.
+  split; first exact: Sh.
+  exists (fun r' i => T (shift d (r' * (nth 0%N s d %/ p)) i)); split => // r' r'p.
+  have dvN : (N %/ p * p = N)%N by rewrite /N ns.
+  have C := @inner_comm p (ckern p (CReduceScatter d) (mlocal_shape ms s pls) r') (trs d (fun x => x %/ p)%N)
+    (goods d N) (cokd (CReduceScatter d))
+    (fun s M M' g E => @rs_ext p d _ r' s M M' r'p dvN g E) (fun M e off i ed => @rs_shift p d _ r' M e off i ed)
+    (@trs_loc d _ N) (@trs_ok d _ N) (@trs_nth d _ N) (@goods_loc d N)
+    ms s pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
+  apply: mplaced_ext C => i ii /=; rewrite sumRE HM /N ns //.
+  by apply: (@inb_shift p).
+Qed.
+
+(** *** A collective over any axis: the outer axes keep their witnesses *)
+Lemma coll_sound k ms s pls (T : tensor) (L : mfamily) cl :
+  all (fun p => 0 < p)%N ms -> (k < size ms)%N -> nth Replicate pls k = coll_in cl ->
+  all (inner_ok cl) (drop k.+1 pls) ->
+  mpl_ok ms s pls -> mpl_ok ms s (set_nth Replicate pls k (coll_out cl)) ->
+  mplaced ms s pls T L ->
+  mlocal_shape ms s (set_nth Replicate pls k (coll_out cl)) = coll_shape (nth 0%N ms k) cl (mlocal_shape ms s pls) /\
+  mplaced ms s (set_nth Replicate pls k (coll_out cl)) T
+    (fun c => ckern (nth 0%N ms k) cl (mlocal_shape ms s pls) (nth 0%N c k) (fun r => L (set_nth 0%N c k r))).
+Proof.
+elim: k ms s pls T L => [|k IH] [|p ms] s [|pl pls] T L //.
+- cbn [all nth drop set_nth] => /andP [p0 _] _ hpl iok ok ok' H; subst pl.
+  by rewrite drop0 in iok; have := coll_head p0 iok ok ok' H.
+- cbn [all nth drop set_nth size mpl_ok mplaced] => /andP [p0 ps0] kms hpl iok /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
+  have IHr : forall r, (r < p)%N -> _ :=
+    fun r rp => IH ms (local_shape p s pl) pls (M r) (fun c => L (r :: c)) ps0 kms hpl iok okr okr' (Hin r rp).
+  split; first by case: (IHr 0%N p0).
+  by exists M; split => // r rp; case: (IHr r rp).
+Qed.
+
+(** ** The invariant: every fact of the checker holds *)
+Local Notation entry := (entry R).
+Local Notation dflt := (dflt R).
+Local Notation mentry := (mentry R).
+Local Notation mdflt := (mdflt R).
+
+Lemma size_mrun ms env ns : size (mrun fn ms env ns) = (size env + size ns)%N.
+Proof.
+elim: ns env => [|n ns IH] env /=; first by rewrite addn0.
+by rewrite IH size_rcons addSnnS.
+Qed.
+
+Section Plan.
+Variable P : mplan.
+Variable X : seq tensor.
+Let ms := mesh P.
+Let ni := size (ml_inputs P).
+Let LP := Plan 1 (ml_inputs P) (ml_nodes P) [::] [::] [::].
+Let le := run fn 1 (ml_init P X) (ml_nodes P).
+Let ls := run_s 1 (ml_inputs P) (ml_nodes P).
+
+Lemma mls_le k : nth [::] ls k = (nth dflt le k).1.
+Proof. exact: (@ls_le R fn LP X k). Qed.
+
+Lemma msize_ls : size ls = size le.
+Proof. exact: (@size_ls R fn LP X). Qed.
+
+Lemma mle_node l : (ni <= l)%N -> (l < size le)%N ->
+  let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
+  all (fun a => a < l)%N (n_args ln) ->
+  nth dflt le l = run_node fn 1 le ln.
+Proof. exact: (@le_node R fn LP X l). Qed.
+
+Definition mfact_ok (f : mfact) (e : mentry) : Prop :=
+  (f.1 < size le)%N /\
+  marg_ok ms (nth dflt le f.1).1 f.2 ((nth dflt le f.1).2 0%N) e.1 e.2.
+
+Definition minv (fs : seq mfact) (E : seq mentry) : Prop :=
+  size fs = size E /\ forall k, (k < size fs)%N -> mfact_ok (nth dmfact fs k) (nth mdflt E k).
+
+Lemma mlocal_sound fs E o args l pls :
+  minv fs E -> is_local o -> all (fun p => 0 < p)%N ms ->
+  all (fun a => a < size fs)%N args ->
+  let af := map (nth dmfact fs) args in
+  let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
+  (ni <= l)%N -> (l < size ls)%N -> n_op ln = o -> n_args ln = map fst af ->
+  all (fun a => a < l)%N (n_args ln) ->
+  mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls ->
+  mpl_ok ms (nth [::] ls l) pls ->
+  mfact_ok (l, pls) (mrun_node fn ms E (PLocal o args)).
+Proof.
+move=> [szf I] loc p0 aa af ln nl ll eo ea al ru ok.
+have ll' : (l < size le)%N by rewrite -msize_ls.
+have hl := mle_node nl ll' al; rewrite -/ln in hl.
+have szaf : size af = size args by rewrite size_map.
+have Iarg : forall k, (k < size args)%N -> mfact_ok (nth dmfact af k) (nth mdflt E (nth 0%N args k)).
+  move=> k ka; rewrite (nth_map 0%N) //; apply: I; exact: (allP aa _ (mem_nth 0%N ka)).
+set lids := map fst af in ea ru *.
+set lss := map (nth [::] ls) lids in ru *.
+have elss : map fst (map (nth dflt le) (n_args ln)) = lss.
+  by rewrite ea -map_comp /lss; apply: eq_map => a /=; rewrite mls_le.
+set Ts := map (fun a => (nth dflt le a).2 0%N) lids.
+set pss := map (fun a => (nth mdflt E a).1) args.
+set Ls := map (fun a => (nth mdflt E a).2) args.
+have hpl : nth [::] ls l = op_shape 1 o lss by rewrite mls_le hl /run_node /= elss eo.
+rewrite hpl in ok.
+have A : forall k, (k < size (map snd af))%N ->
+    marg_ok ms (nth [::] lss k) (nth [::] (map snd af) k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k).
+  move=> k; rewrite size_map szaf => kp.
+  have [_ F] := Iarg k kp.
+  rewrite /lss /Ts /pss /Ls /lids.
+  by rewrite !(nth_map 0%N) ?size_map ?szaf // !(nth_map dmfact) ?szaf // mls_le.
+have z1 : size lss = size (map snd af) by rewrite !size_map.
+have z2 : size Ts = size (map snd af) by rewrite !size_map.
+have z3 : size pss = size (map snd af) by rewrite !size_map.
+have z4 : size Ls = size (map snd af) by rewrite !size_map.
+have [hsh hpd] := mrule_sound loc p0 z1 z2 z3 z4 A ru ok.
+split => //.
+have hle : nth dflt le l = (op_shape 1 o lss, step fn 1 o lss (map snd (map (nth dflt le) (n_args ln)))).
+  by rewrite hl /run_node elss eo.
+have hv : (nth dflt le l).2 0%N = op_val o lss Ts.
+  rewrite hle /= step_local // -!map_comp; congr (op_val _ _ _).
+  by rewrite ea /Ts /lids.
+have hrn : mrun_node fn ms E (PLocal o args) = (op_shape 1 o pss, fun c => op_val o pss (map (fun L => L c) Ls)).
+  rewrite /mrun_node /pss /Ls; congr (_, _); first by rewrite -map_comp.
+  by apply: functional_extensionality => c; rewrite -!map_comp.
+rewrite hrn hv hle /=; split => //.
+- by move=> i ni'; rewrite /op_val /mask ifN.
+- by move=> c i ni'; rewrite /op_val /mask ifN.
+Qed.
+
+Lemma mcoll_sound fs E cl k x l pls :
+  minv fs E -> all (fun p => 0 < p)%N ms -> (x < size fs)%N ->
+  mderive P (PColl cl k x) [:: nth dmfact fs x] (l, pls) ->
+  mfact_ok (l, pls) (mrun_node fn ms E (PColl cl k x)).
+Proof.
+move=> [szf I] p0 xs; have := I x xs; rewrite /mderive.
+case: (nth dmfact fs x) => l1 pls1 [ll [H e ok mT mL]] /andP [/andP [/eqP el _] C]; subst l1.
+move: C; rewrite /coll_ok => /andP [/andP [/andP [/andP [/andP [/andP [kms _] /placement_eqbP hin] iok] /pls_eqbP ep] ok1] ok2].
+rewrite -/ms in kms hin iok ep ok1 ok2.
+rewrite ep in ok2 *; rewrite mls_le in ok1 ok2.
+have [sh pl] := coll_sound p0 kms hin iok ok1 ok2 H.
+split => //; rewrite /mrun_node /=; split => //.
+- by apply: mplaced_Lext pl => c i ii; rewrite coll_step_eq /mask e -sh ii.
+- by rewrite e sh.
+- by move=> c i ni'; rewrite coll_step_eq /mask ifN.
+Qed.
+
+Lemma mderive_sound fs E n f :
+  minv fs E -> all (fun p => 0 < p)%N ms ->
+  all (fun a => a < size fs)%N (pargs n) ->
+  mderive P n (map (nth dmfact fs) (pargs n)) f ->
+  mfact_ok f (mrun_node fn ms E n).
+Proof.
+move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
+- rewrite /mderive => /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /op_eqbP eo] /eqP ea] al] ru] ok].
+  exact: (mlocal_sound I loc p0 aa nl ll eo ea al ru ok).
+- by move: aa => /= /andP [xs _]; apply: mcoll_sound.
+Qed.
+
+Lemma mcheck_nodes_sound ns fs E c :
+  minv fs E -> all (fun p => 0 < p)%N ms -> mcheck_nodes P fs ns c -> minv (fs ++ c) (mrun fn ms E ns).
+Proof.
+elim: ns fs E c => [|n ns IH] fs E [|f c] //=; first by rewrite cats0.
+move=> I p0 /andP [/andP [aa dv] rest].
+have F := mderive_sound I p0 aa dv.
+have I' : minv (rcons fs f) (rcons E (mrun_node fn ms E n)).
+  case: I => sz I; split; first by rewrite !size_rcons sz.
+  move=> k; rewrite size_rcons ltnS leq_eqVlt => /orP [/eqP ->|kf].
+    by rewrite !nth_rcons -sz ltnn eqxx.
+  by rewrite !nth_rcons kf -sz kf; apply: I.
+by rewrite -cat_rcons; apply: IH.
+Qed.
+
+Lemma minit_inv (L : seq mfamily) :
+  (forall j, (j < size (mp_inputs P))%N ->
+     let b := nth (0%N, [::]) (mp_inputs P) j in
+     mplaced ms (nth [::] (ml_inputs P) b.1) b.2 (nth zero_t X b.1) (nth (fun _ => zero_t) L j)) ->
+  all (fun b => (b.1 < ni)%N && mpl_ok ms (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) ->
+  minv (mp_inputs P) (mp_init P L).
+Proof.
+move=> HL ok; split; first by rewrite size_mkseq.
+move=> k kp; have /andP [li okb] := all_nthP (0%N, [::]) ok k kp.
+have /= Hk := HL k kp.
+rewrite /mp_init nth_mkseq //.
+case: (nth _ (mp_inputs P) k) li okb Hk => l pls /= li okb Hk.
+have szi : size (ml_init P X) = ni by rewrite size_mkseq.
+have hle : nth dflt le l = (nth [::] (ml_inputs P) l, fun _ => mask (nth [::] (ml_inputs P) l) (nth zero_t X l)).
+  by rewrite /le run_prefix ?szi // /ml_init nth_mkseq.
+split; first by rewrite /le size_run szi (leq_trans li) ?leq_addr.
+rewrite hle /=; split => //.
+- apply: (mplaced_Lext (L := nth (fun _ => zero_t) L k)); first by move=> c i ii; rewrite /mask ii.
+  by apply: mplaced_ext Hk => i ii; rewrite /mask ii.
+- by move=> i ni'; rewrite /mask ifN.
+- by move=> c i ni'; rewrite /mask ifN.
+Qed.
+
+End Plan.
+End Gen.
+
+Lemma mcheck_sound_at (R : realFieldType) (fn : nat -> R -> R) P c : mcheck P c -> mequiv_at fn P.
+Proof.
+move=> C X L HL le pe lo po pls Hin.
+move: C; rewrite /mcheck => /andP [/andP [/andP [p0 okin] cn] cout].
+have I0 := minit_inv fn HL okin.
+have [_ I1] := mcheck_nodes_sound I0 p0 cn.
+have /= := all_In cout Hin.
+move=> /andP [/andP [/andP [lo_ok po_ok] /eqP e1] /pls_eqbP e2].
+have [_ [H -> _ _ _]] := I1 po po_ok.
+by rewrite e1 e2 in H *.
+Qed.
+
+(** The soundness theorem of the mesh checker. *)
+Theorem mcheck_sound (P : mplan) (c : seq mfact) : mcheck P c = true -> mplan_equiv P.
+Proof. by move=> C R fn; apply: mcheck_sound_at C. Qed.
+
+End JMeshSound.
