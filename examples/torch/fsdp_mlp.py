@@ -4,6 +4,7 @@
     tvcert trace examples/torch/fsdp_mlp.py --set mode=hybrid_shard --verify       # HSDP, rep 2 x dp 2: VERIFIED
     tvcert trace examples/torch/fsdp_mlp.py --set mode=fsdp_tp --verify            # FSDP + TP, tp 2 x dp 2: VERIFIED
     tvcert trace examples/torch/fsdp_mlp.py --set bug=local_mean --verify          # REFUTED (any mode)
+    tvcert trace examples/torch/fsdp_mlp.py --set optimizer=adamw --verify         # + AdamW step on the shards
     tvcert trace examples/torch/fsdp_mlp.py --set fully_shard=true --verify        # FSDP2 fully_shard: UNKNOWN
 
 SimpleFSDP (``torchtitan.experiments.graph_trainer.simple_fsdp.data_parallel``) keeps each parameter as a
@@ -13,6 +14,8 @@ computes is therefore normalised by the *global* batch, as torchtitan's trainer 
 
 * ``bug=local_mean``: each rank averages its loss over its local batch (``F.mse_loss`` default), so the summed
   gradients are dp times the single-device ones.
+* ``optimizer=sgd_momentum|adamw``: one step of that torch.optim optimizer on the sharded parameters after the
+  backward; the plan's outputs are the loss and the updated parameter shards (``new.<p>``).
 * ``fully_shard=true``: FSDP2's ``fully_shard`` instead of SimpleFSDP: its hooks are not traced, UNKNOWN naming
   the parameters.
 """
@@ -38,14 +41,21 @@ MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2},
           "fsdp_tp": {"tp": 2, "dp": 2}}
 
 
-def tvcert_trace(mode: str = "fully_shard", bug: str = "", fully_shard: bool = False):
+OPTIMIZERS = {  # run per tensor (foreach=False): one optimizer step on the sharded parameters
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
+}
+
+
+def tvcert_trace(mode: str = "fully_shard", bug: str = "", fully_shard: bool = False, optimizer: str = ""):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel
 
-    from tvcert.frontends.dataparallel import trace_simple_fsdp_plan
+    from tvcert.frontends.dataparallel import optimizer_step, trace_simple_fsdp_plan
 
-    if mode not in MESHES or bug not in ("", "local_mean"):
-        raise ValueError(f"mode must be one of {sorted(MESHES)} and bug '' or 'local_mean'")
+    if mode not in MESHES or bug not in ("", "local_mean") or (optimizer and optimizer not in OPTIMIZERS):
+        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug '' or 'local_mean', optimizer '' or one of "
+                         f"{sorted(OPTIMIZERS)}")
     mesh = MESHES[mode]
 
     def make():
@@ -71,5 +81,7 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", fully_shard: bool = F
 
     dp_axes = [a for a in mesh if a != "tp"]
     spec = {"shape": [B, H], "placement": {a: "Shard(0)" for a in dp_axes}}
+    step = optimizer_step(OPTIMIZERS[optimizer]) if optimizer else None
     return trace_simple_fsdp_plan(make, parallelize, loss_fn, data={"x": spec, "target": spec}, mesh=mesh,
-                                  name=f"fsdp_mlp_{mode}{'_' + bug if bug else ''}")
+                                  train_step=step, name=f"fsdp_mlp_{mode}{'_' + optimizer if optimizer else ''}"
+                                                        f"{'_' + bug if bug else ''}")

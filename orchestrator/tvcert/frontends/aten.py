@@ -57,6 +57,16 @@ class NegInf:
     origin: str
 
 
+@dataclass
+class Uninit:
+    """Uninitialised memory (``torch.empty``, a collective's output buffer): a shape and no values.  Only ops
+    that do not read values accept it (``UNINIT_TABLE``: views of it, ``copy(_)`` into it, a ``slice_scatter``
+    overwriting all of it, as functionalization writes a buffer's fill); any other read is UNKNOWN.  Never an IR
+    value: ``Converter.ir`` refuses it."""
+
+    origin: str
+
+
 class Unconverted(Exception):
     """An op of the traced graph has no IR conversion (or a conversion precondition failed)."""
 
@@ -169,6 +179,8 @@ class Converter:
             if isinstance(v, NegInf):
                 self.fail(f"argument {a.name} may hold -inf (from {v.origin}); the IR is over the reals and this "
                           f"op has no exact extended-real conversion (see NEGINF_TABLE in tvcert/frontends/aten.py)")
+            if isinstance(v, Uninit):
+                self.fail(f"argument {a.name} is uninitialised memory ({v.origin}) whose contents are read")
             if v is None:
                 self.fail(f"argument {a.name} has no IR value")
             if isinstance(v, (list, tuple)):
@@ -192,6 +204,8 @@ class Converter:
             if n.op == "output":
                 outputs = [self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in _flat(n.args[0])]
                 for o in outputs:
+                    if isinstance(o, Uninit):
+                        raise Unconverted("output", None, f"an output is uninitialised memory ({o.origin})")
                     if isinstance(o, NegInf):
                         raise Unconverted("output", None, f"an output may hold -inf (from {o.origin}); the IR has "
                                                           f"no infinities")
@@ -250,6 +264,13 @@ class Converter:
                           f"{_pk(n)} has no exact extended-real conversion (converted: add / sub of a finite "
                           f"value, positive scaling, where, masked_fill, layout ops, comparisons, exp, maximum, amax, "
                           f"softmax, _safe_softmax)")
+            return h(self, n, *n.args, **n.kwargs)
+        if any(isinstance(self.env.get(a), Uninit) for a in _flat(list(n.args) + list(n.kwargs.values()))
+               if isinstance(a, torch.fx.Node)):
+            h = UNINIT_TABLE.get(str(t)) or UNINIT_TABLE.get(str(getattr(t, "overloadpacket", t)))
+            if h is None:
+                self.fail("reads uninitialised memory (torch.empty); only views of it, copy into it and a "
+                          "slice_scatter overwriting all of it are converted (UNINIT_TABLE)")
             return h(self, n, *n.args, **n.kwargs)
         table = COMPLEX_TABLE if _touches_complex(n) else TABLE
         h = table.get(str(t))
@@ -727,10 +748,17 @@ def _flip(c, n, x, dims):
 
 @reg("aten.view", "aten._unsafe_view", "aten.reshape")
 def _view(c, n, x, shape):
+    """A reshape of a reshape is one reshape of the first one's input (row-major, exact), none when it restores
+    that input's shape (functionalization's flat-buffer round trips)."""
     out = _shape(_out(c, n))
-    if out == _shape(c.val(x)):
-        return c.ir(x)
-    return c.emit("reshape", [c.ir(x)], {"shape": out})
+    xi, xs = c.ir(x), _shape(c.val(x))
+    srcs = c.__dict__.setdefault("reshape_src", {})
+    xi, xs = srcs.get(xi, (xi, xs))
+    if out == xs:
+        return xi
+    r = c.emit("reshape", [xi], {"shape": out})
+    srcs[r] = (xi, xs)
+    return r
 
 
 _BROADCASTING = {"aten.add", "aten.sub", "aten.mul", "aten.div", "aten.where", "aten.maximum", "aten.minimum",
@@ -792,11 +820,8 @@ def _squeeze(c, n, x, dims=None):
     return c.emit("squeeze", [c.ir(x)], {"dims": ds})
 
 
-@reg("aten.slice")
-def _slice(c, n, x, dim=0, start=None, end=None, step=1):
-    shp = _shape(c.val(x))
-    d = int(dim) % len(shp)
-    size = shp[d]
+def _slice_range(size: int, start, end) -> tuple[int, int]:
+    """Python's slice bounds ``[start:end]`` of a dim of ``size``, clamped: 0 <= s <= e <= size."""
     s = 0 if start is None else int(start)
     e = size if end is None else int(end)
     if s < 0:
@@ -804,13 +829,40 @@ def _slice(c, n, x, dim=0, start=None, end=None, step=1):
     if e < 0:
         e += size
     s, e = max(0, min(s, size)), max(0, min(e, size))
-    e = max(e, s)
+    return s, max(e, s)
+
+
+@reg("aten.slice")
+def _slice(c, n, x, dim=0, start=None, end=None, step=1):
+    shp = _shape(c.val(x))
+    d = int(dim) % len(shp)
+    size = shp[d]
+    s, e = _slice_range(size, start, end)
     if s == 0 and e == size and step == 1:
         return c.ir(x)
     attrs = {"dim": d, "start": s, "end": e}
     if step != 1:
         attrs["step"] = int(step)
     return c.emit("slice", [c.ir(x)], attrs)
+
+
+@reg("aten.slice_scatter")
+def _slice_scatter(c, n, x, src, dim=0, start=None, end=None, step=1):
+    """``x`` with ``x[start:end]`` along ``dim`` replaced by ``src`` (functionalization's form of a write into a
+    slice view): ``concat(x[:s], src, x[e:])``, or ``src`` itself when the slice is all of ``x``."""
+    shp = _shape(c.val(x))
+    d = int(dim) % len(shp)
+    s, e = _slice_range(shp[d], start, end)
+    if int(step) != 1:
+        c.fail("slice_scatter with step != 1")
+    if _shape(c.val(src)) != shp[:d] + [e - s] + shp[d + 1:]:
+        c.fail(f"slice_scatter of a source of shape {_shape(c.val(src))} into {shp}[{s}:{e}] along dim {d}")
+    if s == 0 and e == shp[d]:
+        return c.ir(src)
+    parts = ([c.emit("slice", [c.ir(x)], {"dim": d, "start": 0, "end": s}, base=f"{n.name}_lo")] if s > 0 else []) \
+        + [c.ir(src)] \
+        + ([c.emit("slice", [c.ir(x)], {"dim": d, "start": e, "end": shp[d]}, base=f"{n.name}_hi")] if e < shp[d] else [])
+    return c.emit("concat", parts, {"dim": d})
 
 
 @reg("aten.slice_backward")
@@ -906,7 +958,8 @@ def _fill(value_of):
 reg("aten.ones_like", "aten.ones", "aten.new_ones")(_fill(lambda a, k: 1))
 reg("aten.zeros_like", "aten.zeros", "aten.new_zeros")(_fill(lambda a, k: 0))
 reg("aten.full")(_fill(lambda a, k: a[1]))
-reg("aten.full_like", "aten.new_full")(_fill(lambda a, k: a[1]))
+reg("aten.full_like")(_fill(lambda a, k: a[1]))
+reg("aten.new_full")(_fill(lambda a, k: a[2]))  # new_full(x, size, fill_value) (torch.lerp's decomposition)
 reg("aten.scalar_tensor")(_fill(lambda a, k: a[0]))
 
 
@@ -963,7 +1016,7 @@ def _index_add(c, n, x, dim, index, src, alpha=1):
     return c.emit("index_add", [c.ir(x), c.ir(index, "int"), c.ir(src)], {"dim": int(dim)})
 
 
-@reg("aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty")
+@reg("aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided")
 def _empty(c, n, *a, **k):
     """Uninitialised memory has no value; only an unused one (``torch.empty(shape, device="meta").stride()``
     in transformers' TP layers) or one that is only ever the destination of ``copy_`` (a collective's
@@ -972,9 +1025,7 @@ def _empty(c, n, *a, **k):
     if rnd_users:
         raise Unconverted(rnd_users[0], c.cur_src, "random numbers (dropout, noise, sampling) have no value over the "
                                                    "reals; trace with them off (eval mode or p=0)")
-    if any(not (_pk(u) == "aten.copy_" and u.args[0] is n and n not in u.args[1:]) for u in n.users):
-        c.fail("uninitialised tensor (torch.empty) whose contents are read")
-    return None
+    return Uninit(f"{_pk(n)} at {c.cur_src}" if c.cur_src else _pk(n))
 
 
 _RANDOM = {"aten.bernoulli", "aten.bernoulli_", "aten.uniform", "aten.uniform_", "aten.normal", "aten.normal_",
@@ -1124,6 +1175,70 @@ def _copy_(c, n, dst, src, non_blocking=False):
         out = c.emit("expand", [out], {"shape": _shape(dv)})
     c.env[dst] = out
     return out
+
+
+@reg("aten.copy")
+def _copy(c, n, dst, src, non_blocking=False):
+    """Functional ``copy(dst, src)`` (what functionalization makes of ``dst.copy_(src)``): ``src`` broadcast to
+    ``dst``'s shape and cast to its dtype class; ``dst``'s values are not read."""
+    dv, sv = c.val(dst), c.val(src)
+    out = c.ir(src, ir_dtype(dv))
+    if isinstance(src, torch.fx.Node):
+        if ir_dtype(sv) != ir_dtype(dv):
+            out = c.emit("cast", [out], {"dtype": ir_dtype(dv)}, base=f"{n.name}_cast")
+        if _shape(sv) != _shape(dv):
+            out = c.emit("expand", [out], {"shape": _shape(dv)})
+    elif _shape(dv):
+        out = c.emit("expand", [out], {"shape": _shape(dv)})
+    return out
+
+
+# -------------------------------------------------------------- uninitialised memory (Uninit)
+UNINIT_TABLE: dict[str, Callable[..., Any]] = {}
+_UNINIT_VIEWS = ("aten.view", "aten._unsafe_view", "aten.reshape", "aten.slice", "aten.select", "aten.transpose",
+                 "aten.t", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.expand", "aten.alias", "aten.detach",
+                 "aten.view_as", "aten.as_strided", "aten.narrow", "aten.split", "aten.split_with_sizes",
+                 "aten.unbind", "aten.chunk", "aten.flatten", "aten.unflatten")
+
+
+def _uninit_view(c, n, x, *a, **k):
+    """A view of uninitialised memory (or more of it: ``empty_like``) is uninitialised memory."""
+    if any(isinstance(c.env.get(y), Uninit) for y in _flat(list(a) + list(k.values())) if isinstance(y, torch.fx.Node)):
+        c.fail("an uninitialised tensor as a view op's second argument")
+    v = c.env.get(x)
+    if not isinstance(v, Uninit):
+        c.fail("reads uninitialised memory (torch.empty)")
+    out = _out(c, n)
+    return [v] * len(out) if isinstance(out, (list, tuple)) else v
+
+
+for _uv in _UNINIT_VIEWS + ("aten.empty_like", "aten.new_empty", "aten.new_empty_strided"):
+    UNINIT_TABLE[_uv] = _uninit_view
+
+
+def _uninit_dst(handler):
+    """``copy(dst, src)`` / ``dst.copy_(src)``: ``dst``'s values are not read, so it may be uninitialised."""
+    def h(c, n, dst, src, *a, **k):
+        if isinstance(src, torch.fx.Node) and isinstance(c.env.get(src), Uninit):
+            c.fail(f"copies uninitialised memory ({c.env[src].origin})")
+        return handler(c, n, dst, src, *a, **k)
+    return h
+
+
+UNINIT_TABLE["aten.copy"] = _uninit_dst(_copy)
+UNINIT_TABLE["aten.copy_"] = _uninit_dst(_copy_)
+
+
+def _uninit_slice_scatter(c, n, base, src, *a, **k):
+    """``slice_scatter`` into uninitialised memory that overwrites all of it: ``src`` (base's values are not read)."""
+    if isinstance(src, torch.fx.Node) and isinstance(c.env.get(src), Uninit):
+        c.fail(f"scatters uninitialised memory ({c.env[src].origin})")
+    if _shape(c.val(src)) != _shape(c.val(base)):
+        c.fail("slice_scatter into uninitialised memory that does not overwrite all of it")
+    return _slice_scatter(c, n, base, src, *a, **k)
+
+
+UNINIT_TABLE["aten.slice_scatter"] = _uninit_slice_scatter
 
 
 # -------------------------------------------------------------- collectives
@@ -1381,7 +1496,7 @@ def _nonfinite(v) -> bool:
     return isinstance(v, float) and (math.isinf(v) or math.isnan(v))
 
 
-_NEGINF_FILLS = {"aten.full": 1, "aten.full_like": 1, "aten.new_full": 1, "aten.scalar_tensor": 0, "aten.fill": 1}
+_NEGINF_FILLS = {"aten.full": 1, "aten.full_like": 1, "aten.new_full": 2, "aten.scalar_tensor": 0, "aten.fill": 1}
 
 
 def _neginf_origin(c: Converter, n: torch.fx.Node) -> Optional[NegInf]:

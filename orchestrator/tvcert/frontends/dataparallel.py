@@ -192,3 +192,29 @@ def trace_simple_fsdp_plan(model_factory: Callable[[], Any], parallelize: Callab
         outs["loss"] = {a: "Partial(sum)" for a, t in first.get("placement", {}).items() if str(t).startswith("Shard")}
     return trace_module_plan(model_factory, par, loss_fn, data=data, mesh=mesh, name=name, output_placements=outs,
                              **kw)
+
+
+def optimizer_step(make_optimizer: Callable[[list], Any]) -> Callable[..., dict]:
+    """A ``train_step`` for :func:`.dtensor.trace_module_plan`: the gradients of the loss, then one ``step()`` of
+    the real ``torch.optim`` optimizer ``make_optimizer(parameters)`` on copies of the parameters (DTensor
+    shards on the ranks, so the update runs on the sharded parameters).  Outputs: ``loss`` and ``new.<p>`` per
+    parameter (read back with the parameter's placement); the optimizer must run per tensor (``foreach=False``)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    def step(loss, params: Mapping[str, Any]) -> dict:
+        names = list(params)
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        ps = []
+        for n, g in zip(names, grads):
+            p = torch.nn.Parameter(params[n].detach().clone())
+            p.grad = g.detach()
+            ps.append(p)
+        make_optimizer(ps).step()
+        out = {"loss": loss}
+        for n, p in zip(names, ps):
+            t = p.detach()
+            out[f"new.{_safe(n)}"] = t.to_local() if isinstance(t, DTensor) else t
+        return out
+
+    return step

@@ -105,11 +105,13 @@ def _safe(name: str) -> str:
 
 def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[Any, Any], Any],
                       loss_fn: Callable[..., Any], *, data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int],
-                      name: str = "dtensor", **kw) -> dict:
+                      name: str = "dtensor", train_step: Callable[..., Any] | None = None, **kw) -> dict:
     """``model_factory()`` builds the single-device module; ``parallelize(module, device_mesh)``
     applies the parallelization (e.g. ``parallelize_module``) in place or returns the module;
     ``loss_fn(module_output, **data) -> scalar``; the module is called as ``module(first data input)``.
-    ``data``: name -> input spec as in :func:`trace_plan` (the first entry is the module's input)."""
+    ``data``: name -> input spec as in :func:`trace_plan` (the first entry is the module's input).
+    ``train_step(loss, params) -> {name: tensor}``: the program's own backward and update (an optimizer step),
+    on the module's parameters as it sees them (DTensors on the ranks); its outputs are the plan's."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -154,7 +156,8 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
     def logical(**kw_):
         params = {n: kw_[_safe(n)] for n in pnames + bnames}
         out = torch.func.functional_call(logical_model, params, (kw_[dnames[0]],))
-        return loss_fn(out, **{n: kw_[n] for n in dnames})
+        loss = loss_fn(out, **{n: kw_[n] for n in dnames})
+        return train_step(loss, params) if train_step is not None else loss
 
     def setup(ctx):
         model = model_factory()
@@ -175,7 +178,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})
         if isinstance(loss, DTensor):
             loss = loss.full_tensor()
-        return loss
+        return train_step(loss, params) if train_step is not None else loss
 
     return trace_plan(logical, parallel, inputs=inputs, mesh=mesh, name=name, parallel_setup=setup, **kw)
 
