@@ -50,3 +50,19 @@ move=> p0; have pn : (p%:R)^-1 != 0 :> R by rewrite invr_eq0 Num.Theory.pnatr_eq
 split=> h x; first by rewrite h.
 by apply: (mulfI pn); exact: h x.
 Qed.
+
+(** all_gather of partial statistics followed by a sum over the gathered
+    dimension: rank [s] sums the concatenated pieces, which is the sum of the
+    Partial(sum)'s combination (kernel/gathered.py). *)
+Theorem allgather_partial_sum {I : Type} {R : zmodType} (p b : nat)
+  (E : nat -> I -> R) (L : nat -> nat -> I -> R) :
+  (forall i x, \sum_(0 <= r < p) L r i x = E i x) ->
+  forall s x, \sum_(0 <= k < p * b) all_gather b L s k x = \sum_(0 <= i < b) E i x.
+Proof.
+move=> h s x; case: b h => [|b] h; first by rewrite muln0 !big_geq.
+rewrite sum_blocks.
+rewrite (eq_bigr (fun r => \sum_(0 <= i < b.+1) L r i x)); last first.
+  move=> r _; apply: eq_big_nat => i /andP[_ ib].
+  by rewrite /all_gather block_div // block_mod.
+rewrite exchange_big; apply: eq_bigr => i _; exact: h.
+Qed.

@@ -51,9 +51,12 @@ Theorem reduction_normal_form :
      \sum_(0 <= k < n) c * F k = c * \sum_(0 <= k < n) F k) /\
   (* a broadcast (any index map) of a broadcast of a scalar is the broadcast of the scalar *)
   (forall (I J V : Type) (s : V) (f : J -> I),
-     (fun y : J => (fun _ : I => s) (f y)) = (fun _ : J => s)).
+     (fun y : J => (fun _ : I => s) (f y)) = (fun _ : J => s)) /\
+  (* a sum over a unit dim is its one element (a reshape) *)
+  (forall (V : zmodType) (F : nat -> V), \sum_(0 <= k < 1) F k = F 0%N).
 Proof.
-split=> [//|]; split=> [R m n F|]; last split=> [V m n F|]; last split=> [R n c F|//].
+split=> [//|]; split=> [R m n F|]; last split=> [V m n F|]; last split=> [R n c F|].
+4: by split=> [//|V F]; rewrite big_nat1.
 - rewrite /mean_upto -sum_pair natrM invfM -mulrA; congr (_ * _).
   by rewrite mulr_sumr.
 - by split; [exact: sum_pair | exact: exchange_big].

@@ -76,6 +76,8 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_tokens", {"bug": "local_count"}, "REFUTED"),
     ("realcode.norm_tokens", {"bug": "avg_grads"}, "REFUTED"),
     ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
+    ("realcode.norm_tokens", {"count_by": "gather"}, "VERIFIED"),
+    ("realcode.norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),

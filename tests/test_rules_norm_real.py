@@ -68,6 +68,17 @@ def test_nested_reductions_in_any_order():
     assert not Prover(X).equal(_sum(X, _sum(X, x, (0,), True), (2,)), _sum(X, x, (0, 2)))
 
 
+def test_int_sums_merge_and_unit_sums_are_reshapes():
+    X = Exprs()
+    m = X.leaf("m", (3, 4), "int")
+    total = _sum(X, m, (0, 1))
+    gathered = _sum(X, X.mk("reshape", {"shape": (1,)}, [total]), (0,))  # a count gathered from one rank, summed
+    pv = Prover(X)
+    assert pv.equal(gathered, total) and pv.equal(_sum(X, _sum(X, m, (1,)), (0,)), total)
+    copies = _sum(X, X.mk("expand", {"shape": (3,)}, [total]), (0,))  # three copies summed: 3 * total
+    assert not pv.equal(copies, total)
+
+
 def test_scalar_factor_inside_a_mean():
     X = Exprs()
     x = X.leaf("x", (3, 4), "float")
@@ -167,7 +178,7 @@ def test_allreduce_avg_over_two_axes_of_partial_sums():
         _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, R)), 6)
 
 
-@pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes"])
+@pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes", "allgather_partial_sum"])
 def test_conformance_collectives(rule):
     st = run_rule(rule, 300)
     assert st.bad == 0, st.failures
@@ -191,6 +202,9 @@ CASES = [  # (module, kwargs, expected)
     ("norm_tokens", {"bug": "local_count"}, "REFUTED"),
     ("norm_tokens", {"bug": "avg_grads"}, "REFUTED"),
     ("norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
+    ("norm_tokens", {"count_by": "gather"}, "VERIFIED"),  # per-rank counts all_gathered, then summed
+    ("norm_tokens", {"count_by": "gather", "dp": 4}, "VERIFIED"),
+    ("norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
 ]
 
 

@@ -109,6 +109,7 @@ RULES: dict[str, str] = {
     "reduce_scatter_replicate": f"{_T}.CollectivesReal.reduce_scatter_replicate",
     "allreduce_avg_partial_sum_axes": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_axes",
     "partial_sum_as_avg": f"{_T}.CollectivesReal.partial_sum_as_avg",
+    "allgather_partial_sum": f"{_T}.CollectivesReal.allgather_partial_sum",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
     "reduce_max_sharded_dim": f"{_T}.Reductions.reduce_max_sharded_dim",
     "reduce_other_dim": f"{_T}.Reductions.reduce_other_dim",

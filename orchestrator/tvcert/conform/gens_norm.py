@@ -21,7 +21,6 @@ from ..kernel.rules import Fact, KCtx, RuleFailure, derive, fmt_pl, local_shape
 from ..ops import REGISTRY, Ctx
 from ..plan import Placement
 from .core import Mismatch, OpCase, Result, TIn, _close, distribute, eval_expr, rand_values, reassemble, safe_run
-from .eqgen import _check_pair
 from .gens import Draw
 
 R = Placement("R")
@@ -57,6 +56,8 @@ def _count(shape, dims):
 
 
 def gen_reduction(dr: Draw, seed: int):
+    from .eqgen import _check_pair  # eqgen registers this module's generators: imported at use
+
     X = Exprs()
     shape = tuple(dr.int(1, 4) for _ in range(dr.int(1, 3)))
     x = X.leaf("x", shape, "float")
@@ -320,7 +321,60 @@ def gen_partial_read(dr: Draw, seed: int):
     return Result("ok", [RULE] if e != x else []), desc
 
 
+# ------------------------------------------------------------------ allgather_partial_sum (a multi-op pattern)
+def gen_gather_sum(dr: Draw, seed: int):
+    """A plan: x sharded on dim 0 over axis a (and maybe dim 1 over an outer / inner axis b), local sums over
+    dims including 0 (a Partial(sum) over a), all_gather over a along a dim, then a sum.  Near misses: the sum
+    misses the gathered dim, x replicated over a (the gathered pieces are copies: p times the sum), a mean
+    instead of the final sum, the gather over the other axis.  Checked by the interpreter when VERIFIED."""
+    from .plans import _check_plan
+
+    two = dr.coin(0.5)
+    axes = ["a", "b"] if two else ["a"]
+    if two and dr.coin():
+        axes.reverse()
+    sizes = {"a": dr.pick([2, 3, 4]), "b": dr.pick([2, 3])}
+    n0, n1 = sizes["a"] * dr.int(1, 2), dr.int(1, 3) * (sizes["b"] if two else 1)
+    xa = "Replicate" if dr.coin(0.1) else "Shard(0)"
+    xb = dr.pick(["Replicate", "Shard(1)"]) if two else None
+    inner_dims = [0] if dr.coin(0.5) else [0, 1]
+    g = dr.int(0, 1)
+    u = dr.rng.random()
+    outer_dims = [g] if u < 0.45 else [0, 1] if u < 0.85 else [1 - g]  # the last: misses the gathered dim
+    keep = dr.coin(0.3)
+    final = "mean" if dr.coin(0.08) else "sum"
+    gaxis = "b" if two and dr.coin(0.08) else "a"
+    dims = {"n0": n0, "n1": n1, **{k: sizes[k] for k in axes}}
+    local = ["n0/a" if xa != "Replicate" else "n0", "n1/b" if xb == "Shard(1)" else "n1"]
+    par = [
+        {"name": "s", "op": "sum", "inputs": ["x"], "attrs": {"dims": inner_dims, "keepdim": True}},
+        {"name": "g", "op": "all_gather", "inputs": ["s"], "attrs": {"axis": gaxis, "dim": g}},
+        {"name": "y", "op": final, "inputs": ["g"], "attrs": {"dims": outer_dims, "keepdim": keep}},
+    ]
+    lg = [
+        {"name": "s", "op": "sum", "inputs": ["x"], "attrs": {"dims": inner_dims, "keepdim": True}},
+        {"name": "y", "op": "sum", "inputs": ["s"], "attrs": {"dims": outer_dims, "keepdim": keep}},
+    ]
+    out_pl = {"a": "Replicate"}
+    if two:  # b: a shard of a summed dim is Partial(sum), of a kept dim stays a shard
+        summed = 1 in inner_dims or 1 in outer_dims
+        out_pl["b"] = "Replicate" if xb == "Replicate" else "Partial(sum)" if summed else "Shard(1)" if keep else \
+            f"Shard({1 - sum(1 for d in outer_dims if d < 1)})"
+    d = {"tvcert_plan": 1, "name": "gather_sum", "dims": dims, "mesh": {k: k for k in axes},
+         "logical": {"inputs": [{"name": "x", "shape": ["n0", "n1"], "dtype": "float"}], "nodes": lg, "outputs": ["y"]},
+         "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": local, "dtype": "float"}], "nodes": par,
+                       "outputs": ["y"]}],
+         "inputs": {"x": {"local": "x", "placement": {"a": xa, **({"b": xb} if two else {})}}},
+         "outputs": {"y": {"local": "y", "placement": out_pl}}}
+    desc = f"x {xa}/{xb} sum{inner_dims} gather({gaxis}, {g}) {final}{outer_dims} keep={keep} mesh {dims}"
+    return _check_plan(d, RULE_GATHER), desc
+
+
+RULE_GATHER = "allgather_partial_sum"
+
+
 NORM_GENERATORS = {
+    "allgather_partial_sum": gen_gather_sum,
     "partial_sum_as_avg": gen_partial_read,
     "reduction_normal_form": gen_reduction,
     "replicate_broadcast_as_shard": gen_broadcast,

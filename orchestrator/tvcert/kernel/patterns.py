@@ -673,3 +673,9 @@ PATTERN_OPS = {"where", "masked_fill", "mul", "embedding_backward", "div", "ring
 PRIORITY_PATTERNS = {"vocab_parallel_log_softmax": vocab_parallel_log_softmax,
                      "zigzag_reduce_scatter": zigzag_reduce_scatter}
 PRIORITY_OPS = {"sub", "reduce_scatter"}
+
+
+from .gathered import RULE as _GATHERED, allgather_partial_sum  # noqa: E402  (all_gather of partial statistics, summed)
+
+PATTERNS[_GATHERED] = allgather_partial_sum
+PATTERN_OPS.add("sum")

@@ -14,8 +14,10 @@ Real code writes the same loss several ways: ``x.mean()``, ``x.sum() / x.numel()
 * a chain of expands and reshapes over a scalar is one expand of the scalar (the backward of a sum of sums
   broadcasts its seed several times).
 
-The rule id is ``reduction_normal_form``; its Coq theorem is the conjunction of the three.  Int tensors are
-left alone (an int sum divided by a float constant is not the int sum's dtype).
+* a sum or mean over unit dims only is a reshape (``\sum_(0 <= k < 1) F k = F 0``).
+
+The rule id is ``reduction_normal_form``; its Coq theorem is the conjunction of these.  Int sums are merged
+but get no scalar factor or count (an int sum divided by a float constant is not the int sum's dtype).
 """
 from __future__ import annotations
 
@@ -62,9 +64,11 @@ def reduction_normal_form(X: Exprs, i: int, rnorm: Callable[[int], int],
                           norm: Callable[[int], tuple[Fraction, int]]) -> int:
     """``i`` with every float sum / mean at its top (and under scalar factors) in normal form."""
     e = X[i]
-    if e.dtype != "float" or not e.args:
+    if not e.args:
         return i
     if e.op in SCALAR_WRAPPERS:
+        if e.dtype != "float":
+            return i
         # c * r(x): only the tensor operand is rewritten; the scalar is read by norm afterwards
         big = [k for k, a in enumerate(e.args) if X[a].shape == e.shape and scalar_const(X, a) is None]
         if len(big) != 1 or any(X[a].shape != () for k, a in enumerate(e.args) if k != big[0]):
@@ -81,10 +85,20 @@ def reduction_normal_form(X: Exprs, i: int, rnorm: Callable[[int], int],
     if e.op not in ("sum", "mean"):
         return i
     a = e.args[0]
-    if X[a].dtype != "float":
-        return i
     at = e.attr_dict()
     dims, keepdim = tuple(at["dims"]), bool(at["keepdim"])
+    if all(X[a].shape[d] == 1 for d in dims):  # a reduction over unit dims only is a reshape
+        x = rnorm(a)
+        n = _numel(X[a].shape)
+        while X[x].op in ("reshape", "expand") and _numel(X[X[x].args[0]].shape) == n:
+            x = X[x].args[0]  # same element count: the layers only insert / drop unit dims
+        out = X.mk("reshape", {"shape": e.shape}, [x])
+        return i if out == i or X[out].dtype != e.dtype else out
+    if X[a].dtype != "float":  # int sums: merged only (no scalar factor, no count)
+        if e.op != "sum":
+            return i
+        out = merged_sum(X, rnorm(a), dims, keepdim)
+        return i if out == i else out
     c, core = norm(rnorm(a))
     if e.op == "mean":
         n = 1
@@ -107,3 +121,10 @@ def _scalar_broadcast(X: Exprs, i: int) -> int:
     if X[j].shape != () or j == e.args[0] and e.op == "expand":
         return i
     return X.mk("expand", {"shape": e.shape}, [j])
+
+
+def _numel(shape) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n

@@ -78,6 +78,8 @@ RULES: dict[str, str] = {
     "reduce_scatter_replicate": "reduce_scatter(sum) along d of Replicate E is Shard(d) of p*E (avg: of E)",
     "allreduce_avg_partial_sum_axes": "all_reduce(avg) over several axes of Partial(sum) on each is Replicate E / prod(p)",
     "partial_sum_as_avg": "an output fact Partial(sum) E reads as Partial(avg) E/p (and back), p > 0 (output matching)",
+    "allgather_partial_sum": "summing an all_gather of Partial(sum) pieces over the gathered dim gives the sum of their "
+                             "combination, Replicate over the gather's axis (pattern, kernel/gathered.py)",
     "all_to_all_reshard": "all_to_all(split a, concat b) turns Shard(b) into Shard(a)",
     "broadcast_replicate": "broadcasting a replicated tensor leaves it replicated",
     "send_recv_preserves": "a received tensor equals the sent one, with its placement",
