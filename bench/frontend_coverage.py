@@ -78,6 +78,15 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
     ("realcode.norm_tokens", {"count_by": "gather"}, "VERIFIED"),
     ("realcode.norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
+    # DTensor TP block with a mean loss (examples/torch/realcode/norm_dtensor_mean.py)
+    ("realcode.norm_dtensor_mean", {}, "VERIFIED"),
+    ("realcode.norm_dtensor_mean", {"loss": "mean"}, "VERIFIED"),
+    ("realcode.norm_dtensor_mean", {"loss": "sum_div"}, "VERIFIED"),
+    ("realcode.norm_dtensor_mean", {"sp": True, "loss": "global_div"}, "VERIFIED"),
+    ("realcode.norm_dtensor_mean", {"sp": True, "loss": "global_div", "tp": 4}, "VERIFIED"),
+    ("realcode.norm_dtensor_mean", {"sp": True}, "REFUTED"),
+    ("realcode.norm_dtensor_mean", {"sp": True, "loss": "global_div", "bug": "no_sequence_parallel"}, "REFUTED"),
+    ("realcode.norm_dtensor_mean", {"sp": True, "bug": "sum_as_mean"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),

@@ -205,6 +205,9 @@ CASES = [  # (module, kwargs, expected)
     ("norm_tokens", {"count_by": "gather"}, "VERIFIED"),  # per-rank counts all_gathered, then summed
     ("norm_tokens", {"count_by": "gather", "dp": 4}, "VERIFIED"),
     ("norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
+    ("norm_dtensor_mean", {}, "VERIFIED"),  # DTensor Colwise / Rowwise, F.mse_loss (mean)
+    ("norm_dtensor_mean", {"sp": True, "loss": "global_div"}, "VERIFIED"),
+    ("norm_dtensor_mean", {"sp": True}, "REFUTED"),  # a local mean on a sequence shard: tp x the gradients
 ]
 
 
@@ -217,7 +220,7 @@ def _plan(mod, kw):
         spec = importlib.import_module(mod).tvcert_trace(**kw)
     finally:
         sys.path.pop(0)
-    return load_plan(trace_plan(**spec))
+    return load_plan(spec if "tvcert_plan" in spec else trace_plan(**spec))
 
 
 @pytest.mark.parametrize("mod,kw,want", CASES, ids=[f"{m}-{k}" for m, k, _ in CASES])
