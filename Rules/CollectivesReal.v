@@ -66,3 +66,22 @@ rewrite (eq_bigr (fun r => \sum_(0 <= i < b.+1) L r i x)); last first.
   by rewrite /all_gather block_div // block_mod.
 rewrite exchange_big; apply: eq_bigr => i _; exact: h.
 Qed.
+
+(** all_reduce(avg) over axis [a] of a tensor Partial(sum) over [a] and
+    Partial(sum) (or Partial(avg)) over another axis [b]: the result is
+    Replicate over [a] and still Partial(sum) (Partial(avg)) over [b], of
+    [E / pa].  The averaging is linear, so the other axis's combination
+    passes through it; nesting order does not matter (the sums exchange). *)
+Theorem allreduce_avg_partial_sum_nested {I : Type} {R : fieldType} (pa pb : nat)
+  (E : I -> R) (L : nat -> nat -> I -> R) :
+  ((forall x : I, \sum_(0 <= r < pa) \sum_(0 <= s < pb) L r s x = E x) ->
+   forall x : I, \sum_(0 <= s < pb) ((pa%:R)^-1 * \sum_(0 <= r < pa) L r s x) = (pa%:R)^-1 * E x) /\
+  ((forall x : I, ((pb%:R)^-1 * \sum_(0 <= r < pa) \sum_(0 <= s < pb) L r s x)%R = E x) ->
+   forall x : I, ((pb%:R)^-1 * \sum_(0 <= s < pb) ((pa%:R)^-1 * \sum_(0 <= r < pa) L r s x))%R = (pa%:R)^-1 * E x).
+Proof.
+have key : forall x, \sum_(0 <= s < pb) ((pa%:R)^-1 * \sum_(0 <= r < pa) L r s x) =
+                     (pa%:R)^-1 * \sum_(0 <= r < pa) \sum_(0 <= s < pb) L r s x.
+  by move=> x; rewrite -mulr_sumr exchange_big.
+split=> h x; rewrite key -h //.
+by rewrite !mulrA [(pb%:R)^-1 * _]mulrC.
+Qed.

@@ -78,6 +78,14 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
     ("realcode.norm_tokens", {"count_by": "gather"}, "VERIFIED"),
     ("realcode.norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
+    # tokens sharded over dp x cp, gradients averaged over both (examples/torch/realcode/norm_dp_cp.py)
+    ("realcode.norm_dp_cp", {}, "VERIFIED"),
+    ("realcode.norm_dp_cp", {"order": "cp_dp"}, "VERIFIED"),
+    ("realcode.norm_dp_cp", {"sync": "sum_div"}, "VERIFIED"),
+    ("realcode.norm_dp_cp", {"dp": 2, "cp": 2}, "VERIFIED"),
+    ("realcode.norm_dp_cp", {"bug": "dp_only"}, "REFUTED"),
+    ("realcode.norm_dp_cp", {"bug": "div_dp"}, "REFUTED"),
+    ("realcode.norm_dp_cp", {"bug": "avg_then_sum"}, "REFUTED"),
     # DTensor TP block with a mean loss (examples/torch/realcode/norm_dtensor_mean.py)
     ("realcode.norm_dtensor_mean", {}, "VERIFIED"),
     ("realcode.norm_dtensor_mean", {"loss": "mean"}, "VERIFIED"),

@@ -178,7 +178,21 @@ def test_allreduce_avg_over_two_axes_of_partial_sums():
         _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, R)), 6)
 
 
-@pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes", "allgather_partial_sum"])
+def test_allreduce_avg_over_one_axis_keeps_the_other_partial():
+    X, kc = _kc({"dp": 2, "cp": 3})
+    x = X.leaf("x", (2,), "float")
+    Ps, Pa, Pm = (Placement("P", reduce=r) for r in ("sum", "avg", "max"))
+    d = _coll(kc, "all_reduce", {"axis": "dp", "reduce": "avg"}, Fact(x, (Ps, Ps)), 2)
+    assert d.rules == ["allreduce_avg_partial_sum_nested"] and d.facts[0].pl == (R, Ps)
+    assert Prover(X).equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 2)]))
+    d = _coll(kc, "all_reduce", {"axis": "cp", "reduce": "avg"}, Fact(x, (Pa, Ps)), 3)
+    assert d.facts[0].pl == (Pa, R) and Prover(X).equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 3)]))
+    with pytest.raises(RuleFailure):  # max does not commute with the average
+        _coll(kc, "all_reduce", {"axis": "dp", "reduce": "avg"}, Fact(x, (Ps, Pm)), 2)
+
+
+@pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes", "allgather_partial_sum",
+                                  "allreduce_avg_partial_sum_nested"])
 def test_conformance_collectives(rule):
     st = run_rule(rule, 300)
     assert st.bad == 0, st.failures
@@ -205,6 +219,10 @@ CASES = [  # (module, kwargs, expected)
     ("norm_tokens", {"count_by": "gather"}, "VERIFIED"),  # per-rank counts all_gathered, then summed
     ("norm_tokens", {"count_by": "gather", "dp": 4}, "VERIFIED"),
     ("norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
+    ("norm_dp_cp", {}, "VERIFIED"),  # tokens over dp x cp, grads averaged over both axes in turn
+    ("norm_dp_cp", {"sync": "sum_div", "order": "cp_dp"}, "VERIFIED"),
+    ("norm_dp_cp", {"bug": "dp_only"}, "REFUTED"),
+    ("norm_dp_cp", {"bug": "div_dp"}, "REFUTED"),
     ("norm_dtensor_mean", {}, "VERIFIED"),  # DTensor Colwise / Rowwise, F.mse_loss (mean)
     ("norm_dtensor_mean", {"sp": True, "loss": "global_div"}, "VERIFIED"),
     ("norm_dtensor_mean", {"sp": True}, "REFUTED"),  # a local mean on a sequence shard: tp x the gradients

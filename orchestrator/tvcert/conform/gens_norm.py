@@ -373,7 +373,30 @@ def gen_gather_sum(dr: Draw, seed: int):
 RULE_GATHER = "allgather_partial_sum"
 
 
+def gen_ar_avg_nested(dr: Draw, seed: int):
+    """all_reduce(avg) over one axis of Partial(sum) while other axes hold Partial(sum) / Partial(avg) (near
+    misses: Partial(max) there, inner or outer; Shard / Replicate mixed in)."""
+    axes, sizes = dr.mesh(max_axes=3, min_axes=2, max_ranks=24)
+    ai = dr.int(0, len(axes) - 1)
+    pl = []
+    for j in range(len(axes)):
+        if j == ai:
+            pl.append(Placement("P", reduce="sum"))
+        else:
+            u = dr.rng.random()
+            pl.append(Placement("P", reduce="sum") if u < 0.45 else Placement("P", reduce="avg") if u < 0.75 else
+                      Placement("P", reduce="max") if u < 0.85 else dr.pick([R, Placement("S", 0)]))
+    shape = [dr.int(1, 3), dr.int(1, 2)]
+    for j, q in enumerate(pl):
+        if q.kind == "S":
+            shape[0] *= sizes[axes[j]]
+    case = OpCase("all_reduce", {"axis": axes[ai], "reduce": "avg"}, [TIn(tuple(shape), tuple(pl))], tuple(axes),
+                  dict(sizes))
+    return safe_run(case, seed), case.describe()
+
+
 NORM_GENERATORS = {
+    "allreduce_avg_partial_sum_nested": gen_ar_avg_nested,
     "allgather_partial_sum": gen_gather_sum,
     "partial_sum_as_avg": gen_partial_read,
     "reduction_normal_form": gen_reduction,

@@ -80,6 +80,8 @@ RULES: dict[str, str] = {
     "partial_sum_as_avg": "an output fact Partial(sum) E reads as Partial(avg) E/p (and back), p > 0 (output matching)",
     "allgather_partial_sum": "summing an all_gather of Partial(sum) pieces over the gathered dim gives the sum of their "
                              "combination, Replicate over the gather's axis (pattern, kernel/gathered.py)",
+    "allreduce_avg_partial_sum_nested": "all_reduce(avg) over one axis of Partial(sum) while other axes hold "
+                                        "Partial(sum|avg) is Replicate there of E/p, the other Partials kept",
     "all_to_all_reshard": "all_to_all(split a, concat b) turns Shard(b) into Shard(a)",
     "broadcast_replicate": "broadcasting a replicated tensor leaves it replicated",
     "send_recv_preserves": "a received tensor equals the sent one, with its placement",
@@ -1013,12 +1015,15 @@ def _collective(kc, op, ra, raw, facts):
             return Derivation([Fact(kc.exprs.mk("div", {}, [f.expr, c]), tuple(pl))], ["allreduce_avg_partial_sum_axes"])
         if r == "avg" and len(idx) == 1 and pl[idx[0]] == P("sum"):
             # mean over ranks of partial sums: (1/p) * E, the expression changes
-            if any(q.kind == "P" for j, q in enumerate(pl) if j != idx[0]):
-                raise RuleFailure("all_reduce(avg) of Partial(sum) with Partial on another axis: no rule")
+            others = [q for j, q in enumerate(pl) if j != idx[0] and q.kind == "P"]
+            if any(q.reduce not in ("sum", "avg") for q in others):
+                raise RuleFailure("all_reduce(avg) of Partial(sum) with Partial(max) on another axis: no rule")
             pl[idx[0]] = R
             c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
             e = kc.exprs.mk("div", {}, [f.expr, c])
-            return Derivation([Fact(e, tuple(pl))], ["allreduce_avg_partial_sum"])
+            # other axes Partial(sum|avg): the averaging is linear, they stay (CollectivesReal.v)
+            return Derivation([Fact(e, tuple(pl))], ["allreduce_avg_partial_sum_nested" if others
+                                                     else "allreduce_avg_partial_sum"])
         for i in idx:
             if pl[i].kind != "P" or pl[i].reduce != want:
                 raise RuleFailure(f"all_reduce({r}) over {kc.axes[i]!r} needs Partial({want}) there, got {pl[i]}")
