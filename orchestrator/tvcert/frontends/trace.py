@@ -240,6 +240,10 @@ def _user_stack_traces():
         fxp.TracerBase._filter_traceback_frames = old
 
 
+# A transform of the joint function before make_fx traces it (``functional.functionalized``, set by a front end
+# whose framework writes through aliases, e.g. ``tvcert.frontends.megatron_core``); None: traced as it is.
+joint_transform: Optional[Callable[[Callable], Callable]] = None
+
 # Progress of a long trace (tvcert.progress.Progress.tick, set by the CLI): called with one line of text.
 progress_hook: Optional[Callable[[str], None]] = None
 _progress_where = ""  # "rank 2/4" while a rank is traced
@@ -735,7 +739,8 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
 
     try:
         with _user_stack_traces(), fxtb.preserve_node_meta(), _module_paths(), sdpa_kernel([SDPBackend.MATH]):
-            gm = make_fx(joint, tracing_mode="fake", record_stack_traces=True,
+            gm = make_fx(joint if joint_transform is None else joint_transform(joint), tracing_mode="fake",
+                         record_stack_traces=True,
                          decomposition_table=decompositions())(*xs)
     finally:
         log.setLevel(level)

@@ -1,0 +1,49 @@
+"""A Megatron-core TransformerLayer built from megatron-core's own local (non-Transformer-Engine) GPT layer spec.
+
+Pre-norm attention (fused QKV ColumnParallelLinear, causal DotProductAttention, RowParallelLinear projection) and
+MLP (ColumnParallelLinear fc1 -> GeLU -> RowParallelLinear fc2) with residuals, Megatron's [seq, batch, hidden]
+layout; under sequence parallelism the norms and residuals run on sequence shards and Megatron's
+`finalize_model_grads` all-reduces the layer-norm gradients (parameters marked `sequence_parallel`).
+
+    tvcert trace examples/torch/mcore_layer.py --verify                     # TP=2: VERIFIED
+    tvcert trace examples/torch/mcore_layer.py --set sp=true --verify       # TP=2 + SP: VERIFIED
+    tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=ln_not_marked --verify   # REFUTED
+"""
+S, B, H, NH, F = 4, 2, 8, 4, 16
+
+
+def build(config):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    return build_module(get_gpt_layer_local_spec(), config=config, layer_number=1)
+
+
+def loss(layer, x, target):
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    y, _ = layer(x, attention_mask=None)
+    local = 0.5 * ((y - target) ** 2).sum()
+    return reduce_from_tensor_model_parallel_region(local) if layer.config.sequence_parallel else local
+
+
+def _unmark_layernorms(layer):
+    """The historical bug: layer-norm weights under SP not marked `sequence_parallel`, so finalize_model_grads
+    leaves their gradients as per-rank partial sums."""
+    for n, p in layer.named_parameters():
+        if "layernorm" in n and hasattr(p, "sequence_parallel"):
+            del p.sequence_parallel
+
+
+def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = ""):
+    """bug: "" | "ln_not_marked" (see _unmark_layernorms) | "no_finalize" (finalize_model_grads not run)."""
+    from tvcert.frontends.megatron_core import trace_megatron
+
+    if bug not in ("", "ln_not_marked", "no_finalize"):
+        raise ValueError(f"unknown bug {bug!r}")
+    seq = {"tp": "Shard(0)"} if sp else {}
+    data = {"x": {"shape": [S, B, H], "placement": seq}, "target": {"shape": [S, B, H], "placement": seq}}
+    return trace_megatron(build, loss, data=data, tp=tp, sp=sp, finalize=bug != "no_finalize",
+                          edit=_unmark_layernorms if bug == "ln_not_marked" else None,
+                          config_kw={"hidden_size": H, "num_attention_heads": NH, "ffn_hidden_size": F},
+                          name=f"mcore_layer_tp{tp}{'_sp' if sp else ''}{'_' + bug if bug else ''}")
