@@ -68,6 +68,19 @@ Definition coll_ok (ms : seq nat) (s : shape) (cl : coll) (k : nat) (pls pls' : 
   pls_eqb pls' (set_nth Replicate pls k (coll_out cl)) &&
   mpl_ok ms s pls && mpl_ok ms s pls'.
 
+(** Shapes of the parallel program: the shape part of [mrun] (printer check). *)
+Definition pnode_shape (ms : seq nat) (ss : seq shape) (n : pnode) : shape :=
+  match n with
+  | PLocal o a => op_shape 1 o (map (nth [::] ss) a)
+  | PColl cl k a => coll_shape (nth 0 ms k) cl (nth [::] ss a)
+  end.
+
+Fixpoint mrun_s (ms : seq nat) (ss : seq shape) (ns : seq pnode) : seq shape :=
+  match ns with
+  | [::] => ss
+  | n :: ns' => mrun_s ms (rcons ss (pnode_shape ms ss n)) ns'
+  end.
+
 Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _ _ a => [:: a] end.
 
 Section Checker.

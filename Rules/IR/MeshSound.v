@@ -494,6 +494,20 @@ elim: ns env => [|n ns IH] env /=; first by rewrite addn0.
 by rewrite IH size_rcons addSnnS.
 Qed.
 
+Lemma mnth_fst (env : seq mentry) a : nth [::] (map fst env) a = (nth mdflt env a).1.
+Proof.
+case: (ltnP a (size env)) => h; first by rewrite (nth_map mdflt).
+by rewrite !nth_default ?size_map.
+Qed.
+
+Lemma mrun_shapes ms env ns : map fst (mrun fn ms env ns) = mrun_s ms (map fst env) ns.
+Proof.
+elim: ns env => [|n ns IH] env //=; rewrite IH map_rcons; congr (mrun_s _ (rcons _ _) _).
+case: n => [o a|cl k x] /=.
+  by rewrite -map_comp; congr (op_shape _ _ _); apply: eq_map => b /=; rewrite mnth_fst.
+by rewrite mnth_fst.
+Qed.
+
 Section Plan.
 Variable P : mplan.
 Variable X : seq tensor.

@@ -1,15 +1,19 @@
 """Plan -> Coq term of ``Rules/IR`` (the trusted printer) and the untrusted fact search.
 
-``translate`` maps a loaded plan onto the Coq IR of ``Rules/IR/Syntax.v``: node ids are
-positions (inputs first), shapes are the plan's declared dims, each op becomes one
-constructor.  It refuses (returns the uncovered steps) whatever the stage-1 fragment lacks:
-several mesh axes or programs, layouts, zig-zag shards, integer tensors, ops without a Coq
-denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` gives (mirrored
-here by ``_shape``) must equal the shapes the IR infers, node by node.
+``translate`` maps a loaded plan onto ``JMesh.mplan`` (``Rules/IR/Mesh.v``): the mesh is the
+plan's axes in mesh order (axis 0 outermost, as the interpreter distributes inputs), node ids
+are positions (inputs first), shapes are the plan's declared dims, each local op becomes one
+``Syntax.op`` constructor and each collective a ``PColl`` over one axis.  It refuses (returns
+the uncovered steps) whatever the fragment lacks: several programs, layouts, zig-zag shards,
+integer tensors, collectives over several axes, reduce_scatter other than sum, ops without a
+Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
+``coll_shape`` give (mirrored here by ``_shape``) must equal the shapes the IR infers, node by
+node; the emitted file proves the same equalities in Coq (``the_shapes``).
 
-``search`` finds the certificate: one fact ``(logical id, placement)`` per parallel node,
-by the same rules as ``Check.rule`` (``Rules/IR/Check.v``).  It is search, not trust: Coq's
-``check`` re-derives every fact and the theorem only exists when it returns true.
+``search`` finds the certificate: one fact ``(logical id, placements)`` per parallel node, by
+the rules of ``MeshCheck.mderive`` (``Check.rule`` on every axis; collectives by
+``coll_ok``).  It is search, not trust: Coq's ``mcheck`` re-derives every fact and the theorem
+exists only when it returns true.
 """
 from __future__ import annotations
 
@@ -25,11 +29,13 @@ from ..plan import Plan
 # pointwise unary ops denoted by an uninterpreted function [Fn k]
 FN_OPS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "silu", "relu", "abs",
           "reciprocal", "gelu")
+COLLS = ("AllReduce", "AllGather", "ReduceScatter")
+_RED = {"sum": "RSum", "avg": "RAvg", "max": "RMax"}
 
 
 @dataclass(frozen=True)
 class Pl:
-    """A placement on the single mesh axis: R, S (dim), P (reduce)."""
+    """A placement on one mesh axis: R, S (dim), P (reduce)."""
     kind: str
     dim: int = -1
     reduce: str = "sum"
@@ -39,7 +45,7 @@ class Pl:
             return "Replicate"
         if self.kind == "S":
             return f"(Shard {self.dim})"
-        return "(Partial " + {"sum": "RSum", "avg": "RAvg", "max": "RMax"}[self.reduce] + ")"
+        return f"(Partial {_RED[self.reduce]})"
 
     def __str__(self) -> str:
         return {"R": "Replicate", "S": f"Shard({self.dim})"}.get(self.kind, f"Partial({self.reduce})")
@@ -47,12 +53,18 @@ class Pl:
 
 R_ = Pl("R")
 PSUM = Pl("P", reduce="sum")
+Pls = tuple  # one Pl per mesh axis
+
+
+def pls_str(pls: Pls) -> str:
+    return "(" + ", ".join(map(str, pls)) + ")"
 
 
 @dataclass
 class CNode:
-    op: tuple           # ("Add",) ("Scale", Fraction) ("Fn", k) ("Const", Fraction, shape) ("MM",)
-                        # ("Sum", dims) ("Transpose", d0, d1) ("AllReduce", r) ("AllGather", d) ...
+    op: tuple           # ("Add",) ("Scale", Fraction) ("Fn", k) ("Const", Fraction, shape) ("MM",) ("Sum", dims)
+                        # ("Transpose", d0, d1); collectives: ("AllReduce", reduce, axis) ("AllGather", dim, axis)
+                        # ("ReduceScatter", dim, axis)
     args: list[int]
     name: str
 
@@ -60,16 +72,19 @@ class CNode:
 @dataclass
 class CoqPlan:
     name: str
-    p: int
-    axis: str
+    mesh: list[tuple[str, int]]                  # (axis name, size), axis 0 outermost
     l_inputs: list[tuple[str, tuple[int, ...]]]
     l_nodes: list[CNode]
-    p_inputs: list[tuple[str, int, Pl]]          # (local name, logical input id, placement)
+    p_inputs: list[tuple[str, int, Pls]]         # (local name, logical input id, placements)
     p_nodes: list[CNode]
-    p_outputs: list[tuple[str, int, int, Pl]]    # (logical name, logical id, parallel id, placement)
+    p_outputs: list[tuple[str, int, int, Pls]]   # (logical name, logical id, parallel id, placements)
     fns: list[str] = field(default_factory=list)  # Fn k -> op name
     l_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p for _, p in self.mesh]
 
 
 @dataclass
@@ -104,7 +119,8 @@ def _bshape(a, b):
     return tuple(reversed(out))
 
 
-def _shape(op: tuple, ss: list[tuple[int, ...]], p: int) -> tuple[int, ...]:
+def _shape(op: tuple, ss: list[tuple[int, ...]], sizes: list[int] | None = None) -> tuple[int, ...]:
+    """Denote.op_shape 1 (local ops) / Mesh.coll_shape (collectives, on the axis sizes)."""
     k = op[0]
     s0 = ss[0] if ss else ()
     if k in ("Add", "Sub", "Mul", "Div"):
@@ -124,9 +140,11 @@ def _shape(op: tuple, ss: list[tuple[int, ...]], p: int) -> tuple[int, ...]:
         s = list(s0)
         s[op[1]], s[op[2]] = s0[op[2]], s0[op[1]]
         return tuple(s)
-    if k == "AllGather":
+    if k in ("AllGather", "ReduceScatter"):
+        assert sizes is not None
         s = list(s0)
-        s[op[1]] *= p
+        p = sizes[op[2]]
+        s[op[1]] = s[op[1]] * p if k == "AllGather" else s[op[1]] // p
         return tuple(s)
     raise AssertionError(k)
 
@@ -136,6 +154,12 @@ def _local_shape(s, pl: Pl, p: int):
         s = list(s)
         s[pl.dim] //= p
         return tuple(s)
+    return tuple(s)
+
+
+def _mlocal_shape(s, pls: Pls, sizes: list[int]):
+    for pl, p in zip(pls, sizes):
+        s = _local_shape(s, pl, p)
     return tuple(s)
 
 
@@ -150,7 +174,7 @@ def _num(v: Any) -> Fraction | None:
     return Fraction(v)
 
 
-def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axis: str, fns: list[str]) -> tuple:
+def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: list[str]) -> tuple:
     """The Coq op of an IR node, or raise ValueError(why)."""
     op = n.op
     nd = lambda d, r: d + r if d < 0 else d  # noqa: E731
@@ -188,22 +212,26 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axis: str, fns: list[str]
     if op == "transpose":
         r = len(in_shapes[0])
         return ("Transpose", nd(int(ra["dim0"]), r), nd(int(ra["dim1"]), r))
-    if op in ("all_reduce", "all_gather"):
+    if op in ("all_reduce", "all_gather", "reduce_scatter"):
         ax = ra["axis"]
-        if (ax if isinstance(ax, str) else tuple(ax)) not in (axis, (axis,)):
-            raise ValueError(f"collective over {ax!r}, not the mesh axis {axis!r}")
+        ax = (ax,) if isinstance(ax, str) else tuple(ax)
+        if len(ax) != 1 or ax[0] not in axes:
+            raise ValueError(f"collective over {list(ax)}: only collectives over one mesh axis are covered")
+        k = axes.index(ax[0])
         if op == "all_reduce":
-            return ("AllReduce", ra.get("reduce", "sum"))
-        return ("AllGather", nd(int(ra["dim"]), len(in_shapes[0])))
-    raise ValueError("op has no denotation in Rules/IR/Denote.v yet")
+            return ("AllReduce", ra.get("reduce", "sum"), k)
+        if op == "reduce_scatter" and ra.get("reduce", "sum") != "sum":
+            raise ValueError(f"reduce_scatter({ra.get('reduce')}) is not covered (sum only)")
+        return ("AllGather" if op == "all_gather" else "ReduceScatter", nd(int(ra["dim"]), len(in_shapes[0])), k)
+    raise ValueError("op has no denotation in Rules/IR yet")
 
 
 def _mentions_rank(attrs: Any) -> bool:
     return "rank." in repr(attrs)
 
 
-def _graph(g: Graph, where: str, env: dict, axis: str, p: int, fns: list[str], ids: dict[str, int],
-           shapes: list, inferred: dict, unc: list[Uncovered]) -> list[CNode]:
+def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], fns: list[str],
+           ids: dict[str, int], shapes: list, inferred: dict, unc: list[Uncovered]) -> list[CNode]:
     out = []
     for n in g.nodes:
         name = n.outputs[0] if n.outputs else n.path
@@ -219,15 +247,18 @@ def _graph(g: Graph, where: str, env: dict, axis: str, p: int, fns: list[str], i
         ra = dict(resolve_attrs(spec, n.attrs, env))
         in_shapes = [shapes[ids[x]] for x in n.inputs]
         try:
-            op = _op(n, ra, in_shapes, axis, fns)
+            op = _op(n, ra, in_shapes, axes, fns)
         except ValueError as exc:
             unc.append(Uncovered(where, name, n.op, str(exc)))
+            continue
+        if where == "logical" and op[0] in COLLS:
+            unc.append(Uncovered(where, name, n.op, "a collective in the logical graph"))
             continue
         dt = inferred.get(name, ((), "float"))[1]
         if dt != "float" or any(inferred.get(x, ((), "float"))[1] != "float" for x in n.inputs):
             unc.append(Uncovered(where, name, n.op, "integer tensors are not covered"))
             continue
-        s = _shape(op, in_shapes, p)
+        s = _shape(op, in_shapes, sizes)
         if name in inferred and tuple(inferred[name][0]) != s:
             unc.append(Uncovered(where, name, n.op, f"Coq shape {list(s)} differs from the IR's "
                                                   f"{list(inferred[name][0])}"))
@@ -238,35 +269,42 @@ def _graph(g: Graph, where: str, env: dict, axis: str, p: int, fns: list[str], i
     return out
 
 
-def _placement(b, axis: str, shape: tuple[int, ...]) -> Pl:
+def _placement(b, axes: list[str], shape: tuple[int, ...]) -> Pls:
     if b.layout:
         raise ValueError("layout transforms are not covered")
-    pl = b.placement.get(axis)
-    if pl is None or pl.kind == "R":
-        return R_
-    if pl.kind == "S":
-        return Pl("S", pl.dim + len(shape) if pl.dim < 0 else pl.dim)
-    if pl.kind == "P":
-        return Pl("P", reduce=pl.reduce)
-    raise ValueError(f"placement {pl} is not covered")
+    out = []
+    for axis in axes:
+        pl = b.placement.get(axis)
+        if pl is None or pl.kind == "R":
+            out.append(R_)
+        elif pl.kind == "S":
+            out.append(Pl("S", pl.dim + len(shape) if pl.dim < 0 else pl.dim))
+        elif pl.kind == "P":
+            out.append(Pl("P", reduce=pl.reduce))
+        else:
+            raise ValueError(f"placement {pl} is not covered")
+    return tuple(out)
 
 
 def translate(plan: Plan) -> CoqPlan:
     """The plan as a Coq IR term (raises NotCovered with every step outside the fragment)."""
     unc: list[Uncovered] = []
     mesh = plan.mesh()
-    if len(mesh) != 1:
-        raise NotCovered([Uncovered("plan", "", "mesh", f"{len(mesh)} mesh axes; stage 1 covers one")])
-    (axis, p), = mesh.items()
+    axes, sizes = list(mesh), list(mesh.values())
     if len(plan.programs) != 1:
         raise NotCovered([Uncovered("plan", "", "programs", f"{len(plan.programs)} programs (pipeline "
-                                                            "stages); stage 1 covers one")])
+                                                            "stages); the Coq judge covers one")])
     (pname, prog), = plan.programs.items()
+    if plan.program_axes(pname) != axes:
+        raise NotCovered([Uncovered("plan", "", "programs", "a program fixed to a pipeline stage is not covered")])
+    if not axes or any(p <= 0 for p in sizes):
+        raise NotCovered([Uncovered("plan", "", "mesh", "the mesh needs at least one axis, every size positive")])
     env = dict(plan.dims)
     fns: list[str] = []
     linf = plan.logical.infer(env, mesh, key="coq_shape")
     penv = dict(env)
-    penv[f"rank.{axis}"] = 0
+    for a in axes:
+        penv[f"rank.{a}"] = 0
     pinf = prog.infer(penv, mesh, key="coq_shape")
 
     l_ids: dict[str, int] = {}
@@ -280,7 +318,7 @@ def translate(plan: Plan) -> CoqPlan:
         l_ids[t.name] = len(l_shapes)
         l_shapes.append(tuple(s))
         l_inputs.append((t.name, tuple(s)))
-    l_nodes = _graph(plan.logical, "logical", env, axis, p, fns, l_ids, l_shapes, linf, unc)
+    l_nodes = _graph(plan.logical, "logical", env, axes, sizes, fns, l_ids, l_shapes, linf, unc)
 
     p_ids: dict[str, int] = {}
     p_shapes: list = []
@@ -292,19 +330,19 @@ def translate(plan: Plan) -> CoqPlan:
             unc.append(Uncovered(pname, t.name, "input", "not bound to a covered logical input"))
             continue
         try:
-            pl = _placement(b, axis, l_shapes[l_ids[b.logical]])
+            pls = _placement(b, axes, l_shapes[l_ids[b.logical]])
         except ValueError as exc:
             unc.append(Uncovered(pname, t.name, "input", str(exc)))
             continue
-        ls = _local_shape(l_shapes[l_ids[b.logical]], pl, p)
+        ls = _mlocal_shape(l_shapes[l_ids[b.logical]], pls, sizes)
         if tuple(pinf[t.name][0]) != ls:
             unc.append(Uncovered(pname, t.name, "input", f"declared local shape {list(pinf[t.name][0])} is not "
-                                                       f"the placement's {list(ls)}"))
+                                                       f"the placements' {list(ls)}"))
             continue
         p_ids[t.name] = len(p_shapes)
         p_shapes.append(ls)
-        p_inputs.append((t.name, l_ids[b.logical], pl))
-    p_nodes = _graph(prog, pname, penv, axis, p, fns, p_ids, p_shapes, pinf, unc)
+        p_inputs.append((t.name, l_ids[b.logical], pls))
+    p_nodes = _graph(prog, pname, penv, axes, sizes, fns, p_ids, p_shapes, pinf, unc)
 
     p_outputs = []
     for lname in plan.logical.outputs:
@@ -316,14 +354,15 @@ def translate(plan: Plan) -> CoqPlan:
                 unc.append(Uncovered(pname, b.local, "output", f"output {lname!r} is outside the covered fragment"))
             continue
         try:
-            pl = _placement(b, axis, l_shapes[l_ids[lname]])
+            pls = _placement(b, axes, l_shapes[l_ids[lname]])
         except ValueError as exc:
             unc.append(Uncovered(pname, b.local, "output", str(exc)))
             continue
-        p_outputs.append((lname, l_ids[lname], p_ids[b.local], pl))
+        p_outputs.append((lname, l_ids[lname], p_ids[b.local], pls))
     if unc:
         raise NotCovered(unc)
-    return CoqPlan(plan.name, p, axis, l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns, l_shapes, p_shapes)
+    return CoqPlan(plan.name, list(mesh.items()), l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns,
+                   l_shapes, p_shapes)
 
 
 # ----------------------------------------------------------------- fact search (mirror of Check.rule)
@@ -343,7 +382,7 @@ def _shard_ok(p, s, d) -> bool:
 def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
     """A placement Check.rule accepts for the result, or None."""
     k = op[0]
-    so = _shape(op, ss, 1)
+    so = _shape(op, ss)
     if all(x.kind == "R" for x in pls):
         return R_
     cands: list[Pl] = []
@@ -383,47 +422,83 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
     return None
 
 
-def search(cp: CoqPlan) -> list[tuple[int, Pl]]:
+def _mpl_ok(s, pls: Pls, sizes: list[int]) -> bool:
+    """Mirror of MeshCheck.mpl_ok."""
+    if len(pls) != len(sizes):
+        return False
+    for pl, p in zip(pls, sizes):
+        if pl.kind == "S" and not _shard_ok(p, s, pl.dim):
+            return False
+        s = _local_shape(s, pl, p)
+    return True
+
+
+def _mrule(op: tuple, ss: list, plss: list[Pls], sizes: list[int]) -> Pls | None:
+    """Mirror of MeshCheck.mrule: Check.rule on every axis, operand shapes local to the outer axes."""
+    out = []
+    for k, p in enumerate(sizes):
+        hs = [x[k] for x in plss]
+        c = _rule(op, ss, hs, p)
+        if c is None:
+            return None
+        out.append(c)
+        ss = [_local_shape(s, h, p) for s, h in zip(ss, hs)]
+    return tuple(out)
+
+
+def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
+    """Mirror of MeshCheck.coll_ok: the result's placements, or None and why."""
+    kind, k = op[0], op[-1]
+    need = Pl("P", reduce=op[1]) if kind == "AllReduce" else Pl("S", op[1]) if kind == "AllGather" else PSUM
+    name = _ir_name(op)
+    if pls[k] != need:
+        return None, f"{name} over axis {k} of a {pls_str(pls)} operand (needs {need} on axis {k})"
+    for pl in pls[k + 1:]:
+        if not (pl.kind == "R" or (pl.kind == "S" and (kind == "AllReduce" or pl.dim != op[1]))):
+            return None, (f"{name} over axis {k} of a {pls_str(pls)} operand: an axis inside it is {pl}, "
+                          "which the Coq checker does not commute with the collective")
+    out = pls[:k] + ((Pl("S", op[1]) if kind == "ReduceScatter" else R_),) + pls[k + 1:]
+    if not _mpl_ok(s, out, sizes):
+        return None, f"{name}: result placements {pls_str(out)} do not divide the shape {list(s)}"
+    return out, ""
+
+
+def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
     """The certificate: one fact per parallel node (raises NotCovered at the first node without one)."""
     ni = len(cp.l_inputs)
+    sizes = cp.sizes
     by_key: dict[tuple, int] = {}
     for j, n in enumerate(cp.l_nodes):
         by_key.setdefault((n.op, tuple(n.args)), ni + j)
-    facts: list[tuple[int, Pl]] = [(li, pl) for _, li, pl in cp.p_inputs]
+    facts: list[tuple[int, Pls]] = [(li, pls) for _, li, pls in cp.p_inputs]
     cert = []
     for n in cp.p_nodes:
         af = [facts[a] for a in n.args]
-        k = n.op[0]
         f = None
         why = ""
-        if k == "AllReduce":
-            if n.op[1] == "sum" and af[0][1] == PSUM:
-                f = (af[0][0], R_)
-            else:
-                why = f"all_reduce({n.op[1]}) of a {af[0][1]} operand"
-        elif k == "AllGather":
-            if af[0][1] == Pl("S", n.op[1]):
-                f = (af[0][0], R_)
-            else:
-                why = f"all_gather along dim {n.op[1]} of a {af[0][1]} operand"
+        if n.op[0] in COLLS:
+            out, why = _coll(n.op, af[0][1], cp.l_shapes[af[0][0]], sizes)
+            if out is not None:
+                f = (af[0][0], out)
         else:
             l = by_key.get((n.op, tuple(x[0] for x in af)))
             if l is None:
                 why = "no logical node applies this op to the logical values of its operands"
             else:
-                pl = _rule(n.op, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], cp.p)
-                if pl is None:
-                    why = "no covered rule for operand placements " + ", ".join(str(x[1]) for x in af)
+                pls = _mrule(n.op, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
+                if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
+                    why = "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
                 else:
-                    f = (l, pl)
+                    f = (l, pls)
         if f is None:
             raise NotCovered([Uncovered("parallel", n.name, _ir_name(n.op), why)])
         facts.append(f)
         cert.append(f)
     bad = [Uncovered("parallel", cp.p_nodes[po - len(cp.p_inputs)].name if po >= len(cp.p_inputs) else
                      cp.p_inputs[po][0], "output",
-                     f"holds logical node {facts[po][0]} as {facts[po][1]}, declared logical {lname!r} as {pl}")
-           for lname, lo, po, pl in cp.p_outputs if facts[po] != (lo, pl)]
+                     f"holds logical node {facts[po][0]} as {pls_str(facts[po][1])}, declared logical {lname!r} "
+                     f"as {pls_str(pls)}")
+           for lname, lo, po, pls in cp.p_outputs if facts[po] != (lo, pls)]
     if bad:
         raise NotCovered(bad)
     return cert
@@ -457,63 +532,73 @@ def coq_op(op: tuple) -> str:
     if k == "Transpose":
         return f"(Transpose {op[1]} {op[2]})"
     if k == "AllReduce":
-        return "(AllReduce " + {"sum": "RSum", "avg": "RAvg", "max": "RMax"}[op[1]] + ")"
+        return f"(CAllReduce {_RED[op[1]]})"
     if k == "AllGather":
-        return f"(AllGather {op[1]})"
+        return f"(CAllGather {op[1]})"
+    if k == "ReduceScatter":
+        return f"(CReduceScatter {op[1]})"
     raise AssertionError(k)
 
 
-def _nodes(ns: list[CNode], first: int) -> str:
-    if not ns:
-        return "[::]"
-    rows = [f"    Node {coq_op(n.op)} {_seq(n.args)}  (* {first + i}: {_cmt(n.name)} *)" for i, n in enumerate(ns)]
-    return "[::\n" + ";\n".join(rows) + "\n  ]"
+def _pnode(n: CNode) -> str:
+    if n.op[0] in COLLS:
+        return f"PColl {coq_op(n.op)} {n.op[-1]} {n.args[0]}"
+    return f"PLocal {coq_op(n.op)} {_seq(n.args)}"
+
+
+def _rows(rows: list[str]) -> str:
+    return "[::\n" + ";\n".join(rows) + "\n  ]" if rows else "[::]"
 
 
 def _cmt(s: str) -> str:
     return s.replace("(*", "( *").replace("*)", "* )")
 
 
-def render(cp: CoqPlan, cert: list[tuple[int, Pl]], header: str = "") -> str:
-    ni = len(cp.l_inputs)
-    pi = len(cp.p_inputs)
-    lin = ";\n".join(f"    {_seq(s)}  (* {i}: {_cmt(n)} *)" for i, (n, s) in enumerate(cp.l_inputs))
-    pin = ";\n".join(f"    ({li}, {pl.coq()})  (* {i}: {_cmt(n)} *)" for i, (n, li, pl) in enumerate(cp.p_inputs))
-    pout = ";\n".join(f"    ({lo}, {po}, {pl.coq()})  (* {_cmt(n)} *)" for n, lo, po, pl in cp.p_outputs)
-    facts = ";\n".join(f"    ({l}, {pl.coq()})  (* {pi + i}: {_cmt(cp.p_nodes[i].name)} *)"
-                       for i, (l, pl) in enumerate(cert))
-    fns = "".join(f"   Fn {k} = {_cmt(name)}\n" for k, name in enumerate(cp.fns))
-    return f"""(* Generated by tvcert (coqjudge) for plan {_cmt(cp.name)}.{(' ' + _cmt(header)) if header else ''}
-   Mesh axis {_cmt(cp.axis)} of {cp.p} ranks.  Uninterpreted pointwise functions:
-{fns or '   (none)' + chr(10)}   The theorem quantifies over every interpretation of them (Rules/IR/Denote.v). *)
-From mathcomp Require Import all_ssreflect.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Sound.
-Import JSyntax JDenote JCheck JSound.
+def coq_pls(pls: Pls) -> str:
+    return _seq([pl.coq() for pl in pls])
 
-Definition the_plan : plan := {{|
-  mesh_size := {cp.p};
-  l_inputs := {'[::' + chr(10) + lin + chr(10) + '  ]' if cp.l_inputs else '[::]'};
-  l_nodes := {_nodes(cp.l_nodes, ni)};
-  p_inputs := {'[::' + chr(10) + pin + chr(10) + '  ]' if cp.p_inputs else '[::]'};
-  p_nodes := {_nodes(cp.p_nodes, pi)};
-  p_outputs := {'[::' + chr(10) + pout + chr(10) + '  ]' if cp.p_outputs else '[::]'}
+
+def render(cp: CoqPlan, cert: list[tuple[int, Pls]], header: str = "") -> str:
+    ni, pi = len(cp.l_inputs), len(cp.p_inputs)
+    lin = [f"    {_seq(s)}  (* {i}: {_cmt(n)} *)" for i, (n, s) in enumerate(cp.l_inputs)]
+    lno = [f"    Node {coq_op(n.op)} {_seq(n.args)}  (* {ni + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.l_nodes)]
+    pin = [f"    ({li}, {coq_pls(pls)})  (* {i}: {_cmt(n)} *)" for i, (n, li, pls) in enumerate(cp.p_inputs)]
+    pno = [f"    {_pnode(n)}  (* {pi + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.p_nodes)]
+    pout = [f"    ({lo}, {po}, {coq_pls(pls)})  (* {_cmt(n)} *)" for n, lo, po, pls in cp.p_outputs]
+    facts = [f"    ({l}, {coq_pls(pls)})  (* {pi + i}: {_cmt(cp.p_nodes[i].name)} *)" for i, (l, pls) in enumerate(cert)]
+    fns = "".join(f"   Fn {k} = {_cmt(name)}\n" for k, name in enumerate(cp.fns))
+    axes = ", ".join(f"{_cmt(a)} = {p}" for a, p in cp.mesh)
+    return f"""(* Generated by tvcert (coqjudge) for plan {_cmt(cp.name)}.{(' ' + _cmt(header)) if header else ''}
+   Mesh axes (axis 0 outermost): {axes}.  Uninterpreted pointwise functions:
+{fns or '   (none)' + chr(10)}   The theorem quantifies over every interpretation of them (Rules/IR/Mesh.v). *)
+From mathcomp Require Import all_ssreflect.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Mesh IR.MeshCheck IR.MeshSound.
+Import JSyntax JDenote JCheck JMesh JMeshCheck JMeshSound.
+
+Definition the_plan : mplan := {{|
+  mesh := {_seq(cp.sizes)};
+  ml_inputs := {_rows(lin)};
+  ml_nodes := {_rows(lno)};
+  mp_inputs := {_rows(pin)};
+  mp_nodes := {_rows(pno)};
+  mp_outputs := {_rows(pout)}
 |}}.
 
-Definition the_cert : seq fact := {'[::' + chr(10) + facts + chr(10) + '  ]' if cert else '[::]'}.
+Definition the_cert : seq mfact := {_rows(facts)}.
 
-(* Printer check: the shapes Coq's op_shape gives every node are the shapes tvcert's IR infers. *)
+(* Printer check: the shapes Coq's denotation gives every node are the shapes tvcert's IR infers. *)
 Lemma the_shapes :
-  run_s 1 (l_inputs the_plan) (l_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
-  run_s (mesh_size the_plan)
-    (map (fun b => local_shape (mesh_size the_plan) (nth [::] (l_inputs the_plan) b.1) b.2) (p_inputs the_plan))
-    (p_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.
+  run_s 1 (ml_inputs the_plan) (ml_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
+  mrun_s (mesh the_plan)
+    (map (fun b => mlocal_shape (mesh the_plan) (nth [::] (ml_inputs the_plan) b.1) b.2) (mp_inputs the_plan))
+    (mp_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.
 Proof. split; vm_compute; reflexivity. Qed.
 
-Lemma the_check : check the_plan the_cert = true.
+Lemma the_check : mcheck the_plan the_cert = true.
 Proof. vm_compute. reflexivity. Qed.
 
-Theorem plan_verified : plan_equiv the_plan.
-Proof. exact: (check_sound the_check). Qed.
+Theorem plan_verified : mplan_equiv the_plan.
+Proof. exact: (mcheck_sound the_check). Qed.
 """
 
 

@@ -42,6 +42,17 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _summary(items, shown: int = 8) -> str:
+    """The uncovered steps grouped by op and reason (first node named), most frequent first."""
+    groups: dict[tuple[str, str], list] = {}
+    for u in items:
+        groups.setdefault((u.op, u.why), []).append(u)
+    rows = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    out = [f"{op} x{len(us)} ({why}; first {us[0].where}:{us[0].node})" if len(us) > 1 else str(us[0])
+           for (op, why), us in rows[:shown]]
+    return "; ".join(out) + (f"; ... {len(rows) - shown} more kinds" if len(rows) > shown else "")
+
+
 def judge(plan, out_path: str | Path | None = None) -> Judgement:
     """Emit the plan's Coq theorem (to ``out_path`` if given) and have coqc check it.
 
@@ -51,7 +62,7 @@ def judge(plan, out_path: str | Path | None = None) -> Judgement:
     except NotCovered as exc:
         items = [str(u) for u in exc.items]
         return Judgement("outside", f"{PY_CHECKED}: {len(items)} step(s) outside the Coq fragment, no Coq theorem "
-                                    "emitted: " + "; ".join(items[:8]) + (" ..." if len(items) > 8 else ""), items)
+                                    "emitted: " + _summary(exc.items), items)
     if not coqc_available():
         if out_path is not None:
             _write_atomic(Path(out_path), text)
