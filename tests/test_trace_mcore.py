@@ -167,4 +167,21 @@ def test_mcore_bad_inputs_are_input_errors():
     with pytest.raises(TraceError) as ei:
         trace_megatron(mcore_mlp.build, mcore_mlp.loss, data={"x": {"shape": [4, 2, 8]}, "target": {"shape": [4, 2, 8]}},
                        tp=3, config_kw={"hidden_size": 8, "ffn_hidden_size": 16})
-    assert ei.value.kind in ("input", "crash"), ei.value
+    assert ei.value.kind == "input" and "tp=3" in str(ei.value), ei.value
+    with pytest.raises(TraceError) as ei:  # a data placement on an axis the mesh does not have
+        trace_megatron(mcore_mlp.build, mcore_mlp.loss, data={"x": {"shape": [4, 2, 8], "placement": {"dp": "Shard(0)"}},
+                                                             "target": {"shape": [4, 2, 8]}},
+                       tp=2, config_kw={"hidden_size": 8, "ffn_hidden_size": 16})
+    assert ei.value.kind == "input" and "dp" in str(ei.value), ei.value
+
+
+def test_mcore_cli_verifies_and_refutes(tmp_path):
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    r = CliRunner().invoke(main, ["trace", str(EX / "mcore_mlp.py"), "--set", "sp=true", "--verify", "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["trace", str(EX / "mcore_mlp.py"), "--set", "sp=true", "--set", "bug=no_finalize",
+                                  "--verify", "-q"])
+    assert r.exit_code == 1 and "grad_fc2__bias" in r.output, r.output

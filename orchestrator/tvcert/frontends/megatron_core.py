@@ -384,7 +384,12 @@ def trace_megatron(build: Callable[[Any], Any], loss: Callable[..., Any], *, dat
         initialize(t)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            m = build(config(t, sp, **ckw))
+            try:
+                m = build(config(t, sp, **ckw))
+            except (ValueError, AssertionError, TypeError) as exc:  # Megatron's own configuration checks
+                msg = " ".join(str(exc).split())[:400]
+                raise TraceError(f"megatron-core refuses the model at tp={t}: {type(exc).__name__}: {msg}",
+                                 "input") from None
         if edited and edit is not None:
             edit(m)
         return m
