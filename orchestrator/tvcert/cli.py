@@ -332,7 +332,12 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False), required=False)
 @click.option("--torch", "torch_spec", metavar="SPEC.py", type=click.Path(dir_okay=False),
               help="instead of PLAN.json: trace this PyTorch spec (see `tvcert trace`) and verify it in one step")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="with --torch: argument of the spec function")
+@click.option("--hf", "hf_model", metavar="MODEL",
+              help="instead of PLAN.json: a tiny Hugging Face model (llama, qwen2, qwen3, mistral, gemma2, phi3, a config "
+                   "or model class) with its own tp_plan, random weights (see `tvcert trace --hf`)")
+@click.option("--tp", type=int, default=2, show_default=True, help="with --hf: tensor-parallel degree")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="with --torch: argument of the spec function; with --hf: tp_plan, config, dtype, batch, seq, seed")
 @click.option("--emit-cert", "cert_path", metavar="CERT.json", type=click.Path(dir_okay=False),
               help="write a certificate when the verdict is VERIFIED")
 @click.option("--emit-coq", "coq_path", metavar="OUT.v", type=click.Path(dir_okay=False),
@@ -343,7 +348,8 @@ def run(plan_path: str, dims_text: str | None, seed: int, exact: bool, as_json: 
 @click.option("--no-refute", is_flag=True, help="do not search for a counterexample when no proof is found")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
 def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path: str | None, report_path: str | None,
-           as_json: bool, no_refute: bool, quiet: bool, coq_path: str | None = None) -> None:
+           as_json: bool, no_refute: bool, quiet: bool, coq_path: str | None = None, hf_model: str | None = None,
+           tp: int = 2) -> None:
     """Prove that the parallel program computes the logical graph, or refute it.
 
     \b
@@ -365,18 +371,18 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
     from .engine.report import render_html, render_text, result_json
     from .engine.verify import verify as run_verify
 
-    if (plan_path is None) == (torch_spec is None):
-        raise click.UsageError("give exactly one of PLAN.json or --torch SPEC.py")
+    if [plan_path, torch_spec, hf_model].count(None) != 2:
+        raise click.UsageError("give exactly one of PLAN.json, --torch SPEC.py or --hf MODEL")
     check_outputs({"PLAN.json": plan_path, "--torch": torch_spec},
                   {"--emit-cert": cert_path, "--report": report_path, "--emit-coq": coq_path}, as_json)
     from .progress import Progress
 
     progress = Progress(quiet or as_json)
     with progress:
-        if torch_spec is not None:
+        if torch_spec is not None or hf_model is not None:
             from .frontends.cli_trace import traced_plan
 
-            plan = traced_plan(torch_spec, sets, as_json, progress=progress)
+            plan = traced_plan(torch_spec, sets, as_json, progress=progress, hf=hf_model, tp=tp)
         else:
             progress.tick(f"loading {plan_path}")
             plan = _load(plan_path, as_json, check_run_dims=False)
@@ -386,7 +392,7 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
         if report_path:
             progress(f"writing the report {report_path}")
             page = render_html(res, cert_path=cert_path if res.verdict == "VERIFIED" else None,
-                               title_note=f"traced from {torch_spec}" if torch_spec else None)
+                               title_note=f"traced from {torch_spec or hf_model}" if torch_spec or hf_model else None)
             try:
                 write_atomic(report_path, page)
             except OSError as exc:

@@ -1,7 +1,10 @@
 """`tvcert trace SPEC -o PLAN.json [--verify]`: PyTorch code -> plan (-> verdict).
 
 ``tvcert trace --torchtitan llama3-debug --tp 4 --sp -o plan.json`` traces a torchtitan model with
-torchtitan's own parallelization instead (:mod:`tvcert.frontends.torchtitan`).
+torchtitan's own parallelization instead (:mod:`tvcert.frontends.torchtitan`), and
+``tvcert trace --hf qwen3 --tp 2 --verify`` a tiny Hugging Face model with its own ``base_model_tp_plan``
+(:mod:`tvcert.frontends.hf`; ``--set`` gives :func:`~tvcert.frontends.hf.hf_spec`'s arguments, e.g.
+``--set tp_plan='{"model.layers.*.mlp": "all_reduce"}'``).
 
 SPEC is ``path/to/file.py`` or ``path/to/file.py:function``; the function (default
 ``tvcert_trace``) returns the keyword arguments of :func:`tvcert.frontends.trace.trace_plan`
@@ -159,7 +162,10 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
 @click.option("--torchtitan", "titan", type=click.Choice(TORCHTITAN_MODELS),
               help="instead of SPEC: a torchtitan model with torchtitan's own parallelization (needs torchtitan==0.3.0)")
-@click.option("--tp", type=int, default=4, show_default=True, help="--torchtitan: tensor-parallel degree")
+@click.option("--hf", "hf", metavar="MODEL",
+              help="instead of SPEC: a tiny Hugging Face model (llama, qwen2, qwen3, mistral, gemma2, phi3, a config or "
+                   "model class) with its own tp_plan, random weights, no download")
+@click.option("--tp", type=int, default=4, show_default=True, help="--torchtitan / --hf: tensor-parallel degree")
 @click.option("--ep", type=int, default=1, show_default=True, help="--torchtitan: expert-parallel degree (on the tp ranks)")
 @click.option("--sp/--no-sp", default=False, show_default=True, help="--torchtitan: sequence parallelism")
 @click.option("--layers", type=int, default=2, show_default=True, help="--torchtitan: transformer layers")
@@ -170,12 +176,12 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
                    "vocab-parallel embedding and loss-parallel cross-entropy")
 def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, report_path: str | None,
           quiet: bool, titan: str | None, tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool,
-          replicated_vocab: bool) -> None:
+          replicated_vocab: bool, hf: str | None = None) -> None:
     """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
 
-    SPEC is a Python file (see the module docstring), or use --torchtitan MODEL."""
-    if (spec is None) == (titan is None):
-        raise click.UsageError("give exactly one of SPEC or --torchtitan MODEL")
+    SPEC is a Python file (see the module docstring), or use --torchtitan MODEL or --hf MODEL."""
+    if [spec, titan, hf].count(None) != 2:
+        raise click.UsageError("give exactly one of SPEC, --torchtitan MODEL or --hf MODEL")
     if report_path and not do_verify:
         raise click.UsageError("--report needs --verify (the report is of the verification)")
     from ..cli import check_outputs
@@ -195,7 +201,7 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
 
     titan_kw = {"tp": tp, "ep": ep, "sp": sp, "mesh_context": not no_mesh_context,
                 "vocab_parallel": not replicated_vocab, "layers": layers}
-    plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress)
+    plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress, hf=hf, tp=tp)
     if out_path:
         from ..cli import write_atomic
 
@@ -228,7 +234,7 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
 
         progress(f"writing the report {report_path}")
         try:
-            write_atomic(report_path, render_html(res, hints=hints, title_note=f"traced from {spec or titan}"))
+            write_atomic(report_path, render_html(res, hints=hints, title_note=f"traced from {spec or titan or hf}"))
         except OSError as exc:
             say({"verdict": "BAD_INPUT", "reason": f"--report {report_path}: cannot write the report: {exc}"},
                 f"error: --report {report_path}: cannot write the report: {exc.strerror or exc}", 3)
@@ -263,7 +269,7 @@ def exit_trace_error(exc, as_json: bool):
 
 
 def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
-                titan_kw: dict | None = None, progress=None) -> dict:
+                titan_kw: dict | None = None, progress=None, hf: str | None = None, tp: int = 2) -> dict:
     """The plan dict of a traced spec (or torchtitan model), or exit as ``tvcert trace`` does.  ``progress``
     (a :class:`tvcert.progress.Progress`) is told each rank and layer traced."""
     from . import trace as _trace_mod
@@ -274,7 +280,7 @@ def traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None 
     try:
         if spec is not None and os.environ.get("TVCERT_SPEC_INPROCESS") != "1" and hasattr(os, "fork"):
             return _traced_in_child(spec, sets, as_json, progress)
-        return _traced_dict(spec, sets, as_json, titan, titan_kw)
+        return _traced_dict(spec, sets, as_json, titan, titan_kw, hf, tp)
     finally:
         _trace_mod.progress_hook = old_hook
 
@@ -414,7 +420,7 @@ def _traced_in_child(spec: str, sets: tuple, as_json: bool, progress=None) -> di
 
 
 def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None = None,
-                 titan_kw: dict | None = None) -> dict:
+                 titan_kw: dict | None = None, hf: str | None = None, tp: int = 2) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -425,6 +431,10 @@ def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None
 
     err: Exception | None = None
     try:
+        if hf is not None:
+            from .hf import trace_hf
+
+            return trace_hf(hf, tp, **_hf_args(_parse_set(sets)))
         if titan is not None:
             from .torchtitan import MODELS, trace_titan
 
@@ -454,12 +464,25 @@ def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None
     sys.exit(3)
 
 
-def traced_plan(spec: str, sets: tuple, as_json: bool, progress=None):
+def _hf_args(args: dict) -> dict:
+    """``--set`` keys of ``--hf``: :func:`tvcert.frontends.hf.hf_spec`'s keyword arguments (else bad input)."""
+    import inspect
+
+    from .hf import hf_spec
+
+    ok = [q.name for q in inspect.signature(hf_spec).parameters.values() if q.kind == q.KEYWORD_ONLY]
+    bad = sorted(set(args) - set(ok))
+    if bad:
+        raise SpecError(f"--set {', '.join(bad)}: --hf takes {', '.join(ok)}")
+    return args
+
+
+def traced_plan(spec: str | None, sets: tuple, as_json: bool, progress=None, hf: str | None = None, tp: int = 2):
     """``tvcert verify --torch SPEC``: the loaded plan of a traced spec, or exit as ``tvcert trace`` does
     (a trace-time crash of the parallel program is REFUTED, an untraceable op UNKNOWN, bad input 3)."""
     from ..plan import PlanError, load_plan
 
-    plan_dict = traced_dict(spec, sets, as_json, progress=progress)
+    plan_dict = traced_dict(spec, sets, as_json, progress=progress, hf=hf, tp=tp)
     try:
         return load_plan(plan_dict)
     except PlanError as exc:

@@ -56,6 +56,11 @@ def _config(model: str, overrides: Mapping[str, Any]):
     return cfg, (cls if cls is not None and not name.endswith("Config") else None)
 
 
+def _cfg_text(cfg) -> str:
+    keys = [k for k in TINY if hasattr(cfg, k)]
+    return f"{type(cfg).__name__}({', '.join(f'{k}={getattr(cfg, k)!r}' for k in keys)})"
+
+
 def _model_class(cfg, cls):
     if cls is not None:
         return cls
@@ -80,17 +85,24 @@ def hf_spec(model: str, tp: int = 2, *, tp_plan: Mapping[str, Any] | None = None
 
     def make():
         torch.manual_seed(seed)
-        return mcls(cfg).to(tdtype).train()
+        try:
+            return mcls(cfg).to(tdtype).train()
+        except Exception as exc:  # noqa: BLE001 - the tiny config does not build
+            raise TraceError(f"--hf {model!r}: {mcls.__name__} does not build from {_cfg_text(cfg)}: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", "input") from None
 
     def parallelize(m, mesh):
         from transformers.distributed import DistributedConfig
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-        dc = DistributedConfig(tp_size=mesh.size(), tp_plan=dict(tp_plan)) if tp_plan else \
-            DistributedConfig(tp_size=mesh.size())
-        plan, _, _ = m._resolve_parallel_plans(dc)
-        plan = {k: v for k, v in plan.items() if v is not None}
-        return apply_tensor_parallelism(m, mesh, plan)
+        try:
+            dc = DistributedConfig(tp_size=mesh.size(), tp_plan=dict(tp_plan)) if tp_plan else \
+                DistributedConfig(tp_size=mesh.size())
+            plan, _, _ = m._resolve_parallel_plans(dc)
+            return apply_tensor_parallelism(m, mesh, plan)
+        except Exception as exc:  # noqa: BLE001 - a tp_plan key or style transformers rejects
+            raise TraceError(f"--hf {model!r}: the tp_plan cannot be applied at tp={mesh.size()}: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", "input") from None
 
     def loss_fn(out, input_ids, labels):
         logits = out.logits

@@ -560,13 +560,17 @@ def _sdpa_flash_cpu():
         if return_debug_mask:
             raise RuntimeError("tvcert: flash attention's debug mask is not traced")
         out, lse = fwd(query, key, value, dropout_p, is_causal, scale=scale)
+        out = torch.empty_like(query).copy_(out)  # the kernel's strides (its meta function's), which DTensor relies on
         e = torch.empty((), dtype=torch.int64)
-        return (out, lse, torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32), query.shape[-2],
-                key.shape[-2], e, torch.empty((), dtype=torch.int64), torch.empty(0, dtype=query.dtype))
+        # cum_seq_q / cum_seq_k are undefined for dense inputs (None, as the kernel's meta function gives; DTensor
+        # wraps them as scalars-or-nothing)
+        return (out, lse, None, None, query.shape[-2], key.shape[-2], e, torch.empty((), dtype=torch.int64),
+                torch.empty(0, dtype=query.dtype))
 
     def fbwd(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
              is_causal, philox_seed, philox_offset, *, scale=None):
-        return bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
+        dq, dk, dv = bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
+        return tuple(torch.empty_like(t).copy_(g) for t, g in ((query, dq), (key, dk), (value, dv)))  # its strides
 
     return fwd, bwd, efwd, ebwd, ffwd, fbwd
 
@@ -655,6 +659,45 @@ def _guarded_hook(h, param: str):
 
 
 @contextlib.contextmanager
+def _dtensor_sdpa():
+    """``F.scaled_dot_product_attention`` of DTensors (PyTorch's DTensor test Transformer: head-sharded q/k/v):
+    on SDPA's math backend DTensor runs the composite, which mixes a plain causal-mask tensor into DTensor ops and
+    fails.  When q, k and v have the same placements, each Replicate or Shard of the batch or head dim (0 or 1),
+    attention is independent per batch row and head, and DTensor's own attention strategy computes it on the
+    local shards; so does this, on the math backend like the logical model (the same form for the engine).  A
+    mask, dropout, GQA or any other placement keeps the normal path."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def local(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        qkv = (query, key, value)
+        if attn_mask is not None or dropout_p != 0.0 or enable_gqa or not all(isinstance(t, DTensor) for t in qkv):
+            return None
+        pl = query.placements
+        if any(t.placements != pl or t.device_mesh != query.device_mesh for t in qkv) or \
+                not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1)) for p in pl) or \
+                query.shape[:2] != key.shape[:2] or key.shape != value.shape[:-1] + key.shape[-1:]:
+            return None
+        out = sdpa(*(t.to_local(grad_placements=pl) for t in qkv), is_causal=bool(is_causal), scale=scale)
+        return DTensor.from_local(out, query.device_mesh, pl, run_check=False)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa:
+                out = local(*args, **kwargs)
+                if out is not None:
+                    return out
+            return func(*args, **kwargs)
+
+    with Mode():
+        yield
+
+
+@contextlib.contextmanager
 def _traceable_collectives():
     """``torch.distributed``'s classic collectives (``dist.all_reduce(t, group=g)``, what gradient hooks call)
     traced as their functional form copied into the buffer: PyTorch's own remapping for tracing
@@ -712,7 +755,7 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
         kw = {}
         for n, t, s in zip(names, flat, specs):
             kw[n] = t.detach().requires_grad_(True) if s.param else t
-        with _traceable_collectives():
+        with _traceable_collectives(), _dtensor_sdpa():
             result = fn(*pre_args, **kw)
             loss, given = _returned(result, params)
             if given is not None:  # the program's own outputs (its own gradients, an optimizer step): as they are
