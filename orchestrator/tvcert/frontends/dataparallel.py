@@ -123,12 +123,22 @@ def trace_ddp_plan(model_factory: Callable[[], Any], wrap: Callable[[Any, Any], 
     if any(b.dtype.is_floating_point for _, b in logical_model.named_buffers()):
         raise TraceError("floating-point buffers (batch-norm statistics, ...) are not traced under data parallelism "
                          "(DDP broadcasts them from rank 0)", "unsupported", "buffer")
+    # complex buffers (a RoPE cache, never written) are inputs as their real view [..., 2], the same on every rank
+    cbufs = [n for n, b in logical_model.named_buffers() if b.is_complex()]
     dnames = list(data)
     inputs: dict[str, dict] = {_safe(n): {"shape": shapes[n], "param": True, "dtype": dtypes[n]} for n in pnames}
+    for n, b in logical_model.named_buffers():
+        if n in cbufs:
+            inputs[_safe(n)] = {"shape": list(b.shape) + [2],
+                                "dtype": {torch.complex64: "float32", torch.complex128: "float64"}[b.dtype]}
     inputs.update({n: dict(data[n]) for n in dnames})
 
+    def buffers(kw_):
+        return {n: torch.view_as_complex(kw_[_safe(n)]) for n in cbufs}
+
     def logical(**kw_):
-        out = torch.func.functional_call(logical_model, {n: kw_[_safe(n)] for n in pnames}, (kw_[dnames[0]],))
+        st = {**{n: kw_[_safe(n)] for n in pnames}, **buffers(kw_)}
+        out = torch.func.functional_call(logical_model, st, (kw_[dnames[0]],))
         return loss_fn(out, **{n: kw_[n] for n in dnames})
 
     def setup(ctx):
@@ -139,9 +149,10 @@ def trace_ddp_plan(model_factory: Callable[[], Any], wrap: Callable[[Any, Any], 
         check_fully_shard(wrapped)
         if isinstance(wrapped, DDP):
             _check_ddp(wrapped, pnames)
-        by_id = {id(p): n for n, p in model.named_parameters()}
-        path = {by_id[id(p)]: (n, p) for n, p in wrapped.named_parameters() if id(p) in by_id}
-        missing = [n for n in pnames if n not in path]
+        by_id = {id(p): n for n, p in [*model.named_parameters(), *model.named_buffers()]}
+        path = {by_id[id(p)]: (n, p) for n, p in [*wrapped.named_parameters(), *wrapped.named_buffers()]
+                if id(p) in by_id}
+        missing = [n for n in pnames + cbufs if n not in path]
         if missing:
             raise TraceError(f"the wrapped module does not train parameters {missing} of the model", "input")
         return wrapped, path
@@ -154,6 +165,7 @@ def trace_ddp_plan(model_factory: Callable[[], Any], wrap: Callable[[Any, Any], 
             leaf = kw_[_safe(n)]
             _transplant_hooks(real, leaf)  # DDP's reducer hooks (and any hand-written ones) now fire on the leaf
             params[wname] = leaf
+        params.update({path[n][0]: t for n, t in buffers(kw_).items()})
         d = {n: kw_[n] for n in dnames}
         if batch is not None:
             d = dict(batch(ctx, **d))
@@ -203,7 +215,7 @@ def optimizer_step(make_optimizer: Callable[[list], Any]) -> Callable[..., dict]
     from torch.distributed.tensor import DTensor
 
     def step(loss, params: Mapping[str, Any]) -> dict:
-        names = list(params)
+        names = [n for n in params if params[n].requires_grad]  # not the buffers
         grads = torch.autograd.grad(loss, [params[n] for n in names])
         ps = []
         for n, g in zip(names, grads):

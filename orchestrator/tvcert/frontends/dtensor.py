@@ -125,8 +125,11 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
     shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
     # Floating-point buffers (rotary ``inv_freq``, ...) are inputs too: otherwise make_fx bakes their
     # values into the graph as tensor constants, which have no IR.  They are not differentiated.
-    bnames = [n for n, b in logical_model.named_buffers() if b.dtype.is_floating_point]
-    shapes.update({n: list(b.shape) for n, b in logical_model.named_buffers() if n in bnames})
+    # Complex buffers (a RoPE cache) travel as their real view [..., 2] and are viewed back inside.
+    bnames = [n for n, b in logical_model.named_buffers() if b.dtype.is_floating_point or b.is_complex()]
+    cnames = {n for n, b in logical_model.named_buffers() if b.is_complex()}
+    shapes.update({n: list(b.shape) + ([2] if n in cnames else []) for n, b in logical_model.named_buffers()
+                   if n in bnames})
     # placements from the parallelized module on rank 0
     with fake_world(0, world):
         dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
@@ -143,7 +146,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
             placements[n] = {}
     dnames = list(data)
     # traced in the dtype the module uses (float64 / bfloat16 parameters stay so; all mean the reals)
-    dtypes = {n: str(t.dtype).removeprefix("torch.")
+    dtypes = {n: str(t.real.dtype if t.is_complex() else t.dtype).removeprefix("torch.")
               for n, t in [*logical_model.named_parameters(), *logical_model.named_buffers()]}
     inputs = {}
     for n in pnames:
@@ -154,7 +157,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         inputs[n] = dict(data[n])
 
     def logical(**kw_):
-        params = {n: kw_[_safe(n)] for n in pnames + bnames}
+        params = {n: torch.view_as_complex(kw_[_safe(n)]) if n in cnames else kw_[_safe(n)] for n in pnames + bnames}
         out = torch.func.functional_call(logical_model, params, (kw_[dnames[0]],))
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})
         return train_step(loss, params) if train_step is not None else loss
@@ -172,7 +175,7 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         model, pls = ctx.state
         params = {}
         for n in pnames + bnames:
-            t = kw_[_safe(n)]
+            t = torch.view_as_complex(kw_[_safe(n)]) if n in cnames else kw_[_safe(n)]
             params[n] = DTensor.from_local(t, *pls[n], run_check=False) if pls[n] is not None else t
         out = torch.func.functional_call(model, params, (kw_[dnames[0]],))
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})

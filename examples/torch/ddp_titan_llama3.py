@@ -1,0 +1,45 @@
+"""torchtitan's Llama 3 debug model trained with torch.nn.parallel.DistributedDataParallel, for `tvcert trace`.
+
+    tvcert trace examples/torch/ddp_titan_llama3.py --verify                          # dp 2, 1 layer: VERIFIED
+    tvcert trace examples/torch/ddp_titan_llama3.py --set bug=loss_div_world --verify # REFUTED: averaged twice
+
+The model is torchtitan 0.3.0's ``llama3`` debug flavour (fused QKV, complex RoPE, SwiGLU, untied lm_head) at
+small dimensions, built by :mod:`tvcert.frontends.torchtitan` (torchtitan's config and builders; its SDPA
+attention with the causal mask written as a finite additive mask) and materialised on the CPU; each rank wraps it
+in DDP and trains on its block of the batch with a mean cross-entropy.  ``bug=loss_div_world`` divides that loss
+by the world size by hand, on top of DDP's averaging.
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+B, S = 4, 8
+
+
+def tvcert_trace(bug: str = "", dp: int = 2, layers: int = 1):
+    from tvcert.frontends.dataparallel import trace_ddp_plan
+    from tvcert.frontends.torchtitan import _build, llama3_debug, prepare
+
+    if bug not in ("", "loss_div_world"):
+        raise ValueError(f"unknown bug {bug!r}")
+    prepare()
+    model = llama3_debug(layers=layers)
+
+    def make():
+        return _build(model.config(1, False, True)).to_empty(device="cpu")
+
+    def wrap(m, ctx):
+        return DDP(m, process_group=ctx.group("dp"))
+
+    def loss_fn(pred, tokens, labels):  # mean over the tokens, as torchtitan spells it: a sum over the count
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum") / labels.numel()
+
+    def rank_loss_fn(pred, tokens, labels):
+        loss = loss_fn(pred, tokens, labels)
+        if bug == "loss_div_world":
+            loss = loss / dp  # BUG loss_div_world: DDP averages the gradients already
+        return loss
+
+    ids = {"shape": [B, S], "dtype": "int", "range": model.vocab, "placement": {"dp": "Shard(0)"}}
+    return trace_ddp_plan(make, wrap, loss_fn, data={"tokens": ids, "labels": ids}, mesh={"dp": dp},
+                          rank_loss_fn=rank_loss_fn, name=f"ddp_titan_llama3{'_' + bug if bug else ''}")
