@@ -107,6 +107,13 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("fsdp_mlp", {"bug": "local_mean"}, "REFUTED"),
     ("fsdp_mlp", {"mode": "hybrid_shard", "bug": "local_mean"}, "REFUTED"),
     ("fsdp_mlp", {"mode": "fsdp_tp", "bug": "local_mean"}, "REFUTED"),
+    ("fsdp_mlp", {"optimizer": "sgd_momentum"}, "VERIFIED"),
+    ("fsdp_mlp", {"optimizer": "adamw"}, "VERIFIED"),
+    ("fsdp_titan_llama3", {}, "VERIFIED"),
+    ("fsdp_titan_llama3", {"mode": "hybrid_shard"}, "VERIFIED"),
+    ("fsdp_titan_llama3", {"bug": "local_mean"}, "REFUTED"),
+    ("ddp_titan_llama3", {}, "VERIFIED"),
+    ("ddp_titan_llama3", {"bug": "loss_div_world"}, "REFUTED"),
 ]
 
 
