@@ -12,8 +12,13 @@
     index ([flat_unit]), so the rule skips them on either side; a shard holding one head
     ([c = 1]: local [.., 1, HD]) is the case [c = 1].  Nested shards over two axes are one shard
     with [p = p1 * p2] ([reshape_shard_nested]).  A sharded dim that does not head its group
-    interleaves the ranks ([reshape_shard_interleaved_differs]). *)
-From mathcomp Require Import all_ssreflect.
+    interleaves the ranks ([reshape_shard_interleaved_differs]).
+
+    [pad_block_to_partial]: padding rank [r]'s block of a shard back to its place (zeros
+    before [r*b] and after [r*b + b]: the backward of a rank slicing its block, or a shard padded
+    to the full size before a reduction) gives Partial(sum) of the logical tensor. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
@@ -123,3 +128,36 @@ Theorem reshape_shard_interleaved_differs :
   let L0 := fun k : nat => E (flat [:: 2; 4] [:: k %/ 2; k %% 2]) in
   L0 2 = 4 /\ E (0 * 4 + 2) = 2 /\ L0 2 <> E (0 * 4 + 2).
 Proof. by rewrite /= !big_cons !big_nil. Qed.
+
+(** ** Rank-dependent pad: a block put back at its place. *)
+Definition embed_block {I : Type} {V : zmodType} (b r : nat) (Lr : nat -> I -> V) : nat -> I -> V :=
+  fun k x => if (r * b <= k)%N && (k < r * b + b)%N then Lr (k - r * b)%N x else 0%R.
+
+Lemma block_index (b r k : nat) : (r * b <= k)%N -> (k < r * b + b)%N -> k %/ b = r /\ (k - r * b < b)%N.
+Proof.
+move=> lo hi.
+have lt : (k - r * b < b)%N by rewrite -(ltn_add2l (r * b)) (subnKC lo).
+have b0 : (0 < b)%N by apply: leq_ltn_trans lt.
+by split => //; rewrite -{1}(subnKC lo) divnMDl // divn_small ?addn0.
+Qed.
+
+Import GRing.Theory.
+Local Open Scope ring_scope.
+
+Theorem pad_block_to_partial {I : Type} {V : zmodType} (p b : nat)
+  (E : nat -> I -> V) (L : nat -> nat -> I -> V) :
+  shard p b E L ->
+  forall k x, (k < p * b)%N -> \sum_(0 <= r < p) embed_block b r (L r) k x = E k x.
+Proof.
+move=> h k x kl.
+have b0 : (0 < b)%N by rewrite lt0n; apply/eqP => b0; move: kl; rewrite b0 muln0.
+have r0p : (k %/ b < p)%N by rewrite ltn_divLR.
+have hi0 : (k < k %/ b * b + b)%N by rewrite addnC -mulSn ltn_ceil.
+rewrite big_mkord (bigD1 (Ordinal r0p)) //= big1 ?addr0 => [|[r rp] /= ne].
+  rewrite /embed_block leq_trunc_div hi0 /=.
+  have [_ lt] := block_index (leq_trunc_div k b) hi0.
+  by rewrite h // (subnKC (leq_trunc_div k b)).
+rewrite /embed_block; case: ifP => // /andP[lo hi].
+have [q _] := block_index lo hi.
+by move: ne; rewrite (_ : Ordinal rp = Ordinal r0p) ?eqxx //; apply: val_inj => /=.
+Qed.

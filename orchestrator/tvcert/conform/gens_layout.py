@@ -21,7 +21,7 @@ from .core import OpCase, P, R, S, TIn
 if TYPE_CHECKING:  # gens imports this module at its end to register the generators below
     from .gens import Draw
 
-__all__ = ["LAYOUT_GENERATORS", "gen_reshape_local"]
+__all__ = ["LAYOUT_GENERATORS", "gen_pad_block", "gen_reshape_local", "gen_squeeze_local"]
 
 
 def _divisors(n: int) -> list[int]:
@@ -130,7 +130,62 @@ def _mix(*gens):
     return g
 
 
+
+
+def gen_pad_block(dr: Draw) -> OpCase:
+    """A rank's block padded back to its place, pads written as autograd's slice_backward traces them, with
+    near misses: rank-reversed blocks, another axis's rank, an off-by-one block size, a nonzero fill, the
+    dim sharded again on another axis, Partial(max) elsewhere, rank-free pads on other (sharded) dims."""
+    from .gens import fit
+
+    axes, sizes = dr.mesh()
+    fi = dr.int(0, len(axes) - 1)
+    a = axes[fi]
+    rank = dr.int(1, 3)
+    d = dr.int(0, rank - 1)
+    others = [k for k in range(rank) if k != d]
+    pl = []
+    for j in range(len(axes)):
+        u = dr.rng.random()
+        if j == fi:
+            pl.append(S(d))
+        elif u < 0.35 or not others and u < 0.5:
+            pl.append(R)
+        elif u < 0.6 and others:
+            pl.append(S(dr.pick(others)))
+        elif u < 0.8:
+            pl.append(P(dr.pick(["sum", "avg", "sum", "max"])))
+        else:
+            pl.append(S(d) if dr.coin(0.3) else R)
+    pl = tuple(pl)
+    shape = fit(dr, rank, axes, sizes, [pl])
+    f = 1
+    for b, q in zip(axes, pl):
+        if q.kind == "S" and q.dim == d:
+            f *= sizes[b]
+    L = shape[d] // f
+    p = sizes[a]
+    r = f"rank.{a}"
+    before, after = f"{r}*{L}", dr.pick([f"{r}*-{L}+{(p - 1) * L}", f"({p - 1}-{r})*{L}", f"{(p - 1) * L}-{L}*{r}"])
+    u = dr.rng.random()
+    if u < 0.08:
+        before, after = after, before  # rank-reversed blocks
+    elif u < 0.14 and len(axes) > 1:
+        b = dr.pick([x for x in axes if x != a])
+        before, after = f"rank.{b}*{L}", f"({sizes[b] - 1}-rank.{b})*{L}"  # another axis's rank
+    elif u < 0.18:
+        before, after = f"{r}*{L + 1}", f"({p - 1}-{r})*{L + 1}"  # off by one
+    pads: list = [0] * (2 * rank)
+    pads[2 * d], pads[2 * d + 1] = before, after
+    if others and dr.coin(0.25):
+        k = dr.pick(others)
+        pads[2 * k + dr.int(0, 1)] = dr.int(1, 2)
+    value = 0 if dr.coin(0.9) else dr.pick([1, -0.5])
+    return OpCase("pad", {"pads": pads, "value": value}, [TIn(tuple(shape), pl)], axes, sizes, note="rank block pad")
+
+
 #: rule id -> generator, merged into ``gens.SINGLE_OP`` next to the generators drawn there
 LAYOUT_GENERATORS = {
     "reshape_shard_block": _mix(gen_reshape_local, gen_reshape_local, gen_squeeze_local),
+    "pad_block_to_partial": gen_pad_block,
 }

@@ -28,6 +28,7 @@ from ..plan import Placement
 from ..shapes import affine_in_rank, parse, rank_axes_in
 from .broadcast import RULE as _BROADCAST_RULE, promote_broadcasts
 from .expr import RESHAPE_LIKE, ExprError, Exprs
+from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 
 R = Placement("R")
 
@@ -122,6 +123,7 @@ RULES: dict[str, str] = {
     "slice_other_dim": "slicing an unsharded dim keeps the shard",
     "slice_block_to_shard": "rank r slicing block r of a replicated tensor yields Shard",
     "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
+    _PAD_BLOCK_RULE: _PAD_BLOCK_STATEMENT,
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
@@ -230,10 +232,11 @@ def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], fac
 
 
 def _check_rank_free(op: str, raw: Mapping[str, Any], kc: KCtx) -> None:
-    """Only a slice's bounds may depend on the rank (checked exactly by slice_block_to_shard); every other
-    attribute must be rank-free at every nesting level (a literal ``[["rank.tp"]]`` is not rank 0's value)."""
+    """Only a slice's bounds and a pad's pads may depend on the rank (checked exactly by slice_block_to_shard and
+    pad_block_to_partial); every other attribute must be rank-free at every nesting level (a literal
+    ``[["rank.tp"]]`` is not rank 0's value)."""
     for k, v in raw.items():
-        if op == "slice" and k in ("start", "end"):
+        if op == "slice" and k in ("start", "end") or op == "pad" and k == "pads":  # checked exactly by their rules
             continue
         axes = rank_axes_in(v)
         if axes:
@@ -654,6 +657,8 @@ def _rowwise(kc, op, ra, raw, facts):
     shapes = [X[f.expr].shape for f in facts]
     if op == "expand":
         return _expand(kc, ra, facts[0])
+    if op == "pad" and rank_dependent(raw):  # kernel/pad_block.py
+        return derive_pad_block(kc, ra, raw, facts[0], RuleFailure)
     maps, rule, linear_in = ROWWISE[op](ra, shapes)
     linear_in = [i for i in linear_in if i in REGISTRY[op].linear_in(ra)]  # only where the op's flag (OpFlags.v) says so
     attrs = dict(ra)
