@@ -185,3 +185,25 @@ def test_mcore_cli_verifies_and_refutes(tmp_path):
     r = CliRunner().invoke(main, ["trace", str(EX / "mcore_mlp.py"), "--set", "sp=true", "--set", "bug=no_finalize",
                                   "--verify", "-q"])
     assert r.exit_code == 1 and "grad_fc2__bias" in r.output, r.output
+
+
+import mcore_vocab  # noqa: E402
+
+
+def test_mcore_vocab_parallel_embedding_verifies_and_off_by_one_is_refuted():
+    plan = load_plan(mcore_vocab.tvcert_trace(tp=2, head="embedding"))
+    assert run_plan(plan).equal
+    res = verify(plan)
+    assert verified(res), res.reasons
+    res = verify(load_plan(mcore_vocab.tvcert_trace(tp=2, head="embedding", bug="off_by_one")))
+    assert res.verdict == "REFUTED"
+    assert res.counterexample["first_divergence"]["src"].startswith("layers.py:"), res.counterexample
+
+
+def test_mcore_vocab_parallel_cross_entropy_runs_equal_and_is_not_refuted():
+    plan = load_plan(mcore_vocab.tvcert_trace(tp=2))
+    assert run_plan(plan).equal
+    res = verify(plan)
+    assert res.verdict in ("VERIFIED", "UNKNOWN"), res.reasons
+    if res.verdict == "UNKNOWN":
+        assert any("cross_entropy.py:" in r for r in res.reasons), res.reasons

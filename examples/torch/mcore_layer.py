@@ -9,7 +9,7 @@ layout; under sequence parallelism the norms and residuals run on sequence shard
     tvcert trace examples/torch/mcore_layer.py --set sp=true --verify       # TP=2 + SP: VERIFIED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=ln_not_marked --verify   # REFUTED
 """
-S, B, H, NH, F = 4, 2, 8, 4, 16
+S, H, NH, F = 4, 8, 4, 16
 
 
 def build(config):
@@ -35,15 +35,21 @@ def _unmark_layernorms(layer):
             del p.sequence_parallel
 
 
-def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = ""):
-    """bug: "" | "ln_not_marked" (see _unmark_layernorms) | "no_finalize" (finalize_model_grads not run)."""
+def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = "", b: int = 2):
+    """bug: "" | "ln_not_marked" (see _unmark_layernorms) | "no_finalize" (finalize_model_grads not run).
+
+    b: micro-batch size.  Megatron's core attention merges batch and heads ([sq, b, np, hn] -> [sq, b*np, hn],
+    dot_product_attention.py:184) with the heads split over tp: for b > 1 each rank's part of the merged dim is
+    interleaved (b blocks), which no Shard placement describes, so the engine stops there (UNKNOWN).  At b = 1
+    that merge is a contiguous block, but the engine's layout rule then places the QKV projection's shard on the
+    local size-1 batch dim of ``_unsafe_view [S*1, 3H/tp] -> [S, 1, 3H/tp]`` (layers.py:490) and stops (UNKNOWN)."""
     from tvcert.frontends.megatron_core import trace_megatron
 
     if bug not in ("", "ln_not_marked", "no_finalize"):
         raise ValueError(f"unknown bug {bug!r}")
     seq = {"tp": "Shard(0)"} if sp else {}
-    data = {"x": {"shape": [S, B, H], "placement": seq}, "target": {"shape": [S, B, H], "placement": seq}}
+    data = {"x": {"shape": [S, b, H], "placement": seq}, "target": {"shape": [S, b, H], "placement": seq}}
     return trace_megatron(build, loss, data=data, tp=tp, sp=sp, finalize=bug != "no_finalize",
                           edit=_unmark_layernorms if bug == "ln_not_marked" else None,
                           config_kw={"hidden_size": H, "num_attention_heads": NH, "ffn_hidden_size": F},
-                          name=f"mcore_layer_tp{tp}{'_sp' if sp else ''}{'_' + bug if bug else ''}")
+                          name=f"mcore_layer_tp{tp}_b{b}{'_sp' if sp else ''}{'_' + bug if bug else ''}")
