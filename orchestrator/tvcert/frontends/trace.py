@@ -379,8 +379,9 @@ class InputSpec:
 def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int]) -> list[InputSpec]:
     out = []
     for name, spec in inputs.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
-            raise TraceError(f"input name {name!r} is not an identifier", "input")
+        # any printable name without spaces (passed as **kwargs; "x-in", "layer.0/w" ...)
+        if not isinstance(name, str) or not name.isprintable() or not re.fullmatch(r"\S+", name) or name.startswith("#"):
+            raise TraceError(f"input name {name!r} must be printable, without spaces, not starting with '#'", "input")
         unknown = set(spec) - {"shape", "dtype", "range", "placement", "param"}
         if unknown:
             raise TraceError(f"input {name!r}: unknown keys {sorted(unknown)}", "input")
@@ -645,16 +646,29 @@ def _gradients(loss, kw: Mapping[str, Any], params: Sequence[str], via_backward:
 
 
 def _guarded_hook(h, param: str):
+    def fail(why: str):
+        raise TraceError(f"the gradient hook {getattr(h, '__qualname__', h)!r} registered on parameter {param!r} "
+                         f"while the program ran cannot be traced ({why}): its gradient synchronisation is unknown",
+                         "unsupported", "grad hook")
+
     def hook(t):
+        import torch.fx.traceback as fxtb
+
+        old = fxtb.current_meta.get("custom")  # "custom" is copied onto every node: the hook's ops are marked
+        fxtb.current_meta["custom"] = {**(old or {}), "tvcert_hook": param}
         try:
-            return h(t)
+            out = h(t)
         except TraceError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the hook's own code
-            raise TraceError(f"the gradient hook {getattr(h, '__qualname__', h)!r} registered on parameter {param!r} "
-                             f"while the program ran cannot be traced ({type(exc).__name__}: "
-                             f"{' '.join(str(exc).split())[:300]}): its gradient synchronisation is unknown",
-                             "unsupported", "grad hook") from None
+            fail(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        finally:
+            if old is None:
+                fxtb.current_meta.pop("custom", None)
+            else:
+                fxtb.current_meta["custom"] = old
+        if out is not None:
+            fail(f"it returns {type(out).__name__}, not None")
     return hook
 
 
@@ -791,10 +805,16 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
 
 
 def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) -> tuple[list[IRNode], list[Any]]:
+    conv = _ModuleConverter(gm, names, resolver, src_of)
     try:
-        nodes, outs = _ModuleConverter(gm, names, resolver, src_of).run()
+        nodes, outs = conv.run()
     except Unconverted as exc:
-        raise TraceError(str(exc), "unsupported", exc.op, exc.src) from None
+        near = [conv.cur, *conv.cur.users] if conv.cur is not None else []  # a get_attr: the op reading it
+        hook = next((m.meta["custom"]["tvcert_hook"] for m in near
+                     if isinstance(m.meta.get("custom"), dict) and m.meta["custom"].get("tvcert_hook")), None)
+        note = f" (in the gradient hook registered on parameter {hook!r}: its gradient synchronisation is unknown)" \
+            if hook else ""
+        raise TraceError(str(exc) + note, "unsupported", exc.op, exc.src) from None
     if mesh:
         def size(axis):
             n = 1
