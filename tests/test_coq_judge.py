@@ -135,21 +135,24 @@ def _mlp_dp_tp() -> dict:
 
 
 def _partials() -> dict:
-    """Partial(max) / Partial(avg) / Partial(sum) inputs on a (dp, tp) mesh, consumed by their collectives."""
+    """Partial(max) / Partial(avg) / Partial(sum) inputs on a (dp, tp) mesh, consumed by their collectives;
+    a Partial(sum) through a matmul with a replicated operand."""
     sh = ["n", "n"]
     return {
         "tvcert_plan": 1, "name": "partials_dp2_tp2", "dims": {"n": 4, "dp": 2, "tp": 2},
         "mesh": {"dp": "dp", "tp": "tp"},
-        "logical": {"inputs": [{"name": k, "shape": sh, "dtype": "float"} for k in ("u", "v", "w", "s")],
+        "logical": {"inputs": [{"name": k, "shape": sh, "dtype": "float"} for k in ("u", "v", "w", "s", "m", "wm")],
                     "nodes": [{"name": "y", "op": "neg", "inputs": ["u"]},
                               {"name": "z", "op": "scale", "inputs": ["v"], "attrs": {"value": 2}},
                               {"name": "q", "op": "neg", "inputs": ["w"]},
-                              {"name": "t", "op": "tanh", "inputs": ["s"]}],
-                    "outputs": ["y", "z", "q", "t"]},
+                              {"name": "t", "op": "tanh", "inputs": ["s"]},
+                              {"name": "mm", "op": "matmul", "inputs": ["m", "wm"]}],
+                    "outputs": ["y", "z", "q", "t", "mm"]},
         "parallel": [{"name": "spmd",
                       "inputs": [{"name": "u", "shape": sh, "dtype": "float"}, {"name": "v", "shape": sh, "dtype": "float"},
                                  {"name": "w", "shape": ["n/dp", "n"], "dtype": "float"},
-                                 {"name": "s", "shape": ["n/dp", "n/tp"], "dtype": "float"}],
+                                 {"name": "s", "shape": ["n/dp", "n/tp"], "dtype": "float"},
+                                 {"name": "m", "shape": sh, "dtype": "float"}, {"name": "wm", "shape": sh, "dtype": "float"}],
                       "nodes": [{"name": "ur", "op": "all_reduce", "inputs": ["u"], "attrs": {"axis": "dp", "reduce": "max"}},
                                 {"name": "y", "op": "neg", "inputs": ["ur"]},
                                 {"name": "vr", "op": "all_reduce", "inputs": ["v"], "attrs": {"axis": "tp", "reduce": "avg"}},
@@ -157,15 +160,19 @@ def _partials() -> dict:
                                 {"name": "wq", "op": "neg", "inputs": ["w"]},
                                 {"name": "wr", "op": "all_reduce", "inputs": ["wq"], "attrs": {"axis": "tp", "reduce": "sum"}},
                                 {"name": "q", "op": "all_gather", "inputs": ["wr"], "attrs": {"axis": "dp", "dim": 0}},
-                                {"name": "t", "op": "tanh", "inputs": ["s"]}],
-                      "outputs": ["y", "z", "q", "t"]}],
+                                {"name": "t", "op": "tanh", "inputs": ["s"]},
+                                {"name": "mp", "op": "matmul", "inputs": ["m", "wm"]},
+                                {"name": "mm", "op": "all_reduce", "inputs": ["mp"], "attrs": {"axis": "tp", "reduce": "sum"}}],
+                      "outputs": ["y", "z", "q", "t", "mm"]}],
         "inputs": {"u": {"local": "u", "placement": {"dp": "Partial(max)"}},
                    "v": {"local": "v", "placement": {"tp": "Partial(avg)"}},
                    "w": {"local": "w", "placement": {"dp": "Shard(0)", "tp": "Partial(sum)"}},
-                   "s": {"local": "s", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}}},
+                   "s": {"local": "s", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
+                   "m": {"local": "m", "placement": {"tp": "Partial(sum)"}}, "wm": {"local": "wm", "placement": {}}},
         "outputs": {"y": {"local": "y", "placement": {}}, "z": {"local": "z", "placement": {}},
                     "q": {"local": "q", "placement": {}},
-                    "t": {"local": "t", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}}},
+                    "t": {"local": "t", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
+                    "mm": {"local": "mm", "placement": {}}},
     }
 
 
@@ -240,6 +247,8 @@ def _mutations() -> list[tuple[str, dict, dict]]:
       lambda d: d["outputs"]["t"].update(placement={"dp": "Shard(1)", "tp": "Shard(0)"}))
     v("partials: s placed on dim 1 over dp (wrong dim)", par,
       lambda d: d["inputs"]["s"].update(placement={"dp": "Shard(1)", "tp": "Shard(0)"}))
+    v("partials: Partial(sum) @ Partial(sum)", par,
+      lambda d: d["inputs"]["wm"].update(placement={"tp": "Partial(sum)"}))
     v("partials: Partial(max) all_reduced as sum", par, lambda d: _nodes(d)["ur"]["attrs"].update(reduce="sum"))
     v("partials: Partial(avg) all_reduced as sum", par, lambda d: _nodes(d)["vr"]["attrs"].update(reduce="sum"))
     v("partials: Partial(max) all_reduced over tp", par, lambda d: _nodes(d)["ur"]["attrs"].update(axis="tp"))

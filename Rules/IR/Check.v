@@ -90,7 +90,9 @@ Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement)
       | MM => mm_ok ss &&
           ((is_rep a && (sh b == Some 1) && (sh pl == Some 1))        (* column parallel *)
            || ((sh a == Some 0) && is_rep b && (sh pl == Some 0))     (* rows of the lhs *)
-           || ((sh a == Some 1) && (sh b == Some 0) && is_psum pl))   (* row parallel *)
+           || ((sh a == Some 1) && (sh b == Some 0) && is_psum pl)    (* row parallel *)
+           || (is_psum a && is_rep b && is_psum pl)                   (* partial @ replicated *)
+           || (is_rep a && is_psum b && is_psum pl))                  (* replicated @ partial *)
       | _ => false
       end
   | _ => false

@@ -221,6 +221,39 @@ apply: eq_big_nat => t /andP [_ tk].
 by rewrite (H0 r [:: i0; t]) ?inb2P ?i0a ?tk // (H1 r [:: t; i1]) ?inb2P ?ii1 ?tk // /shift /= ?addn0.
 Qed.
 
+(** A Partial(sum) times a replicated matrix (either side) is a Partial(sum). *)
+Lemma mm_partial_l p a k n T0 T1 ps0 ps1 (L0 L1 : family) :
+  arg_ok p [:: a; k] (Partial RSum) T0 ps0 L0 -> arg_ok p [:: k; n] Replicate T1 ps1 L1 ->
+  op_shape 1 MM [:: ps0; ps1] = local_shape p [:: a; n] (Partial RSum) /\
+  placed p [:: a; n] (Partial RSum) (op_val MM [:: [:: a; k]; [:: k; n]] [:: T0; T1])
+    (fun r => op_val MM [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> [H0 -> _ _ _] [H1 -> _ _ _].
+split=> // [[|i0 [|i1 [|? ?]]]] //=; rewrite ?andbF // andbT => /andP [i0a ii1].
+rewrite op_val_mm /mask /= i0a ii1 /=.
+transitivity (\sum_(0 <= r < p) \sum_(0 <= t < k) L0 r [:: i0; t] * T1 [:: t; i1]).
+  apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_mm /mask /= i0a ii1 /=.
+  by apply: eq_big_nat => t /andP [_ tk]; rewrite H1 ?inb2P ?tk.
+rewrite exchange_big /=; apply: eq_big_nat => t /andP [_ tk].
+by rewrite -mulr_suml H0 ?inb2P ?i0a ?tk.
+Qed.
+
+Lemma mm_partial_r p a k n T0 T1 ps0 ps1 (L0 L1 : family) :
+  arg_ok p [:: a; k] Replicate T0 ps0 L0 -> arg_ok p [:: k; n] (Partial RSum) T1 ps1 L1 ->
+  op_shape 1 MM [:: ps0; ps1] = local_shape p [:: a; n] (Partial RSum) /\
+  placed p [:: a; n] (Partial RSum) (op_val MM [:: [:: a; k]; [:: k; n]] [:: T0; T1])
+    (fun r => op_val MM [:: ps0; ps1] [:: L0 r; L1 r]).
+Proof.
+move=> [H0 -> _ _ _] [H1 -> _ _ _].
+split=> // [[|i0 [|i1 [|? ?]]]] //=; rewrite ?andbF // andbT => /andP [i0a ii1].
+rewrite op_val_mm /mask /= i0a ii1 /=.
+transitivity (\sum_(0 <= r < p) \sum_(0 <= t < k) T0 [:: i0; t] * L1 r [:: t; i1]).
+  apply: eq_big_nat => r /andP [_ rp]; rewrite op_val_mm /mask /= i0a ii1 /=.
+  by apply: eq_big_nat => t /andP [_ tk]; rewrite H0 ?inb2P ?i0a ?tk.
+rewrite exchange_big /=; apply: eq_big_nat => t /andP [_ tk].
+by rewrite -mulr_sumr H1 ?inb2P ?ii1 ?tk.
+Qed.
+
 (** ** torch.transpose *)
 Lemma transpose_shard p d0 d1 s d T ps (L : family) :
   (d0 < size s)%N -> (d1 < size s)%N ->
@@ -444,7 +477,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   + rewrite /mm_ok /=; case/andP => /andP [/andP [z0 z1] /eqP k01].
     case: s0 z0 A0 k01 => [|a0 [|k0 [|]]] // _ A0 k01.
     case: s1 z1 A1 k01 => [|k1 [|n1 [|]]] // _ A1 /= k01; rewrite -k01 in A1 *.
-    case/orP => [/orP [|]|].
+    case/orP => [/orP [/orP [/orP [|]|]|]|].
     * move=> /andP [/andP [/is_repP ha hb] hpl] ok.
       move: hb hpl; case hb: (sh b) => [[|[|?]]|] // _; case hpl: (sh pl) => [[|[|?]]|] // _.
       rewrite ha (shP hb) (shP hpl) in A0 A1 ok *; exact: mm_col.
@@ -454,6 +487,10 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
     * move=> /andP [/andP [ha hb] /is_psumP hpl] ok.
       move: ha hb; case ha: (sh a) => [[|[|?]]|] // _; case hb: (sh b) => [[|?]|] // _.
       rewrite hpl (shP ha) (shP hb) in A0 A1 ok *; exact: mm_row_partial.
+    * move=> /andP [/andP [/is_psumP ha /is_repP hb] /is_psumP hpl] _.
+      rewrite ha hb hpl in A0 A1 *; exact: mm_partial_l.
+    * move=> /andP [/andP [/is_repP ha /is_psumP hb] /is_psumP hpl] _.
+      rewrite ha hb hpl in A0 A1 *; exact: mm_partial_r.
 Qed.
 
 End Ops.

@@ -416,6 +416,8 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
                 cands.append(Pl("S", 0))
             if a == Pl("S", 1) and b == Pl("S", 0):
                 cands.append(PSUM)
+            if (a == PSUM and b.kind == "R") or (a.kind == "R" and b == PSUM):
+                cands.append(PSUM)
     for c in cands:
         if c.kind != "S" or _shard_ok(p, so, c.dim):
             return c
