@@ -34,9 +34,24 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("megatron_block", {"bug": "no_copy"}, "REFUTED"),
     ("megatron_block", {"sp": True}, "VERIFIED"),
     ("megatron_block", {"sp": True, "bug": "no_norm_grad_sync"}, "REFUTED"),
+    # megatron-core 0.16.1's own modules (examples/torch/mcore_*.py, tvcert.frontends.megatron_core)
+    ("mcore_mlp", {}, "VERIFIED"),
+    ("mcore_mlp", {"sp": True}, "VERIFIED"),
+    ("mcore_mlp", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
+    ("mcore_vocab", {"head": "embedding"}, "VERIFIED"),
+    ("mcore_vocab", {"head": "embedding", "bug": "off_by_one"}, "REFUTED"),
+    ("mcore_vocab", {}, "VERIFIED"),  # UNKNOWN today: the flattened target-logit pick (cross_entropy.py:59)
+    ("mcore_layer", {}, "VERIFIED"),  # UNKNOWN today: batch x heads merge (dot_product_attention.py:184)
+    ("mcore_layer", {"sp": True}, "VERIFIED"),  # the same
+    ("mcore_layer", {"sp": True, "bug": "ln_not_marked"}, "REFUTED"),
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),
+    ("dtensor_transformer", {}, "VERIFIED"),
+    ("dtensor_transformer", {"tp": 4}, "VERIFIED"),
+    ("dtensor_transformer", {"sp": True}, "VERIFIED"),
+    ("dtensor_transformer", {"sp": True, "tp": 4}, "VERIFIED"),
+    ("dtensor_transformer", {"sp": True, "bug": "no_sequence_parallel"}, "REFUTED"),
     ("hf_llama_tp", {}, "VERIFIED"),
     ("hf_llama_tp", {"tp_plan": {"model.layers.*.mlp.down_proj": "colwise"}}, "REFUTED"),
     ("hf_llama_tp", {"vocab_parallel": True}, "VERIFIED"),
@@ -86,6 +101,12 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_dp_cp", {"bug": "dp_only"}, "REFUTED"),
     ("realcode.norm_dp_cp", {"bug": "div_dp"}, "REFUTED"),
     ("realcode.norm_dp_cp", {"bug": "avg_then_sum"}, "REFUTED"),
+    # reduce_scatter of a replicated gradient (examples/torch/realcode/norm_rs_replicate.py)
+    ("realcode.norm_rs_replicate", {}, "VERIFIED"),
+    ("realcode.norm_rs_replicate", {"how": "sum_div"}, "VERIFIED"),
+    ("realcode.norm_rs_replicate", {"dp": 4}, "VERIFIED"),
+    ("realcode.norm_rs_replicate", {"bug": "sum"}, "REFUTED"),
+    ("realcode.norm_rs_replicate", {"bug": "div_twice"}, "REFUTED"),
     # DTensor TP block with a mean loss (examples/torch/realcode/norm_dtensor_mean.py)
     ("realcode.norm_dtensor_mean", {}, "VERIFIED"),
     ("realcode.norm_dtensor_mean", {"loss": "mean"}, "VERIFIED"),
@@ -107,6 +128,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("fsdp_mlp", {"bug": "local_mean"}, "REFUTED"),
     ("fsdp_mlp", {"mode": "hybrid_shard", "bug": "local_mean"}, "REFUTED"),
     ("fsdp_mlp", {"mode": "fsdp_tp", "bug": "local_mean"}, "REFUTED"),
+    ("fsdp_mlp", {"mode": "hybrid_shard", "bug": "replica_same_batch"}, "REFUTED"),
     ("fsdp_mlp", {"optimizer": "sgd_momentum"}, "VERIFIED"),
     ("fsdp_mlp", {"optimizer": "adamw"}, "VERIFIED"),
     ("fsdp_titan_llama3", {}, "VERIFIED"),
@@ -115,6 +137,54 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("ddp_titan_llama3", {}, "VERIFIED"),
     ("ddp_titan_llama3", {"bug": "loss_div_world"}, "REFUTED"),
 ]
+
+
+HF_MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3")
+HF_BUGS = {  # (label, tp_plan override, models): realistic plan bugs, each expected REFUTED
+    "doubled all_reduce": ({"model.layers.*.mlp": "all_reduce"}, HF_MODELS),
+    "rowwise layer as colwise": ({"model.layers.*.mlp.down_proj": "colwise"}, HF_MODELS),
+    "fused qkv colwise without gather": ({"model.layers.*.self_attn.qkv_proj": "colwise"}, ("phi3",)),
+    "q_norm gradient all_reduce missing": ({"model.layers.*.self_attn.q_norm": "replicate"}, ("qwen3",)),
+}
+
+
+def hf_rows():
+    """``tvcert verify --hf MODEL --tp N`` (tvcert.frontends.hf): each model at tp 2 and 4, then each bug at tp 2."""
+    rows = [(m, tp, "-", None, "VERIFIED") for m in HF_MODELS for tp in (2, 4)]
+    rows += [(m, 2, label, plan, "REFUTED") for label, (plan, models) in HF_BUGS.items() for m in models]
+    return rows
+
+
+def run_hf(model: str, tp: int, plan):
+    """(verdict, where: the first divergence's op, line and module or the differing outputs, seconds)."""
+    import re
+
+    from tvcert.engine.verify import verify
+    from tvcert.frontends.hf import trace_hf
+    from tvcert.frontends.trace import TraceError
+    from tvcert.plan import load_plan
+
+    t = time.time()
+    try:
+        raw = trace_hf(model, tp, **({"tp_plan": plan} if plan else {}))
+    except TraceError as exc:
+        verdict = {"crash": "REFUTED (trace-time crash)", "input": "BAD_INPUT"}.get(exc.kind, "UNKNOWN")
+        return verdict, f"{exc.op or exc.kind}: {str(exc)[:200]}", time.time() - t
+    res = verify(load_plan(raw))
+    why = res.reasons[0][:200] if res.reasons and res.verdict == "UNKNOWN" else ""
+    ce = res.counterexample or {}
+    fd = ce.get("first_divergence")
+    if res.verdict == "REFUTED" and fd:
+        m = re.search(r"nodes\[(\d+)\]", fd.get("node", ""))
+        node = raw["parallel"][0]["nodes"][int(m.group(1))] if m else {}
+        ins = {n.get("name") or (n.get("outputs") or [None])[0]: n for n in raw["parallel"][0]["nodes"]}
+        feeders = sorted({ins[i]["module"] for i in node.get("inputs", []) if i in ins and ins[i].get("module")
+                          and ins[i].get("module") != node.get("module")})
+        why = (f"first divergence: {fd.get('op')} at {fd.get('src')} in module {node.get('module')}"
+               + (f" (fed by {', '.join(feeders)})" if feeders else ""))
+    elif res.verdict == "REFUTED":
+        why = "outputs differ: " + ", ".join(o["name"] for o in ce.get("outputs", []) if not o["equal"])
+    return res.verdict, why, time.time() - t
 
 
 def run_spec(mod_name: str, kw: dict):
@@ -247,10 +317,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the Hugging Face probe")
     ap.add_argument("--src", help="the orchestrator directory to import tvcert from (default: this tree's)")
+    ap.add_argument("--hf", action="store_true", help="only the `--hf` model table")
     args = ap.parse_args()
     import logging
 
     logging.disable(logging.WARNING)
+    if args.hf:
+        print("## Hugging Face models (`tvcert verify --hf MODEL --tp N`)\n")
+        print("| model | tp | bug (--set tp_plan) | expected | verdict | s | reason / first divergence |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        n_ok = n = 0
+        for m, tp, label, plan, want in hf_rows():
+            v, why, dt = run_hf(m, tp, plan)
+            n, n_ok = n + 1, n_ok + (v.split()[0] == want)
+            bug = f"{label}: `{plan}`" if plan else "-"
+            print(f"| {m} | {tp} | {bug} | {want} | {v} | {dt:.1f} | {why.replace('|', '/')} |", flush=True)
+        print(f"\n{n_ok} of {n} reach the expected verdict.")
+        return
     rows = []
     print("## Programs\n")
     print("| program | --set | expected | verdict | s | blocking op / reason |")

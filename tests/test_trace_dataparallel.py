@@ -138,8 +138,9 @@ def test_simple_fsdp_verifies(mode):
     assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
 
 
-def test_simple_fsdp_local_mean_refuted():
-    plan, res = verdict(fsdp_mlp.tvcert_trace(mode="hybrid_shard", bug="local_mean"))
+@pytest.mark.parametrize("bug", ["local_mean", "replica_same_batch"])
+def test_simple_fsdp_bugs_refuted(bug):
+    plan, res = verdict(fsdp_mlp.tvcert_trace(mode="hybrid_shard", bug=bug))
     assert res.verdict == "REFUTED", res.reasons
     assert any("grad_up__weight" in r for r in res.reasons)
 

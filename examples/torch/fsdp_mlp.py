@@ -14,6 +14,8 @@ computes is therefore normalised by the *global* batch, as torchtitan's trainer 
 
 * ``bug=local_mean``: each rank averages its loss over its local batch (``F.mse_loss`` default), so the summed
   gradients are dp times the single-device ones.
+* ``bug=replica_same_batch`` (HSDP): the batch is split over the shard axis only, so both replica groups train on
+  the same samples (a sampler given the rank within the shard group instead of the data-parallel rank).
 * ``optimizer=sgd_momentum|adamw``: one step of that torch.optim optimizer on the sharded parameters after the
   backward; the plan's outputs are the loss and the updated parameter shards (``new.<p>``).
 * ``fully_shard=true``: FSDP2's ``fully_shard`` instead of SimpleFSDP: its hooks are not traced, UNKNOWN naming
@@ -53,9 +55,10 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", fully_shard: bool = F
 
     from tvcert.frontends.dataparallel import optimizer_step, trace_simple_fsdp_plan
 
-    if mode not in MESHES or bug not in ("", "local_mean") or (optimizer and optimizer not in OPTIMIZERS):
-        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug '' or 'local_mean', optimizer '' or one of "
-                         f"{sorted(OPTIMIZERS)}")
+    if mode not in MESHES or bug not in ("", "local_mean", "replica_same_batch") or \
+            (optimizer and optimizer not in OPTIMIZERS) or (bug == "replica_same_batch" and mode != "hybrid_shard"):
+        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug '', 'local_mean' or (hybrid_shard) "
+                         f"'replica_same_batch', optimizer '' or one of {sorted(OPTIMIZERS)}")
     mesh = MESHES[mode]
 
     def make():
@@ -79,7 +82,7 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", fully_shard: bool = F
             return F.mse_loss(out, target)  # BUG local_mean: normalised by the local batch
         return F.mse_loss(out, target, reduction="sum") / (B * H)  # normalised by the global batch
 
-    dp_axes = [a for a in mesh if a != "tp"]
+    dp_axes = [a for a in mesh if a != "tp" and not (bug == "replica_same_batch" and a == "rep")]  # BUG replica_same_batch
     spec = {"shape": [B, H], "placement": {a: "Shard(0)" for a in dp_axes}}
     step = optimizer_step(OPTIMIZERS[optimizer]) if optimizer else None
     return trace_simple_fsdp_plan(make, parallelize, loss_fn, data={"x": spec, "target": spec}, mesh=mesh,
