@@ -1,0 +1,172 @@
+(** * Shard / Partial lemmas for the ops of [LayoutOps.v], one mesh axis of [p] ranks.
+
+    Each lemma reads: if the operand is [placed] so (and the boolean side
+    condition, a function a checker runs with [vm_compute], holds), then the op
+    applied on every rank to the local operand is [placed] so, and its local
+    shape is the placement's local shape.  Most layout ops read their input
+    through an index map ([reindex]); one generic lemma per placement does the
+    work and each op only proves how its index map moves a shard. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import IR.Syntax IR.Denote IR.Lists IR.LayoutOps.
+From Coq Require Import Lia FunctionalExtensionality.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Import JSyntax JDenote JLists JLayout.
+Local Notation index := seq.index.   (* not the index lists of Denote.v *)
+
+Module JLayoutSound.
+
+(** ** Side conditions (computable) *)
+Definition shard_ok (p : nat) (s : seq nat) (d : nat) : bool :=
+  (d < size s) && (nth 0 s d %/ p * p == nth 0 s d).
+
+(** [ds] is a permutation of the dims of [s]. *)
+Definition perm_ok (ds s : seq nat) : bool := (size ds == size s) && perm_eq ds (iota 0 (size s)).
+
+(** A reduction a local linear map commutes with (not max). *)
+Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
+
+(** ** Index lemmas *)
+Lemma size_perm_idx ds i : size (perm_idx ds i) = size ds.
+Proof. by rewrite /perm_idx size_map size_iota. Qed.
+
+Lemma nth_perm_idx ds i k : k < size ds -> nth 0 (perm_idx ds i) k = nth 0 i (index k ds).
+Proof. by move=> kd; rewrite /perm_idx (nth_map 0) ?size_iota // nth_iota. Qed.
+
+Section Perm.
+Variables (ds s : seq nat).
+Hypothesis ok : perm_ok ds s.
+
+Lemma perm_size : size ds = size s.
+Proof. by case/andP: ok => /eqP. Qed.
+
+Lemma perm_mem k : (k \in ds) = (k < size s).
+Proof. by case/andP: ok => _ /perm_mem ->; rewrite mem_iota. Qed.
+
+Lemma perm_uniq' : uniq ds.
+Proof. by case/andP: ok => _ /perm_uniq ->; apply: iota_uniq. Qed.
+
+Lemma perm_index_lt k : k < size s -> index k ds < size s.
+Proof. by move=> ks; rewrite -perm_size index_mem perm_mem. Qed.
+
+Lemma perm_nth_index k : k < size s -> nth 0 ds (index k ds) = k.
+Proof. by move=> ks; rewrite nth_index // perm_mem. Qed.
+
+Lemma perm_index_eq k d : k < size s -> d < size s -> (index k ds == index d ds) = (k == d).
+Proof.
+move=> ks dsz; apply/eqP/eqP => [e|-> //].
+by rewrite -(perm_nth_index ks) -(perm_nth_index dsz) e.
+Qed.
+
+Lemma perm_nth_eq k d : k < size s -> d < size s -> (nth 0 ds k == d) = (k == index d ds).
+Proof.
+move=> ks dsz; apply/eqP/eqP => [<-|->]; last exact: perm_nth_index.
+by rewrite index_uniq ?perm_uniq' ?perm_size.
+Qed.
+End Perm.
+
+Local Open Scope ring_scope.
+
+Section Values.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+Local Notation tensor := (tensor R).
+Local Notation family := (family R).
+
+(** ** The generic lemmas: an op that reads its input through an index map *)
+Definition reindex (so : seq nat) (g : seq nat -> seq nat) (t : tensor) : tensor :=
+  mask so (fun i => t (g i)).
+
+(** Shard: the local index map [gl], followed by the input's shift, is the
+    output's shift followed by the logical index map [g]. *)
+Lemma reindex_shard p s so d d' (g gl : seq nat -> seq nat) (T : tensor) (L : family) :
+  placed p s (Shard d) T L ->
+  (d' < size so)%N -> nth 0%N so d' = nth 0%N s d ->
+  (forall r i, (r < p)%N -> inb (local_shape p so (Shard d')) i ->
+     inb (local_shape p s (Shard d)) (gl i) /\
+     shift d (r * (nth 0%N s d %/ p)) (gl i) = g (shift d' (r * (nth 0%N s d %/ p)) i)) ->
+  placed p so (Shard d') (reindex so g T)
+    (fun r => reindex (local_shape p so (Shard d')) gl (L r)).
+Proof.
+move=> [ds dv H] d'so hn Hg; split=> //; first by rewrite hn.
+move=> r i rp ii; rewrite /reindex /mask ii.
+have [ii' e] := Hg r i rp ii.
+rewrite H // e hn.
+have -> // : inb so (shift d' (r * (nth 0%N s d %/ p)) i).
+apply: (@inb_shift p) => //; first by rewrite hn.
+by move: ii; rewrite /= hn.
+Qed.
+
+(** Partial(sum) and Partial(avg): any index map commutes with the sum over ranks. *)
+Lemma reindex_partial p s so rd (g : seq nat -> seq nat) (T : tensor) (L : family) :
+  sum_like rd ->
+  (forall i, inb so i -> inb s (g i)) ->
+  placed p s (Partial rd) T L ->
+  placed p so (Partial rd) (reindex so g T) (fun r => reindex so g (L r)).
+Proof.
+case: rd => //= _ Hg H i ii; rewrite /reindex /mask ii.
+- by rewrite -H ?Hg //; apply: eq_bigr => r _; rewrite ii.
+- by rewrite -H ?Hg //; congr (_ * _); apply: eq_bigr => r _; rewrite ii.
+Qed.
+
+(** Replicate: trivially. *)
+Lemma reindex_replicate p s so (g : seq nat -> seq nat) (T : tensor) (L : family) :
+  (forall i, inb so i -> inb s (g i)) ->
+  placed p s Replicate T L -> placed p so Replicate (reindex so g T) (fun r => reindex so g (L r)).
+Proof. by move=> Hg H r i rp ii; rewrite /reindex /mask ii H ?Hg. Qed.
+
+(** ** permute_shard: [x.permute(ds)] of [Shard d] is [Shard (index d ds)]. *)
+Lemma lop_val_permute ds s t : lop_val fn (Permute ds) [:: s] [:: t] = reindex (lop_shape (Permute ds) [:: s]) (perm_idx ds) t.
+Proof. by []. Qed.
+
+Lemma permute_local_shape p ds s d : perm_ok ds s -> (d < size s)%N ->
+  lop_shape (Permute ds) [:: local_shape p s (Shard d)] =
+  local_shape p (map (nth 0%N s) ds) (Shard (index d ds)).
+Proof.
+move=> ok ds'; apply: (@eq_from_nth _ 0%N).
+  by rewrite /= size_map size_set_nth_lt ?size_map // (perm_size ok) perm_index_lt.
+move=> k; rewrite /= size_map => kd.
+have ks : (k < size s)%N by rewrite -(perm_size ok).
+rewrite (nth_map 0%N) // !nth_set_nth_lt (nth_map 0%N) //; last by rewrite (perm_size ok) perm_index_lt.
+have -> := perm_nth_eq ok ks ds'.
+by rewrite (perm_nth_index ok ds') (nth_map 0%N).
+Qed.
+
+Lemma permute_shard p ds s d T (L : family) :
+  perm_ok ds s -> placed p s (Shard d) T L ->
+  let so := map (nth 0%N s) ds in
+  lop_shape (Permute ds) [:: local_shape p s (Shard d)] = local_shape p so (Shard (index d ds)) /\
+  placed p so (Shard (index d ds)) (lop_val fn (Permute ds) [:: s] [:: T])
+    (fun r => lop_val fn (Permute ds) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> ok H so; have [dsz _ _] := H.
+have sz : size so = size s by rewrite size_map (perm_size ok).
+have di : (index d ds < size so)%N by rewrite sz perm_index_lt.
+have hn : nth 0%N so (index d ds) = nth 0%N s d.
+  by rewrite /so (nth_map 0%N) ?(perm_nth_index ok) // (perm_size ok) perm_index_lt.
+split; first exact: permute_local_shape.
+rewrite lop_val_permute.
+have -> : (fun r => lop_val fn (Permute ds) [:: local_shape p s (Shard d)] [:: L r]) =
+          (fun r => reindex (local_shape p so (Shard (index d ds))) (perm_idx ds) (L r)).
+  by apply: functional_extensionality => r; rewrite lop_val_permute permute_local_shape.
+apply: (@reindex_shard p s so d (index d ds) (perm_idx ds) (perm_idx ds) T L H di hn) => r i rp ii.
+have szi : size i = size s by rewrite (inb_size ii) /local_shape size_set_nth_lt // sz.
+split.
+  apply/inbP; rewrite size_perm_idx /local_shape size_set_nth_lt ?(perm_size ok) //; split=> // k ks.
+  have ksd : (k < size ds)%N by rewrite (perm_size ok).
+  rewrite (nth_perm_idx _ ksd) nth_set_nth_lt.
+  case/inbP: ii => _ Hi; have := Hi (index k ds).
+  rewrite /local_shape size_set_nth_lt // sz => /(_ (perm_index_lt ok ks)).
+  rewrite nth_set_nth_lt (perm_index_eq ok) // hn.
+  by rewrite /so (nth_map 0%N) ?(perm_nth_index ok) // (perm_size ok) perm_index_lt.
+apply: (@eq_from_nth _ 0%N).
+  by rewrite /shift size_set_nth_lt ?size_perm_idx ?(perm_size ok) // size_perm_idx size_set_nth_lt // szi -sz.
+move=> k; rewrite /shift size_set_nth_lt ?size_perm_idx ?(perm_size ok) // => ks.
+by rewrite nth_set_nth_lt !nth_perm_idx ?(perm_size ok) // nth_set_nth_lt (perm_index_eq ok).
+Qed.
+
+End Values.
+
+End JLayoutSound.
