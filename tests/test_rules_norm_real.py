@@ -223,6 +223,8 @@ CASES = [  # (module, kwargs, expected)
     ("norm_dp_cp", {"sync": "sum_div", "order": "cp_dp"}, "VERIFIED"),
     ("norm_dp_cp", {"bug": "dp_only"}, "REFUTED"),
     ("norm_dp_cp", {"bug": "div_dp"}, "REFUTED"),
+    ("norm_rs_replicate", {"how": "sum_div"}, "VERIFIED"),  # reduce_scatter of a replicated gradient
+    ("norm_rs_replicate", {"bug": "sum"}, "REFUTED"),
     ("norm_dtensor_mean", {}, "VERIFIED"),  # DTensor Colwise / Rowwise, F.mse_loss (mean)
     ("norm_dtensor_mean", {"sp": True, "loss": "global_div"}, "VERIFIED"),
     ("norm_dtensor_mean", {"sp": True}, "REFUTED"),  # a local mean on a sequence shard: tp x the gradients
