@@ -16,7 +16,11 @@
 
     [pad_block_to_partial]: padding rank [r]'s block of a shard back to its place (zeros
     before [r*b] and after [r*b + b]: the backward of a rank slicing its block, or a shard padded
-    to the full size before a reduction) gives Partial(sum) of the logical tensor. *)
+    to the full size before a reduction) gives Partial(sum) of the logical tensor.
+
+    [allgather_other_dim]: all_gather along dim [g] of a shard of dim [d] stacks the blocks
+    along [g]: the result reads [E] at ((k / n) * b + i, k mod n), the layout "split d into
+    (p, b), move p in front of g, merge". *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From TVCert Require Import Semantics.
 Set Implicit Arguments.
@@ -160,4 +164,21 @@ rewrite big_mkord (bigD1 (Ordinal r0p)) //= big1 ?addr0 => [|[r rp] /= ne].
 rewrite /embed_block; case: ifP => // /andP[lo hi].
 have [q _] := block_index lo hi.
 by move: ne; rewrite (_ : Ordinal rp = Ordinal r0p) ?eqxx //; apply: val_inj => /=.
+Qed.
+
+(** ** all_gather along another dim: blocks stacked along [g].
+    The local tensor of rank [r] is indexed (dim d, dim g, rest); gathering along [g] over [p]
+    ranks with local size [n] reads rank [k / n] at [k mod n]. *)
+Definition all_gather_along {I V : Type} (n : nat) (L : nat -> nat -> nat -> I -> V) : nat -> nat -> I -> V :=
+  fun i k x => L (k %/ n)%N i (k %% n)%N x.
+
+Theorem allgather_other_dim {I V : Type} (p b n : nat) (E : nat -> nat -> I -> V)
+  (L : nat -> nat -> nat -> I -> V) :
+  (forall r i j x, (r < p)%N -> (i < b)%N -> L r i j x = E (r * b + i)%N j x) ->
+  forall i k x, (i < b)%N -> (k < p * n)%N ->
+    all_gather_along n L i k x = E ((k %/ n) * b + i)%N (k %% n)%N x.
+Proof.
+move=> h i k x ib kl.
+have n0 : (0 < n)%N by rewrite lt0n; apply/eqP => n0; move: kl; rewrite n0 muln0.
+by rewrite /all_gather_along h // ltn_divLR.
 Qed.

@@ -146,6 +146,8 @@ def case_table():
         lambda e: e.apply("reshape", [e.t([4, 6], S(1))], shape=[12]))  # shard not leading its group
     add("pad_block_to_partial", lambda e: e.apply("pad", [e.t([8, 2], S(0))], pads=["rank.tp*4", "(1-rank.tp)*4", 0, 0]),
         lambda e: e.apply("pad", [e.t([8, 2], S(0))], pads=["(1-rank.tp)*4", "rank.tp*4", 0, 0]))  # rank-reversed
+    add("allgather_other_dim", lambda e: e.apply("all_gather", [e.t([1, 8], S(1))], axis="tp", dim=0),
+        lambda e: e.apply("all_gather", [e.t([1, 8], P())], axis="tp", dim=0))
     add("slice_other_dim", lambda e: e.apply("slice", [e.t([4, 6], S(0))], dim=1, start=0, end=3),
         lambda e: e.apply("slice", [e.t([4, 6], S(0))], dim=0, start=0, end=1))
     add("slice_block_to_shard", lambda e: e.apply("slice", [e.t([8, 2], R)], dim=0, start="rank.tp*(n/2)",

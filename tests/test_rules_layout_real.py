@@ -22,7 +22,7 @@ import pytest
 from tvcert.conform.core import OpCase, P, R, S, TIn, conclude, run_case
 from tvcert.conform.gens import Draw
 from tvcert.conform.gens_layout import LAYOUT_GENERATORS
-from tvcert.kernel import pad_block, rules
+from tvcert.kernel import allgather_layout, pad_block, rules
 from tvcert.kernel.rules import RuleFailure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,6 +200,49 @@ def test_pad_generator_holds_and_the_harness_sees_reversed_blocks():
         assert res.status == "DISAGREE"
 
 
+def _gather(shape, pl, sizes, axis, dim):
+    return OpCase("all_gather", {"axis": axis, "dim": dim}, [TIn(tuple(shape), tuple(pl))], tuple(sizes), dict(sizes))
+
+
+GATHER_POSITIVE = [  # (name, logical shape, placement, mesh, gathered axis, dim, result shape, is a plain reshape)
+    ("shards stacked on a unit dim", [1, 8, 3], [S(1)], {"tp": 4}, "tp", 0, (4, 2, 3), True),
+    ("gathered along the wrong dim", [4, 6], [S(0)], {"tp": 2}, "tp", 1, (2, 12), False),
+    ("another axis shards a third dim", [4, 6, 2], [S(2), S(0)], {"dp": 2, "tp": 2}, "tp", 1, (2, 12, 2), False),
+    ("one row per rank, gathered behind", [3, 5, 2], [S(1)], {"tp": 5}, "tp", 2, (3, 1, 10), True),
+    ("odd sizes, gathered behind", [3, 6, 2], [S(1)], {"tp": 3}, "tp", 2, (3, 2, 6), False),
+]
+
+
+@pytest.mark.parametrize("name,shape,pl,sizes,axis,dim,want_shape,plain", GATHER_POSITIVE,
+                         ids=[c[0] for c in GATHER_POSITIVE])
+def test_allgather_along_another_dim_is_a_layout(name, shape, pl, sizes, axis, dim, want_shape, plain):
+    case = _gather(shape, pl, sizes, axis, dim)
+    X, _, _, _, d = conclude(case)
+    assert not isinstance(d, RuleFailure), d
+    e = X[d.facts[0].expr]
+    assert e.shape == want_shape and d.rules == [allgather_layout.RULE] and (e.op == "reshape" and X[e.args[0]].op == "input") == plain
+    assert d.facts[0].pl[list(sizes).index(axis)] == R
+    for seed in range(3):
+        assert run_case(case, seed).status == "ok"
+
+
+@pytest.mark.parametrize("pl,why", [([S(0), S(1)], "also shards dim 1"), ([S(0), S(0)], "also shards dim 0"),
+                                    ([S(0), P("sum")], "Partial(sum)")])
+def test_allgather_other_dim_refuses_nested_blocks(pl, why):
+    res = run_case(_gather([4, 8], pl, {"tp": 2, "dp": 2}, "tp", 1), 0)
+    assert res.status == "refused" and why in res.detail, res.detail
+
+
+def test_allgather_generator_catches_a_layout_without_the_move(monkeypatch):
+    gen = LAYOUT_GENERATORS[allgather_layout.RULE]
+    cases = [gen(Draw(np.random.default_rng([i, zlib.crc32(b"allgather_other_dim")]))) for i in range(300)]
+    got = [run_case(c, i).status for i, c in enumerate(cases)]
+    assert "DISAGREE" not in got and got.count("ok") > 150
+    monkeypatch.setattr(allgather_layout, "gathered_layout", lambda X, e, d, g, p: X.mk(
+        "reshape", {"shape": tuple(p * n if k == g else n // p if k == d else n for k, n in enumerate(X[e].shape))}, [e]))
+    assert sum(run_case(c, i).status == "DISAGREE" for i, c in enumerate(cases)) > 20
+
+
 def _spec(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "torch" / "realcode" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -214,6 +257,8 @@ REALCODE = [  # (module, --set, expected)
     ("layout_heads", {"tp": 4, "nkv": 4, "bug": "kv_block_reversed"}, "REFUTED"),
     ("layout_microbatch", {}, "VERIFIED"),
     ("layout_microbatch", {"dp": 3, "bug": "view_for_t"}, "REFUTED"),
+    ("layout_gather_stack", {"tp": 4}, "VERIFIED"),
+    ("layout_gather_stack", {"bug": "stack_inner"}, "REFUTED"),
 ]
 
 

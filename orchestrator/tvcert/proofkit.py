@@ -122,6 +122,7 @@ RULES: dict[str, str] = {
     "slice_block_to_shard": f"{_T}.Layout.slice_block_to_shard",
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
     "pad_block_to_partial": f"{_T}.LayoutReal.pad_block_to_partial",
+    "allgather_other_dim": f"{_T}.LayoutReal.allgather_other_dim",
     # ring attention (kernel/ring.py)
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",

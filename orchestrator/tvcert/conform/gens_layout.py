@@ -21,7 +21,7 @@ from .core import OpCase, P, R, S, TIn
 if TYPE_CHECKING:  # gens imports this module at its end to register the generators below
     from .gens import Draw
 
-__all__ = ["LAYOUT_GENERATORS", "gen_pad_block", "gen_reshape_local", "gen_squeeze_local"]
+__all__ = ["LAYOUT_GENERATORS", "gen_allgather_other_dim", "gen_pad_block", "gen_reshape_local", "gen_squeeze_local"]
 
 
 def _divisors(n: int) -> list[int]:
@@ -124,6 +124,38 @@ def gen_squeeze_local(dr: Draw) -> OpCase:
     return OpCase("squeeze", {"dims": ones[:1] if ones else []}, [TIn(tuple(shape), pl)], axes, sizes)
 
 
+def gen_allgather_other_dim(dr: Draw) -> OpCase:
+    """all_gather along a dim other than the sharded one (per-rank pieces stacked: often a unit dim), other axes
+    Replicate or sharding other dims, near misses: another axis sharding d or g again, Partial, zig-zag."""
+    from .core import Z
+    from .gens import fit
+
+    axes, sizes = dr.mesh()
+    fi = dr.int(0, len(axes) - 1)
+    a = axes[fi]
+    rank = dr.int(2, 4)
+    d, g = dr.pick([(x, y) for x in range(rank) for y in range(rank) if x != y])
+    rest = [k for k in range(rank) if k not in (d, g)]
+    pl = []
+    for j in range(len(axes)):
+        u = dr.rng.random()
+        if j == fi:
+            pl.append(S(d))
+        elif u < 0.45 or (u < 0.75 and not rest):
+            pl.append(R)
+        elif u < 0.75:
+            pl.append(S(dr.pick(rest)))
+        else:
+            pl.append(dr.pick([S(d), S(g), P("sum"), Z(d)]))
+    pl = tuple(pl)
+    shape = fit(dr, rank, axes, sizes, [pl])
+    if dr.coin(0.4):
+        shape[g] = 1  # stacking per-rank pieces along a unit dim (x.unsqueeze(g) then gathered)
+        pl = tuple(R if (q.kind in ("S", "Z") and q.dim == g) else q for q in pl)
+    dim = g - rank if dr.coin(0.3) else g
+    return OpCase("all_gather", {"axis": a, "dim": dim}, [TIn(tuple(shape), pl)], axes, sizes, note="gather other dim")
+
+
 def _mix(*gens):
     def g(dr: Draw) -> OpCase:
         return dr.pick(list(gens))(dr)
@@ -188,4 +220,5 @@ def gen_pad_block(dr: Draw) -> OpCase:
 LAYOUT_GENERATORS = {
     "reshape_shard_block": _mix(gen_reshape_local, gen_reshape_local, gen_squeeze_local),
     "pad_block_to_partial": gen_pad_block,
+    "allgather_other_dim": gen_allgather_other_dim,
 }

@@ -28,6 +28,7 @@ from ..plan import Placement
 from ..shapes import affine_in_rank, parse, rank_axes_in
 from .broadcast import RULE as _BROADCAST_RULE, promote_broadcasts
 from .expr import RESHAPE_LIKE, ExprError, Exprs
+from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 
 R = Placement("R")
@@ -124,6 +125,7 @@ RULES: dict[str, str] = {
     "slice_block_to_shard": "rank r slicing block r of a replicated tensor yields Shard",
     "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
     _PAD_BLOCK_RULE: _PAD_BLOCK_STATEMENT,
+    _AG_LAYOUT_RULE: _AG_LAYOUT_STATEMENT,
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
@@ -1042,6 +1044,9 @@ def _collective(kc, op, ra, raw, facts):
     elif op == "all_gather":
         i = idx[0]
         d = ra["dim"] % len(shape)
+        if pl[i].kind == "S" and pl[i].dim != d:  # blocks stacked along another dim: a layout (kernel/allgather_layout.py)
+            e, pls = derive_allgather_other_dim(kc, f, i, d, RuleFailure)
+            return Derivation([Fact(e, pls)], [_AG_LAYOUT_RULE])
         if pl[i] != S(d):
             raise RuleFailure(f"all_gather along dim {d} over {axes[0]!r} needs Shard({d}) there, got {pl[i]}")
         if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):
