@@ -116,6 +116,22 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_dtensor_mean", {"sp": True}, "REFUTED"),
     ("realcode.norm_dtensor_mean", {"sp": True, "loss": "global_div", "bug": "no_sequence_parallel"}, "REFUTED"),
     ("realcode.norm_dtensor_mean", {"sp": True, "bug": "sum_as_mean"}, "REFUTED"),
+    # layout rules on real code (examples/torch/realcode/layout_*.py): one head / one sample per rank, rank-sliced
+    # blocks and their slice_backward pads, shards gathered as a stack
+    ("realcode.layout_heads", {}, "VERIFIED"),
+    ("realcode.layout_heads", {"tp": 4, "nkv": 4}, "VERIFIED"),
+    ("realcode.layout_heads", {"bug": "seq_first"}, "REFUTED"),
+    ("realcode.layout_heads", {"bug": "kv_block_reversed"}, "REFUTED"),
+    ("realcode.layout_heads", {"tp": 4, "nkv": 4, "bug": "kv_block_reversed"}, "REFUTED"),
+    ("realcode.layout_heads", {"bug": "no_allreduce"}, "REFUTED"),
+    ("realcode.layout_microbatch", {}, "VERIFIED"),
+    ("realcode.layout_microbatch", {"dp": 3}, "VERIFIED"),
+    ("realcode.layout_microbatch", {"bug": "view_for_t"}, "REFUTED"),
+    ("realcode.layout_microbatch", {"bug": "no_grad_allreduce"}, "REFUTED"),
+    ("realcode.layout_gather_stack", {}, "VERIFIED"),
+    ("realcode.layout_gather_stack", {"tp": 4}, "VERIFIED"),
+    ("realcode.layout_gather_stack", {"bug": "stack_inner"}, "REFUTED"),
+    ("realcode.layout_gather_stack", {"bug": "reversed"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),
