@@ -25,6 +25,9 @@ Definition shard_ok (p : nat) (s : seq nat) (d : nat) : bool :=
 (** [ds] is a permutation of the dims of [s]. *)
 Definition perm_ok (ds s : seq nat) : bool := (size ds == size s) && perm_eq ds (iota 0 (size s)).
 
+(** [x[a:b]] along dim [d] is in range. *)
+Definition slice_ok (s : seq nat) (d a b : nat) : bool := (d < size s) && (a <= b) && (b <= nth 0 s d).
+
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 
@@ -66,6 +69,21 @@ move=> ks dsz; apply/eqP/eqP => [<-|->]; last exact: perm_nth_index.
 by rewrite index_uniq ?perm_uniq' ?perm_size.
 Qed.
 End Perm.
+
+Lemma set_nth_comm (l : seq nat) d e x y : d != e -> d < size l -> e < size l ->
+  set_nth 0 (set_nth 0 l d x) e y = set_nth 0 (set_nth 0 l e y) d x.
+Proof.
+move=> de dl el; apply: (@eq_from_nth _ 0); first by rewrite !size_set_nth_lt ?size_set_nth_lt.
+move=> k _; rewrite !nth_set_nth_lt.
+by case: (k =P e) => [ke|]; case: (k =P d) => [kd|] //; rewrite -kd -ke eqxx in de.
+Qed.
+
+Lemma shift_comm (i : seq nat) d e a b : d != e -> d < size i -> e < size i ->
+  shift d a (shift e b i) = shift e b (shift d a i).
+Proof.
+move=> de di ei; rewrite /shift !nth_set_nth_lt (negbTE de) eq_sym (negbTE de).
+by rewrite set_nth_comm // eq_sym.
+Qed.
 
 Local Open Scope ring_scope.
 
@@ -165,6 +183,60 @@ apply: (@eq_from_nth _ 0%N).
   by rewrite /shift size_set_nth_lt ?size_perm_idx ?(perm_size ok) // size_perm_idx size_set_nth_lt // szi -sz.
 move=> k; rewrite /shift size_set_nth_lt ?size_perm_idx ?(perm_size ok) // => ks.
 by rewrite nth_set_nth_lt !nth_perm_idx ?(perm_size ok) // nth_set_nth_lt (perm_index_eq ok).
+Qed.
+
+(** ** slice_other_dim: [x[a:b]] along [d] of [Shard e], [e <> d], is [Shard e]. *)
+Lemma lop_val_slice d a b s t :
+  lop_val fn (Slice d a b) [:: s] [:: t] = reindex (lop_shape (Slice d a b) [:: s]) (shift d a) t.
+Proof. by []. Qed.
+
+Lemma slice_local_shape p d a b s e : e != d -> (d < size s)%N -> (e < size s)%N ->
+  lop_shape (Slice d a b) [:: local_shape p s (Shard e)] =
+  local_shape p (lop_shape (Slice d a b) [:: s]) (Shard e).
+Proof.
+move=> ed ds es; rewrite /= nth_set_nth_lt (negbTE ed) set_nth_comm // eq_sym.
+Qed.
+
+Lemma slice_other_dim p d a b s e T (L : family) :
+  slice_ok s d a b -> e != d -> placed p s (Shard e) T L ->
+  let so := lop_shape (Slice d a b) [:: s] in
+  lop_shape (Slice d a b) [:: local_shape p s (Shard e)] = local_shape p so (Shard e) /\
+  placed p so (Shard e) (lop_val fn (Slice d a b) [:: s] [:: T])
+    (fun r => lop_val fn (Slice d a b) [:: local_shape p s (Shard e)] [:: L r]).
+Proof.
+move=> /andP [/andP [ds ab] bs] ed H so; have [es _ _] := H.
+have sz : size so = size s by rewrite /so /= size_set_nth_lt.
+have eso : (e < size so)%N by rewrite sz.
+have hn : nth 0%N so e = nth 0%N s e by rewrite /so /= nth_set_nth_lt (negbTE ed).
+split; first exact: slice_local_shape.
+rewrite lop_val_slice.
+have -> : (fun r => lop_val fn (Slice d a b) [:: local_shape p s (Shard e)] [:: L r]) =
+          (fun r => reindex (local_shape p so (Shard e)) (shift d a) (L r)).
+  by apply: functional_extensionality => r; rewrite lop_val_slice slice_local_shape.
+apply: (@reindex_shard p s so e e (shift d a) (shift d a) T L H eso hn) => r i rp ii.
+have szi : size i = size s by rewrite (inb_size ii) /local_shape size_set_nth_lt // sz.
+split; last by rewrite shift_comm // ?szi // eq_sym.
+case/inbP: ii => _ Hi; apply/inbP.
+rewrite /shift /local_shape !size_set_nth_lt ?szi //; split=> // k ks.
+have := Hi k; rewrite /local_shape size_set_nth_lt // sz => /(_ ks).
+rewrite hn /so /= !nth_set_nth_lt.
+case: (k =P e) => [->|ke]; first by rewrite (negbTE ed).
+case: (k =P d) => [->|//] h.
+by apply: (leq_trans _ bs); rewrite -(subnKC ab) ltn_add2l.
+Qed.
+
+(** ** slice_block_to_shard: rank [r] slicing block [r] ([r*m .. r*m+m), [m*p = size])
+    of dim [d] of a replicated tensor holds [Shard d]. *)
+Lemma slice_block_to_shard p d s T (L : family) :
+  shard_ok p s d -> placed p s Replicate T L ->
+  let m := (nth 0%N s d %/ p)%N in
+  (forall r, lop_shape (Slice d (r * m) (r * m + m)) [:: s] = local_shape p s (Shard d)) /\
+  placed p s (Shard d) T (fun r => lop_val fn (Slice d (r * m) (r * m + m)) [:: s] [:: L r]).
+Proof.
+move=> /andP [ds /eqP dv] H m; split=> [r|]; first by rewrite /= addKn.
+split=> // r i rp ii.
+rewrite /lop_val /mask /= addKn; move: ii; rewrite /= => ii; rewrite ii H //.
+by apply: (@inb_shift p).
 Qed.
 
 End Values.
