@@ -28,6 +28,9 @@ Definition perm_ok (ds s : seq nat) : bool := (size ds == size s) && perm_eq ds 
 (** [x[a:b]] along dim [d] is in range. *)
 Definition slice_ok (s : seq nat) (d a b : nat) : bool := (d < size s) && (a <= b) && (b <= nth 0 s d).
 
+(** A row-wise op along dim [d] of a tensor sharded on [e]: a nonempty other dim. *)
+Definition rowwise_ok (s : seq nat) (d e : nat) : bool := (d < size s) && (0 < nth 0 s d) && (e != d).
+
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 
@@ -237,6 +240,114 @@ move=> /andP [ds /eqP dv] H m; split=> [r|]; first by rewrite /= addKn.
 split=> // r i rp ii.
 rewrite /lop_val /mask /= addKn; move: ii; rewrite /= => ii; rewrite ii H //.
 by apply: (@inb_shift p).
+Qed.
+
+(** ** Row-wise ops along [d] of operands sharded on another dim [e] *)
+Lemma foldr_in_ext (B : Type) (f g : nat -> B -> B) (z : B) (l : seq nat) :
+  (forall k b, k \in l -> f k b = g k b) -> foldr f z l = foldr g z l.
+Proof.
+elim: l => //= a l IH H; rewrite H ?mem_head // IH // => k b kl.
+by apply: H; rewrite in_cons kl orbT.
+Qed.
+
+Lemma sumR_ext n (F G : nat -> R) : (forall k, (k < n)%N -> F k = G k) -> sumR n F = sumR n G.
+Proof. by move=> H; apply: foldr_in_ext => k b; rewrite mem_iota => /andP [_ kn]; rewrite H. Qed.
+
+Lemma maxR_ext n (F G : nat -> R) : (0 < n)%N -> (forall k, (k < n)%N -> F k = G k) -> maxR n F = maxR n G.
+Proof.
+move=> n0 H; rewrite /maxR H //; apply: foldr_in_ext => k b.
+by rewrite mem_iota => /andP [_ kn]; rewrite H.
+Qed.
+
+(** [F] only reads its rows at [0 .. n-1] and is only read there. *)
+Definition row_ext (n : nat) (F : (nat -> R) -> (nat -> R) -> nat -> R) : Prop :=
+  forall x y x' y', (forall j, (j < n)%N -> x j = x' j /\ y j = y' j) ->
+  forall j, (j < n)%N -> F x y j = F x' y' j.
+
+Definition along (s : seq nat) (d : nat) (F : (nat -> R) -> (nat -> R) -> nat -> R) (t u : tensor) : tensor :=
+  mask s (fun i => F (row d t i) (row d u i) (nth 0%N i d)).
+
+Lemma shift_set_nth e d off j (i : seq nat) : e != d -> (e < size i)%N -> (d < size i)%N ->
+  shift e off (set_nth 0%N i d j) = set_nth 0%N (shift e off i) d j.
+Proof.
+move=> ed ei di; rewrite /shift nth_set_nth_lt (negbTE ed) set_nth_comm ?size_set_nth_lt //.
+by rewrite eq_sym.
+Qed.
+
+Lemma along_shard p s d e F T U (LT LU : family) :
+  rowwise_ok s d e -> row_ext (nth 0%N s d) F ->
+  placed p s (Shard e) T LT -> placed p s (Shard e) U LU ->
+  placed p s (Shard e) (along s d F T U)
+    (fun r => along (local_shape p s (Shard e)) d F (LT r) (LU r)).
+Proof.
+move=> /andP [/andP [ds n0] ed] Fx [es dv HT] [_ _ HU]; split=> // r i rp ii.
+set m := (nth 0%N s e %/ p)%N.
+have szi : size i = size s by rewrite (inb_size ii) /local_shape size_set_nth_lt.
+have hnd : nth 0%N (local_shape p s (Shard e)) d = nth 0%N s d by rewrite /= nth_set_nth_lt eq_sym (negbTE ed).
+rewrite /along /mask ii (@inb_shift p) //.
+have -> : nth 0%N (shift e (r * m) i) d = nth 0%N i d by rewrite /shift nth_set_nth_lt eq_sym (negbTE ed).
+apply: Fx => [j jn|]; last first.
+  by case/inbP: ii => _ /(_ d); rewrite -hnd; apply; rewrite /local_shape size_set_nth_lt.
+have ij : inb (local_shape p s (Shard e)) (set_nth 0%N i d j).
+  by apply: inb_set_nth; rewrite ?hnd // /local_shape size_set_nth_lt.
+by rewrite /row HT // HU // !shift_set_nth ?szi.
+Qed.
+
+Lemma sm_exp_ext ex n (x x' : nat -> R) : (0 < n)%N -> (forall j, (j < n)%N -> x j = x' j) ->
+  forall j, (j < n)%N -> sm_exp fn ex n x j = sm_exp fn ex n x' j.
+Proof. by move=> n0 H j jn; rewrite /sm_exp H // (maxR_ext n0 H). Qed.
+
+Lemma sm_sum_ext ex n (x x' : nat -> R) : (0 < n)%N -> (forall j, (j < n)%N -> x j = x' j) ->
+  sm_sum fn ex n x = sm_sum fn ex n x'.
+Proof. by move=> n0 H; apply: sumR_ext; apply: sm_exp_ext. Qed.
+
+(** The row-wise ops as [along], with the row length of the logical shape. *)
+Definition sm_row ex n : (nat -> R) -> (nat -> R) -> nat -> R :=
+  fun x _ j => sm_exp fn ex n x j / sm_sum fn ex n x.
+Definition lsm_row ex lg n : (nat -> R) -> (nat -> R) -> nat -> R :=
+  fun x _ j => (x j - maxR n x) - fn lg (sm_sum fn ex n x).
+
+Lemma row_ext_sm ex n : (0 < n)%N -> row_ext n (sm_row ex n).
+Proof.
+move=> n0 x y x' y' H j jn; have Hx : forall j, (j < n)%N -> x j = x' j by move=> k /H [].
+by rewrite /sm_row (sm_exp_ext _ n0 Hx) // (sm_sum_ext _ n0 Hx).
+Qed.
+
+Lemma row_ext_lsm ex lg n : (0 < n)%N -> row_ext n (lsm_row ex lg n).
+Proof.
+move=> n0 x y x' y' H j jn; have Hx : forall j, (j < n)%N -> x j = x' j by move=> k /H [].
+by rewrite /lsm_row Hx // (maxR_ext n0 Hx) (sm_sum_ext _ n0 Hx).
+Qed.
+
+Lemma local_nth_other p s e d : e != d -> nth 0%N (local_shape p s (Shard e)) d = nth 0%N s d.
+Proof. by move=> ed; rewrite /= nth_set_nth_lt eq_sym (negbTE ed). Qed.
+
+(** softmax_other_dim: softmax along [d] of [Shard e], [e <> d], is [Shard e]. *)
+Lemma softmax_other_dim p d ex s e T (L : family) :
+  rowwise_ok s d e -> placed p s (Shard e) T L ->
+  lop_shape (Softmax d ex) [:: local_shape p s (Shard e)] = local_shape p s (Shard e) /\
+  placed p s (Shard e) (lop_val fn (Softmax d ex) [:: s] [:: T])
+    (fun r => lop_val fn (Softmax d ex) [:: local_shape p s (Shard e)] [:: L r]).
+Proof.
+move=> ok H; split=> //; have /andP [/andP [_ n0] ed] := ok.
+have -> : (fun r => lop_val fn (Softmax d ex) [:: local_shape p s (Shard e)] [:: L r]) =
+          (fun r => along (local_shape p s (Shard e)) d (sm_row ex (nth 0%N s d)) (L r) (L r)).
+  by apply: functional_extensionality => r; rewrite /lop_val /= -(local_nth_other p s ed).
+exact: (along_shard ok (row_ext_sm ex n0) H H).
+Qed.
+
+(** softmax_other_dim for log_softmax. *)
+Lemma log_softmax_other_dim p d ex lg s e T (L : family) :
+  rowwise_ok s d e -> placed p s (Shard e) T L ->
+  lop_shape (LogSoftmax d ex lg) [:: local_shape p s (Shard e)] = local_shape p s (Shard e) /\
+  placed p s (Shard e) (lop_val fn (LogSoftmax d ex lg) [:: s] [:: T])
+    (fun r => lop_val fn (LogSoftmax d ex lg) [:: local_shape p s (Shard e)] [:: L r]).
+Proof.
+move=> ok H; split=> //; have /andP [/andP [_ n0] ed] := ok.
+have -> : (fun r => lop_val fn (LogSoftmax d ex lg) [:: local_shape p s (Shard e)] [:: L r]) =
+          (fun r => along (local_shape p s (Shard e)) d (lsm_row ex lg (nth 0%N s d)) (L r) (L r)).
+  by apply: functional_extensionality => r; rewrite /lop_val /= -(local_nth_other p s ed).
+exact: (along_shard ok (row_ext_lsm ex lg n0) H H).
 Qed.
 
 End Values.
