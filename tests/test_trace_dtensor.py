@@ -101,3 +101,25 @@ def test_cli_verify_torch_in_one_step(tmp_path):
     assert r.exit_code == 1 and "dtensor_llama_block.py:" in r.output, r.output
     r = CliRunner().invoke(main, ["verify", str(EX / "megatron_mlp.py"), "--torch", str(EX / "megatron_mlp.py")])
     assert r.exit_code == 3 and "exactly one of" in r.output  # a usage error is bad input (exit 3, cli.py)
+
+
+# ------------------------------------------------ PyTorch's DTensor test Transformer, its own parallelize
+@pytest.mark.parametrize("tp,sp", [(2, False), (4, True)])
+def test_pytorch_dtensor_test_transformer_verifies(tp, sp):
+    pytest.importorskip("expecttest")  # torch.testing._internal imports it
+    import dtensor_transformer as dtt
+
+    raw = dtt.tvcert_trace(tp=tp, sp=sp)
+    assert raw["inputs"]["tok_embeddings__weight"]["placement"] == {"tp": "Shard(0)"}  # vocab-parallel, tied
+    res = verify(load_plan(raw))
+    assert verified(res), res.reasons
+
+
+def test_pytorch_dtensor_test_transformer_missing_sequence_parallel_is_refuted():
+    pytest.importorskip("expecttest")
+    import dtensor_transformer as dtt
+
+    res = verify(load_plan(dtt.tvcert_trace(sp=True, bug="no_sequence_parallel")))
+    assert res.verdict == "REFUTED"
+    bad = {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
+    assert bad == {"grad_layers__0__ffn_norm__weight", "grad_layers__0__ffn_norm__bias"}

@@ -44,3 +44,48 @@ def test_hf_llama_vocab_parallel_embedding_verifies():
     res = verify(plan)
     assert res.verdict == "VERIFIED", res.reasons
     assert any(s.rules == ["vocab_parallel_embedding"] for s in res.prop.steps)
+
+
+# ---------------------------------------------------------------- tvcert verify --hf (tvcert.frontends.hf)
+def _verdict(raw):
+    plan = load_plan(raw)
+    res = verify(plan)
+    if res.verdict == "REFUTED":  # confirmed by the interpreter on the counterexample's inputs
+        assert res.counterexample and not all(o["equal"] for o in res.counterexample["outputs"])
+    return res
+
+
+def test_hf_qwen3_lazy_grad_allreduce_hook_verifies_and_its_absence_is_refuted():
+    """Qwen3's q_norm / k_norm are `replicated_with_grad_allreduce`: the hook is registered at the first forward
+    and fired by the traced backward; with the entry replaced by `replicate` the norm gradients are partial."""
+    from tvcert.frontends.hf import trace_hf
+
+    res = _verdict(trace_hf("qwen3", 2))
+    assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
+    res = _verdict(trace_hf("qwen3", 2, tp_plan={"model.layers.*.self_attn.q_norm": "replicate"}))
+    assert res.verdict == "REFUTED"
+    assert [o["name"] for o in res.counterexample["outputs"] if not o["equal"]] == \
+        ["grad_model__layers__0__self_attn__q_norm__weight"]
+
+
+def test_hf_phi3_fused_qkv_colwise_is_refuted_at_the_split():
+    """Phi-3's fused qkv_proj as plain colwise (no gather): it runs, but each rank splits its shard of the fused
+    output at the global q/k/v offsets."""
+    from tvcert.frontends.hf import trace_hf
+
+    res = _verdict(trace_hf("phi3", 2, tp_plan={"model.layers.*.self_attn.qkv_proj": "colwise"}))
+    assert res.verdict == "REFUTED"
+    assert res.counterexample["first_divergence"]["src"].startswith("modeling_phi3.py:")
+
+
+def test_hf_cli_bad_input_exits_3():
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    for args in (["--hf", "nosuch"], ["--hf", "llama", "--set", "bogus=1"],
+                 ["--hf", "llama", "--set", 'tp_plan={"model.nothing": "colwise"}'],
+                 ["--hf", "llama", "--set", 'tp_plan={"model.layers.*.mlp": "no_such_style"}']):
+        r = CliRunner().invoke(main, ["verify", *args, "-q"])
+        assert r.exit_code == 3, (args, r.output)
+        assert "Traceback" not in r.output
