@@ -350,6 +350,85 @@ have -> : (fun r => lop_val fn (LogSoftmax d ex lg) [:: local_shape p s (Shard e
 exact: (along_shard ok (row_ext_lsm ex lg n0) H H).
 Qed.
 
+(** The backward ops read [g] and [out] at the index itself: the row at [nth i d]. *)
+Lemma along_eq s d F t u (f : tensor) : (d < size s)%N ->
+  (forall i, inb s i -> f i = F (row d t i) (row d u i) (nth 0%N i d)) -> mask s f = along s d F t u.
+Proof.
+move=> ds H; apply: functional_extensionality => i; rewrite /along /mask.
+by case si: (inb s i) => //; rewrite H.
+Qed.
+
+Lemma row_at d (t : tensor) (i : seq nat) : (d < size i)%N -> row d t i (nth 0%N i d) = t i.
+Proof. by move=> di; rewrite /row set_nth_nth_same. Qed.
+
+Definition sbw_row n : (nat -> R) -> (nat -> R) -> nat -> R :=
+  fun x y j => y j * (x j - sumR n (fun k => x k * y k)).
+Definition lsbw_row ex n : (nat -> R) -> (nat -> R) -> nat -> R :=
+  fun x y j => x j - fn ex (y j) * sumR n x.
+
+Lemma row_ext_sbw n : row_ext n (sbw_row n).
+Proof.
+move=> x y x' y' H j jn; rewrite /sbw_row; have [-> ->] := H j jn.
+by congr (_ * (_ - _)); apply: sumR_ext => k kn; have [-> ->] := H k kn.
+Qed.
+
+Lemma row_ext_lsbw ex n : row_ext n (lsbw_row ex n).
+Proof.
+move=> x y x' y' H j jn; rewrite /lsbw_row; have [-> ->] := H j jn.
+by congr (_ - _ * _); apply: sumR_ext => k kn; have [-> _] := H k kn.
+Qed.
+
+Lemma lop_val_sbw d s g o : (d < size s)%N ->
+  lop_val fn (SoftmaxBwd d) [:: s; s] [:: g; o] = along s d (sbw_row (nth 0%N s d)) g o.
+Proof.
+move=> ds; apply: along_eq => // i ii; have di : (d < size i)%N by rewrite (inb_size ii).
+by rewrite /= /softmax_bwd /sbw_row !row_at.
+Qed.
+
+Lemma lop_val_lsbw d ex s g o : (d < size s)%N ->
+  lop_val fn (LogSoftmaxBwd d ex) [:: s; s] [:: g; o] = along s d (lsbw_row ex (nth 0%N s d)) g o.
+Proof.
+move=> ds; apply: along_eq => // i ii; have di : (d < size i)%N by rewrite (inb_size ii).
+by rewrite /= /log_softmax_bwd /lsbw_row !row_at.
+Qed.
+
+(** softmax_other_dim for softmax_backward(grad, out), both [Shard e]. *)
+Lemma softmax_bwd_other_dim p d s e G O (LG LO : family) :
+  rowwise_ok s d e -> placed p s (Shard e) G LG -> placed p s (Shard e) O LO ->
+  let ls := local_shape p s (Shard e) in
+  lop_shape (SoftmaxBwd d) [:: ls; ls] = ls /\
+  placed p s (Shard e) (lop_val fn (SoftmaxBwd d) [:: s; s] [:: G; O])
+    (fun r => lop_val fn (SoftmaxBwd d) [:: ls; ls] [:: LG r; LO r]).
+Proof.
+move=> ok HG HO ls; split=> //; have /andP [/andP [ds _] ed] := ok.
+have [es _ _] := HG.
+have dls : (d < size ls)%N by rewrite /ls /local_shape size_set_nth_lt.
+rewrite lop_val_sbw //.
+have -> : (fun r => lop_val fn (SoftmaxBwd d) [:: ls; ls] [:: LG r; LO r]) =
+          (fun r => along ls d (sbw_row (nth 0%N s d)) (LG r) (LO r)).
+  by apply: functional_extensionality => r; rewrite lop_val_sbw // local_nth_other.
+rewrite /ls.
+exact: (along_shard ok (@row_ext_sbw (nth 0%N s d)) HG HO).
+Qed.
+
+(** softmax_other_dim for log_softmax_backward(grad, out), both [Shard e]. *)
+Lemma log_softmax_bwd_other_dim p d ex s e G O (LG LO : family) :
+  rowwise_ok s d e -> placed p s (Shard e) G LG -> placed p s (Shard e) O LO ->
+  let ls := local_shape p s (Shard e) in
+  lop_shape (LogSoftmaxBwd d ex) [:: ls; ls] = ls /\
+  placed p s (Shard e) (lop_val fn (LogSoftmaxBwd d ex) [:: s; s] [:: G; O])
+    (fun r => lop_val fn (LogSoftmaxBwd d ex) [:: ls; ls] [:: LG r; LO r]).
+Proof.
+move=> ok HG HO ls; split=> //; have /andP [/andP [ds _] ed] := ok.
+have [es _ _] := HG.
+have dls : (d < size ls)%N by rewrite /ls /local_shape size_set_nth_lt.
+rewrite lop_val_lsbw //.
+have -> : (fun r => lop_val fn (LogSoftmaxBwd d ex) [:: ls; ls] [:: LG r; LO r]) =
+          (fun r => along ls d (lsbw_row ex (nth 0%N s d)) (LG r) (LO r)).
+  by apply: functional_extensionality => r; rewrite lop_val_lsbw // local_nth_other.
+rewrite /ls; exact: (along_shard ok (@row_ext_lsbw ex (nth 0%N s d)) HG HO).
+Qed.
+
 End Values.
 
 End JLayoutSound.
