@@ -110,7 +110,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     import torch.distributed._functional_collectives as funcol
 
     g = _group(group)
-    output_tensor.copy_(funcol.all_gather_tensor(input_tensor, 0, g) if g.size() > 1 else input_tensor)
+    output_tensor.copy_(funcol.all_gather_single(input_tensor, 0, g) if g.size() > 1 else input_tensor)
     return _done(async_op)
 
 
@@ -118,7 +118,7 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
     import torch.distributed._functional_collectives as funcol
 
     g = _group(group)
-    output.copy_(funcol.reduce_scatter_tensor(input, _reduce_op(op), 0, g) if g.size() > 1 else input)
+    output.copy_(funcol.reduce_scatter_single(input, _reduce_op(op), 0, g) if g.size() > 1 else input)
     return _done(async_op)
 
 
@@ -370,12 +370,12 @@ def trace_megatron(build: Callable[[Any], Any], loss: Callable[..., Any], *, dat
     :func:`tvcert.frontends.trace.trace_plan` (placements over ``tp``).  ``finalize``: run Megatron's
     ``finalize_model_grads`` on each rank (the default, as Megatron's training step does).  ``edit(model)`` may
     change the parallel model after it is built (a negative: e.g. forget a ``sequence_parallel`` mark)."""
+    prepare()
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    prepare()
     if tp < 1:
         raise TraceError(f"tp = {tp} must be at least 1", "input")
     ckw = dict(config_kw or {})
@@ -394,7 +394,9 @@ def trace_megatron(build: Callable[[Any], Any], loss: Callable[..., Any], *, dat
             edit(m)
         return m
 
-    with megatron_tracing():
+    with megatron_tracing(), warnings.catch_warnings():
+        # Megatron's advice for GPUs (CUDA_DEVICE_MAX_CONNECTIONS), given at the first sequence-parallel linear
+        warnings.filterwarnings("ignore", message="When using sequence parallelism")
         try:
             with fake_world(0, tp):  # rank 0's declarations
                 decl = declarations(make(tp, True))
