@@ -31,6 +31,9 @@ Definition slice_ok (s : seq nat) (d a b : nat) : bool := (d < size s) && (a <= 
 (** A row-wise op along dim [d] of a tensor sharded on [e]: a nonempty other dim. *)
 Definition rowwise_ok (s : seq nat) (d e : nat) : bool := (d < size s) && (0 < nth 0 s d) && (e != d).
 
+(** Reducing dim [e] (nonempty) of a tensor sharded on [d <> e]. *)
+Definition reduce_ok (s : seq nat) (e d : nat) : bool := (e < size s) && (0 < nth 0 s e) && (e != d).
+
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 
@@ -87,6 +90,37 @@ Proof.
 move=> de di ei; rewrite /shift !nth_set_nth_lt (negbTE de) eq_sym (negbTE de).
 by rewrite set_nth_comm // eq_sym.
 Qed.
+
+(** One reduced dim: the input index of output index [i] at [k], the output shape, where dim [d] goes. *)
+Definition sel (keep : bool) (e k : nat) (i : seq nat) : seq nat :=
+  if keep then set_nth 0 i e k else ins_at e k i.
+Definition rshape (keep : bool) (e : nat) (s : seq nat) : seq nat :=
+  if keep then set_nth 0 s e 1 else rem_at e s.
+Definition rdim (keep : bool) (e d : nat) : nat := if keep then d else if e < d then d.-1 else d.
+
+Lemma inb_set_nth1 s e k i : e < size s -> k < nth 0 s e -> inb (set_nth 0 s e 1) i -> inb s (set_nth 0 i e k).
+Proof.
+move=> es ks /inbP [sz H]; rewrite size_set_nth_lt // in sz H; apply/inbP.
+rewrite size_set_nth_lt ?sz //; split=> // j js; rewrite nth_set_nth_lt.
+by have := H j js; rewrite nth_set_nth_lt; case: (j =P e) => [->|].
+Qed.
+
+Lemma rshape_local p keep e d s : e != d -> e < size s -> d < size s ->
+  rshape keep e (set_nth 0 s d (nth 0 s d %/ p)) =
+  set_nth 0 (rshape keep e s) (rdim keep e d) (nth 0 s d %/ p).
+Proof.
+move=> ed es ds; case: keep => /=; last exact: rem_at_set_nth.
+by rewrite set_nth_comm // eq_sym.
+Qed.
+
+Lemma rdim_lt keep e d s : e != d -> e < size s -> d < size s -> rdim keep e d < size (rshape keep e s).
+Proof.
+move=> ed es ds; case: keep => /=; first by rewrite size_set_nth_lt.
+by rewrite size_rem_at //; case: ifP => h; nat_lia.
+Qed.
+
+Lemma nth_rdim keep e d s : e != d -> e < size s -> nth 0 (rshape keep e s) (rdim keep e d) = nth 0 s d.
+Proof. by move=> ed es; case: keep => /=; [rewrite nth_set_nth_lt eq_sym (negbTE ed)|apply: nth_rem_at_shift]. Qed.
 
 Local Open Scope ring_scope.
 
@@ -427,6 +461,76 @@ have -> : (fun r => lop_val fn (LogSoftmaxBwd d ex) [:: ls; ls] [:: LG r; LO r])
           (fun r => along ls d (lsbw_row ex (nth 0%N s d)) (LG r) (LO r)).
   by apply: functional_extensionality => r; rewrite lop_val_lsbw // local_nth_other.
 rewrite /ls; exact: (along_shard ok (@row_ext_lsbw ex (nth 0%N s d)) HG HO).
+Qed.
+
+(** ** Reductions over one dim *)
+Lemma fiber_shard p s e d (H : (nat -> R) -> R) (keep : bool) T (L : family) :
+  e != d -> (e < size s)%N -> (forall x y, (forall k, (k < nth 0%N s e)%N -> x k = y k) -> H x = H y) ->
+  placed p s (Shard d) T L ->
+  placed p (rshape keep e s) (Shard (rdim keep e d))
+    (mask (rshape keep e s) (fun i => H (fun k => T (sel keep e k i))))
+    (fun r => mask (rshape keep e (local_shape p s (Shard d))) (fun i => H (fun k => L r (sel keep e k i)))).
+Proof.
+move=> ed es Hx [ds dv HT].
+have hn := nth_rdim keep ed es; have dlt := rdim_lt keep ed es ds.
+split=> //; first by rewrite hn.
+move=> r i rp ii; rewrite /mask /local_shape rshape_local // -hn.
+move: (ii); rewrite /local_shape => ii'; rewrite ii'.
+rewrite (@inb_shift p) //; last by rewrite hn.
+have szi : size i = size (rshape keep e s).
+  by rewrite (inb_size ii) /local_shape size_set_nth_lt.
+apply: Hx => k kn; rewrite hn in ii' *.
+have hne : nth 0%N (set_nth 0%N s d (nth 0%N s d %/ p)%N) e = nth 0%N s e by rewrite nth_set_nth_lt (negbTE ed).
+rewrite HT //.
+  congr T; clear ii; case: keep ii' szi dlt {hn} => /= ii' szi dlt.
+    by rewrite shift_set_nth ?szi ?size_set_nth_lt // eq_sym.
+  rewrite ins_shift // szi ?size_rem_at //; first by rewrite -ltnS prednK // (leq_ltn_trans _ es).
+  by move: dlt; rewrite size_rem_at.
+clear ii; case: keep ii' szi {hn} dlt => /= ii' szi dlt.
+  apply: inb_set_nth1; rewrite ?size_set_nth_lt ?hne //.
+  by rewrite set_nth_comm // eq_sym.
+apply: inb_rem_ins; rewrite ?size_set_nth_lt ?hne // rem_at_set_nth //.
+Qed.
+
+Lemma minR_ext n (F G : nat -> R) : (0 < n)%N -> (forall k, (k < n)%N -> F k = G k) -> minR n F = minR n G.
+Proof.
+move=> n0 H; rewrite /minR H //; apply: foldr_in_ext => k b.
+by rewrite mem_iota => /andP [_ kn]; rewrite H.
+Qed.
+
+Lemma comb_ext r n (x y : nat -> R) : (0 < n)%N -> (forall k, (k < n)%N -> x k = y k) ->
+  comb r n x = comb r n y.
+Proof. by case: r => /= n0 H; [apply: sumR_ext|apply: sumR_ext|apply: maxR_ext|apply: minR_ext]. Qed.
+
+(** What one reduced dim does to a row: combine, and for a mean divide by its length. *)
+Definition post (r : red) (n : nat) (v : R) : R := if r is RdMean then v / (n * 1)%:R else v.
+
+Lemma lop_val_reduce1 r e keep s t :
+  lop_val fn (Reduce r [:: e] keep) [:: s] [:: t] =
+  mask (rshape keep e s) (fun i => post r (nth 0%N s e) (comb r (nth 0%N s e) (fun k => t (sel keep e k i)))).
+Proof. by case: r; case: keep. Qed.
+
+(** reduce_other_dim: sum / mean / amax / amin over [e] of [Shard d], [e <> d], is [Shard] of
+    where [d] goes ([d], or [d - 1] when [e < d] and the dim is removed). *)
+Lemma reduce_other_dim p r e keep s d T (L : family) :
+  reduce_ok s e d -> placed p s (Shard d) T L ->
+  let so := rshape keep e s in
+  lop_shape (Reduce r [:: e] keep) [:: local_shape p s (Shard d)] = local_shape p so (Shard (rdim keep e d)) /\
+  placed p so (Shard (rdim keep e d)) (lop_val fn (Reduce r [:: e] keep) [:: s] [:: T])
+    (fun r' => lop_val fn (Reduce r [:: e] keep) [:: local_shape p s (Shard d)] [:: L r']).
+Proof.
+move=> /andP [/andP [es n0] ed] H so; have [ds _ _] := H.
+have hne : nth 0%N (local_shape p s (Shard d)) e = nth 0%N s e by rewrite /= nth_set_nth_lt (negbTE ed).
+split.
+  have -> : forall ls, lop_shape (Reduce r [:: e] keep) [:: ls] = rshape keep e ls by clear so; case: keep.
+  by rewrite /= rshape_local // /so (nth_rdim keep ed es).
+rewrite lop_val_reduce1.
+have -> : (fun r' => lop_val fn (Reduce r [:: e] keep) [:: local_shape p s (Shard d)] [:: L r']) =
+  (fun r' => mask (rshape keep e (local_shape p s (Shard d)))
+     (fun i => post r (nth 0%N s e) (comb r (nth 0%N s e) (fun k => L r' (sel keep e k i))))).
+  by apply: functional_extensionality => r'; rewrite lop_val_reduce1 hne.
+apply: (@fiber_shard p s e d (fun x => post r (nth 0%N s e) (comb r (nth 0%N s e) x))) => // x y hxy.
+by rewrite (comb_ext r n0 hxy).
 Qed.
 
 End Values.
