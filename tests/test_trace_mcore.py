@@ -1,7 +1,7 @@
 """megatron-core 0.16 traced from its own code (tvcert.frontends.megatron_core) on the fake process group.
 
 Also the ATen conversions functionalized Megatron graphs need (functional ``copy``, ``slice_scatter``,
-uninitialised buffers, reshape-of-reshape), each against PyTorch's own op on random float64 inputs."""
+uninitialised buffers, ``.data`` aliases), each against PyTorch's own op on random float64 inputs."""
 from __future__ import annotations
 
 import sys

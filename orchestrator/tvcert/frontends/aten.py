@@ -748,17 +748,10 @@ def _flip(c, n, x, dims):
 
 @reg("aten.view", "aten._unsafe_view", "aten.reshape")
 def _view(c, n, x, shape):
-    """A reshape of a reshape is one reshape of the first one's input (row-major, exact), none when it restores
-    that input's shape (functionalization's flat-buffer round trips)."""
     out = _shape(_out(c, n))
-    xi, xs = c.ir(x), _shape(c.val(x))
-    srcs = c.__dict__.setdefault("reshape_src", {})
-    xi, xs = srcs.get(xi, (xi, xs))
-    if out == xs:
-        return xi
-    r = c.emit("reshape", [xi], {"shape": out})
-    srcs[r] = (xi, xs)
-    return r
+    if out == _shape(c.val(x)):
+        return c.ir(x)
+    return c.emit("reshape", [c.ir(x)], {"shape": out})
 
 
 _BROADCASTING = {"aten.add", "aten.sub", "aten.mul", "aten.div", "aten.where", "aten.maximum", "aten.minimum",
