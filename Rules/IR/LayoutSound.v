@@ -533,6 +533,49 @@ apply: (@fiber_shard p s e d (fun x => post r (nth 0%N s e) (comb r (nth 0%N s e
 by rewrite (comb_ext r n0 hxy).
 Qed.
 
+(** ** partial_linear_map for the layout ops that read their input through an index map *)
+Definition reindex_op (o : lop) : option (seq nat -> seq nat -> seq nat) :=
+  match o with
+  | Reshape s' => Some (fun s0 i => unflat s0 (flat s' i))
+  | Permute ds => Some (fun _ => perm_idx ds)
+  | Unsqueeze d => Some (fun _ => rem_at d)
+  | Squeeze ds => Some (fun s0 => sq_idx ds 0 s0)
+  | Expand s' => Some (fun s0 => proj s0 s')
+  | Slice d a _ => Some (fun _ => shift d a)
+  | CastF => Some (fun _ i => i)
+  | _ => None
+  end.
+
+Lemma lop_val_reindex o g s t : reindex_op o = Some g ->
+  lop_val fn o [:: s] [:: t] = reindex (lop_shape o [:: s]) (g s) t.
+Proof. by case: o => //= [s'|ds|d|ds|s'|d a b|] [<-]. Qed.
+
+(** [t] is 0 outside shape [s] (every evaluated tensor is). *)
+Definition vanish (s : seq nat) (t : tensor) : Prop := forall i, ~~ inb s i -> t i = 0.
+
+Lemma reindex_partial_vanish p s so rd (g : seq nat -> seq nat) (T : tensor) (L : family) :
+  sum_like rd -> vanish s T -> (forall r, vanish s (L r)) ->
+  placed p s (Partial rd) T L ->
+  placed p so (Partial rd) (reindex so g T) (fun r => reindex so g (L r)).
+Proof.
+move=> sl vT vL; case: rd sl => // _ H i ii; rewrite /reindex /mask ii.
+- case sj: (inb s (g i)); first exact: H.
+  by rewrite vT ?sj // big1 // => r _; rewrite vL ?sj.
+- case sj: (inb s (g i)); first exact: H.
+  by rewrite vT ?sj // big1 ?mulr0 // => r _; rewrite vL ?sj.
+Qed.
+
+Lemma layout_partial_linear_map p o g s rd T (L : family) :
+  reindex_op o = Some g -> sum_like rd -> vanish s T -> (forall r, vanish s (L r)) ->
+  placed p s (Partial rd) T L ->
+  placed p (lop_shape o [:: s]) (Partial rd) (lop_val fn o [:: s] [:: T]) (fun r => lop_val fn o [:: s] [:: L r]).
+Proof.
+move=> ho sl vT vL H; rewrite (lop_val_reindex _ _ ho).
+have -> : (fun r => lop_val fn o [:: s] [:: L r]) = (fun r => reindex (lop_shape o [:: s]) (g s) (L r)).
+  by apply: functional_extensionality => r; rewrite (lop_val_reindex _ _ ho).
+exact: (@reindex_partial_vanish p s (lop_shape o [:: s]) rd (g s) T L sl vT vL H).
+Qed.
+
 End Values.
 
 End JLayoutSound.
