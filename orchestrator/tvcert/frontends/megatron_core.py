@@ -416,8 +416,11 @@ def trace_megatron(build: Callable[[Any], Any], loss: Callable[..., Any], *, dat
                 params = {f"model.{n}": kw_[_safe(n)] for n in full}
                 return torch.func.functional_call(wrapper, params, (), {k: kw_[k] for k in dnames})
 
-            def setup(ctx):
+            def setup(ctx):  # every rank must declare what rank 0 declared (the placements come from it)
                 m = make(ctx.size("tp"), True)
+                if declarations(m) != decl:
+                    raise TraceError(f"rank {ctx.rank} declares other tensor-parallel attributes or shapes than "
+                                     f"rank 0", "spmd")
                 return m
 
             def parallel(ctx, **kw_):
