@@ -123,3 +123,22 @@ def test_pytorch_dtensor_test_transformer_missing_sequence_parallel_is_refuted()
     assert res.verdict == "REFUTED"
     bad = {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
     assert bad == {"grad_layers__0__ffn_norm__weight", "grad_layers__0__ffn_norm__bias"}
+
+
+def test_adamw_step_with_sharded_state_verifies_and_a_partial_norm_gradient_is_refuted():
+    """One torch.optim.AdamW step after the backward on both sides: parameters after the step and exp_avg /
+    exp_avg_sq (sharded like their parameter) are outputs; the missing-SequenceParallel bug shows in all three."""
+    pytest.importorskip("expecttest")
+    import dtensor_transformer as dtt
+
+    raw = dtt.tvcert_trace(sp=True, optimizer="adamw")
+    assert raw["outputs"]["exp_avg.tok_embeddings__weight"]["placement"] == {"tp": "Shard(0)"}
+    assert "grad_tok_embeddings__weight" not in raw["outputs"]
+    res = verify(load_plan(raw))
+    assert verified(res), res.reasons
+    res = verify(load_plan(dtt.tvcert_trace(sp=True, optimizer="adamw", bug="no_sequence_parallel")))
+    assert res.verdict == "REFUTED"
+    bad = {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
+    assert {"new.layers__0__ffn_norm__weight", "exp_avg.layers__0__ffn_norm__weight",
+            "exp_avg_sq.layers__0__ffn_norm__weight"} <= bad
+    assert all("ffn_norm" in b for b in bad)

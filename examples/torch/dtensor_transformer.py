@@ -46,10 +46,22 @@ def parallelize(model, mesh, sp: bool, bug: str | None = None):
     return model
 
 
-def tvcert_trace(tp: int = 2, sp: bool = False, bug: str | None = None):
+def tvcert_trace(tp: int = 2, sp: bool = False, bug: str | None = None, optimizer: str | None = None):
+    """``optimizer="adamw"``: one ``torch.optim.AdamW`` step after the backward, on both sides (the parallel one on
+    the DTensor shards); outputs the loss, every parameter after the step and AdamW's ``exp_avg`` / ``exp_avg_sq``
+    (sharded like their parameter)."""
     from tvcert.frontends.dtensor import trace_module_plan
 
+    kw = {}
+    if optimizer is not None:
+        from tvcert.frontends.dataparallel import optimizer_step
+
+        if optimizer != "adamw":
+            raise ValueError(f"optimizer={optimizer!r}: only 'adamw'")
+        kw["train_step"] = optimizer_step(lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False),
+                                          state=True)
     tok = {"shape": [B, S], "dtype": "int", "range": ARGS["vocab_size"]}
     return trace_module_plan(make_model, lambda m, mesh: parallelize(m, mesh, sp, bug), loss_fn,
                              data={"tokens": tok, "labels": dict(tok)}, mesh={"tp": tp},
-                             name=f"dtensor_transformer_tp{tp}{'_sp' if sp else ''}{'_' + bug if bug else ''}")
+                             name=f"dtensor_transformer_tp{tp}{'_sp' if sp else ''}{'_' + bug if bug else ''}"
+                                  f"{'_' + optimizer if optimizer else ''}", **kw)

@@ -206,11 +206,13 @@ def trace_simple_fsdp_plan(model_factory: Callable[[], Any], parallelize: Callab
                              **kw)
 
 
-def optimizer_step(make_optimizer: Callable[[list], Any]) -> Callable[..., dict]:
+def optimizer_step(make_optimizer: Callable[[list], Any], state: bool = False) -> Callable[..., dict]:
     """A ``train_step`` for :func:`.dtensor.trace_module_plan`: the gradients of the loss, then one ``step()`` of
     the real ``torch.optim`` optimizer ``make_optimizer(parameters)`` on copies of the parameters (DTensor
     shards on the ranks, so the update runs on the sharded parameters).  Outputs: ``loss`` and ``new.<p>`` per
-    parameter (read back with the parameter's placement); the optimizer must run per tensor (``foreach=False``)."""
+    parameter (read back with the parameter's placement); the optimizer must run per tensor (``foreach=False``).
+    ``state``: also every per-parameter state tensor after the step, ``<key>.<p>`` (AdamW's ``exp_avg.<p>`` and
+    ``exp_avg_sq.<p>``, SGD's ``momentum_buffer.<p>``; sharded like the parameter); not the step counter."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -222,11 +224,15 @@ def optimizer_step(make_optimizer: Callable[[list], Any]) -> Callable[..., dict]
             p = torch.nn.Parameter(params[n].detach().clone())
             p.grad = g.detach()
             ps.append(p)
-        make_optimizer(ps).step()
+        opt = make_optimizer(ps)
+        opt.step()
         out = {"loss": loss}
         for n, p in zip(names, ps):
             t = p.detach()
             out[f"new.{_safe(n)}"] = t.to_local() if isinstance(t, DTensor) else t
+            for key, v in sorted(opt.state[p].items()) if state else ():
+                if isinstance(v, torch.Tensor) and key != "step" and v.shape == p.shape:
+                    out[f"{key}.{_safe(n)}"] = v.detach().to_local() if isinstance(v, DTensor) else v.detach()
         return out
 
     return step
