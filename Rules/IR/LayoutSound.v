@@ -34,6 +34,12 @@ Definition rowwise_ok (s : seq nat) (d e : nat) : bool := (d < size s) && (0 < n
 (** Reducing dim [e] (nonempty) of a tensor sharded on [d <> e]. *)
 Definition reduce_ok (s : seq nat) (e d : nat) : bool := (e < size s) && (0 < nth 0 s e) && (e != d).
 
+(** torch.cat along [d] of operands sharded on [e <> d]: the shapes agree off [d]. *)
+Definition concat_ok (p : nat) (ss : seq (seq nat)) (d e : nat) : bool :=
+  let s0 := nth [::] ss 0 in
+  (e != d) && (d < size s0) && shard_ok p s0 e &&
+  all (fun s => (size s == size s0) && (set_nth 0 s d 0 == set_nth 0 s0 d 0)) ss.
+
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 
@@ -574,6 +580,83 @@ move=> ho sl vT vL H; rewrite (lop_val_reindex _ _ ho).
 have -> : (fun r => lop_val fn o [:: s] [:: L r]) = (fun r => reindex (lop_shape o [:: s]) (g s) (L r)).
   by apply: functional_extensionality => r; rewrite (lop_val_reindex _ _ ho).
 exact: (@reindex_partial_vanish p s (lop_shape o [:: s]) rd (g s) T L sl vT vL H).
+Qed.
+
+(** ** concat_other_dim *)
+Definition agree_off (d : nat) (q s : seq nat) : Prop := size s = size q /\ forall j, j != d -> nth 0%N s j = nth 0%N q j.
+
+Lemma cat_shard p d e q (ss : seq (seq nat)) (Ts : seq tensor) (Ls : seq family) r i :
+  e != d -> (e < size q)%N -> (d < size q)%N -> (r < p)%N ->
+  size Ts = size ss -> size Ls = size ss ->
+  (forall s, s \in ss -> agree_off d q s) ->
+  (forall k, (k < size ss)%N -> placed p (nth [::] ss k) (Shard e) (nth (zero_t R) Ts k) (nth (fun _ => zero_t R) Ls k)) ->
+  size i = size q -> (forall j, (j < size q)%N -> j != d -> (nth 0%N i j < nth 0%N (local_shape p q (Shard e)) j)%N) ->
+  (nth 0%N i d < sumn (map (fun s => nth 0%N s d) ss))%N ->
+  cat d (map (fun s => local_shape p s (Shard e)) ss) (map (fun L => L r) Ls) i =
+  cat d ss Ts (shift e (r * (nth 0%N q e %/ p)) i).
+Proof.
+move=> ed eq dq rp; elim: ss Ts Ls i => [|s ss IH] [|T Ts] [|L Ls] i //= [hT] [hL] Ag Pl si Hi id.
+have [ss' Hs] := Ag s (mem_head _ _).
+have hnd : nth 0%N (local_shape p s (Shard e)) d = nth 0%N s d by rewrite local_nth_other.
+have hsd : nth 0%N (shift e (r * (nth 0%N q e %/ p)) i) d = nth 0%N i d.
+  by rewrite /shift nth_set_nth_lt eq_sym (negbTE ed).
+rewrite hnd hsd; case: ifP => ids.
+  have [es dv HL] := Pl 0%N isT; rewrite /= in es dv HL.
+  rewrite HL //; first by rewrite Hs.
+  apply/inbP; rewrite size_set_nth_lt // ss' -si; split=> // j js.
+  have jq : (j < size q)%N by rewrite -si.
+  rewrite nth_set_nth_lt; case: (j =P e) => [->|je].
+    by have := Hi e eq ed; rewrite nth_set_nth_lt eqxx Hs.
+  case: (j =P d) => [->//|jd].
+  by have := Hi j jq (introN eqP jd); rewrite nth_set_nth_lt (introF eqP je) Hs //; apply/eqP.
+rewrite -shift_set_nth ?si //; apply: IH => //.
+- by move=> s' s'in; apply: Ag; rewrite in_cons s'in orbT.
+- by move=> k ks; apply: (Pl k.+1).
+- by rewrite size_set_nth_lt // si.
+- by move=> j jq jd; rewrite nth_set_nth_lt (negbTE jd); apply: Hi.
+- by rewrite nth_set_nth_lt eqxx -(ltn_add2l (nth 0%N s d)) subnKC // leqNgt ids.
+Qed.
+
+Lemma concat_local_shape p d e (ss : seq (seq nat)) : e != d -> (e < size (nth [::] ss 0))%N ->
+  (d < size (nth [::] ss 0))%N ->
+  lop_shape (Concat d) (map (fun s => local_shape p s (Shard e)) ss) =
+  local_shape p (lop_shape (Concat d) ss) (Shard e).
+Proof.
+move=> ed es ds; case: ss es ds => [|s0 ss] //= es ds.
+rewrite -map_comp; under eq_map do rewrite /= nth_set_nth_lt eq_sym (negbTE ed).
+rewrite set_nth_comm ?size_set_nth_lt // ?nth_set_nth_lt 1?eq_sym ?(negbTE ed) //.
+Qed.
+
+(** concat_other_dim: torch.cat along [d] of operands all [Shard e], [e <> d], is [Shard e]. *)
+Lemma concat_other_dim p d e (ss : seq (seq nat)) (Ts : seq tensor) (Ls : seq family) :
+  concat_ok p ss d e -> size Ts = size ss -> size Ls = size ss ->
+  (forall k, (k < size ss)%N -> placed p (nth [::] ss k) (Shard e) (nth (zero_t R) Ts k) (nth (fun _ => zero_t R) Ls k)) ->
+  let lss := map (fun s => local_shape p s (Shard e)) ss in
+  lop_shape (Concat d) lss = local_shape p (lop_shape (Concat d) ss) (Shard e) /\
+  placed p (lop_shape (Concat d) ss) (Shard e) (lop_val fn (Concat d) ss Ts)
+    (fun r => lop_val fn (Concat d) lss (map (fun L => L r) Ls)).
+Proof.
+move=> /andP [/andP [/andP [ed ds] /andP [es /eqP dv]] Aok] hT hL Pl lss.
+set q := nth [::] ss 0 in ds es dv Aok.
+have Ag : forall s, s \in ss -> agree_off d q s.
+  move=> s /(allP Aok) /andP [/eqP sz /eqP e0]; split=> // j jd.
+  by have := congr1 (fun l => nth 0%N l j) e0; rewrite /= !nth_set_nth_lt (negbTE jd).
+have shp := concat_local_shape p ed es ds.
+split=> //.
+set so := lop_shape (Concat d) ss.
+have sz : size so = size q by rewrite /so /= size_set_nth_lt.
+have hne : nth 0%N so e = nth 0%N q e by rewrite /so /= nth_set_nth_lt (negbTE ed).
+split; [by rewrite sz | by rewrite hne | move=> r i rp ii].
+have isx : inb so (shift e (r * (nth 0%N so e %/ p)) i).
+  by apply: (@inb_shift p) => //; rewrite ?sz ?hne.
+rewrite /lop_val shp /mask ii -/so isx.
+  rewrite hne; apply: cat_shard => //.
+  - by rewrite (inb_size ii) /local_shape size_set_nth_lt ?sz.
+  - move=> j jq jd; case/inbP: ii => _ /(_ j); rewrite /local_shape size_set_nth_lt ?sz //.
+    move=> /(_ jq); rewrite /local_shape hne !nth_set_nth_lt.
+    by case: (j =P e) => // _; rewrite (negbTE jd).
+  - case/inbP: ii => _ /(_ d); rewrite /local_shape size_set_nth_lt ?sz //.
+    by move=> /(_ ds); rewrite nth_set_nth_lt eq_sym (negbTE ed) /so /= nth_set_nth_lt eqxx.
 Qed.
 
 End Values.
