@@ -356,6 +356,24 @@ def _safe(name: str) -> str:
     return name.replace(".", "__")
 
 
+_AC_WRAPPER = "_checkpoint_wrapped_module."  # the FQN part torchtitan's activation checkpointing inserts
+
+
+def _clean(name: str) -> str:
+    """A parameter's name in the unwrapped model (activation checkpointing wraps each block)."""
+    return name.replace(_AC_WRAPPER, "")
+
+
+def _bind(m, tensors: dict) -> None:
+    """Make ``tensors`` the module's parameters and buffers for good (this rank's module is traced once).
+    ``functional_call`` restores the originals when the forward returns, but activation checkpointing
+    re-runs the block's forward during backward, which must see the traced tensors, not the meta ones."""
+    for n, t in tensors.items():
+        owner, _, leaf = n.rpartition(".")
+        mod = m.get_submodule(owner) if owner else m
+        (mod._parameters if leaf in mod._parameters else mod._buffers)[leaf] = t
+
+
 def _placement(layout, rank: int) -> tuple[dict[str, str], bool]:
     """(plan placement, gradient pending) of a parameter from its torchtitan ``SpmdLayout``: ``Shard(d)``
     on tp or ep (they share the ranks here) -> ``{"tp": "Shard(d)"}``; spmd type R (Replicate) on tp or
@@ -376,7 +394,7 @@ def _placement(layout, rank: int) -> tuple[dict[str, str], bool]:
 
 def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
                 vocab_parallel: bool = True, ep: int = 1, batch: int = 2, seq: int = 8, name: str | None = None,
-                **kw) -> dict:
+                ac: Any = None, **kw) -> dict:
     """Trace ``model`` at degree 1 (logical) and under torchtitan's TP (``sp``: sequence parallel) on a
     ``tp``-rank fake process group into a plan.
 
@@ -388,7 +406,9 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     of the transformer layers without the vocab-parallel rules): ``tok_embeddings`` is TP-Replicate and the loss
     all-gathers the ``Shard(-1)`` logits of torchtitan's ``lm_head`` (``spmd_types.all_gather`` to
     Invariant) and takes the plain cross-entropy, instead of torchtitan's vocab-parallel embedding and
-    ``_LossParallelCrossEntropy``.  Every transformer layer keeps torchtitan's TP/SP plan."""
+    ``_LossParallelCrossEntropy``.  Every transformer layer keeps torchtitan's TP/SP plan.
+    ``ac``: a torchtitan activation-checkpointing policy config (``FullAC.Config()``, ...), applied to every
+    transformer block after TP as ``parallelize_llama`` does (the backward recomputes the block's forward)."""
     if ep not in (1, tp):
         raise TraceError(f"ep={ep}: expert parallelism runs on the tp ranks here (ep must be 1 or tp={tp})", "input")
     if sp and seq % tp:
@@ -419,6 +439,8 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         pd.build_mesh()
         m = _build(model.config(tp, sp, vocab_parallel, ep))
         m.parallelize(pd)
+        if ac is not None:
+            ac.build(dump_folder="").apply(m)
         if not vocab_parallel:
             m.tok_embeddings.tp_group = None  # Embedding.parallelize sets it whenever a tp mesh exists
         return m, pd
@@ -430,7 +452,7 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
             if sc is None:
                 continue
             for pn, _ in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
-                out[f"{mn}.{pn}" if mn else pn] = sc.state_shardings.get(pn)
+                out[_clean(f"{mn}.{pn}" if mn else pn)] = sc.state_shardings.get(pn)
         return out
 
     # placements from torchtitan's sharding declarations as parallelize() applied them on rank 0,
@@ -438,7 +460,7 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
     with fake_world(0, tp):
         m0, _ = build_parallel()
         lay = layouts(m0)
-        local0 = {n: list(t.shape) for n, t in [*m0.named_parameters(), *m0.named_buffers()]}
+        local0 = {_clean(n): list(t.shape) for n, t in [*m0.named_parameters(), *m0.named_buffers()]}
     placements, pending = {}, []
     for n in pnames + bnames:
         full = shapes[n][:len(local0[n])]  # a complex buffer's real view has a trailing [2]
@@ -473,15 +495,26 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         return cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
 
     def setup(ctx):
-        return build_parallel()
+        m, pd = build_parallel()
+        real = {_clean(n): n for n, _ in [*m.named_parameters(), *m.named_buffers()]}
+        return m, pd, real
 
     def parallel(ctx, **kw_):
-        m, pd = ctx.state
+        m, pd, real = ctx.state
         set_spmd_meshes(dense_mesh=pd.spmd_dense_mesh(), sparse_mesh=pd.spmd_sparse_mesh())
         with contextlib.ExitStack() as st:
-            if mesh_context:
+            if mesh_context and ac is not None:
+                # torchtitan's train_context spans forward and backward, and the backward re-runs each
+                # checkpointed block's forward: hold the mesh until the next rank (or the end of the trace)
+                held.close()
+                held.enter_context(set_current_spmd_mesh(pd.spmd_dense_mesh()))
+            elif mesh_context:
                 st.enter_context(set_current_spmd_mesh(pd.spmd_dense_mesh()))
-            pred = torch.func.functional_call(m, state(kw_), (kw_["tokens"],))
+            if ac is not None:  # the recomputation in backward reads the module's own tensors: bind them
+                _bind(m, {real[n]: t for n, t in state(kw_).items()})
+                pred = m(kw_["tokens"])
+            else:
+                pred = torch.func.functional_call(m, state(kw_), (kw_["tokens"],))
         # the loss always runs in the mesh context (torchtitan's loss-parallel CE of the local vocab
         # shard): without it the plain CE would read labels >= V/tp out of range and crash
         with set_current_spmd_mesh(pd.spmd_dense_mesh()):
@@ -493,16 +526,105 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
 
     def sync(ctx, grads):
         """What FSDP does for the pending gradients (outside autograd, so not in the trace otherwise)."""
-        m, pd = ctx.state
+        m, pd, _ = ctx.state
         group = pd.get_mesh("tp").get_group()
         out = dict(grads)
         for n in pending:
             out[_safe(n)] = funcol.all_reduce(grads[_safe(n)], "sum", group)
         return out
 
-    with funcol_collectives():  # forward and backward (autograd runs after ``parallel`` returns)
+    held = contextlib.ExitStack()  # the current rank's mesh context under activation checkpointing
+    with funcol_collectives(), held:  # forward and backward (autograd runs after ``parallel`` returns)
         return trace_plan(logical, parallel, inputs=inputs, mesh={"tp": tp}, name=name or model.name,
                           description=kw.pop("description", None) or
                           f"torchtitan {model.name} {model.dims}, TP={tp}{' + SP' if sp else ''}"
                           f"{'' if mesh_context else ', run WITHOUT the SPMD mesh context (no collectives)'}",
                           parallel_setup=setup, grad_sync=sync if (grad_sync and pending) else None, **kw)
+
+
+# ====================================================================== a job config
+def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_parallel: bool = True, **kw) -> dict:
+    """Trace what a torchtitan job config (:class:`.titan_config.TitanJob`) asks for.
+
+    * dp_replicate = dp_shard = 1: :func:`trace_titan` -- torchtitan's TP (+ SP, EP) on the ``spmd_types`` backend,
+      ``[training] local_batch_size / seq_len`` as the batch, the activation-checkpointing policy applied.
+    * dp_shard or dp_replicate > 1: torchtitan's FSDP2 ``fully_shard`` (what ``parallelize_llama`` applies) runs
+      its collectives in hooks on flat buffers the trace cannot see (:func:`.dataparallel.check_fully_shard`), so
+      the data-parallel axes go through torchtitan's SimpleFSDP instead: graph_trainer's ``apply_simple_fsdp``
+      with the job's ``ParallelDims`` (fully_shard / hybrid_shard / replicate, the job's mixed precision) -- see
+      :func:`_trace_simple_fsdp_job`."""
+    from .titan_config import check_supported
+
+    check_supported(job)
+    d = job.degrees
+    model = MODELS[job.model](layers=layers)
+    note = "; ".join(job.notes)
+    desc = (f"torchtitan {model.name} {model.dims} from {os.path.basename(job.path)}: "
+            + ", ".join(f"{k}={v}" for k, v in d.items() if v > 1) + (f" ({note})" if note else ""))
+    if d["dp_replicate"] == d["dp_shard"] == 1:
+        tp = d["tp"]
+        return trace_titan(model, tp=tp, sp=job.parallelism.enable_sequence_parallel and tp > 1, ep=d["ep"],
+                           batch=job.training.local_batch_size, seq=job.training.seq_len, ac=job.ac,
+                           mesh_context=mesh_context, vocab_parallel=vocab_parallel,
+                           name=kw.pop("name", None) or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}",
+                           description=desc, **kw)
+    if not (mesh_context and vocab_parallel):
+        raise TraceError("--no-mesh-context / --replicated-vocab are options of the TP route (data-parallel degrees "
+                         "are 1)", "input")
+    return _trace_simple_fsdp_job(job, model, desc, **kw)
+
+
+def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
+    """dp_replicate x dp_shard (x tp) through torchtitan's SimpleFSDP, traced by
+    :func:`.dataparallel.trace_simple_fsdp_plan`.  On every rank: the job's ``ParallelDims`` (``partial_dtensor``
+    backend: DTensor TP, the legacy ``dp_replicate`` / ``fsdp`` / ``tp`` meshes) built on the fake process group,
+    torchtitan's ``Module.parallelize`` when tp > 1, then graph_trainer's ``apply_simple_fsdp``.  The loss is
+    torchtitan's ``cross_entropy_loss`` (a sum) over the global token count, so the summed (reduce-scattered)
+    gradients are the single-device ones; read back ``Partial(sum)`` over the data-parallel axes."""
+    from .dataparallel import trace_simple_fsdp_plan
+
+    d = job.degrees
+    if job.ac is not None:
+        raise TraceError(f"{job.path}: activation_checkpoint.mode = {job.ac_mode!r} with data parallelism: the "
+                         f"SimpleFSDP route binds the traced parameters per call (functional_call), and a "
+                         f"checkpointed block's recomputation in backward would read the module's own tensors",
+                         "unsupported", "activation_checkpoint")
+    if d["tp"] > 1:
+        raise TraceError(f"{job.path}: tensor_parallel_degree = {d['tp']} with data_parallel degrees "
+                         f"(dp_replicate={d['dp_replicate']}, dp_shard={d['dp_shard']}): FSDP's shard of a "
+                         f"TP-sharded dim (DTensor _StridedShard, fsdp blocks inside tp blocks) on torchtitan's "
+                         f"mesh (tp the innermost rank axis) has no plan placement yet", "unsupported",
+                         "tensor_parallel_degree")
+    if d["ep"] > 1:
+        raise TraceError(f"{job.path}: expert_parallel_degree with data parallelism is not traced", "unsupported",
+                         "expert_parallel_degree")
+    prepare()
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed import utils as du
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
+
+    rep, shard, tp = d["dp_replicate"], d["dp_shard"], d["tp"]
+    mesh = {a: n for a, n in (("dp_replicate", rep), ("fsdp", shard)) if n > 1}
+    b, s = job.training.local_batch_size * rep * shard, job.training.seq_len
+
+    def make():
+        return _build(model.config(1, False, True)).to_empty(device="cpu")
+
+    def parallelize(m, _dm):
+        pd = ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=rep * shard * tp,
+                          spmd_backend="partial_dtensor")
+        pd.build_mesh()
+        return apply_simple_fsdp(m, parallel_dims=pd, training=job.training)
+
+    def loss_fn(pred, tokens, labels):
+        return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / (b * s)
+
+    ids = {"shape": [b, s], "dtype": "int", "range": model.vocab, "placement": {a: "Shard(0)" for a in mesh}}
+    du.set_spmd_backend("partial_dtensor")
+    try:
+        return trace_simple_fsdp_plan(make, parallelize, loss_fn, data={"tokens": ids, "labels": ids}, mesh=mesh,
+                                      name=kw.pop("name", None) or f"{model.name}_"
+                                      f"{os.path.splitext(os.path.basename(job.path))[0]}", description=desc, **kw)
+    finally:
+        du.set_spmd_backend("spmd_types")
