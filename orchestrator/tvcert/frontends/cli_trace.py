@@ -165,6 +165,9 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
 @click.option("--hf", "hf", metavar="MODEL",
               help="instead of SPEC: a tiny Hugging Face model (llama, qwen2, qwen3, mistral, gemma2, phi3, a config or "
                    "model class) with its own tp_plan, random weights, no download")
+@click.option("--config", "titan_config", metavar="JOB.toml", type=click.Path(dir_okay=False),
+              help="--torchtitan: a torchtitan job config (its [parallelism] degrees, [training] batch / seq_len, "
+                   "[activation_checkpoint] mode) instead of --tp/--sp/--ep")
 @click.option("--tp", type=int, default=4, show_default=True, help="--torchtitan / --hf: tensor-parallel degree")
 @click.option("--ep", type=int, default=1, show_default=True, help="--torchtitan: expert-parallel degree (on the tp ranks)")
 @click.option("--sp/--no-sp", default=False, show_default=True, help="--torchtitan: sequence parallelism")
@@ -176,7 +179,7 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
                    "vocab-parallel embedding and loss-parallel cross-entropy")
 def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, report_path: str | None,
           quiet: bool, titan: str | None, tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool,
-          replicated_vocab: bool, hf: str | None = None) -> None:
+          replicated_vocab: bool, hf: str | None = None, titan_config: str | None = None) -> None:
     """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
 
     SPEC is a Python file (see the module docstring), or use --torchtitan MODEL or --hf MODEL."""
@@ -184,6 +187,8 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         raise click.UsageError("give exactly one of SPEC, --torchtitan MODEL or --hf MODEL")
     if report_path and not do_verify:
         raise click.UsageError("--report needs --verify (the report is of the verification)")
+    if titan_config is not None:
+        _check_titan_config_options(titan)
     from ..cli import check_outputs
 
     check_outputs({"SPEC": spec}, {"-o": out_path, "--report": report_path}, as_json)
@@ -201,6 +206,9 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
 
     titan_kw = {"tp": tp, "ep": ep, "sp": sp, "mesh_context": not no_mesh_context,
                 "vocab_parallel": not replicated_vocab, "layers": layers}
+    if titan_config is not None:
+        titan_kw = {"config": titan_config, "mesh_context": not no_mesh_context,
+                    "vocab_parallel": not replicated_vocab, "layers": layers}
     plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress, hf=hf, tp=tp)
     if out_path:
         from ..cli import write_atomic
@@ -254,6 +262,16 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         if report_path:
             click.echo(f"report written to {report_path}")
     sys.exit(res.exit_code)
+
+
+def _check_titan_config_options(titan: str | None) -> None:
+    """``--config`` is torchtitan's job config: it needs --torchtitan and sets the degrees itself."""
+    ctx = click.get_current_context()
+    if titan is None:
+        raise click.UsageError("--config JOB.toml needs --torchtitan MODEL")
+    given = [f"--{p}" for p in ("tp", "ep", "sp") if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} with --config: set the degrees in the job config's [parallelism]")
 
 
 def exit_trace_error(exc, as_json: bool):
@@ -439,6 +457,11 @@ def _traced_dict(spec: str | None, sets: tuple, as_json: bool, titan: str | None
             from .torchtitan import MODELS, trace_titan
 
             kw = dict(titan_kw or {})
+            if "config" in kw:
+                from .titan_config import load_job
+                from .torchtitan import trace_titan_job
+
+                return trace_titan_job(load_job(kw.pop("config"), titan), **kw)
             return trace_titan(MODELS[titan](layers=kw.pop("layers", 2)), **kw)
         kw = load_spec(spec, _parse_set(sets))
         if "tvcert_plan" in kw:
