@@ -7,7 +7,7 @@
     through an index map ([reindex]); one generic lemma per placement does the
     work and each op only proves how its index map moves a shard. *)
 From mathcomp Require Import all_ssreflect all_algebra.
-From TVCert Require Import IR.Syntax IR.Denote IR.Lists IR.LayoutOps.
+From TVCert Require Import Semantics IR.Syntax IR.Denote IR.Lists IR.LayoutOps.
 From Coq Require Import Lia FunctionalExtensionality.
 Set Implicit Arguments.
 Unset Strict Implicit.
@@ -657,6 +657,65 @@ rewrite /lop_val shp /mask ii -/so isx.
     by case: (j =P e) => // _; rewrite (negbTE jd).
   - case/inbP: ii => _ /(_ d); rewrite /local_shape size_set_nth_lt ?sz //.
     by move=> /(_ ds); rewrite nth_set_nth_lt eq_sym (negbTE ed) /so /= nth_set_nth_lt eqxx.
+Qed.
+
+(** ** reduce_sum_sharded_dim / reduce_mean_sharded_dim: sum (mean) over the sharded dim
+    is Partial(sum) (Partial(avg)) of the logical sum (mean). *)
+Lemma sumR_big n (F : nat -> R) : sumR n F = \sum_(0 <= k < n) F k.
+Proof. by rewrite /sumR unlock /index_iota subn0. Qed.
+
+Lemma rshape_same p keep d s : (d < size s)%N ->
+  rshape keep d (local_shape p s (Shard d)) = rshape keep d s.
+Proof. by move=> ds; case: keep => /=; [rewrite set_nth_twice|rewrite rem_at_set_nth_same]. Qed.
+
+Lemma sel_block p keep d s (T : tensor) (L : family) r i k :
+  placed p s (Shard d) T L -> (r < p)%N -> inb (rshape keep d s) i -> (k < nth 0%N s d %/ p)%N ->
+  L r (sel keep d k i) = T (sel keep d (r * (nth 0%N s d %/ p) + k) i).
+Proof.
+move=> [ds dv H] rp ii km; have szi := inb_size ii.
+have hm : nth 0%N (local_shape p s (Shard d)) d = (nth 0%N s d %/ p)%N by rewrite /= nth_set_nth_lt eqxx.
+rewrite H //; last first.
+  case: keep ii {szi} => /= ii.
+    by apply: inb_set_nth1; rewrite ?size_set_nth_lt ?hm // set_nth_twice.
+  by apply: inb_rem_ins; rewrite ?size_set_nth_lt ?hm // rem_at_set_nth_same.
+congr T; case: keep ii szi => /= ii szi.
+  by rewrite /shift set_nth_twice nth_set_nth_lt eqxx.
+by rewrite shift_ins_same // szi size_rem_at //; rewrite -ltnS prednK // (leq_ltn_trans _ ds).
+Qed.
+
+Lemma reduce_sum_sharded_dim p keep d s T (L : family) :
+  placed p s (Shard d) T L ->
+  lop_shape (Reduce RdSum [:: d] keep) [:: local_shape p s (Shard d)] = rshape keep d s /\
+  placed p (rshape keep d s) (Partial RSum) (lop_val fn (Reduce RdSum [:: d] keep) [:: s] [:: T])
+    (fun r => lop_val fn (Reduce RdSum [:: d] keep) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> H; have [ds dv _] := H.
+have hm : nth 0%N (local_shape p s (Shard d)) d = (nth 0%N s d %/ p)%N by rewrite /= nth_set_nth_lt eqxx.
+split; first by rewrite -(rshape_same p keep ds); case: keep.
+move=> i ii; rewrite lop_val_reduce1 /mask ii.
+under eq_bigr do rewrite lop_val_reduce1 /mask (rshape_same p keep ds) ii.
+rewrite /= hm sumR_big.
+rewrite -[in RHS]dv mulnC sum_blocks; apply: eq_big_nat => r /andP [_ rp].
+rewrite sumR_big; apply: eq_big_nat => k /andP [_ km].
+exact: sel_block.
+Qed.
+
+Lemma reduce_mean_sharded_dim p keep d s T (L : family) :
+  placed p s (Shard d) T L -> (0 < p)%N ->
+  lop_shape (Reduce RdMean [:: d] keep) [:: local_shape p s (Shard d)] = rshape keep d s /\
+  placed p (rshape keep d s) (Partial RAvg) (lop_val fn (Reduce RdMean [:: d] keep) [:: s] [:: T])
+    (fun r => lop_val fn (Reduce RdMean [:: d] keep) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> H p0; have [ds dv _] := H.
+have hm : nth 0%N (local_shape p s (Shard d)) d = (nth 0%N s d %/ p)%N by rewrite /= nth_set_nth_lt eqxx.
+split; first by rewrite -(rshape_same p keep ds); case: keep.
+move=> i ii; rewrite lop_val_reduce1 /mask ii.
+under eq_bigr do rewrite lop_val_reduce1 /mask (rshape_same p keep ds) ii.
+rewrite /= hm.
+rewrite -mulr_suml -[in RHS]dv !muln1 natrM invfM mulrCA [_^-1 * _^-1]mulrC; congr (_ * _).
+rewrite sumR_big mulnC sum_blocks; apply: eq_big_nat => r /andP [_ rp].
+rewrite sumR_big; apply: eq_big_nat => k /andP [_ km].
+exact: sel_block.
 Qed.
 
 End Values.
