@@ -136,23 +136,25 @@ def _mlp_dp_tp() -> dict:
 
 def _partials() -> dict:
     """Partial(max) / Partial(avg) / Partial(sum) inputs on a (dp, tp) mesh, consumed by their collectives;
-    a Partial(sum) through a matmul with a replicated operand."""
+    a Partial(sum) through a matmul with a replicated operand; an all_reduce over dp with a tp Partial inside."""
     sh = ["n", "n"]
     return {
         "tvcert_plan": 1, "name": "partials_dp2_tp2", "dims": {"n": 4, "dp": 2, "tp": 2},
         "mesh": {"dp": "dp", "tp": "tp"},
-        "logical": {"inputs": [{"name": k, "shape": sh, "dtype": "float"} for k in ("u", "v", "w", "s", "m", "wm")],
+        "logical": {"inputs": [{"name": k, "shape": sh, "dtype": "float"} for k in ("u", "v", "w", "s", "m", "wm", "g")],
                     "nodes": [{"name": "y", "op": "neg", "inputs": ["u"]},
                               {"name": "z", "op": "scale", "inputs": ["v"], "attrs": {"value": 2}},
                               {"name": "q", "op": "neg", "inputs": ["w"]},
                               {"name": "t", "op": "tanh", "inputs": ["s"]},
-                              {"name": "mm", "op": "matmul", "inputs": ["m", "wm"]}],
-                    "outputs": ["y", "z", "q", "t", "mm"]},
+                              {"name": "mm", "op": "matmul", "inputs": ["m", "wm"]},
+                              {"name": "gg", "op": "scale", "inputs": ["g"], "attrs": {"value": 3}}],
+                    "outputs": ["y", "z", "q", "t", "mm", "gg"]},
         "parallel": [{"name": "spmd",
                       "inputs": [{"name": "u", "shape": sh, "dtype": "float"}, {"name": "v", "shape": sh, "dtype": "float"},
                                  {"name": "w", "shape": ["n/dp", "n"], "dtype": "float"},
                                  {"name": "s", "shape": ["n/dp", "n/tp"], "dtype": "float"},
-                                 {"name": "m", "shape": sh, "dtype": "float"}, {"name": "wm", "shape": sh, "dtype": "float"}],
+                                 {"name": "m", "shape": sh, "dtype": "float"}, {"name": "wm", "shape": sh, "dtype": "float"},
+                                 {"name": "g", "shape": sh, "dtype": "float"}],
                       "nodes": [{"name": "ur", "op": "all_reduce", "inputs": ["u"], "attrs": {"axis": "dp", "reduce": "max"}},
                                 {"name": "y", "op": "neg", "inputs": ["ur"]},
                                 {"name": "vr", "op": "all_reduce", "inputs": ["v"], "attrs": {"axis": "tp", "reduce": "avg"}},
@@ -162,17 +164,21 @@ def _partials() -> dict:
                                 {"name": "q", "op": "all_gather", "inputs": ["wr"], "attrs": {"axis": "dp", "dim": 0}},
                                 {"name": "t", "op": "tanh", "inputs": ["s"]},
                                 {"name": "mp", "op": "matmul", "inputs": ["m", "wm"]},
-                                {"name": "mm", "op": "all_reduce", "inputs": ["mp"], "attrs": {"axis": "tp", "reduce": "sum"}}],
-                      "outputs": ["y", "z", "q", "t", "mm"]}],
+                                {"name": "mm", "op": "all_reduce", "inputs": ["mp"], "attrs": {"axis": "tp", "reduce": "sum"}},
+                                {"name": "gs", "op": "scale", "inputs": ["g"], "attrs": {"value": 3}},
+                                {"name": "gd", "op": "all_reduce", "inputs": ["gs"], "attrs": {"axis": "dp", "reduce": "sum"}},
+                                {"name": "gg", "op": "all_reduce", "inputs": ["gd"], "attrs": {"axis": "tp", "reduce": "sum"}}],
+                      "outputs": ["y", "z", "q", "t", "mm", "gg"]}],
         "inputs": {"u": {"local": "u", "placement": {"dp": "Partial(max)"}},
                    "v": {"local": "v", "placement": {"tp": "Partial(avg)"}},
                    "w": {"local": "w", "placement": {"dp": "Shard(0)", "tp": "Partial(sum)"}},
                    "s": {"local": "s", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
-                   "m": {"local": "m", "placement": {"tp": "Partial(sum)"}}, "wm": {"local": "wm", "placement": {}}},
+                   "m": {"local": "m", "placement": {"tp": "Partial(sum)"}}, "wm": {"local": "wm", "placement": {}},
+                   "g": {"local": "g", "placement": {"dp": "Partial(sum)", "tp": "Partial(sum)"}}},
         "outputs": {"y": {"local": "y", "placement": {}}, "z": {"local": "z", "placement": {}},
                     "q": {"local": "q", "placement": {}},
                     "t": {"local": "t", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
-                    "mm": {"local": "mm", "placement": {}}},
+                    "mm": {"local": "mm", "placement": {}}, "gg": {"local": "gg", "placement": {}}},
     }
 
 
@@ -249,6 +255,8 @@ def _mutations() -> list[tuple[str, dict, dict]]:
       lambda d: d["inputs"]["s"].update(placement={"dp": "Shard(1)", "tp": "Shard(0)"}))
     v("partials: Partial(sum) @ Partial(sum)", par,
       lambda d: d["inputs"]["wm"].update(placement={"tp": "Partial(sum)"}))
+    v("partials: the tp all_reduce of a Partial on both axes missing", par,
+      lambda d: _nodes(d)["gg"].update(op="scale", attrs={"value": 1}))
     v("partials: Partial(max) all_reduced as sum", par, lambda d: _nodes(d)["ur"]["attrs"].update(reduce="sum"))
     v("partials: Partial(avg) all_reduced as sum", par, lambda d: _nodes(d)["vr"]["attrs"].update(reduce="sum"))
     v("partials: Partial(max) all_reduced over tp", par, lambda d: _nodes(d)["ur"]["attrs"].update(axis="tp"))

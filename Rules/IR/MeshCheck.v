@@ -9,8 +9,8 @@
     - A collective over axis [k] changes the placement at [k] only
       (all_reduce(r): Partial(r) -> Replicate; all_gather(d): Shard(d) ->
       Replicate; reduce_scatter(d): Partial(sum) -> Shard(d)), and only when every
-      axis after [k] is Replicate or a Shard of another dim ([inner_ok]): a
-      Partial or a Shard of dim [d] inside [k] does not commute with it. *)
+      axis after [k] commutes with it ([inner_ok]): Replicate, a Shard (of another
+      dim than the gathered / scattered one), or a Partial(sum|avg) (not under a max). *)
 From mathcomp Require Import all_ssreflect.
 From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.Mesh.
 Import JSyntax JDenote JCheck JSoundOps JMesh.
@@ -58,7 +58,9 @@ Definition inner_ok (cl : coll) (pl : placement) : bool :=
   | Replicate, _ => true
   | Shard _, CAllReduce _ => true
   | Shard e, CAllGather d | Shard e, CReduceScatter d => e != d
-  | Partial _, _ => false
+  | Partial RMax, _ => false           (* max does not commute with a sum *)
+  | Partial _, CAllReduce RMax => false
+  | Partial _, _ => true               (* sums commute *)
   end.
 
 Definition coll_ok (ms : seq nat) (s : shape) (cl : coll) (k : nat) (pls pls' : seq placement) : bool :=

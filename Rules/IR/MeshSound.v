@@ -170,10 +170,14 @@ Variable Kern : (nat -> tensor) -> tensor.
 Variable tr : shape -> shape.            (* the collective's effect on a shape *)
 Variable good : shape -> bool.
 Variable okd : nat -> bool.              (* dims an inner Shard may split *)
+Variable lin : bool.                     (* an inner Partial(sum|avg) is allowed: [Kern] is linear *)
 Hypothesis K_ext : forall s (M M' : nat -> tensor), good s ->
   (forall r, (r < p)%N -> forall j, inb s j -> M r j = M' r j) -> forall i, inb (tr s) i -> Kern M i = Kern M' i.
 Hypothesis K_shift : forall (M : nat -> tensor) e off i, okd e ->
   Kern (fun r j => M r (shift e off j)) i = Kern M (shift e off i).
+Hypothesis K_sum : lin -> forall q (W : nat -> family) i,
+  Kern (fun r j => \sum_(0 <= r' < q) W r r' j) i = \sum_(0 <= r' < q) Kern (fun r => W r r') i.
+Hypothesis K_scale : lin -> forall c (M : nat -> tensor) i, Kern (fun r j => c * M r j) i = c * Kern M i.
 Hypothesis T_loc : forall q s e, okd e -> good s -> shard_ok q s e ->
   local_shape q (tr s) (Shard e) = tr (local_shape q s (Shard e)).
 Hypothesis T_ok : forall q s e, okd e -> good s -> shard_ok q s e -> shard_ok q (tr s) e.
@@ -181,13 +185,13 @@ Hypothesis T_nth : forall s e, okd e -> good s -> nth 0%N (tr s) e = nth 0%N s e
 Hypothesis G_loc : forall q s e, okd e -> good s -> shard_ok q s e -> good (local_shape q s (Shard e)).
 
 Definition inner_pl (pl : placement) : bool :=
-  match pl with Replicate => true | Shard e => okd e | Partial _ => false end.
+  match pl with Replicate => true | Shard e => okd e | Partial RMax => false | Partial _ => lin end.
 
 Lemma inner_shape ms s pls : good s -> all inner_pl pls -> mpl_ok ms s pls ->
   mlocal_shape ms (tr s) pls = tr (mlocal_shape ms s pls).
 Proof.
 elim: ms s pls => [|q ms IH] s [|pl pls] //; cbn [mlocal_shape mpl_ok all] => gs /andP [ipl ipls] /andP [okpl okr].
-case: pl ipl okpl okr => [|e|r] // oke oks okr; first exact: IH.
+case: pl ipl okpl okr => [|e|r] // oke oks okr; [exact: IH | | exact: IH].
 by rewrite T_loc //; apply: IH => //; apply: G_loc.
 Qed.
 
@@ -210,10 +214,14 @@ elim: ms s pls M L => [|q ms IH] s [|pl pls] M L //.
     split => // r' i r'q; rewrite T_loc // => ii; rewrite T_nth //.
     rewrite -K_shift //; apply: K_ext ii; first exact: G_loc.
     move=> r rp j jj; have [[_ _ P1] _] := HW r rp; exact: P1.
+    case: rr oke oks {okr} HW => // hl _ HW i ii /=.
+      rewrite -K_sum //; apply: K_ext ii => // r rp j jj; have [P1 _] := HW r rp; exact: P1.
+    rewrite -K_sum // -K_scale //; apply: K_ext ii => // r rp j jj; have [P1 _] := HW r rp; exact: P1.
   + move=> r' r'q; case: pl ipl okpl okr HW => [|e|rr] // oke oks okr HW.
-      by apply: IH => // r rp; have [_ P2] := HW r rp; apply: P2.
-    rewrite T_loc //; apply: IH => //; first exact: G_loc.
-    by move=> r rp; have [_ P2] := HW r rp; apply: P2.
+    * by apply: IH => // r rp; have [_ P2] := HW r rp; apply: P2.
+    * rewrite T_loc //; apply: IH => //; first exact: G_loc.
+      by move=> r rp; have [_ P2] := HW r rp; apply: P2.
+    * by apply: IH => // r rp; have [_ P2] := HW r rp; apply: P2.
 Qed.
 End Inner.
 
@@ -321,7 +329,7 @@ by rewrite /goods /local_shape size_set_nth_lt // ds nth_set_nth /= (negbTE de).
 Qed.
 End TrSet.
 
-Lemma nth_mlocal_other d ms s pls : all (inner_pl (fun e => e != d)) pls -> mpl_ok ms s pls ->
+Lemma nth_mlocal_other d ms s pls : all (inner_pl (fun e => e != d) true) pls -> mpl_ok ms s pls ->
   nth 0%N (mlocal_shape ms s pls) d = nth 0%N s d.
 Proof.
 elim: ms s pls => [|q ms IH] s [|pl pls] //; cbn [mlocal_shape mpl_ok all] => /andP [ipl ipls] /andP [okpl okr].
@@ -332,8 +340,12 @@ Qed.
 Definition cokd (cl : coll) : nat -> bool :=
   match cl with CAllReduce _ => fun _ => true | CAllGather d | CReduceScatter d => fun e => e != d end.
 
-Lemma inner_okE cl pls : all (inner_ok cl) pls -> all (inner_pl (cokd cl)) pls.
-Proof. by case: cl => [rr|d|d]; elim: pls => //= pl pls IH /andP [h /IH ->]; case: pl h. Qed.
+Definition clin (cl : coll) : bool := if cl is CAllReduce RMax then false else true.
+
+Lemma inner_okE cl pls : all (inner_ok cl) pls -> all (inner_pl (cokd cl) (clin cl)) pls.
+Proof.
+by case: cl => [[]|d|d]; elim: pls => //= pl pls IH /andP [h /IH ->]; case: pl h => // -[].
+Qed.
 
 (** *** all_reduce: a pointwise combination of the ranks *)
 Lemma ar_ext p rr sb r' s (M M' : nat -> tensor) : (0 < p)%N ->
@@ -394,6 +406,36 @@ Lemma rs_shift p d sb r' (M : nat -> tensor) e off i : e != d ->
   ckern p (CReduceScatter d) sb r' (fun r j => M r (shift e off j)) i = ckern p (CReduceScatter d) sb r' M (shift e off i).
 Proof. by move=> ed /=; apply: sumR_ext => r _; rewrite shift_shift_comm. Qed.
 
+(** *** The collectives other than max are linear *)
+Lemma ar_sum p rr sb r' : clin (CAllReduce rr) -> forall q (W : nat -> family) i,
+  ckern p (CAllReduce rr) sb r' (fun r j => \sum_(0 <= t < q) W r t j) i =
+  \sum_(0 <= t < q) ckern p (CAllReduce rr) sb r' (fun r => W r t) i.
+Proof.
+case: rr => // _ q W i /=; rewrite sumRE exchange_big ?mulr_sumr; apply: eq_bigr => t _; by rewrite sumRE.
+Qed.
+
+Lemma ar_scale p rr sb r' : clin (CAllReduce rr) -> forall c (M : nat -> tensor) i,
+  ckern p (CAllReduce rr) sb r' (fun r j => c * M r j) i = c * ckern p (CAllReduce rr) sb r' M i.
+Proof. by case: rr => // _ c M i /=; rewrite !sumRE -mulr_sumr // mulrCA. Qed.
+
+Lemma ag_sum p d sb r' : true -> forall q (W : nat -> family) i,
+  ckern p (CAllGather d) sb r' (fun r j => \sum_(0 <= t < q) W r t j) i =
+  \sum_(0 <= t < q) ckern p (CAllGather d) sb r' (fun r => W r t) i.
+Proof. by []. Qed.
+
+Lemma ag_scale p d sb r' : true -> forall c (M : nat -> tensor) i,
+  ckern p (CAllGather d) sb r' (fun r j => c * M r j) i = c * ckern p (CAllGather d) sb r' M i.
+Proof. by []. Qed.
+
+Lemma rs_sum p d sb r' : true -> forall q (W : nat -> family) i,
+  ckern p (CReduceScatter d) sb r' (fun r j => \sum_(0 <= t < q) W r t j) i =
+  \sum_(0 <= t < q) ckern p (CReduceScatter d) sb r' (fun r => W r t) i.
+Proof. move=> _ q W i /=; rewrite sumRE exchange_big; apply: eq_bigr => t _; by rewrite sumRE. Qed.
+
+Lemma rs_scale p d sb r' : true -> forall c (M : nat -> tensor) i,
+  ckern p (CReduceScatter d) sb r' (fun r j => c * M r j) i = c * ckern p (CReduceScatter d) sb r' M i.
+Proof. by move=> _ c M i /=; rewrite !sumRE -mulr_sumr. Qed.
+
 (** *** A collective over the outermost axis *)
 Lemma coll_head p ms s cl pls (T : tensor) (L : mfamily) :
   (0 < p)%N -> all (inner_ok cl) pls ->
@@ -408,8 +450,9 @@ move=> p0 iok ok ok' H sb; have ipl := inner_okE iok.
 move: ok ok' H; rewrite /sb; clear sb.
 case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in coll_out] => /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
 - split => //; exists (fun _ => T); split => // r' r'p.
-  have C := @inner_comm p (ckern p (CAllReduce rr) (mlocal_shape ms s pls) r') id predT (cokd (CAllReduce rr))
+  have C := @inner_comm p (ckern p (CAllReduce rr) (mlocal_shape ms s pls) r') id predT (cokd (CAllReduce rr)) (clin (CAllReduce rr))
     (fun s M M' _ E => @ar_ext p rr _ r' s M M' p0 E) (fun M e off i _ => @ar_shift p rr _ r' M e off i)
+    (@ar_sum p rr _ r') (@ar_scale p rr _ r')
     (fun _ _ _ _ _ _ => erefl) (fun _ _ _ _ _ h => h) (fun _ _ _ _ => erefl) (fun _ _ _ _ _ _ => isT)
     ms s pls M (fun r c => L (r :: c)) isT ipl okr Hin.
   by apply: mplaced_ext C => i ii; apply: ar_val HM i ii.
@@ -421,13 +464,14 @@ case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in c
     by apply/andP; split; [rewrite /s1 /local_shape size_set_nth_lt | rewrite /m ns1].
   have ts1 : trs d (fun x => x * p)%N s1 = s.
     by rewrite /trs /s1 /local_shape set_nth_twice nth_set_nth_lt eqxx dv set_nth_nth_same.
-  have Sh := @inner_shape (trs d (fun x => x * p)%N) (goods d m) (cokd (CAllGather d))
+  have Sh := @inner_shape (trs d (fun x => x * p)%N) (goods d m) (cokd (CAllGather d)) (clin (CAllGather d))
     (@trs_loc d _ m) (@goods_loc d m) ms s1 pls g1 ipl okr.
   split; first by rewrite -{1}ts1 Sh.
   exists (fun _ => T); split => // r' r'p.
   have C := @inner_comm p (ckern p (CAllGather d) (mlocal_shape ms s1 pls) r') (trs d (fun x => x * p)%N)
-    (goods d m) (cokd (CAllGather d))
+    (goods d m) (cokd (CAllGather d)) (clin (CAllGather d))
     (fun s M M' g E => @ag_ext p d _ r' s M M' g E) (fun M e off i ed => @ag_shift p d _ r' M e off i ed)
+    (@ag_sum p d _ r') (@ag_scale p d _ r')
     (@trs_loc d _ m) (@trs_ok d _ m) (@trs_nth d _ m) (@goods_loc d m)
     ms s1 pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
   rewrite ts1 in C; apply: mplaced_ext C => i ii /=.
@@ -448,14 +492,15 @@ case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in c
   have ns : nth 0%N (mlocal_shape ms s pls) d = nth 0%N s d by apply: nth_mlocal_other.
   set N := nth 0%N (mlocal_shape ms s pls) d.
   have g1 : goods d N s by apply/andP; split; [| rewrite /N ns].
-  have Sh := @inner_shape (trs d (fun x => x %/ p)%N) (goods d N) (cokd (CReduceScatter d))
+  have Sh := @inner_shape (trs d (fun x => x %/ p)%N) (goods d N) (cokd (CReduceScatter d)) (clin (CReduceScatter d))
     (@trs_loc d _ N) (@goods_loc d N) ms s pls g1 ipl okr.
   split; first exact: Sh.
   exists (fun r' i => T (shift d (r' * (nth 0%N s d %/ p)) i)); split => // r' r'p.
   have dvN : (N %/ p * p = N)%N by rewrite /N ns.
   have C := @inner_comm p (ckern p (CReduceScatter d) (mlocal_shape ms s pls) r') (trs d (fun x => x %/ p)%N)
-    (goods d N) (cokd (CReduceScatter d))
+    (goods d N) (cokd (CReduceScatter d)) (clin (CReduceScatter d))
     (fun s M M' g E => @rs_ext p d _ r' s M M' r'p dvN g E) (fun M e off i ed => @rs_shift p d _ r' M e off i ed)
+    (@rs_sum p d _ r') (@rs_scale p d _ r')
     (@trs_loc d _ N) (@trs_ok d _ N) (@trs_nth d _ N) (@goods_loc d N)
     ms s pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
   apply: mplaced_ext C => i ii /=; rewrite sumRE HM /N ns //.

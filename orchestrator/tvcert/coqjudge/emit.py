@@ -456,7 +456,8 @@ def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
     if pls[k] != need:
         return None, f"{name} over axis {k} of a {pls_str(pls)} operand (needs {need} on axis {k})"
     for pl in pls[k + 1:]:
-        if not (pl.kind == "R" or (pl.kind == "S" and (kind == "AllReduce" or pl.dim != op[1]))):
+        partial_ok = pl.kind == "P" and pl.reduce != "max" and op[:2] != ("AllReduce", "max")
+        if not (pl.kind == "R" or partial_ok or (pl.kind == "S" and (kind == "AllReduce" or pl.dim != op[1]))):
             return None, (f"{name} over axis {k} of a {pls_str(pls)} operand: an axis inside it is {pl}, "
                           "which the Coq checker does not commute with the collective")
     out = pls[:k] + ((Pl("S", op[1]) if kind == "ReduceScatter" else R_),) + pls[k + 1:]

@@ -1,0 +1,80 @@
+"""How coqc time and memory grow with plan size on the Coq judge's mesh route.
+
+Builds an L-layer tanh MLP (forward) on a (dp, tp) mesh: batch sharded over dp, column- then
+row-parallel matmuls, an all_reduce over tp per layer, the loss summed and all_reduced over dp.
+For each L it emits the Coq file (``coqjudge.emit``) and runs ``coqc`` on it with ``Print
+Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc alone.
+
+    python bench/coq_judge_scaling.py [L ...]        # default: 4 16 64
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "orchestrator"))
+
+from tvcert import proofkit  # noqa: E402
+from tvcert.coqjudge.emit import emit  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+
+def mlp_plan(layers: int) -> dict:
+    t = lambda n, s: {"name": n, "shape": s, "dtype": "float"}  # noqa: E731
+    l_in, p_in, ln, pn, binds = [t("x", ["b", "h"])], [t("x", ["b/dp", "h"])], [], [], {}
+    binds["x"] = {"local": "x", "placement": {"dp": "Shard(0)"}}
+    cur = "x"
+    for i in range(layers):
+        w1, w2 = f"w1_{i}", f"w2_{i}"
+        l_in += [t(w1, ["h", "f"]), t(w2, ["f", "h"])]
+        p_in += [t(w1, ["h", "f/tp"]), t(w2, ["f/tp", "h"])]
+        binds[w1] = {"local": w1, "placement": {"tp": "Shard(1)"}}
+        binds[w2] = {"local": w2, "placement": {"tp": "Shard(0)"}}
+        mm = lambda n, a, b: {"name": n, "op": "matmul", "inputs": [a, b]}  # noqa: E731
+        ln += [mm(f"a{i}", cur, w1), {"name": f"h{i}", "op": "tanh", "inputs": [f"a{i}"]}, mm(f"o{i}", f"h{i}", w2)]
+        pn += [mm(f"a{i}", cur, w1), {"name": f"h{i}", "op": "tanh", "inputs": [f"a{i}"]}, mm(f"p{i}", f"h{i}", w2),
+               {"name": f"o{i}", "op": "all_reduce", "inputs": [f"p{i}"], "attrs": {"axis": "tp", "reduce": "sum"}}]
+        cur = f"o{i}"
+    ln += [{"name": "s0", "op": "sum", "inputs": [cur], "attrs": {"dims": [0]}},
+           {"name": "loss", "op": "sum", "inputs": ["s0"], "attrs": {"dims": [0]}}]
+    pn += [{"name": "s0p", "op": "sum", "inputs": [cur], "attrs": {"dims": [0]}},
+           {"name": "s0", "op": "all_reduce", "inputs": ["s0p"], "attrs": {"axis": "dp", "reduce": "sum"}},
+           {"name": "loss", "op": "sum", "inputs": ["s0"], "attrs": {"dims": [0]}}]
+    return {"tvcert_plan": 1, "name": f"mlp{layers}_dp2_tp2", "dims": {"b": 4, "h": 4, "f": 8, "dp": 2, "tp": 2},
+            "mesh": {"dp": "dp", "tp": "tp"},
+            "logical": {"inputs": l_in, "nodes": ln, "outputs": ["loss"]},
+            "parallel": [{"name": "spmd", "inputs": p_in, "nodes": pn, "outputs": ["loss"]}],
+            "inputs": binds, "outputs": {"loss": {"local": "loss", "placement": {}}}}
+
+
+def coqc(text: str) -> tuple[bool, float, float, str]:
+    with tempfile.TemporaryDirectory() as td:
+        f = Path(td) / "Bench.v"
+        f.write_text(text + "\nPrint Assumptions plan_verified.\n")
+        t0 = time.monotonic()
+        p = subprocess.Popen(["coqc", "-q", "-w", proofkit.COQ_WARNINGS, "-Q", str(ROOT / "Rules"), "TVCert", str(f)],
+                             cwd=td, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = p.stdout.read() if p.stdout else ""
+        _, status, ru = os.wait4(p.pid, 0)
+        secs = time.monotonic() - t0
+    ok = os.waitstatus_to_exitcode(status) == 0 and "functional_extensionality_dep" in out
+    return ok, secs, ru.ru_maxrss / 1024, out[-300:]
+
+
+def main(argv: list[str]) -> None:
+    proofkit.build(ROOT)
+    print(f"{'layers':>6} {'p_nodes':>8} {'file kB':>8} {'coqc s':>7} {'peak MB':>8}  accepted")
+    for layers in [int(a) for a in argv] or [4, 16, 64]:
+        text, cp, _ = emit(load_plan(mlp_plan(layers)))
+        ok, secs, mb, tail = coqc(text)
+        print(f"{layers:>6} {len(cp.p_nodes):>8} {len(text) / 1024:>8.1f} {secs:>7.1f} {mb:>8.0f}  {ok}"
+              + ("" if ok else "  " + " ".join(tail.split())))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
