@@ -142,3 +142,21 @@ def test_adamw_step_with_sharded_state_verifies_and_a_partial_norm_gradient_is_r
     assert {"new.layers__0__ffn_norm__weight", "exp_avg.layers__0__ffn_norm__weight",
             "exp_avg_sq.layers__0__ffn_norm__weight"} <= bad
     assert all("ffn_norm" in b for b in bad)
+
+
+def test_dtensor_parameters_on_the_tp_sub_mesh_of_a_dp_x_tp_mesh():
+    """parallelize_module on mesh["tp"] of a 2-D mesh: placements are read per axis of the sub-mesh.  Replicated
+    data: VERIFIED; each dp rank on its own batch half with no gradient all_reduce over dp: REFUTED."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from tvcert.frontends.dtensor import trace_module_plan
+
+    def run(dp_shard: bool):
+        seq = {"shape": [blk.B, blk.S, blk.H], **({"placement": {"dp": "Shard(0)"}} if dp_shard else {})}
+        return verify(load_plan(trace_module_plan(
+            blk.make_block, lambda m, mesh: parallelize_module(m, mesh["tp"], blk.tp_plan()), blk.loss_fn,
+            data={"x": seq, "target": dict(seq)}, mesh={"dp": 2, "tp": 2},
+            **({"output_placements": {"loss": {"dp": "Partial(sum)"}}} if dp_shard else {}))))
+
+    assert verified(run(False))
+    assert run(True).verdict == "REFUTED"

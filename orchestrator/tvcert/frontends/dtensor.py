@@ -137,13 +137,11 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
         res = parallelize(built, dm)
         params0 = dict((res if res is not None else built).named_parameters())
         params0.update(dict((res if res is not None else built).named_buffers()))
-    placements: dict[str, dict[str, str]] = {}
-    for n in pnames + bnames:
-        p = params0.get(n)
-        if isinstance(p, DTensor):
-            placements[n] = param_placements(p, axes)
-        else:
-            placements[n] = {}
+        # read inside the fake world: a sub-mesh (mesh["tp"] of a dp x tp mesh) resolves its ranks lazily
+        placements: dict[str, dict[str, str]] = {}
+        for n in pnames + bnames:
+            p = params0.get(n)
+            placements[n] = param_placements(p, axes) if isinstance(p, DTensor) else {}
     dnames = list(data)
     # traced in the dtype the module uses (float64 / bfloat16 parameters stay so; all mean the reals)
     dtypes = {n: str(t.real.dtype if t.is_complex() else t.dtype).removeprefix("torch.")
