@@ -4,7 +4,8 @@ Every op of ``Denote.op_val`` / ``Denote.step`` and of ``LayoutOps.lop_val`` is 
 MathComp's rationals on random small tensors (odd sizes, broadcasting, several dims), with ``fn`` the table of
 the function values the interpreter used, and compared element by element with ``tvcert.interp``'s exact mode;
 then whole small graphs (mlp_tp2's logical graph through ``Denote.run``, heads_ok's, an attention block) node by
-node.  All of it is one coqc run.
+node; and, so the comparison is known to discriminate, a few ops whose Coq value is taken from a different op
+(same output shape) must disagree.  All of it is one coqc run.
 """
 from __future__ import annotations
 
@@ -69,6 +70,18 @@ LAYOUT = [  # ops of LayoutOps.lop_val
     ("einsum", {"equation": "ij,jk,kl->il"}, [(2, 3), (3, 2), (2, 3)]), ("einsum", {"equation": "ii->i"}, [(3, 3)]),
     ("where", {}, [((2, 3), I), (2, 3), (3,)]), ("where", {}, [((3,), I), (2, 1), ()]),
     ("masked_fill", {"value": -1.5}, [(2, 3), ((1, 3), I)]),
+]
+
+MUTANTS = [  # (op, attrs, shapes, wrong op, wrong attrs): same output shape, another meaning; Coq must disagree
+    ("permute", {"dims": [0, 2, 1]}, [(2, 3, 3)], "permute", {"dims": [0, 1, 2]}),
+    ("slice", {"dim": 1, "start": 1, "end": 3}, [(2, 5)], "slice", {"dim": 1, "start": 2, "end": 4}),
+    ("mean", {"dims": [1]}, [(2, 3)], "sum", {"dims": [1]}),
+    ("log_softmax", {"dim": 1}, [(2, 3)], "softmax", {"dim": 1}),
+    ("softmax", {"dim": 0}, [(3, 3)], "softmax", {"dim": 1}),
+    ("einsum", {"equation": "ij,jk->ik"}, [(2, 2), (2, 2)], "einsum", {"equation": "ij,jk->ki"}),
+    ("reshape", {"shape": [3, 2]}, [(2, 3)], "permute", {"dims": [1, 0]}),
+    ("amax", {"dims": [0]}, [(3, 2)], "amin", {"dims": [0]}),
+    ("softmax_backward", {"dim": 1}, [(2, 3), (2, 3)], "log_softmax_backward", {"dim": 1}),
 ]
 
 COLLECTIVES = [("all_reduce", {"axis": "tp", "reduce": "sum"}, (2, 3)), ("all_reduce", {"axis": "tp", "reduce": "avg"}, (3,)),
@@ -140,6 +153,18 @@ def _term(ev: CoqEval, op: str, ra: dict, shapes, args: list[str], xs) -> str:
     return f"op_val fnT {coq_op(cop)} {ss} {ts}"
 
 
+def _mutants(ev: CoqEval, rng, wrong: list) -> None:
+    """The interpreter's value of each op next to Coq's value of a different op on the same inputs."""
+    for op, attrs, shapes, wop, wattrs in MUTANTS:
+        xs = [_rand(sh, rng) for sh in shapes]
+        want = REGISTRY[op].eval(xs, dict(resolve_attrs(REGISTRY[op], attrs, {})), ev.ctx)[0]
+        wra = dict(resolve_attrs(REGISTRY[wop], wattrs, {}))
+        REGISTRY[wop].eval(xs, wra, ev.ctx)  # so fn's table holds the arguments the wrong op reads
+        names = [ev.tensor(x) for x in xs]
+        ev.value(_term(ev, wop, wra, [x.shape for x in xs], names, xs), want.shape)
+        wrong.append((f"{op}{attrs} read as {wop}{wattrs}", want))
+
+
 def _graph(ev: CoqEval, g: dict, rng, expect: list, where: str) -> None:
     """Every node of a small graph (JSON form, concrete shapes) evaluated both ways, node by node."""
     vals, names = {}, {}
@@ -192,9 +217,9 @@ def _collectives(ev: CoqEval, rng, expect: list) -> None:
             expect.append((f"{op}{attrs} rank {r}", want[r]))
 
 
-def build(seed: int = 11) -> tuple[CoqEval, list]:
+def build(seed: int = 11) -> tuple[CoqEval, list, list]:
     rng = np.random.default_rng(seed)
-    ev, expect = CoqEval(), []
+    ev, expect, wrong = CoqEval(), [], []
     for op, attrs, shapes in STAGE1 + LAYOUT:
         g = {"inputs": [_decl(f"in{k}", s) for k, s in enumerate(shapes)],
              "nodes": [{"name": "out", "op": op, "inputs": [f"in{k}" for k in range(len(shapes))], "attrs": attrs}]}
@@ -213,7 +238,8 @@ def build(seed: int = 11) -> tuple[CoqEval, list]:
             n["attrs"] = {"shape": list(types[n["name"]][0])}
     _graph(ev, lg, rng, expect, "heads_ok logical")
     _graph(ev, ATTENTION, rng, expect, "attention")
-    return ev, expect
+    _mutants(ev, rng, wrong)  # read last, after every value that must agree
+    return ev, expect, wrong
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +248,19 @@ def built():
 
 
 def test_denotation_matches_exact_interpreter(built):
-    ev, expect = build()
+    ev, expect, wrong = build()
     got = ev.run(ROOT)
-    assert len(got) == len(expect)
-    bad = []
-    for (what, want), g in zip(expect, got):
+    assert len(got) == len(expect) + len(wrong)
+
+    def same(want, g):
         want = np.asarray(want, dtype=object)
-        if g.shape != want.shape or any(Fraction(a) != Fraction(b) for a, b in zip(g.ravel(), want.ravel())):
-            bad.append(f"{what}: Coq {g.tolist()} != interpreter {want.tolist()}")
+        return g.shape == want.shape and all(Fraction(a) == Fraction(b) for a, b in zip(g.ravel(), want.ravel()))
+
+    bad = [f"{what}: Coq {g.tolist()} != interpreter {want.tolist()}"
+           for (what, want), g in zip(expect, got) if not same(want, g)]
     assert not bad, "\n".join(bad[:10])
+    # the comparison discriminates: a wrong denotation of each of these ops is caught
+    agreed = [what for (what, want), g in zip(wrong, got[len(expect):]) if same(want, g)]
+    assert not agreed, agreed
     covered = {w.split("{")[0] for w, _ in expect}
     assert {op for op, _, _ in LAYOUT} <= covered and {op for op, _, _ in STAGE1} <= covered
