@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import sys
 import types
@@ -574,6 +575,37 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
     return _trace_simple_fsdp_job(job, model, desc, **kw)
 
 
+@contextlib.contextmanager
+def _plan_order_world(plan: dict, titan: dict):
+    """While ``ParallelDims.build_mesh`` runs: its world mesh lists the ranks so that torchtitan's mesh coordinate
+    (``titan``'s axes, row-major: dp_replicate, fsdp, tp) sits on the rank the plan (``plan``'s axes, row-major)
+    gives the same coordinates.  Only the numbering of the ranks changes (torchtitan reaches ranks through its
+    meshes only); it lets the plan nest tp outside fsdp, as FSDP's ``_StridedShard`` of a TP shard nests them."""
+    import torch
+    import torch.distributed.device_mesh as dmm
+    import torchtitan.distributed.parallel_dims as pdm
+    from torch.distributed._mesh_layout import _MeshLayout
+
+    from .trace import coords_of, rank_of
+
+    names, sizes = list(titan), list(titan.values())
+    order = []
+    for i in range(math.prod(sizes)):
+        c = dict(zip(names, coords_of(i, sizes)))
+        order.append(rank_of([c[a] for a in plan], list(plan.values())))
+
+    def world_mesh(device_type, shape, mesh_dim_names=None):
+        return dmm.DeviceMesh(device_type, _layout=_MeshLayout.from_sizes_strides(tuple(shape)),
+                              _rank_map=torch.tensor(order, dtype=torch.int), mesh_dim_names=mesh_dim_names)
+
+    old = pdm.init_device_mesh
+    pdm.init_device_mesh = world_mesh
+    try:
+        yield
+    finally:
+        pdm.init_device_mesh = old
+
+
 def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
     """dp_replicate x dp_shard (x tp) through torchtitan's SimpleFSDP, traced by
     :func:`.dataparallel.trace_simple_fsdp_plan`.  On every rank: the job's ``ParallelDims`` (``partial_dtensor``
@@ -589,12 +621,6 @@ def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
                          f"SimpleFSDP route binds the traced parameters per call (functional_call), and a "
                          f"checkpointed block's recomputation in backward would read the module's own tensors",
                          "unsupported", "activation_checkpoint")
-    if d["tp"] > 1:
-        raise TraceError(f"{job.path}: tensor_parallel_degree = {d['tp']} with data_parallel degrees "
-                         f"(dp_replicate={d['dp_replicate']}, dp_shard={d['dp_shard']}): FSDP's shard of a "
-                         f"TP-sharded dim (DTensor _StridedShard, fsdp blocks inside tp blocks) on torchtitan's "
-                         f"mesh (tp the innermost rank axis) has no plan placement yet", "unsupported",
-                         "tensor_parallel_degree")
     if d["ep"] > 1:
         raise TraceError(f"{job.path}: expert_parallel_degree with data parallelism is not traced", "unsupported",
                          "expert_parallel_degree")
@@ -605,7 +631,9 @@ def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
     from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
     rep, shard, tp = d["dp_replicate"], d["dp_shard"], d["tp"]
-    mesh = {a: n for a, n in (("dp_replicate", rep), ("fsdp", shard)) if n > 1}
+    # tp first: FSDP shards a TP-sharded dim inside TP's blocks (_StridedShard), which a plan expresses by
+    # nesting tp outside fsdp (see _plan_order_world)
+    mesh = {a: n for a, n in (("tp", tp), ("dp_replicate", rep), ("fsdp", shard)) if n > 1}
     b, s = job.training.local_batch_size * rep * shard, job.training.seq_len
 
     def make():
@@ -614,13 +642,18 @@ def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
     def parallelize(m, _dm):
         pd = ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=rep * shard * tp,
                           spmd_backend="partial_dtensor")
-        pd.build_mesh()
+        with _plan_order_world(mesh, {"dp_replicate": rep, "fsdp": shard, "tp": tp}):
+            pd.build_mesh()
+        if tp > 1:
+            m = _build(model.config(tp, job.parallelism.enable_sequence_parallel, True)).to_empty(device="cpu")
+            m.parallelize(pd)
         return apply_simple_fsdp(m, parallel_dims=pd, training=job.training)
 
     def loss_fn(pred, tokens, labels):
         return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / (b * s)
 
-    ids = {"shape": [b, s], "dtype": "int", "range": model.vocab, "placement": {a: "Shard(0)" for a in mesh}}
+    ids = {"shape": [b, s], "dtype": "int", "range": model.vocab,
+           "placement": {a: "Shard(0)" for a in mesh if a != "tp"}}
     du.set_spmd_backend("partial_dtensor")
     try:
         return trace_simple_fsdp_plan(make, parallelize, loss_fn, data={"tokens": ids, "labels": ids}, mesh=mesh,
