@@ -89,3 +89,14 @@ def test_hf_cli_bad_input_exits_3():
         r = CliRunner().invoke(main, ["verify", *args, "-q"])
         assert r.exit_code == 3, (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_hf_rowwise_layer_as_colwise_crash_names_the_module():
+    """down_proj as colwise: DTensor's sharding propagation fails at trace time (REFUTED with the error as the
+    witness); the message names the module that failed."""
+    from tvcert.frontends.hf import trace_hf
+    from tvcert.frontends.trace import TraceError
+
+    with pytest.raises(TraceError) as ei:
+        trace_hf("llama", 2, tp_plan={"model.layers.*.mlp.down_proj": "colwise"})
+    assert ei.value.kind == "crash" and "in module model.layers.0.mlp.down_proj" in str(ei.value)

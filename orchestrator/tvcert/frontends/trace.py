@@ -296,6 +296,15 @@ def _module_paths():
             progress_hook(f"tracing {_progress_where + ': ' if _progress_where else ''}layer {m.group(1)} ({p})")
 
     def post(mod, args, out):
+        exc = sys.exc_info()[1]  # called on the way out of a failing forward (always_call): innermost module first
+        if exc is not None and out is None and not hasattr(exc, "_tvcert_module"):
+            for m, path in reversed(stack):
+                if m is mod:
+                    try:
+                        exc._tvcert_module = path or type(mod).__name__
+                    except AttributeError:
+                        pass
+                    break
         for k in range(len(stack) - 1, -1, -1):
             if stack[k][0] is mod:
                 del stack[k:]
@@ -975,9 +984,10 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             except Exception as exc:  # the user's parallel code itself fails (shapes, sharding propagation)
                 src = _exc_src(exc)
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])
+                mod = getattr(exc, "_tvcert_module", None)
                 raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
-                                 f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
-                                 "crash", None, src) from exc
+                                 f"{' in module ' + mod if mod else ''}{' at ' + src if src else ''}: "
+                                 f"{type(exc).__name__}: {' '.join(first)[:800]}", "crash", None, src) from exc
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
         if sorted(pout_names) != sorted(out_names):
             raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
