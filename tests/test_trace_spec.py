@@ -183,3 +183,22 @@ def test_input_names_need_not_be_identifiers_and_size_one_axes():
     assert "grad_w/1" in raw["outputs"] and verdict(raw) == "VERIFIED"
     with pytest.raises(TraceError):
         trace_plan(lg, par, inputs={"x in": ins["x-in"]}, mesh={"tp": 2})
+
+
+def test_int_inputs_get_their_range_from_what_they_index():
+    V, D, C = 6, 4, 5
+    ins = {"ids": {"shape": [B, 3], "dtype": "int"}, "labels": {"shape": [B, 3], "dtype": "int"},
+           "emb": {"shape": [V, D], "param": True}, "w": {"shape": [D, C], "param": True}}
+
+    def lg(ids, labels, emb, w):
+        return torch.nn.functional.cross_entropy((torch.nn.functional.embedding(ids, emb) @ w).reshape(-1, C),
+                                               labels.reshape(-1))
+
+    raw = trace_plan(lg, lambda ctx, **kw: lg(**kw), inputs=ins, mesh={"tp": 1})
+    decl = {d["name"]: d for d in raw["logical"]["inputs"]}
+    assert decl["ids"]["range"] == V and decl["labels"]["range"] == C
+    assert verdict(raw) == "VERIFIED"
+    with pytest.raises(TraceError) as ei:  # an int input that indexes nothing still needs its range
+        trace_plan(lambda ids, emb, w, labels: (emb * ids.sum()).sum(), lambda ctx, **kw: (kw["emb"] * kw["ids"].sum()).sum(),
+                   inputs=ins, mesh={"tp": 1})
+    assert ei.value.kind == "input" and "range" in str(ei.value)

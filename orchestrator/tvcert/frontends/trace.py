@@ -400,8 +400,6 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
             raise TraceError(f"input {name!r}: dtype must be one of {sorted(FLOAT_DTYPES) + sorted(INT_DTYPES)}, "
                              f"got {spec.get('dtype')!r}", "input")
         dtype = "float" if tdt in FLOAT_DTYPES else "int"
-        if dtype == "int" and spec.get("range") is None:
-            raise TraceError(f"input {name!r}: int inputs need a 'range' (values lie in [0, range))", "input")
         pl = dict(spec.get("placement", {}))
         for a, text in pl.items():
             if a not in mesh:
@@ -421,6 +419,39 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
         out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param,
                              torch_dtype=FLOAT_DTYPES.get(tdt) or INT_DTYPES[tdt]))
     return out
+
+
+_SHAPE_OPS = {"reshape", "unsqueeze", "squeeze", "expand", "transpose", "permute", "slice", "flatten", "clone",
+              "contiguous", "alias"}
+
+
+def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str, Any]]) -> None:
+    """An int input without a ``range`` gets the smallest bound its uses in the logical graph give (through
+    shape-only ops): the rows of an embedding table it indexes, ``one_hot``'s classes (cross-entropy targets),
+    ``embedding_backward``'s ``num_weights``.  Else TraceError: the range must be given."""
+    shapes = {s.name: s.shape for s in specs}
+    for s in specs:
+        if s.dtype != "int" or s.range is not None:
+            continue
+        names, bounds = {s.name}, []
+        for n in nodes:
+            ins = n.get("inputs", [])
+            if not any(i in names for i in ins):
+                continue
+            out = n.get("name") or (n.get("outputs") or [None])[0]
+            a = n.get("attrs") or {}
+            if n["op"] in _SHAPE_OPS and ins and ins[0] in names:
+                names.add(out)
+            elif n["op"] == "one_hot" and isinstance(a.get("num_classes"), int):
+                bounds.append(a["num_classes"])
+            elif n["op"] == "embedding" and len(ins) > 1 and ins[1] in names and ins[0] in shapes:
+                bounds.append(shapes[ins[0]][0])
+            elif n["op"] == "embedding_backward" and isinstance(a.get("num_weights"), int):
+                bounds.append(a["num_weights"])
+        if not bounds:
+            raise TraceError(f"input {s.name!r}: int inputs need a 'range' (values lie in [0, range)); this one "
+                             f"indexes no embedding table or class dim the tracer could size it by", "input")
+        s.range = min(bounds)
 
 
 def local_shape(spec: InputSpec, mesh: Mapping[str, int]) -> list[int]:
@@ -959,6 +990,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
                          "input", None, src) from exc
     lnodes, louts = _convert(gm, names)
+    _default_int_ranges(specs, [n.to_json() for n in lnodes])
     lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
 
     # ---- parallel, per rank
