@@ -196,6 +196,7 @@ def case_table():
         add(rule, None, None)
     # equality step / a replicated operand built as a broadcast (not a leaf): tests/test_rules_norm_real.py
     add("reduction_normal_form", None, None)
+    add("scale_common_factor", None, None)  # equality step: tests/test_rules_norm_real.py, conform gen_common_factor
     add("replicate_broadcast_as_shard", None, None)
     add("reduce_scatter_replicate", None, None)  # collectives of replicated / multi-axis inputs: test_rules_norm_real.py
     add("allreduce_avg_partial_sum_axes", None, None)

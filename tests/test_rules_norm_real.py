@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,50 @@ def test_conformance_reduction_normal_form():
     st = run_rule("reduction_normal_form", 300)
     assert st.bad == 0, st.failures
     assert st.hits > 50 and st.counts["refused"] > 20  # the near misses are drawn and refused
+
+
+# ------------------------------------------------------------------ equality: scale_common_factor
+def _scaled_sum(X, op, pairs, k=None):
+    from tvcert.kernel.reductions import scaled
+
+    at = {"dim": 0} if op == "concat" else {}
+    e = X.mk(op, at, [scaled(X, Fraction(c), x) for c, x in pairs])
+    return e if k is None else scaled(X, Fraction(k), e)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "concat"])
+def test_common_factor_moves_out_of_an_op(op):
+    """DDP's backward: c/n_local on one path, c/(n_local*D) on the other; the logical has n_global = p*n_local."""
+    X = Exprs()
+    a, b = X.leaf("a", (2, 3), "float"), X.leaf("b", (2, 3), "float")
+    w = X.leaf("w", (3, 2), "float")
+    par = X.mk("matmul", {}, [_scaled_sum(X, op, [(Fraction(-1, 16), a), (Fraction(1, 1024), b)], Fraction(1, 2)), w])
+    log = X.mk("matmul", {}, [_scaled_sum(X, op, [(Fraction(-1, 32), a), (Fraction(1, 2048), b)]), w])
+    pv = Prover(X)
+    assert pv.equal(par, log) and "scale_common_factor" in pv.used
+    for wrong in (Fraction(1, 1024), Fraction(1, 2047), Fraction(-1, 2048), Fraction(1, 4096)):  # p vs p^2, off by one, sign
+        bad = X.mk("matmul", {}, [_scaled_sum(X, op, [(Fraction(-1, 32), a), (wrong, b)]), w])
+        assert not Prover(X).equal(par, bad), wrong
+    avg_vs_sum = X.mk("matmul", {}, [_scaled_sum(X, op, [(Fraction(-1, 16), a), (Fraction(1, 1024), b)]), w])
+    assert not Prover(X).equal(par, avg_vs_sum)  # summed where averaged: a factor p off
+    if op != "add":
+        swapped = X.mk("matmul", {}, [_scaled_sum(X, op, [(Fraction(1, 2048), b), (Fraction(-1, 32), a)]), w])
+        assert not Prover(X).equal(par, swapped)  # operand order matters for sub and concat
+
+
+def test_common_factor_zero_first_factor_is_not_taken_out():
+    X = Exprs()
+    a, b = X.leaf("a", (2,), "float"), X.leaf("b", (2,), "float")
+    e = _scaled_sum(X, "add", [(0, a), (3, b)])
+    pv = Prover(X)
+    assert pv.norm(e) == (Fraction(1), e)
+    assert not pv.equal(e, _scaled_sum(X, "add", [(1, a), (1, b)], 3))  # 0*a + 3b is not 3(a + b)
+
+
+def test_conformance_scale_common_factor():
+    st = run_rule("scale_common_factor", 200)
+    assert st.bad == 0, st.failures
+    assert st.hits > 60 and st.counts["refused"] > 30  # near misses (wrong ratio, swapped operands) refused
 
 
 # ------------------------------------------------------------------ rule: replicate_broadcast_as_shard
@@ -225,6 +270,12 @@ CASES = [  # (module, kwargs, expected)
     ("norm_dp_cp", {"bug": "div_dp"}, "REFUTED"),
     ("norm_rs_replicate", {"how": "sum_div"}, "VERIFIED"),  # reduce_scatter of a replicated gradient
     ("norm_rs_replicate", {"bug": "sum"}, "REFUTED"),
+    ("norm_ddp_block", {}, "VERIFIED"),  # RMSNorm + RoPE concat + attention + residual: scale_common_factor
+    ("norm_ddp_block", {"dp": 4}, "VERIFIED"),
+    ("norm_ddp_block", {"bug": "sum_grads"}, "REFUTED"),
+    ("norm_ddp_block", {"bug": "avg_twice"}, "REFUTED"),
+    ("norm_ddp_block", {"bug": "off_by_one"}, "REFUTED"),
+    ("norm_ddp_block", {"bug": "no_residual_scale"}, "REFUTED"),
     ("norm_dtensor_mean", {}, "VERIFIED"),  # DTensor Colwise / Rowwise, F.mse_loss (mean)
     ("norm_dtensor_mean", {"sp": True, "loss": "global_div"}, "VERIFIED"),
     ("norm_dtensor_mean", {"sp": True}, "REFUTED"),  # a local mean on a sequence shard: tp x the gradients

@@ -153,6 +153,7 @@ RULES: dict[str, str] = {
     # equality steps (kernel/equality.py)
     "congruence": f"{_T}.AnyOp.congruence",
     "scale_commutes_linear": f"{_T}.EqSteps.scale_commutes_linear",
+    "scale_common_factor": f"{_T}.Normalise2.scale_common_factor",
     "layout_commutes_pointwise": f"{_T}.EqSteps.layout_commutes_pointwise",
     "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
 }

@@ -14,9 +14,12 @@
 """
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from ..kernel.expr import ExprError, Exprs
+from ..kernel.reductions import scaled
 from ..kernel.rules import Fact, KCtx, RuleFailure, derive, fmt_pl, local_shape
 from ..ops import REGISTRY, Ctx
 from ..plan import Placement
@@ -110,6 +113,95 @@ def gen_reduction(dr: Draw, seed: int):
     if dr.coin():
         a, b = b, a
     return _check_pair(X, a, b, seed), f"{X.show(a, 6)} vs {X.show(b, 6)}"
+
+
+# ------------------------------------------------------------------ scale_common_factor
+_FACTORS = [Fraction(-1, 16), Fraction(1, 1024), Fraction(1, 2), Fraction(2), Fraction(3), Fraction(-1),
+            Fraction(1, 32), Fraction(5, 7)]
+
+
+def _times(X, dr: Draw, c: Fraction, e):
+    """``c * e`` in one of the spellings real code uses (``div`` by a count, ``mul`` by a constant, ``scale``);
+    a float constant only when ``c`` is a binary fraction (exactly representable)."""
+    if c == 1 and dr.coin():
+        return e
+    u = dr.rng.random()
+    binary = c.denominator & (c.denominator - 1) == 0
+    if u < 0.4 or not binary:
+        return scaled(X, c, e)
+    if u < 0.7:
+        return X.mk("mul", {}, [e, _const(X, float(c))] if dr.coin() else [_const(X, float(c)), e])
+    return X.mk("scale", {"value": float(c)}, [e])
+
+
+def gen_common_factor(dr: Draw, seed: int):
+    """``op(c1 A1, c2 A2, ..)`` against ``k * op((c1/k) A1, (c2/k) A2, ..)`` (a local-count factor moved out of
+    the op and a global factor put back), both under a random linear op, or a near miss: one ratio off by
+    one, squared (p vs p^2), negated, or operands swapped."""
+    from .eqgen import _check_pair
+
+    X = Exprs()
+    op = dr.pick(["add", "sub", "concat"])
+    rows, cols = dr.int(1, 3), dr.int(1, 3)
+    n = 2 if op != "concat" else dr.int(2, 3)
+    dim = dr.int(0, 1)
+    shapes = [(rows, cols) if op != "concat" else
+              ((dr.int(1, 3), cols) if dim == 0 else (rows, dr.int(1, 3))) for _ in range(n)]
+    xs = [X.leaf(f"a{k}", sh, "float") for k, sh in enumerate(shapes)]
+    if dr.coin(0.3):
+        xs = [X.mk("tanh", {}, [x]) for x in xs]
+    cs = [dr.pick(_FACTORS) for _ in range(n)]
+    if dr.coin(0.1):
+        cs[0] = Fraction(0)  # a zero first factor: no common factor is taken out
+    k = dr.pick(_FACTORS)
+    ds = [c / k for c in cs]
+    u = dr.rng.random()
+    j = dr.int(1, n - 1)
+    if u < 0.12:
+        ds[j] = (cs[j] + 1) / k  # off by one
+    elif u < 0.22:
+        ds[j] = cs[j] * cs[j] / k  # p against p^2
+    elif u < 0.3:
+        ds[j] = -cs[j] / k
+    at = {"dim": dim} if op == "concat" else {}
+    a = X.mk(op, at, [_times(X, dr, c, x) for c, x in zip(cs, xs)])
+    b_args = [_times(X, dr, d, x) for d, x in zip(ds, xs)]
+    if 0.3 <= u < 0.36 and op != "add" and shapes[0] == shapes[j]:
+        b_args[0], b_args[j] = b_args[j], b_args[0]  # operands swapped
+    b = _times(X, dr, k, X.mk(op, at, b_args))
+    sh = X[a].shape
+    if dr.coin(0.5):  # under a linear op, as in a backward
+        w = X.leaf("w", (sh[1], 2), "float")
+        a, b = X.mk("matmul", {}, [a, w]), X.mk("matmul", {}, [b, w])
+    elif dr.coin(0.4):
+        a, b = X.mk("sum", {"dims": (0,), "keepdim": False}, [a]), X.mk("sum", {"dims": (0,), "keepdim": False}, [b])
+    if dr.coin():
+        a, b = b, a
+    desc = f"{X.show(a, 6)} vs {X.show(b, 6)}"
+    res = _check_pair(X, a, b, seed)
+    if res.status in ("ok", "refused"):  # the normal form itself must mean what it says: a = c * core
+        for e in (a, b):
+            bad = _check_norm(X, e, seed)
+            if bad is not None:
+                return bad, desc
+    return res, desc
+
+
+def _check_norm(X: Exprs, e: int, seed: int) -> Result | None:
+    """A DISAGREE result when ``Prover.norm(e) = (c, core)`` but ``e`` differs from ``c * core`` (exact run)."""
+    from ..kernel.equality import Prover
+
+    c, core = Prover(X).norm(e)
+    rng = np.random.default_rng(seed)
+    vals = {i: rand_values(x.shape, x.dtype, rng, True) for i, x in enumerate(X.nodes) if x.op == "input"}
+    ctx = Ctx(exact=True, seed=seed)
+    try:
+        ve, vc = eval_expr(X, e, vals, ctx), eval_expr(X, scaled(X, c, core), vals, ctx)
+    except (ValueError, ZeroDivisionError, ArithmeticError):
+        return None
+    if _close(np.asarray(ve), np.asarray(vc), True):
+        return None
+    return Result("DISAGREE", ["scale_common_factor"], f"norm: {X.show(e, 5)} is not {c} * {X.show(core, 5)}")
 
 
 # ------------------------------------------------------------------ replicate_broadcast_as_shard
@@ -400,6 +492,7 @@ NORM_GENERATORS = {
     "allgather_partial_sum": gen_gather_sum,
     "partial_sum_as_avg": gen_partial_read,
     "reduction_normal_form": gen_reduction,
+    "scale_common_factor": gen_common_factor,
     "replicate_broadcast_as_shard": gen_broadcast,
     "reduce_scatter_replicate": gen_rs_replicate,
     "allreduce_avg_partial_sum_axes": gen_ar_avg_axes,

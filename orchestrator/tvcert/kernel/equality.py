@@ -5,6 +5,8 @@ Three certified steps, tried in order, each sound on its own:
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
   (matmul, einsum, reductions, layout ops, ...) and compare factors and cores;
+* ``scale_common_factor``: an add / sub / concat of operands with different factors is the first factor times
+  the op of the operands rescaled by their ratios (:func:`.reductions.common_factor`);
 * ``reduction_normal_form``: sums and means spelled one way (:mod:`.reductions`: a mean is the sum over
   its dims divided by their element count; a sum of a sum is one sum over the union of the dims; a scalar
   factor leaves the sum), then compared by the other steps;
@@ -22,7 +24,7 @@ from typing import Callable
 
 from ..ops import REGISTRY
 from .expr import Exprs
-from .reductions import reduction_normal_form
+from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
 # ops a scalar factor of their first argument moves across, when the op's own flag says it is homogeneous in
@@ -227,6 +229,10 @@ class Prover:
             ns = [self.norm(x) for x in e.args]
             if len({c for c, _ in ns}) == 1 and ns[0][0] != 1:
                 return ns[0][0], X.mk(e.op, at, [core for _, core in ns])
+        got = common_factor(X, i, self.norm)  # different factors: the first moves out, the ratios stay inside
+        if got is not None:
+            self.used.add(COMMON_FACTOR)
+            return got
         return one, i
 
     def _smt(self, a: int, b: int) -> bool:

@@ -1,4 +1,4 @@
-"""One spelling for sums and means, so that equal reductions written differently compare equal.
+r"""One spelling for sums and means, so that equal reductions written differently compare equal.
 
 Real code writes the same loss several ways: ``x.mean()``, ``x.sum() / x.numel()``, ``x.mean(1).mean(0)``,
 ``x.sum(0).sum(0)``.  :func:`reduction_normal_form` rewrites a float ``sum`` / ``mean`` into
@@ -128,3 +128,27 @@ def _numel(shape) -> int:
     for v in shape:
         n *= v
     return n
+
+
+COMMON_FACTOR = "scale_common_factor"
+COMMON_FACTOR_OPS = ("add", "sub", "concat")  # jointly homogeneous in all operands (Normalise2.scale_common_factor)
+
+
+def common_factor(X: Exprs, i: int, norm: Callable[[int], tuple[Fraction, int]]) -> tuple[Fraction, int] | None:
+    """``(c1, op(A1, (c2/c1) A2, ..))`` for ``op(c1 A1, c2 A2, ..)`` a float add / sub / concat, or None.
+
+    A data-parallel mean loss carries its local ``1/count`` through the whole backward; where two paths meet
+    (the residual add, the complex RoPE's ``ac - bd``, a concat of halves) their factors differ, so the
+    equal-factor step of :meth:`Prover.norm` stops there.  Only the first factor moves out (``c1 != 0``); the
+    ratios stay inside as exact constants, so two spellings compare equal only when their ratios agree
+    (``Normalise2.scale_common_factor``)."""
+    e = X[i]
+    if e.op not in COMMON_FACTOR_OPS or not e.args or any(X[a].dtype != "float" for a in (i, *e.args)):
+        return None
+    if e.op != "concat" and (len(e.args) != 2 or any(X[a].shape != e.shape for a in e.args)):
+        return None
+    ns = [norm(a) for a in e.args]
+    c0 = ns[0][0]
+    if c0 == 0 or all(c == 1 for c, _ in ns):
+        return None
+    return c0, X.mk(e.op, e.attr_dict(), [scaled(X, c / c0, core) for c, core in ns])

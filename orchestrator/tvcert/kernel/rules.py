@@ -110,6 +110,8 @@ RULES: dict[str, str] = {
                                    "is the rank's vocab block of log_softmax_backward(-one_hot(l) * g, ls)",
     _BROADCAST_RULE: "a replicated operand broadcast along a dim (its value independent of the index there) is, on "
                      "every rank, the block of its broadcast to the full size: Shard of the widened expression",
+    "scale_common_factor": "an add / sub / concat of operands with different scalar factors is the first factor "
+                           "times the op of the operands rescaled by their exact ratios (Normalise2.v)",
     "reduction_normal_form": "mean over dims = sum over them / element count; a sum of a sum = one sum over the union "
                              "of the dims; a scalar factor leaves a sum (NormaliseReductions.v)",
     "reduce_sum_sharded_dim": "summing over the sharded dim gives Partial(sum)",
