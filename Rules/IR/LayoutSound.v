@@ -718,6 +718,67 @@ rewrite sumR_big; apply: eq_big_nat => k /andP [_ km].
 exact: sel_block.
 Qed.
 
+(** ** reduce_max_sharded_dim: amax over the sharded dim is Partial(max) of the logical amax. *)
+Lemma maxR_ge n (F : nat -> R) k : (k < n)%N -> F k <= maxR n F.
+Proof.
+move=> kn; have kin : k \in iota 0 n by rewrite mem_iota add0n.
+rewrite /maxR; elim: (iota 0 n) kin => //= a l IH; rewrite in_cons => /orP [/eqP ->|kl].
+  by rewrite Order.TotalTheory.le_maxr Order.POrderTheory.lexx.
+by rewrite Order.TotalTheory.le_maxr IH ?orbT.
+Qed.
+
+Lemma maxR_in n (F : nat -> R) : (0 < n)%N -> exists2 k, (k < n)%N & maxR n F = F k.
+Proof.
+move=> n0; rewrite /maxR.
+have : forall l, (forall k, k \in l -> (k < n)%N) ->
+  exists2 k, (k < n)%N & foldr (fun k m => Num.max (F k) m) (F 0%N) l = F k.
+  elim=> [|a l IH] H /=; first by exists 0%N.
+  have [k kn ->] : exists2 k, (k < n)%N & foldr (fun k m => Num.max (F k) m) (F 0%N) l = F k.
+    by apply: IH => k kl; apply: H; rewrite in_cons kl orbT.
+  rewrite /Order.max; case: ifP => _; [by exists k | exists a => //; apply: H; exact: mem_head].
+by apply => k; rewrite mem_iota add0n => /andP [].
+Qed.
+
+Lemma block_in p m r k : (r < p)%N -> (k < m)%N -> (r * m + k < m * p)%N.
+Proof.
+move=> rp km; apply: (@leq_trans (r * m + m)); first by rewrite ltn_add2l.
+by rewrite -mulSnr mulnC leq_mul2l rp orbT.
+Qed.
+
+Lemma maxR_block p m (G : nat -> R) r : (0 < m)%N -> (r < p)%N ->
+  maxR m (fun k => G (r * m + k)%N) <= maxR (m * p) G.
+Proof.
+move=> m0 rp; have [k km ->] := maxR_in (fun k => G (r * m + k)%N) m0.
+exact: maxR_ge (block_in rp km).
+Qed.
+
+Lemma reduce_max_sharded_dim p keep d s T (L : family) :
+  placed p s (Shard d) T L -> (0 < nth 0%N s d %/ p)%N ->
+  lop_shape (Reduce RdMax [:: d] keep) [:: local_shape p s (Shard d)] = rshape keep d s /\
+  placed p (rshape keep d s) (Partial RMax) (lop_val fn (Reduce RdMax [:: d] keep) [:: s] [:: T])
+    (fun r => lop_val fn (Reduce RdMax [:: d] keep) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> H m0; have [ds dv _] := H; set m := (nth 0%N s d %/ p)%N in m0 dv.
+have hm : nth 0%N (local_shape p s (Shard d)) d = m by rewrite /= nth_set_nth_lt eqxx.
+split; first by rewrite -(rshape_same p keep ds); case: keep.
+move=> i ii.
+have loc0 : forall r, lop_val fn (Reduce RdMax [:: d] keep) [:: local_shape p s (Shard d)] [:: L r] i =
+                      maxR m (fun k => L r (sel keep d k i)).
+  by move=> r; rewrite lop_val_reduce1 /mask rshape_same // ii /= hm.
+rewrite lop_val_reduce1 /mask ii /= -[in maxR (nth 0%N s d)]dv.
+set G := fun k => T (sel keep d k i).
+have loc : forall r, (r < p)%N -> maxR m (fun k => L r (sel keep d k i)) = maxR m (fun k => G (r * m + k)%N).
+  by move=> r rp; apply: maxR_ext => // k km; rewrite /G (sel_block H rp ii km).
+split=> [r rp|]; first by rewrite loc0 loc // maxR_block.
+have pp : (0 < p)%N by move: m0; rewrite /m; case: (p) => //; rewrite divn0.
+have p0 : (0 < m * p)%N by rewrite muln_gt0 m0 pp.
+have [j jmp hj] := maxR_in G p0.
+have jp : (j %/ m < p)%N by rewrite ltn_divLR // mulnC.
+exists (j %/ m)%N => //; rewrite loc0 loc //; apply/eqP; rewrite Order.POrderTheory.eq_le maxR_block // hj /=.
+have -> : G j = G (j %/ m * m + j %% m)%N by rewrite -divn_eq.
+exact: (maxR_ge (fun k => G (j %/ m * m + k)%N) (ltn_pmod j m0)).
+Qed.
+
 End Values.
 
 End JLayoutSound.
