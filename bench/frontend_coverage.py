@@ -85,6 +85,11 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_ddp", {"bug": "avg_twice"}, "REFUTED"),
     ("realcode.norm_ddp", {"bug": "off_by_one"}, "REFUTED"),
     ("realcode.norm_ddp", {"loss": "global", "bug": "global_avg"}, "REFUTED"),
+    # a transformer-like block under DDP: factors differ where paths meet (examples/torch/realcode/norm_ddp_block.py)
+    ("realcode.norm_ddp_block", {}, "VERIFIED"),
+    ("realcode.norm_ddp_block", {"dp": 4}, "VERIFIED"),
+    ("realcode.norm_ddp_block", {"bug": "avg_twice"}, "REFUTED"),
+    ("realcode.norm_ddp_block", {"bug": "no_residual_scale"}, "REFUTED"),
     # token-count normalisation across dp (examples/torch/realcode/norm_tokens.py)
     ("realcode.norm_tokens", {}, "VERIFIED"),
     ("realcode.norm_tokens", {"dp": 4}, "VERIFIED"),

@@ -217,3 +217,16 @@ def test_torchtitan_llama3_under_simple_fsdp_verifies():
     assert ops.count("all_gather") == ops.count("reduce_scatter") == len(raw["outputs"]) - 1  # one per parameter
     plan, res = verdict(raw)
     assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
+
+
+def test_torchtitan_llama3_under_ddp_verifies():
+    """torchtitan's Llama 3 debug model (1 layer) under DDP, a mean loss over each rank's batch block: the local
+    1/count travels through the layer's backward (scale_common_factor at the residual adds and RoPE's concat)."""
+    import ddp_titan_llama3
+
+    raw = ddp_titan_llama3.tvcert_trace()
+    ops = [n["op"] for n in raw["parallel"][0]["nodes"]]
+    assert ops.count("all_reduce") == len(raw["outputs"]) - 1  # one per parameter
+    plan, res = verdict(raw)
+    assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
+    assert "scale_common_factor" in res.prover.used

@@ -1,12 +1,13 @@
 """torchtitan's Llama 3 debug model trained with torch.nn.parallel.DistributedDataParallel, for `tvcert trace`.
 
-    tvcert trace examples/torch/ddp_titan_llama3.py --verify                          # dp 2, 1 layer: UNKNOWN today
+    tvcert trace examples/torch/ddp_titan_llama3.py --verify                          # dp 2, 1 layer: VERIFIED
     tvcert trace examples/torch/ddp_titan_llama3.py --set bug=loss_div_world --verify # REFUTED: averaged twice
 
-Today the correct program is UNKNOWN: it traces (DDP's all-reduce of every gradient, divided by the world
-size), the reference interpreter agrees with the single-device model, the loss and the gradients of the final norm
-and lm_head are proved, but the gradients of the earlier layers are not (the engine does not carry the
-1/local-count factor of the mean through the transformer layer's backward to match the logical 1/global-count).
+It traces with DDP's all-reduce of every gradient, divided by the world size.  Each rank's mean carries its
+1/local-count through the whole backward; where two paths meet (the residual adds, RoPE's real / imaginary
+products, the concat of the rotated halves, the RMSNorm's mean over the hidden dim) their scalar factors differ,
+and the engine moves the first factor out keeping the exact ratios inside (rule ``scale_common_factor``,
+Rules/Normalise2.v), so the averaged gradients are proved equal to the single-device ones (1/global-count).
 The same model under SimpleFSDP (``fsdp_titan_llama3.py``, summed gradients, loss over the global count) VERIFIES.
 
 The model is torchtitan 0.3.0's ``llama3`` debug flavour (fused QKV, complex RoPE, SwiGLU, untied lm_head) at
