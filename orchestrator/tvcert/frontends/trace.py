@@ -391,7 +391,7 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
         # any printable name without spaces (passed as **kwargs; "x-in", "layer.0/w" ...)
         if not isinstance(name, str) or not name.isprintable() or not re.fullmatch(r"\S+", name) or name.startswith("#"):
             raise TraceError(f"input name {name!r} must be printable, without spaces, not starting with '#'", "input")
-        unknown = set(spec) - {"shape", "dtype", "range", "placement", "param"}
+        unknown = set(spec) - {"shape", "dtype", "range", "placement", "param", "layout"}
         if unknown:
             raise TraceError(f"input {name!r}: unknown keys {sorted(unknown)}", "input")
         shape = [int(s) for s in spec["shape"]]
@@ -408,7 +408,7 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
                 p = parse_placement(text)
             except ValueError as exc:
                 raise TraceError(f"input {name!r}: {exc}", "input") from None
-            if p.kind == "S":
+            if p.kind == "S" and not spec.get("layout"):  # with a layout: checked on the laid-out shape
                 if not -len(shape) <= p.dim < len(shape):
                     raise TraceError(f"input {name!r}: Shard({p.dim}) but the tensor has rank {len(shape)}", "input")
             elif p.kind == "P":
@@ -416,7 +416,7 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
         param = bool(spec.get("param", False))
         if param and dtype != "float":
             raise TraceError(f"input {name!r}: only float inputs can be parameters", "input")
-        out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param,
+        out.append(InputSpec(name, shape, dtype, spec.get("range"), pl, param, _parse_layout(name, spec.get("layout")),
                              torch_dtype=FLOAT_DTYPES.get(tdt) or INT_DTYPES[tdt]))
     return out
 
@@ -454,11 +454,46 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
         s.range = min(bounds)
 
 
+def _parse_layout(name: str, steps) -> list:
+    """An input's ``layout``: [{"op": reshape | permute | transpose | flatten | squeeze | unsqueeze | pad | slice | view,
+    "attrs": {...}}, ...] applied to the logical tensor before its placement (the plan's binding layout), e.g. a
+    fused w_qkv whose rank r holds [q_r; k_r; v_r]."""
+    from ..plan import LAYOUT_OPS
+
+    if steps is None:
+        return []
+    if not isinstance(steps, (list, tuple)):
+        raise TraceError(f"input {name!r}: layout must be a list of {{op, attrs}} steps", "input")
+    out = []
+    for j, st in enumerate(steps):
+        if not isinstance(st, Mapping) or st.get("op") not in LAYOUT_OPS or not isinstance(st.get("attrs", {}), Mapping):
+            raise TraceError(f"input {name!r}: layout[{j}] must be {{op, attrs}} with op one of {sorted(LAYOUT_OPS)}",
+                             "input")
+        out.append({"op": st["op"], "attrs": dict(st.get("attrs", {}))})
+    return out
+
+
+def laid_out_shape(spec: InputSpec) -> list[int]:
+    """The input's shape after its layout (before the placement)."""
+    from ..plan import Binding, layout_shape
+
+    if not spec.layout:
+        return list(spec.shape)
+    b = Binding(spec.name, "spmd", spec.name, {}, [(st["op"], st["attrs"]) for st in spec.layout],
+                f"inputs.{spec.name}")
+    try:
+        return [int(x) for x in layout_shape(b, tuple(spec.shape), {})]
+    except PlanError as exc:
+        raise TraceError(f"input {spec.name!r}: {exc}", "input") from None
+
+
 def local_shape(spec: InputSpec, mesh: Mapping[str, int]) -> list[int]:
-    s = list(spec.shape)
+    s = laid_out_shape(spec)
     for a, text in spec.placement.items():
         p = parse_placement(text)
         if p.kind == "S":
+            if not -len(s) <= p.dim < len(s):
+                raise TraceError(f"input {spec.name!r}: Shard({p.dim}) but the laid-out tensor has rank {len(s)}", "input")
             d = p.dim % len(s)
             if s[d] % mesh[a]:
                 raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by mesh axis "
@@ -1035,8 +1070,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
 
     # ---- placements
-    in_pl = {s.name: {"local": s.name, "placement": dict(s.placement)} for s in specs}
-    out_pl = {o: {"local": local, "placement": _output_placement(o, specs)} for o, local in zip(out_names, pouts_ref)}
+    in_pl = {s.name: {"local": s.name, "placement": dict(s.placement), **({"layout": s.layout} if s.layout else {})}
+             for s in specs}
+    out_pl = {o: {"local": local, **_output_binding(o, specs)} for o, local in zip(out_names, pouts_ref)}
     for k, v in (output_placements or {}).items():
         if k not in out_pl:
             raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
@@ -1070,17 +1106,19 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     return plan
 
 
-def _output_placement(out: str, specs: Sequence[InputSpec]) -> dict:
-    """The default placement of an output: that of the input it is named after -- ``grad_<p>``, ``<p>`` (an
-    updated parameter) or ``<state>.<p>`` / ``<state>_<p>`` (optimizer state, e.g. ``exp_avg.<p>``), the longest
-    input name matching --, else Replicate (``loss``, anything else)."""
+def _output_binding(out: str, specs: Sequence[InputSpec]) -> dict:
+    """The default placement (and layout) of an output: that of the input it is named after -- ``grad_<p>``,
+    ``new.<p>`` (an updated parameter) or ``<state>.<p>`` / ``<state>_<p>`` (optimizer state, e.g. ``exp_avg.<p>``),
+    the longest input name matching --, else Replicate (``loss``, anything else)."""
     best = None
     for s in specs:
         n = s.name
         if out == n or out.endswith("." + n) or out.endswith("_" + n):
             if best is None or len(n) > len(best.name):
                 best = s
-    return dict(best.placement) if best is not None else {}
+    if best is None:
+        return {"placement": {}}
+    return {"placement": dict(best.placement), **({"layout": best.layout} if best.layout else {})}
 
 
 def _finish_outputs(nodes: list[IRNode], outs: list[Any], out_names: list[str], input_names: list[str]):
