@@ -993,8 +993,11 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                parallel_setup: Callable | None = None, validate: bool = True, parallel_backward: bool = False) -> dict:
     """Trace ``logical`` (degree 1) and ``parallel`` (every rank of ``mesh``) into a plan dict.
 
-    ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs), placement {axis: text},
+    ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs; default: what they index),
+    placement {axis: text}, layout [{op, attrs}] (applied to the logical tensor before the placement),
     param (bool: differentiate the loss with respect to it)}; shapes are logical (full) shapes.
+    ``logical`` / ``parallel`` return a loss, ``(loss, {param: grad})`` or a dict of named outputs
+    (:func:`_returned`); gradients a program computed with its own ``loss.backward()`` are read from ``.grad``.
     ``grad_sync(ctx, grads) -> grads`` runs on each rank after autograd, inside the trace.
     ``parallel_setup(ctx)`` runs on each rank before tracing (outside the trace); its result is
     ``ctx.state`` (build and parallelize modules there).
