@@ -40,6 +40,23 @@ Definition concat_ok (p : nat) (ss : seq (seq nat)) (d e : nat) : bool :=
   (e != d) && (d < size s0) && shard_ok p s0 e &&
   all (fun s => (size s == size s0) && (set_nth 0 s d 0 == set_nth 0 s0 d 0)) ss.
 
+(** torch.expand of [s] to [s'] keeping a shard on dim [d] of [s]: [s'] is a valid target
+    (each dim of [s] is 1 or kept) and dim [d] is not broadcast. *)
+Definition expand_ok (s s' : seq nat) (d : nat) : bool :=
+  let off := size s' - size s in
+  (size s <= size s') && (d < size s) && (nth 0 s d != 1) &&
+  all (fun k => (nth 0 s k == 1) || (nth 0 s' (off + k) == nth 0 s k)) (iota 0 (size s)).
+
+Lemma size_proj a o i : size i = size o -> size a <= size o -> size (proj a o i) = size a.
+Proof. by move=> io ao; rewrite /proj size_map size_zip size_drop io subKn // (minn_idPl (leqnn _)). Qed.
+
+Lemma nth_proj a o i k : size i = size o -> size a <= size o -> k < size a ->
+  nth 0 (proj a o i) k = if nth 0 a k == 1 then 0 else nth 0 i (size o - size a + k).
+Proof.
+move=> io ao ka; rewrite /proj (nth_map (0, 0)); last by rewrite size_zip size_drop io subKn // (minn_idPl (leqnn _)).
+by rewrite nth_zip ?size_drop ?io ?subKn //= nth_drop.
+Qed.
+
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 
@@ -777,6 +794,58 @@ have jp : (j %/ m < p)%N by rewrite ltn_divLR // mulnC.
 exists (j %/ m)%N => //; rewrite loc0 loc //; apply/eqP; rewrite Order.POrderTheory.eq_le maxR_block // hj /=.
 have -> : G j = G (j %/ m * m + j %% m)%N by rewrite -divn_eq.
 exact: (maxR_ge (fun k => G (j %/ m * m + k)%N) (ltn_pmod j m0)).
+Qed.
+
+(** ** rowwise_shard for expand: a shard on a dim expand does not broadcast passes through
+    (the local op expands to the local target, dim [d + off] of size [m]). *)
+Lemma expand_shard p s s' d T (L : family) :
+  expand_ok s s' d -> placed p s (Shard d) T L ->
+  let off := (size s' - size s)%N in
+  let m := (nth 0%N s d %/ p)%N in
+  let ls' := set_nth 0%N s' (off + d) m in
+  lop_shape (Expand ls') [:: local_shape p s (Shard d)] = local_shape p s' (Shard (off + d)) /\
+  placed p s' (Shard (off + d)) (lop_val fn (Expand s') [:: s] [:: T])
+    (fun r => lop_val fn (Expand ls') [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> /andP [/andP [/andP [ss' ds] d1] /allP Ak] H off m ls'.
+have [_ dv HT] := H.
+have od : (off + d < size s')%N by rewrite /off -ltn_subRL subnBA // addnC addnK.
+have Ak' : forall k, (k < size s)%N -> (nth 0%N s k == 1%N) || (nth 0%N s' (off + k) == nth 0%N s k).
+  by move=> k ks; apply: Ak; rewrite mem_iota add0n ks.
+have hn : nth 0%N s' (off + d) = nth 0%N s d.
+  by have /orP [/eqP h|/eqP //] := Ak' d ds; rewrite h eqxx in d1.
+have ls : ls' = local_shape p s' (Shard (off + d)) by rewrite /ls' /= hn.
+split=> //.
+have -> : (fun r => lop_val fn (Expand ls') [:: local_shape p s (Shard d)] [:: L r]) =
+          (fun r => reindex (local_shape p s' (Shard (off + d))) (proj (local_shape p s (Shard d)) ls') (L r)).
+  by apply: functional_extensionality => r; rewrite ls.
+apply: (@reindex_shard p s s' d (off + d) (proj s s') (proj (local_shape p s (Shard d)) ls') T L H od hn).
+move=> r i rp ii.
+have szs : size (local_shape p s (Shard d)) = size s by rewrite /= size_set_nth_lt.
+have szo : size ls' = size s' by rewrite /ls' size_set_nth_lt.
+have szi : size i = size s' by rewrite (inb_size ii) /= size_set_nth_lt.
+have sli : size (shift (off + d) (r * m) i) = size s' by rewrite /shift size_set_nth_lt // szi.
+have Hi := ii; case/inbP: Hi => _ Hi.
+split.
+  apply/inbP; rewrite size_proj ?szi ?szo ?szs //; split=> // k ks.
+  rewrite nth_proj ?szi ?szo ?szs //.
+  rewrite -/off.
+  case: ifP => [/eqP ->//|k1]; have := Hi (off + k)%N; rewrite /local_shape size_set_nth_lt //.
+  have oks : (off + k < size s')%N by rewrite /off -ltn_subRL subnBA // addnC addnK.
+  move=> /(_ oks); rewrite !nth_set_nth_lt eqn_add2l.
+  case: (k =P d) => [->|kd].
+    by rewrite hn.
+  move: k1; rewrite /= nth_set_nth_lt (introF eqP kd) => k1.
+  by have /orP [/eqP h|/eqP ->] := Ak' k ks; [rewrite h eqxx in k1|].
+apply: (@eq_from_nth _ 0%N).
+  by rewrite /shift size_set_nth_lt ?size_proj ?szi ?szo ?szs ?sli // size_proj ?szi ?szo ?szs.
+move=> k; rewrite /shift size_set_nth_lt ?size_proj ?szi ?szo ?szs // => ks.
+rewrite -/(shift (off + d) (r * m) i) nth_set_nth_lt !nth_proj ?szi ?szo ?szs ?sli // -/off.
+rewrite /shift nth_set_nth_lt eqn_add2l.
+case: (k =P d) => [->|kd]; last by rewrite /= nth_set_nth_lt (introF eqP kd).
+rewrite (negbTE d1) /= nth_set_nth_lt eqxx.
+case: ifP => // /eqP m1; congr addn.
+by have := Hi (off + d)%N; rewrite /local_shape size_set_nth_lt // nth_set_nth_lt eqxx hn m1 => /(_ od); case: (nth _ _ _).
 Qed.
 
 End Values.
