@@ -208,6 +208,36 @@ def run_hf(model: str, tp: int, plan):
     return res.verdict, why, time.time() - t
 
 
+TITAN_JOBS = [  # (examples/torchtitan job config, trace_titan_job kwargs, expected): `tvcert trace --torchtitan --config`
+    ("llama3_debug_tp2", {}, "VERIFIED"),
+    ("llama3_debug_tp2", {"mesh_context": False}, "REFUTED"),
+    ("llama3_debug_fsdp2", {}, "VERIFIED"),
+    ("llama3_debug_hsdp", {}, "VERIFIED"),
+    ("llama3_debug_fsdp2_tp2", {}, "VERIFIED"),
+]
+
+
+def run_titan_job(job: str, kw: dict):
+    """(verdict, reason, trace seconds, verify seconds) of a job config at 1 layer."""
+    from tvcert.engine.verify import verify
+    from tvcert.frontends.titan_config import load_job
+    from tvcert.frontends.torchtitan import trace_titan_job
+    from tvcert.frontends.trace import TraceError
+    from tvcert.plan import load_plan
+
+    t = time.time()
+    try:
+        raw = trace_titan_job(load_job(str(ROOT / "examples" / "torchtitan" / f"{job}.toml"), "llama3-debug"),
+                              layers=1, **kw)
+    except TraceError as exc:
+        verdict = {"crash": "REFUTED", "input": "BAD_INPUT"}.get(exc.kind, "UNKNOWN")
+        return verdict, f"{exc.op or exc.kind}: {str(exc)[:160]}", time.time() - t, 0.0
+    t1 = time.time()
+    res = verify(load_plan(raw))
+    why = "" if res.verdict != "UNKNOWN" else (res.reasons[0][:160] if res.reasons else "")
+    return res.verdict, why, t1 - t, time.time() - t1
+
+
 def run_spec(mod_name: str, kw: dict):
     """(verdict, blocking op or first reason, seconds)."""
     import importlib
@@ -339,10 +369,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the Hugging Face probe")
     ap.add_argument("--src", help="the orchestrator directory to import tvcert from (default: this tree's)")
     ap.add_argument("--hf", action="store_true", help="only the `--hf` model table")
+    ap.add_argument("--titan", action="store_true", help="only the torchtitan job-config table")
     args = ap.parse_args()
     import logging
 
     logging.disable(logging.WARNING)
+    if args.titan:
+        print("## torchtitan job configs (`tvcert trace --torchtitan llama3-debug --config JOB.toml --layers 1`)\n")
+        print("| config | options | expected | verdict | trace s | verify s | reason |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for job, kw, want in TITAN_JOBS:
+            v, why, tt, tv = run_titan_job(job, kw)
+            opts = " ".join(f"{k}={v_}" for k, v_ in kw.items()) or "-"
+            print(f"| {job} | {opts} | {want} | {v} | {tt:.1f} | {tv:.2f} | {why.replace('|', '/')} |", flush=True)
+        return
     if args.hf:
         print("## Hugging Face models (`tvcert verify --hf MODEL --tp N`)\n")
         print("| model | tp | bug (--set tp_plan) | expected | verdict | s | reason / first divergence |")
