@@ -310,6 +310,7 @@ BASE = '[model]\nname = "llama3"\nflavor = "debugmodel"\n[training]\nlocal_batch
     (BASE.replace('"llama3"', '"deepseek_v3"'), 3, "--torchtitan llama3-debug"),
     (BASE.replace("seq_len = 8", "seq_len = 2048"), 3, "training.seq_len"),
     ("[parallelism\n", 3, "not TOML"),
+    (BASE + "[activation_checkpoint]\nmode = 'none'\n", 3, "every parallelism degree is 1"),
     (BASE + "[parallelism]\npipeline_parallel_degree = 2\n", 2, "pipeline_parallel_degree = 2"),
     (BASE + "[parallelism]\ncontext_parallel_degree = 2\n", 2, "context_parallel_degree = 2"),
     (BASE + "[parallelism]\ntensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n", 3,

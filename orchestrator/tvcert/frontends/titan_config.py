@@ -144,8 +144,11 @@ def check_supported(job: TitanJob) -> None:
                          "unsupported", "pipeline_parallel_degree")
     if p.context_parallel_degree > 1:
         raise TraceError(f"{job.path}: parallelism.context_parallel_degree = {p.context_parallel_degree}: "
-                         f"torchtitan's context parallelism (apply_cp_to_forward: ring SDPA on the cp mesh, "
-                         f"headtail load-balanced sequence shards) is not traced yet", "unsupported",
+                         f"torchtitan's context parallelism is not traced yet: apply_cp_to_forward wraps q/k/v "
+                         f"as cp-sharded DTensors and torch's CP dispatcher sends the fused SDPA op to ring "
+                         f"attention, while the trace runs attention on SDPA's math backend with a finite causal "
+                         f"mask (no -inf in the IR); the trainer's prepare_context_parallel_input (headtail "
+                         f"load-balanced tokens, labels and positions) is not traced either", "unsupported",
                          "context_parallel_degree")
     if c.enable_async_tensor_parallel:
         raise TraceError(f"{job.path}: compile.enable_async_tensor_parallel: async TP is inductor's micro-pipeline "

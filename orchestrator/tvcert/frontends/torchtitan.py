@@ -64,6 +64,16 @@ Verdicts (tests/test_trace_torchtitan.py)
   so it is passed to :func:`trace_plan` as ``grad_sync`` (an all_reduce over tp of exactly those
   gradients).  ``grad_sync=False`` leaves it out.
 
+A job config (``tvcert trace --torchtitan llama3-debug --config JOB.toml``)
+------------------------------------------------------------------------
+:mod:`.titan_config` reads the TOML with torchtitan's own config dataclasses; :func:`trace_titan_job` routes it.
+TP (+ SP) jobs run as above with the job's batch, sequence length and activation-checkpointing policy;
+``data_parallel_shard_degree`` / ``data_parallel_replicate_degree`` > 1 go through torchtitan's SimpleFSDP
+(graph_trainer's ``apply_simple_fsdp`` on the job's ``ParallelDims``), since FSDP2's ``fully_shard`` -- what
+``parallelize_llama`` applies -- communicates in hooks the trace cannot see.  examples/torchtitan/*.toml: TP 2,
+FSDP 2, HSDP 2 x 2, FSDP 2 x TP 2 each VERIFIED; pp, cp, async TP, selective / memory-budget checkpointing are
+UNKNOWN naming the field (tests/test_trace_torchtitan.py).
+
 Environment shims (only inside this process, nothing is written to site-packages)
 --------------------------------------------------------------------------------
 * ``triton`` is not installed (a 286 MB GPU wheel).  torchtitan imports it only for the kernels of
@@ -562,6 +572,9 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
     note = "; ".join(job.notes)
     desc = (f"torchtitan {model.name} {model.dims} from {os.path.basename(job.path)}: "
             + ", ".join(f"{k}={v}" for k, v in d.items() if v > 1) + (f" ({note})" if note else ""))
+    if all(n == 1 for n in d.values()):
+        raise TraceError(f"{job.path}: every parallelism degree is 1 (one device): there is no parallel program to "
+                         f"verify", "input")
     if d["dp_replicate"] == d["dp_shard"] == 1:
         tp = d["tp"]
         return trace_titan(model, tp=tp, sp=job.parallelism.enable_sequence_parallel and tp > 1, ep=d["ep"],
