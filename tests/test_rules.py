@@ -196,6 +196,7 @@ def case_table():
         add(rule, None, None)
     # equality step / a replicated operand built as a broadcast (not a leaf): tests/test_rules_norm_real.py
     add("reduction_normal_form", None, None)
+    add("allreduce_mixed_axes", None, None)  # multi-axis collective: test_rules_norm_real.py, conform gen_ar_mixed
     add("scale_common_factor", None, None)  # equality step: tests/test_rules_norm_real.py, conform gen_common_factor
     add("replicate_broadcast_as_shard", None, None)
     add("reduce_scatter_replicate", None, None)  # collectives of replicated / multi-axis inputs: test_rules_norm_real.py
@@ -232,8 +233,10 @@ def test_allreduce_nested_axes():
     e = Env(("dp", "tp"))
     d = e.apply("all_reduce", [e.t([4], P(), P())], axis=["dp", "tp"])
     assert d.rules == ["allreduce_sum_partial", "allreduce_nested_axes"] and d.facts[0].pl == (R, R)
+    d = e.apply("all_reduce", [e.t([4], P(), R)], axis=["dp", "tp"])  # p_tp * E (factor: test_rules_norm_real.py)
+    assert d.rules == ["allreduce_mixed_axes"] and d.facts[0].pl == (R, R)
     with pytest.raises(RuleFailure):
-        e.apply("all_reduce", [e.t([4], P(), R)], axis=["dp", "tp"])
+        e.apply("all_reduce", [e.t([4], P("max"), R)], axis=["dp", "tp"])
 
 
 def test_nested_gather_order():

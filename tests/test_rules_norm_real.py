@@ -219,8 +219,48 @@ def test_allreduce_avg_over_two_axes_of_partial_sums():
     pv = Prover(X)
     assert pv.equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 6)]))
     assert not pv.equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 2)]))
-    with pytest.raises(RuleFailure):  # only one of the two axes is partial: not this rule's premise
-        _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, R)), 6)
+    # only one of the two axes is partial: not this rule's premise, the mixed rule's (E / 2, not E / 6)
+    d = _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": "avg"}, Fact(x, (Ps, R)), 6)
+    assert d.rules == ["allreduce_mixed_axes"] and Prover(X).equal(d.facts[0].expr, X.mk("div", {}, [x, _c(X, 2)]))
+
+
+MIXED = [  # (placements on (dp=2, cp=3), reduce, factor)
+    (("R", "R"), "sum", 6), (("R", "R"), "avg", 1),
+    (("Ps", "R"), "sum", 3), (("Ps", "R"), "avg", Fraction(1, 2)),
+    (("Pa", "R"), "sum", 6), (("Pa", "R"), "avg", 1),
+    (("Ps", "Pa"), "sum", 3), (("Ps", "Pa"), "avg", Fraction(1, 2)),
+    (("Pa", "Ps"), "sum", 2), (("Pa", "Ps"), "avg", Fraction(1, 3)),
+    (("Pa", "Pa"), "sum", 6),
+]
+
+
+@pytest.mark.parametrize("pls,red,factor", MIXED, ids=[f"{a}-{b}-{r}" for (a, b), r, _ in MIXED])
+def test_allreduce_mixed_axes_factor_is_exact(pls, red, factor):
+    X, kc = _kc({"dp": 2, "cp": 3})
+    x = X.leaf("x", (2,), "float")
+    kinds = {"R": R, "Ps": Placement("P", reduce="sum"), "Pa": Placement("P", reduce="avg")}
+    d = _coll(kc, "all_reduce", {"axis": ["dp", "cp"], "reduce": red}, Fact(x, tuple(kinds[k] for k in pls)), 6)
+    assert d.facts[0].pl == (R, R)
+    from tvcert.kernel.reductions import scaled
+
+    pv = Prover(X)
+    assert pv.equal(d.facts[0].expr, scaled(X, Fraction(factor), x)), d.rules
+    for wrong in {Fraction(factor) * 2, Fraction(factor) / 2, Fraction(factor) * 3, Fraction(factor) + 1} - {factor}:
+        assert not pv.equal(d.facts[0].expr, scaled(X, wrong, x))  # avg vs sum, p vs p^2, off by one
+
+
+def test_allreduce_mixed_axes_refusals():
+    X, kc = _kc({"dp": 2, "cp": 3, "tp": 2})
+    x = X.leaf("x", (2,), "float")
+    Ps, Pa, Pm = (Placement("P", reduce=r) for r in ("sum", "avg", "max"))
+    ar = {"axis": ["dp", "cp"], "reduce": "sum"}
+    for pl in ((Ps, Pm, R), (Ps, R, Ps)):  # Partial(max) in the group; a Partial outside it
+        with pytest.raises(RuleFailure):
+            _coll(kc, "all_reduce", ar, Fact(x, pl), 6)
+    with pytest.raises(RuleFailure):  # three axes mixed: not proved to nest
+        _coll(kc, "all_reduce", {"axis": ["dp", "cp", "tp"], "reduce": "sum"}, Fact(x, (Ps, R, Pa)), 12)
+    d = _coll(kc, "all_reduce", {"axis": ["dp", "cp", "tp"], "reduce": "sum"}, Fact(x, (R, R, R)), 12)
+    assert d.rules == ["allreduce_mixed_axes"] and Prover(X).equal(d.facts[0].expr, X.mk("scale", {"value": 12}, [x]))
 
 
 def test_allreduce_avg_over_one_axis_keeps_the_other_partial():
@@ -237,7 +277,7 @@ def test_allreduce_avg_over_one_axis_keeps_the_other_partial():
 
 
 @pytest.mark.parametrize("rule", ["reduce_scatter_replicate", "allreduce_avg_partial_sum_axes", "allgather_partial_sum",
-                                  "allreduce_avg_partial_sum_nested"])
+                                  "allreduce_avg_partial_sum_nested", "allreduce_mixed_axes"])
 def test_conformance_collectives(rule):
     st = run_rule(rule, 300)
     assert st.bad == 0, st.failures

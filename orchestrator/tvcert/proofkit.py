@@ -154,6 +154,7 @@ RULES: dict[str, str] = {
     "congruence": f"{_T}.AnyOp.congruence",
     "scale_commutes_linear": f"{_T}.EqSteps.scale_commutes_linear",
     "scale_common_factor": f"{_T}.Normalise2.scale_common_factor",
+    "allreduce_mixed_axes": f"{_T}.Normalise2.allreduce_mixed_axes",
     "layout_commutes_pointwise": f"{_T}.EqSteps.layout_commutes_pointwise",
     "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
 }

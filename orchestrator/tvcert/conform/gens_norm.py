@@ -373,6 +373,32 @@ def gen_ar_avg_axes(dr: Draw, seed: int):
     return safe_run(case, seed), case.describe()
 
 
+def gen_ar_mixed(dr: Draw, seed: int):
+    """all_reduce(sum | avg) over two axes each Replicate, Partial(sum) or Partial(avg), or over three
+    Replicate axes; near misses: Partial(max) in the group, a Partial outside it, three axes mixed, max."""
+    axes, sizes = dr.mesh(max_axes=3, min_axes=2, max_ranks=24)
+    k = 3 if len(axes) == 3 and dr.coin(0.3) else 2
+    group = sorted(int(v) for v in dr.rng.permutation(len(axes))[:k])
+    kinds = [R, Placement("P", reduce="sum"), Placement("P", reduce="avg")]
+    pl = []
+    for j in range(len(axes)):
+        if j in group:
+            u = dr.rng.random()
+            pl.append(R if k == 3 and u < 0.8 else dr.pick(kinds) if u < 0.93 else Placement("P", reduce="max"))
+        else:
+            pl.append(dr.pick([R, R, Placement("S", 0), Placement("P", reduce="sum")]))
+    shape = [dr.int(1, 3), dr.int(1, 3)]
+    for j, q in enumerate(pl):
+        if q.kind == "S":
+            shape[0] *= sizes[axes[j]]
+    names = [axes[j] for j in group]
+    if dr.coin(0.3):
+        names.reverse()
+    red = dr.pick(["sum", "avg", "sum", "avg", "max"])
+    case = OpCase("all_reduce", {"axis": names, "reduce": red}, [TIn(tuple(shape), tuple(pl))], tuple(axes), dict(sizes))
+    return safe_run(case, seed), case.describe()
+
+
 # ------------------------------------------------------------------ partial_sum_as_avg (output matching)
 def gen_partial_read(dr: Draw, seed: int):
     """A fact under random placements re-read with some Partial(sum) axes as Partial(avg) and back (and near
@@ -493,6 +519,7 @@ NORM_GENERATORS = {
     "partial_sum_as_avg": gen_partial_read,
     "reduction_normal_form": gen_reduction,
     "scale_common_factor": gen_common_factor,
+    "allreduce_mixed_axes": gen_ar_mixed,
     "replicate_broadcast_as_shard": gen_broadcast,
     "reduce_scatter_replicate": gen_rs_replicate,
     "allreduce_avg_partial_sum_axes": gen_ar_avg_axes,

@@ -28,6 +28,7 @@ from ..plan import Placement
 from ..shapes import affine_in_rank, parse, rank_axes_in
 from .broadcast import RULE as _BROADCAST_RULE, promote_broadcasts
 from .expr import RESHAPE_LIKE, ExprError, Exprs
+from .allreduce_mixed import RULE as _AR_MIXED_RULE, allreduce_mixed
 from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 
@@ -78,6 +79,9 @@ RULES: dict[str, str] = {
     "allgather_shard": "all_gather along d of Shard(d) is Replicate",
     "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
     "reduce_scatter_replicate": "reduce_scatter(sum) along d of Replicate E is Shard(d) of p*E (avg: of E)",
+    _AR_MIXED_RULE: "all_reduce(sum|avg) over two axes each Replicate, Partial(sum) or Partial(avg) (or over any "
+                    "number of Replicate axes) is Replicate of E times prod(p over Replicate / Partial(avg) axes) "
+                    "(sum) or E / prod(p over Partial(sum) axes) (avg)",
     "allreduce_avg_partial_sum_axes": "all_reduce(avg) over several axes of Partial(sum) on each is Replicate E / prod(p)",
     "partial_sum_as_avg": "an output fact Partial(sum) E reads as Partial(avg) E/p (and back), p > 0 (output matching)",
     "allgather_partial_sum": "summing an all_gather of Partial(sum) pieces over the gathered dim gives the sum of their "
@@ -1033,6 +1037,9 @@ def _collective(kc, op, ra, raw, facts):
             # other axes Partial(sum|avg): the averaging is linear, they stay (CollectivesReal.v)
             return Derivation([Fact(e, tuple(pl))], ["allreduce_avg_partial_sum_nested" if others
                                                      else "allreduce_avg_partial_sum"])
+        mixed = None if all(pl[i] == P(want) for i in idx) else allreduce_mixed(kc, r, idx, pl, f.expr)
+        if mixed is not None:  # Replicate / Partial(sum) / Partial(avg) mixed over the group (kernel/allreduce_mixed.py)
+            return Derivation([Fact(*mixed)], [_AR_MIXED_RULE])
         for i in idx:
             if pl[i].kind != "P" or pl[i].reduce != want:
                 raise RuleFailure(f"all_reduce({r}) over {kc.axes[i]!r} needs Partial({want}) there, got {pl[i]}")
