@@ -157,6 +157,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("fsdp_titan_llama3", {"bug": "local_mean"}, "REFUTED"),
     ("ddp_titan_llama3", {}, "VERIFIED"),
     ("ddp_titan_llama3", {"bug": "loss_div_world"}, "REFUTED"),
+    ("ddp_titan_llama3", {"bug": "off_by_one"}, "REFUTED"),
+    ("ddp_titan_llama3", {"dp": 4}, "VERIFIED"),
+    ("ddp_titan_llama3", {"layers": 2}, "VERIFIED"),
 ]
 
 

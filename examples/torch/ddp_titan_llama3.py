@@ -2,6 +2,7 @@
 
     tvcert trace examples/torch/ddp_titan_llama3.py --verify                          # dp 2, 1 layer: VERIFIED
     tvcert trace examples/torch/ddp_titan_llama3.py --set bug=loss_div_world --verify # REFUTED: averaged twice
+    tvcert trace examples/torch/ddp_titan_llama3.py --set bug=off_by_one --verify     # REFUTED: count + 1
 
 It traces with DDP's all-reduce of every gradient, divided by the world size.  Each rank's mean carries its
 1/local-count through the whole backward; where two paths meet (the residual adds, RoPE's real / imaginary
@@ -14,7 +15,7 @@ The model is torchtitan 0.3.0's ``llama3`` debug flavour (fused QKV, complex RoP
 small dimensions, built by :mod:`tvcert.frontends.torchtitan` (torchtitan's config and builders; its SDPA
 attention with the causal mask written as a finite additive mask) and materialised on the CPU; each rank wraps it
 in DDP and trains on its block of the batch with a mean cross-entropy.  ``bug=loss_div_world`` divides that loss
-by the world size by hand, on top of DDP's averaging.
+by the world size by hand, on top of DDP's averaging; ``bug=off_by_one`` divides by the local count plus one.
 """
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ def tvcert_trace(bug: str = "", dp: int = 2, layers: int = 1):
     from tvcert.frontends.dataparallel import trace_ddp_plan
     from tvcert.frontends.torchtitan import _build, llama3_debug, prepare
 
-    if bug not in ("", "loss_div_world"):
+    if bug not in ("", "loss_div_world", "off_by_one"):
         raise ValueError(f"unknown bug {bug!r}")
     prepare()
     model = llama3_debug(layers=layers)
@@ -43,6 +44,8 @@ def tvcert_trace(bug: str = "", dp: int = 2, layers: int = 1):
 
     def rank_loss_fn(pred, tokens, labels):
         loss = loss_fn(pred, tokens, labels)
+        if bug == "off_by_one":  # BUG off_by_one: the local token count plus one
+            loss = loss * labels.numel() / (labels.numel() + 1)
         if bug == "loss_div_world":
             loss = loss / dp  # BUG loss_div_world: DDP averages the gradients already
         return loss
