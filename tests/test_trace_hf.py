@@ -3,6 +3,7 @@
 Pinned: transformers==5.24.0 with torch==2.13.0 (CPU, fake process group)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -100,3 +101,14 @@ def test_hf_rowwise_layer_as_colwise_crash_names_the_module():
     with pytest.raises(TraceError) as ei:
         trace_hf("llama", 2, tp_plan={"model.layers.*.mlp.down_proj": "colwise"})
     assert ei.value.kind == "crash" and "in module model.layers.0.mlp.down_proj" in str(ei.value)
+
+
+def test_hf_cli_model_class_with_config_override_gqa_one_kv_head_per_rank():
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    r = CliRunner().invoke(main, ["verify", "--hf", "LlamaForCausalLM", "--tp", "2", "-q", "--json",
+                                  "--set", 'config={"num_key_value_heads": 2}'])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["verdict"] == "VERIFIED"

@@ -45,14 +45,23 @@ def _config(model: str, overrides: Mapping[str, Any]):
         raise TraceError(f"--hf {model!r}: not a transformers config class, model class or model type", "input")
     kw = dict(TINY)
     kw.update(overrides)
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the first build may warn of full-size special token ids (fixed below)
     try:
         cfg = cfg_cls(**kw)
+        vocab = cfg.get_text_config().vocab_size
+        # full-size defaults outside the tiny vocabulary (phi3: pad / eos 32000) are dropped unless given
+        fix = {k: None for k in ("pad_token_id", "bos_token_id", "eos_token_id")
+               if k not in overrides and isinstance(getattr(cfg, k, None), int) and not 0 <= getattr(cfg, k) < vocab}
+        if fix:
+            cfg = cfg_cls(**kw, **fix)
     except Exception as exc:  # noqa: BLE001 - the config class rejects a value
         raise TraceError(f"--hf {model!r}: {cfg_cls.__name__}({', '.join(f'{k}={v!r}' for k, v in overrides.items())})"
                          f" fails: {type(exc).__name__}: {exc}", "input") from None
-    pad = getattr(cfg, "pad_token_id", None)
-    if isinstance(pad, int) and not 0 <= pad < cfg.get_text_config().vocab_size and "pad_token_id" not in overrides:
-        cfg.pad_token_id = None  # the full-size default (phi3: 32000) is outside the tiny vocabulary
+    finally:
+        hf_logging.set_verbosity(level)
     return cfg, (cls if cls is not None and not name.endswith("Config") else None)
 
 
