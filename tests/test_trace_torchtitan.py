@@ -342,3 +342,15 @@ def test_job_config_options(tmp_path):
     r = CliRunner().invoke(main, ["trace", "--torchtitan", "llama3-debug", "--config", str(tmp_path / "no.toml"),
                                   "--json"])
     assert r.exit_code == 3 and "cannot read" in json.loads(r.output)["reason"]
+
+
+def test_job_config_fsdp_tp_without_the_plan_order_world_is_refuted(monkeypatch):
+    """FSDP + TP needs torchtitan's world listed in the plan's rank order (tp nested outside fsdp); with
+    torchtitan's own numbering the plan misdescribes which ranks hold which blocks: REFUTED, not VERIFIED."""
+    import contextlib
+
+    import tvcert.frontends.torchtitan as tt
+
+    monkeypatch.setattr(tt, "_plan_order_world", lambda *a: contextlib.nullcontext())
+    res = verify(load_plan(_job_plan(f"{JOBS}/llama3_debug_fsdp2_tp2.toml")))
+    assert res.verdict == "REFUTED"
