@@ -217,6 +217,7 @@ TITAN_JOBS = [  # (examples/torchtitan job config, trace_titan_job kwargs, expec
     ("llama3_debug_fsdp2", {}, "VERIFIED"),
     ("llama3_debug_hsdp", {}, "VERIFIED"),
     ("llama3_debug_fsdp2_tp2", {}, "VERIFIED"),
+    ("llama3_debug_hsdp_tp2", {}, "VERIFIED"),
 ]
 
 
