@@ -318,6 +318,7 @@ BASE = '[model]\nname = "llama3"\nflavor = "debugmodel"\n[training]\nlocal_batch
     (BASE + "[parallelism]\ntensor_parallel_degree = 2\n[compile]\nenable = true\nenable_async_tensor_parallel = true\n"
      "[activation_checkpoint]\nmode = 'none'\n", 2, "enable_async_tensor_parallel"),
     (BASE + "[parallelism]\ntensor_parallel_degree = 2\n", 2, "selective"),  # torchtitan's default AC policy
+    (BASE + "[parallelism]\ntensor_parallel_degree = 2\nspmd_backend = 'full_dtensor'\n", 2, "spmd_backend"),
     (BASE + "[parallelism]\ndata_parallel_shard_degree = 2\n[activation_checkpoint]\nmode = 'full'\n", 2,
      "activation_checkpoint.mode = 'full' with data parallelism"),
 ])

@@ -150,6 +150,10 @@ def check_supported(job: TitanJob) -> None:
                          f"mask (no -inf in the IR); the trainer's prepare_context_parallel_input (headtail "
                          f"load-balanced tokens, labels and positions) is not traced either", "unsupported",
                          "context_parallel_degree")
+    if p.spmd_backend != "spmd_types":
+        raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
+                         f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor)", "unsupported",
+                         "spmd_backend")
     if c.enable_async_tensor_parallel:
         raise TraceError(f"{job.path}: compile.enable_async_tensor_parallel: async TP is inductor's micro-pipeline "
                          f"pass under torch.compile (fused all-gather/reduce-scatter matmuls), which the eager "
