@@ -1001,6 +1001,10 @@ def _collective(kc, op, ra, raw, facts):
     for a in axes:
         if a not in kc.axes:
             raise RuleFailure(f"{op} over axis {a!r}, which this program does not span")
+    if len(set(axes)) != len(axes):
+        # the group is the set of ranks the axes span (an axis named twice is still p ranks), while the
+        # multi-axis rules multiply one factor per name: p^2 for p (found by tests/test_redteam_new_rules.py)
+        raise RuleFailure(f"{op} names an axis twice in {axes}: no rule")
     idx = [kc.axes.index(a) for a in axes]
     pl = list(f.pl)
     rules: list[str] = []
