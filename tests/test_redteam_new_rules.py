@@ -135,6 +135,18 @@ WRONG = {
         _D3, ["dp", "tp", "cp"], ["n"], ["n/cp"], {"dp": "Partial(sum)", "cp": "ZigzagShard(0)"},
         [_n("y", "all_reduce", ["x"], axis=["dp", "tp"], reduce="avg")], _sc(0.25), {"cp": "ZigzagShard(0)"}),
     # allreduce_mixed_axes on a size-1 axis: Partial(avg) over dp of size 1 summed over (dp, tp) is 2 E, not E
+    # reshape_shard_block (one head per rank on dp x tp): the heads of the two axes interleaved are another tensor
+    "reshape_nested_heads_axes_swapped": _one(
+        {"b": 2, "h": 16, "dp": 2, "tp": 4}, ["dp", "tp"], ["b", "h"], ["b", "h/dp/tp"],
+        {"dp": "Shard(1)", "tp": "Shard(1)"},
+        [_n("y", "reshape", ["x"], shape=[2, 1, 2])],
+        [_n("x1", "reshape", ["x"], shape=[2, 2, 4, 2]), _n("x2", "permute", ["x1"], dims=[0, 2, 1, 3]),
+         _n("y", "reshape", ["x2"], shape=[2, 8, 2])], {"dp": "Shard(1)", "tp": "Shard(1)"}),
+    # reshape_shard_block keeps a Partial(sum) on a third axis: reading it back as Replicate drops the sum
+    "reshape_heads_partial_read_as_replicate": _one(
+        {"b": 2, "h": 16, "dp": 2, "tp": 4, "cp": 2}, ["dp", "tp", "cp"], ["b", "h"], ["b", "h/dp/tp"],
+        {"dp": "Shard(1)", "tp": "Shard(1)", "cp": "Partial(sum)"}, [_n("y", "reshape", ["x"], shape=[2, 1, 2])],
+        [_n("y", "reshape", ["x"], shape=[2, 8, 2])], {"dp": "Shard(1)", "tp": "Shard(1)"}),
     "mixed_axes_size_one_axis": _one(
         {"n": 4, "dp": 1, "tp": 2}, ["dp", "tp"], ["n"], ["n"], {"dp": "Partial(avg)"},
         [_n("y", "all_reduce", ["x"], axis=["dp", "tp"], reduce="sum")], _id(), {}),
