@@ -10,7 +10,7 @@ import pytest
 
 from tvcert.engine.verify import verify
 from tvcert.interp import run_plan
-from tvcert.plan import load_plan
+from tvcert.plan import PlanError, load_plan
 
 F = "float"
 
@@ -51,7 +51,10 @@ DUP = [  # (axes, reduce, input placement on dp, logical factor the kernel used 
 def test_all_reduce_over_an_axis_named_twice(axes, red, pl, factor):
     p = _plan({"n": 4, "dp": 2, "tp": 3}, ["dp", "tp"], {"x": (["n"], F)}, [_n("y", "scale", ["x"], value=factor)],
               {"x": (["n"], F)}, [_n("y", "all_reduce", ["x"], axis=axes, reduce=red)], {"x": {"dp": pl}}, {})
-    _assert_wrong_and_not_verified(p)
+    # the loader now refuses the plan (bad input naming the attribute); the kernel's own refusal stays behind it
+    with pytest.raises(PlanError) as exc:
+        load_plan(copy.deepcopy(p))
+    assert exc.value.path.endswith("nodes[0].attrs.axis") and "twice" in str(exc.value)
 
 
 # ------------------------------------------------------------------ strongest attempts that are (rightly) refused
@@ -188,3 +191,13 @@ def test_the_ddp_plan_these_bugs_come_from_verifies():
     p = _ddp()
     assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal
     assert verify(load_plan(p)).verdict == "VERIFIED"
+
+
+def test_all_gather_or_reduce_scatter_of_a_scalar_is_bad_input():
+    """A rank-0 input has no dim to gather or scatter along: bad input naming the node, not a loader crash."""
+    for op, extra in (("all_gather", {}), ("reduce_scatter", {"reduce": "sum"})):
+        p = _plan({"dp": 2}, ["dp"], {"x": ([], F)}, [_n("y", "neg", ["x"])], {"x": ([], F)},
+                  [_n("y", op, ["x"], axis="dp", dim=0, **extra)], {"x": {}}, {})
+        with pytest.raises(PlanError) as exc:
+            load_plan(p)
+        assert "nodes[0]" in exc.value.path and "scalar" in str(exc.value), str(exc.value)

@@ -155,6 +155,9 @@ class Graph:
                 raise GraphError(f"{n.path}.attrs", str(exc)) from None
             if spec.category == "collective":
                 axes = axes_of(ra)
+                if len(set(axes)) != len(axes):
+                    raise GraphError(f"{n.path}.attrs.axis", f"collective names a mesh axis twice ({list(axes)}); its group "
+                                                             f"is a set of axes, each named once")
                 p = 1
                 for a in axes:
                     if a not in mesh:

@@ -63,6 +63,8 @@ class AllGather(Collective):
 
     def infer(self, shapes, attrs):
         s = shapes[0]
+        if not s:
+            raise ShapeError("all_gather: the input is a scalar (rank 0); it needs a dim to concatenate along")
         d = norm_dim(attrs["dim"], len(s))
         return [s[:d] + (s[d] * attrs["_p"],) + s[d + 1:]]
 
@@ -80,6 +82,8 @@ class ReduceScatter(Collective):
 
     def infer(self, shapes, attrs):
         s = shapes[0]
+        if not s:
+            raise ShapeError("reduce_scatter: the input is a scalar (rank 0); it needs a dim to scatter along")
         d = norm_dim(attrs["dim"], len(s))
         if s[d] % attrs["_p"]:
             raise ShapeError(f"reduce_scatter: dim {d} of size {s[d]} is not divisible by group size {attrs['_p']}")
