@@ -201,3 +201,29 @@ def test_all_gather_or_reduce_scatter_of_a_scalar_is_bad_input():
         with pytest.raises(PlanError) as exc:
             load_plan(p)
         assert "nodes[0]" in exc.value.path and "scalar" in str(exc.value), str(exc.value)
+
+
+def test_a_mean_whose_count_equals_the_rank_count_only_at_dims_is_not_verified():
+    """Fuzz pair 984 (seed 20261130): mean over d0 vs the Partial(avg) over dp x tp of local sums.  At d0 = 4 on
+    4 ranks the counts coincide (one element per rank) and the plan is right there; at d0 = 8 it is wrong.  The
+    size-counting proof is re-checked at a second instantiation (engine/sizes.py) and must not VERIFY."""
+    shard = "(d0)/(dp*tp)"
+    p = {"tvcert_plan": 1, "name": "mean_count_coincidence", "dims": {"d0": 4, "dp": 2, "tp": 2},
+         "mesh": [["dp", "dp"], ["tp", "tp"]],
+         "logical": {"inputs": [{"name": "x", "shape": ["d0"], "dtype": "float"}],
+                     "nodes": [_n("l1", "sin", ["x"]), _n("l2", "mean", ["l1"], dims=[0])], "outputs": ["l2"]},
+         "parallel": [{"name": "spmd", "inputs": [{"name": "x", "shape": [shard], "dtype": "float"}],
+                       "nodes": [_n("p1", "sin", ["x"]), _n("p2", "sum", ["p1"], dims=[0])], "outputs": ["p2"]}],
+         "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(0)"}}},
+         "outputs": {"l2": {"local": "p2", "placement": {"dp": "Partial(avg)", "tp": "Partial(avg)"}}}}
+    at8 = copy.deepcopy(p)
+    at8["dims"]["d0"] = 8
+    assert not run_plan(load_plan(at8)).equal  # wrong as a shape-polymorphic plan
+    res = verify(load_plan(copy.deepcopy(p)), refute=False)
+    assert res.verdict != "VERIFIED" and "coincidence of sizes" in res.reasons[0], res.reasons
+    assert res.stats["size_check"]["dims"]["d0"] == 8
+    # the honest spelling (a local mean, then the average over the ranks) verifies at every size
+    ok = copy.deepcopy(p)
+    ok["parallel"][0]["nodes"][1] = _n("p2", "mean", ["p1"], dims=[0])
+    res = verify(load_plan(ok), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons

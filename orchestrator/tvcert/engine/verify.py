@@ -25,6 +25,7 @@ from ..kernel.smt import is_region_op, solve_z3
 from ..localize import first_divergence
 from ..plan import Plan
 from .propagate import Propagation, propagate
+from .sizes import check_other_sizes
 
 VERIFIED, REFUTED, UNKNOWN = "VERIFIED", "REFUTED", "UNKNOWN"
 
@@ -50,6 +51,7 @@ class Result:
     reasons: list[str] = field(default_factory=list)
     counterexample: dict[str, Any] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    used_rules_cache: set = field(default_factory=set, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -79,8 +81,11 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
             res.verdict = UNKNOWN
             res.reasons.append(f"the proof uses rules with no proved theorem in proofs/manifest.json: {unproved}")
             return _finish(res, t0)
+        res.used_rules_cache = used_rules(res)
+        check_other_sizes(res, lambda p2: verify(p2, refute=False, seeds=seeds, solve=solve))
+        verdict = res.verdict
     if verdict != VERIFIED:
-        res.reasons = _reasons(res)
+        res.reasons = res.reasons + _reasons(res)  # (a size-check downgrade has put its reason first)
         if refute:
             say("no proof; searching for a counterexample with the reference interpreter")
             prover.explain_domain = False  # the localizer's many candidate comparisons need no diagnosis
@@ -106,7 +111,8 @@ def _unproved_rules(res: Result) -> list[str]:
 
 def _finish(res: Result, t0: float, t_smt: float = 0.0) -> Result:
     plan, prop, exprs, prover = res.plan, res.prop, res.exprs, res.prover
-    res.stats = {
+    kept = {k: res.stats[k] for k in ("size_check",) if k in res.stats}
+    res.stats = {**kept,
         "wall_seconds": round(time.perf_counter() - t0, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "programs": len(plan.programs),

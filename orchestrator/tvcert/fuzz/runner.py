@@ -114,7 +114,9 @@ def evaluate(pair: Pair, index: int = 0, certs: bool = True, oracle_seeds=(0, 1,
         out.status, out.detail = "verify_crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         return out
     out.verdict = res.verdict
-    out.would_verify = all(m.ok for m in res.matches) and res.prop.blocked is None
+    sized = res.stats.get("size_check") or {}
+    out.would_verify = (all(m.ok for m in res.matches) and res.prop.blocked is None
+                        and sized.get("verdict", "VERIFIED") == "VERIFIED")  # a size-coincidence proof is no proof
     if o.equal and (out.would_verify or res.verdict in ("VERIFIED", "REFUTED")):
         # the verdict claims something: make the oracle work harder before trusting "equal"
         o2 = oracle(plan, pair.alt_dims, seeds=oracle_seeds, use_float=False,
