@@ -15,35 +15,17 @@ one head, which the kernel must place from the logical shape and the mesh size, 
 attend with another rank's KV head), ``no_allreduce`` (Wo's partial sums never reduced).
 """
 import torch
-import torch.distributed._functional_collectives as funcol
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/torch: megatron_mlp's f and g
+from megatron_mlp import CopyToTP, ReduceFromTP  # noqa: E402
 import torch.nn.functional as F
 
 B, S, H, NH, HD = 2, 4, 16, 4, 4
 
 
-class _Copy(torch.autograd.Function):
-    """Identity forward, all_reduce of the gradient backward (Megatron's copy to the tp region)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return funcol.all_reduce(g, "sum", ctx.group), None
-
-
-class _Reduce(torch.autograd.Function):
-    """all_reduce forward, identity backward (Megatron's reduce from the tp region)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return funcol.all_reduce(x, "sum", group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+_Copy, _Reduce = CopyToTP, ReduceFromTP  # Megatron's f and g, defined once in examples/torch/megatron_mlp.py
 
 
 def repeat_kv(t, n_rep):

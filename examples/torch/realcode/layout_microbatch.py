@@ -14,30 +14,16 @@ backward).
 ``no_grad_allreduce`` (the weights' gradients stay the rank's own).
 """
 import torch
-import torch.distributed._functional_collectives as funcol
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/torch: megatron_mlp's f and g
+from megatron_mlp import CopyToTP, ReduceFromTP  # noqa: E402
 
 S, H, F = 4, 6, 8
 
 
-class _Copy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, w, group):
-        ctx.group = group
-        return w.view_as(w)
-
-    @staticmethod
-    def backward(ctx, g):
-        return funcol.all_reduce(g, "sum", ctx.group), None
-
-
-class _Reduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        return funcol.all_reduce(x, "sum", group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+_Copy, _Reduce = CopyToTP, ReduceFromTP  # Megatron's f and g, defined once in examples/torch/megatron_mlp.py
 
 
 def mlp(x, w1, w2, bug=""):
