@@ -1024,6 +1024,11 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     except TraceError:
         raise
     except Exception as exc:
+        from .moe import data_dependent  # values fake tensors lack (MoE routing): UNKNOWN, not bad input
+
+        dd = data_dependent(exc, "the logical model")
+        if dd is not None:
+            raise dd from exc
         src = _exc_src(exc)
         raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
                          "input", None, src) from exc
@@ -1052,6 +1057,11 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             except TraceError:
                 raise
             except Exception as exc:  # the user's parallel code itself fails (shapes, sharding propagation)
+                from .moe import data_dependent  # values fake tensors lack (MoE routing): UNKNOWN, never REFUTED
+
+                dd = data_dependent(exc, f"rank {r} (coordinates {dict(zip(axes, c))})")
+                if dd is not None:
+                    raise dd from exc
                 src = _exc_src(exc)
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])
                 mod = getattr(exc, "_tvcert_module", None)
