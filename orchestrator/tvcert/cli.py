@@ -483,10 +483,13 @@ def check(cert_path: str, plan_path: str | None, manifest_path: str | None, solv
     if as_json:
         click.echo(json.dumps({"valid": True, "plan": cert.plan.name, "steps": res.steps,
                                "obligations": res.obligations, "outputs": res.outputs, "solvers": res.solvers,
+                               **({"size_check": res.size_check} if res.size_check else {}),
                                **({"coq": coq_j.as_json()} if coq_j is not None else {})}))
     else:
         click.echo(f"VALID certificate for plan {cert.plan.name!r}: {res.steps} steps replayed, "
                    f"{res.obligations} obligations re-solved with {'+'.join(res.solvers)}, {res.outputs} outputs matched")
+        if res.size_check:
+            click.echo(f"  sizes: {res.size_check}")
         if coq_j is not None:
             click.echo(coq_j.message)
     sys.exit(EXIT_UNKNOWN if coq_j is not None and coq_j.status == "rejected" else EXIT_OK)

@@ -24,6 +24,7 @@ from ..kernel.patterns import PATTERNS
 from ..kernel.partial_read import RULE as PARTIAL_READ, read_as
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
 from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
+from ..kernel.sizes import SIZE_COUNTING, second_instantiation
 from ..kernel.smt import SOLVERS
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import PlanError, load_plan, plan_digest
@@ -44,6 +45,7 @@ class CheckResult:
     obligations: int
     outputs: int
     solvers: list[str]
+    size_check: str | None = None  # what stands behind a size-counting proof at other dims (kernel/sizes.py)
 
 
 def read_certificate(path: str | Path) -> Certificate:
@@ -69,7 +71,8 @@ def read_certificate(path: str | Path) -> Certificate:
 
 @deep
 def check_certificate(cert: Certificate, plan_path: str | Path | None = None, manifest: str | Path | None = None,
-                      solvers: tuple[str, ...] = ("z3",)) -> CheckResult:
+                      solvers: tuple[str, ...] = ("z3",), second: bool = False) -> CheckResult:
+    """``second``: this is the certificate of a plan's second instantiation (it carries no further one)."""
     if cert.tvcert_certificate != CERT_VERSION:
         raise Invalid(f"certificate version {cert.tvcert_certificate} is not supported (expected {CERT_VERSION})")
     # 1. the plan, bound by its hash
@@ -171,7 +174,39 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     # 5. the expression table the certificate shows is the one replay built
     if [list(r) for r in exprs.export()] != [[i, op, at, list(args)] for i, op, at, args in cert.expressions]:
         raise Invalid("the certificate's expression table differs from the one replay builds")
-    return CheckResult(len(cert.steps), len(prover.obligations), len(cert.outputs), list(solvers))
+    # 6. a proof that counts elements holds at the second instantiation of the dims too (kernel/sizes.py)
+    sized = None if second else _check_sizes(cert, plan, used_rules, manifest, solvers)
+    if second and cert.size_checks:
+        raise Invalid("the certificate of a second instantiation carries size checks of its own")
+    return CheckResult(len(cert.steps), len(prover.obligations), len(cert.outputs), list(solvers), sized)
+
+
+def _check_sizes(cert, plan, used_rules, manifest, solvers) -> str | None:
+    """The engine's second verification, replayed: the checker picks the instantiation itself (the certificate
+    cannot choose one where the sizes still coincide) and checks the certificate made there."""
+    used = sorted(set(SIZE_COUNTING) & used_rules)
+    if not used:
+        if cert.size_checks:
+            raise Invalid("the certificate carries size checks the proof does not need (tampered or stale)")
+        return None
+    alt = second_instantiation(plan.raw)
+    if alt is None:
+        if cert.size_checks:
+            raise Invalid("the certificate carries size checks, but no second instantiation of the dims loads")
+        return f"counts elements ({', '.join(used)}); no second instantiation of the dims loads: proved at the declared dims only"
+    dims, raw2, _ = alt
+    want = plan_digest(raw2)
+    got = [c for c in cert.size_checks if c.plan.digest == want]
+    if len(cert.size_checks) != 1 or not got:
+        raise Invalid(f"the proof counts elements ({', '.join(used)}), so it must also hold at dims {dims}; the "
+                      f"certificate carries no proof for the plan at those dims (a coincidence of sizes is no proof)")
+    try:
+        check_certificate(got[0], None, manifest, solvers, second=True)
+    except Invalid as exc:
+        raise Invalid(f"at the second instantiation of the dims {dims}: {exc}") from None
+    except Unreadable as exc:
+        raise Invalid(f"at the second instantiation of the dims {dims}: {exc}") from None
+    return f"counts elements ({', '.join(used)}); re-proved at dims {dims}"
 
 
 def _replay(plan, exprs, facts, done, k, st, cited) -> None:

@@ -50,7 +50,7 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
                                   "argument_map": "identity on leaves",
                                   "witness": [[leaf, v] for leaf, v in o.leaf_vars]}}
                    for o in res.prover.obligations]
-    return {
+    cert = {
         "tvcert_certificate": CERT_VERSION,
         "tool": f"tvcert {__version__}",
         "plan": {"name": plan.name, "digest": plan_digest(plan.raw), "content": plan.raw},
@@ -62,6 +62,9 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
         "obligations": obligations,
         "outputs": outputs,
     }
+    if res.size_results:  # the same plan proved at the second instantiation of its dims (engine/sizes.py)
+        cert["size_checks"] = [build_certificate(r, manifest) for r in res.size_results]
+    return cert
 
 
 def _equality_rules(res: Result) -> set[str]:

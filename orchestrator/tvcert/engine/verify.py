@@ -52,6 +52,7 @@ class Result:
     counterexample: dict[str, Any] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     used_rules_cache: set = field(default_factory=set, repr=False)
+    size_results: list = field(default_factory=list, repr=False)  # the second instantiation's proof (engine/sizes.py)
 
     @property
     def exit_code(self) -> int:
@@ -60,7 +61,7 @@ class Result:
 
 @deep
 def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str], str] = solve_z3,
-           progress: Callable[[str], None] | None = None) -> Result:
+           progress: Callable[[str], None] | None = None, size_check: bool = True) -> Result:
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
     exprs = Exprs()
@@ -82,7 +83,8 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
             res.reasons.append(f"the proof uses rules with no proved theorem in proofs/manifest.json: {unproved}")
             return _finish(res, t0)
         res.used_rules_cache = used_rules(res)
-        check_other_sizes(res, lambda p2: verify(p2, refute=False, seeds=seeds, solve=solve))
+        if size_check:  # the second verification itself is not re-checked (it would recurse until dims overflow)
+            check_other_sizes(res, lambda p2: verify(p2, refute=False, seeds=seeds, solve=solve, size_check=False))
         verdict = res.verdict
     if verdict != VERIFIED:
         res.reasons = res.reasons + _reasons(res)  # (a size-check downgrade has put its reason first)

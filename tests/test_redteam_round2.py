@@ -1,0 +1,107 @@
+"""Red team, round 2: wrong plans an outsider would write to get a false VERIFIED, one family per class an outside
+review found (flags on ops that are not linear, pattern rank offsets read on one mesh axis, stage replay through
+an aliased boundary, rank-dependent values hidden in attributes, p2p pairing games), plus the size-coincidence
+proofs an auditor replays with ``tvcert check``.  Every plan here is WRONG (the interpreter shows it at a size
+where rounding cannot explain it) and must be neither VERIFIED by the engine nor accepted by the checker."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+import tvcert.engine.verify as V
+from tvcert.certificate.check import Invalid, check_certificate
+from tvcert.certificate.emit import build_certificate
+from tvcert.certificate.format import Certificate
+from tvcert.interp import run_plan
+from tvcert.kernel.sizes import candidates
+from tvcert.plan import PlanError, load_plan
+
+F = "float"
+
+
+def _n(name, op, inputs, **attrs):
+    return {"name": name, "op": op, "inputs": inputs, **({"attrs": attrs} if attrs else {})}
+
+
+def _cert(res) -> Certificate:
+    return Certificate.model_validate(json.loads(json.dumps(build_certificate(res))))
+
+
+def _forged(p: dict) -> Certificate:
+    """The certificate ``verify`` would write if it skipped the second instantiation (an attacker's engine)."""
+    res = V.verify(load_plan(copy.deepcopy(p)), refute=False, size_check=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    return _cert(res)
+
+
+# ------------------------------------------------------------------ 1. size coincidences, replayed by the auditor
+def _mean_vs_rank_avg(run_dims=None):
+    """Fuzz pair 984: mean over d0 vs the Partial(avg) over dp x tp of local sums: right at d0 = 4 on 4 ranks."""
+    p = {"tvcert_plan": 1, "name": "mean_count_coincidence", "dims": {"d0": 4, "dp": 2, "tp": 2},
+         "mesh": [["dp", "dp"], ["tp", "tp"]],
+         "logical": {"inputs": [{"name": "x", "shape": ["d0"], "dtype": F}],
+                     "nodes": [_n("l1", "sin", ["x"]), _n("l2", "mean", ["l1"], dims=[0])], "outputs": ["l2"]},
+         "parallel": [{"name": "spmd", "inputs": [{"name": "x", "shape": ["(d0)/(dp*tp)"], "dtype": F}],
+                       "nodes": [_n("p1", "sin", ["x"]), _n("p2", "sum", ["p1"], dims=[0])], "outputs": ["p2"]}],
+         "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(0)"}}},
+         "outputs": {"l2": {"local": "p2", "placement": {"dp": "Partial(avg)", "tp": "Partial(avg)"}}}}
+    if run_dims:
+        p["run_dims"] = run_dims
+    return p
+
+
+def _ddp_mean_of_means():
+    """A correct size-counting proof: mean over (d0, d1) as the dp average of local means of means."""
+    return {"tvcert_plan": 1, "name": "ddp_mean", "dims": {"d0": 4, "d1": 3, "dp": 2}, "mesh": [["dp", "dp"]],
+            "logical": {"inputs": [{"name": "x", "shape": ["d0", "d1"], "dtype": F}],
+                        "nodes": [_n("l1", "sin", ["x"]), _n("l2", "mean", ["l1"], dims=[0, 1])], "outputs": ["l2"]},
+            "parallel": [{"name": "spmd", "inputs": [{"name": "x", "shape": ["d0/dp", "d1"], "dtype": F}],
+                          "nodes": [_n("p1", "sin", ["x"]), _n("p2", "mean", ["p1"], dims=[0]),
+                                    _n("p3", "mean", ["p2"], dims=[0])], "outputs": ["p3"]}],
+            "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)"}}},
+            "outputs": {"l2": {"local": "p3", "placement": {"dp": "Partial(avg)"}}}}
+
+
+def test_size_coincidence_certificate_is_not_accepted_by_the_checker():
+    p = _mean_vs_rank_avg()
+    at8 = copy.deepcopy(p)
+    at8["dims"]["d0"] = 8
+    assert not run_plan(load_plan(at8), exact=True).equal  # wrong as a shape-polymorphic plan
+    assert V.verify(load_plan(copy.deepcopy(p)), refute=False).verdict != "VERIFIED"
+    with pytest.raises(Invalid, match="coincidence of sizes"):
+        check_certificate(_forged(p))
+    # a forged certificate for the plan at the second dims cannot be made: the plan is wrong there
+    assert V.verify(load_plan(at8), refute=False, size_check=False).verdict != "VERIFIED"
+
+
+def test_size_check_dims_are_not_the_authors_run_dims():
+    """run_dims that keep the coincidence (d0 = 8 on 4 x 2 ranks) are not the second instantiation."""
+    p = _mean_vs_rank_avg(run_dims={"d0": 8, "dp": 4, "tp": 2})
+    assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal  # right at those run_dims: they hide it
+    res = V.verify(load_plan(copy.deepcopy(p)), refute=False)
+    assert res.verdict != "VERIFIED" and res.stats["size_check"]["dims"] == {"d0": 8, "dp": 2, "tp": 2}
+    with pytest.raises(Invalid, match="coincidence of sizes"):
+        check_certificate(_forged(p))
+
+
+def test_size_check_breaks_linear_relations_between_dims():
+    """Each non-mesh dim gets its own prime: uniform scaling would keep d1 = 2 * d0."""
+    alt = candidates({"dims": {"a": 2, "b": 4, "dp": 2}, "mesh": [["dp", "dp"]]})[0]
+    assert alt == {"a": 4, "b": 12, "dp": 2}
+
+
+def test_size_counting_certificate_carries_and_replays_its_second_instantiation():
+    res = V.verify(load_plan(_ddp_mean_of_means()), refute=False)
+    assert res.verdict == "VERIFIED" and res.stats["size_check"]["verdict"] == "VERIFIED"
+    cert = _cert(res)
+    assert len(cert.size_checks) == 1 and cert.size_checks[0].plan.content["dims"] == {"d0": 8, "d1": 9, "dp": 2}
+    assert "re-proved at dims" in check_certificate(cert).size_check
+    bad = cert.model_copy(update={"size_checks": []})
+    with pytest.raises(Invalid, match="must also hold at dims"):
+        check_certificate(bad)
+    other = copy.deepcopy(cert.size_checks[0])
+    other.steps[0].out[0] = (other.steps[0].out[0][0] + 1, other.steps[0].out[0][1])
+    with pytest.raises(Invalid, match="second instantiation"):
+        check_certificate(cert.model_copy(update={"size_checks": [other]}))
