@@ -1,0 +1,250 @@
+(** * The one-axis placement rules of the layout / reduction / row-wise ops, and their soundness.
+
+    [lrule p o ss pls pl] plays for a [JLayout.lop] the part [Check.rule] plays for a stage-1
+    op: the operands of logical shapes [ss] have placements [pls] on a mesh axis of [p] ranks,
+    [pl] is the claimed placement of the result.  Each line is one lemma of [LayoutSound.v]
+    and its side conditions are checked right there.  [lrule_sound] is stated exactly like
+    [SoundOps.rule_sound], so the mesh checker applies it on every axis. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From Coq Require Import FunctionalExtensionality.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutSound.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory Num.Theory.
+Import JSyntax JDenote JCheck JLists JSoundOps JLayout JLayoutSound.
+
+Module JLayoutRule.
+
+(** ** Decidable equality of layout ops (the checker compares the parallel op with the logical one) *)
+Definition red_eqb (a b : red) : bool :=
+  match a, b with RdSum, RdSum | RdMean, RdMean | RdMax, RdMax | RdMin, RdMin => true | _, _ => false end.
+
+Definition lop_eqb (a b : lop) : bool :=
+  match a, b with
+  | Reshape s, Reshape s' | Expand s, Expand s' => s == s'
+  | Permute ds, Permute ds' | Squeeze ds, Squeeze ds' => ds == ds'
+  | Unsqueeze d, Unsqueeze d' | Concat d, Concat d' | SoftmaxBwd d, SoftmaxBwd d' => d == d'
+  | Slice d x y, Slice d' x' y' => (d == d') && (x == x') && (y == y')
+  | Reduce r ds k, Reduce r' ds' k' => red_eqb r r' && (ds == ds') && (k == k')
+  | Minimum, Minimum | Maximum, Maximum | CastF, CastF | Where, Where => true
+  | AddScalar c, AddScalar c' | MaskedFill c, MaskedFill c' => rat_lit_eqb c c'
+  | Softmax d e, Softmax d' e' | LogSoftmaxBwd d e, LogSoftmaxBwd d' e' => (d == d') && (e == e')
+  | LogSoftmax d e l, LogSoftmax d' e' l' => (d == d') && (e == e') && (l == l')
+  | Einsum ts o, Einsum ts' o' => (ts == ts') && (o == o')
+  | _, _ => false
+  end.
+
+Lemma red_eqbP a b : red_eqb a b -> a = b.
+Proof. by case: a; case: b. Qed.
+
+Ltac eqb_intro := repeat match goal with
+  | |- is_true (_ && _) -> _ => case/andP
+  | |- is_true (_ == _) -> _ => move/eqP->
+  | |- is_true (red_eqb _ _) -> _ => move/red_eqbP->
+  | |- is_true (rat_lit_eqb _ _) -> _ => move/rat_lit_eqbP->
+  end.
+
+Lemma lop_eqbP a b : lop_eqb a b -> a = b.
+Proof.
+by case: a => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?];
+   case: b => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?] //=; eqb_intro.
+Qed.
+
+(** ** The rules *)
+Definition is_some {A : Type} (x : option A) : bool := if x is Some _ then true else false.
+
+Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
+  let s0 := nth [::] ss 0 in
+  if all is_rep pls then is_rep pl else                       (* congruence on every rank *)
+  if o is Concat e then                                       (* concat_other_dim *)
+    if sh (head Replicate pls) is Some d then
+      (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
+    else false
+  else
+  match pls with
+  | [:: Shard d] =>
+      match o with
+      | Permute ds => perm_ok ds s0 && (sh pl == Some (seq.index d ds))        (* permute_shard *)
+      | Slice e a b => slice_ok s0 e a b && (d != e) && (sh pl == Some d)       (* slice_other_dim *)
+      | Softmax e _ | LogSoftmax e _ _ => rowwise_ok s0 e d && (sh pl == Some d) (* softmax_other_dim *)
+      | Reduce r [:: e] keep =>
+          if e == d then                                                        (* reduce_*_sharded_dim *)
+            match r with
+            | RdSum => placement_eqb pl (Partial RSum)
+            | RdMean => placement_eqb pl (Partial RAvg) && (0 < p)
+            | RdMax => placement_eqb pl (Partial RMax) && (0 < nth 0 s0 d %/ p)
+            | RdMin => false
+            end
+          else reduce_ok s0 e d && (sh pl == Some (rdim keep e d))              (* reduce_other_dim *)
+      | AddScalar _ | CastF => sh pl == Some d                                  (* pointwise op of a shard *)
+      | _ => false
+      end
+  | [:: Partial rd] =>                                                          (* layout_partial_linear_map *)
+      is_some (reindex_op o) && sum_like rd && placement_eqb pl (Partial rd)
+  | [:: Shard d; Shard d'] =>
+      match o with
+      | SoftmaxBwd e | LogSoftmaxBwd e _ =>                                     (* softmax_bwd_other_dim *)
+          (d == d') && rowwise_ok s0 e d && (nth [::] ss 1 == s0) && (sh pl == Some d)
+      | _ => false
+      end
+  | _ => false
+  end.
+
+Section Sound.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+Local Notation tensor := (tensor R).
+Local Notation family := (family R).
+Local Notation zero_t := (zero_t R).
+
+(** Congruence: every operand replicated, any op computed on every rank is replicated. *)
+Lemma all_rep_sound p (S : seq shape -> shape) (V : seq shape -> seq tensor -> tensor) ss pls pl Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  all is_rep pls -> is_rep pl ->
+  S pss = local_shape p (S ss) pl /\ placed p (S ss) pl (V ss Ts) (fun r => V pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A allr; case: pl => // _.
+have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Replicate.
+  by move=> k kp; have := all_nthP Replicate allr k kp; case: (nth Replicate pls k).
+have ep : pss = ss.
+  apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
+  by rewrite hps => kp; have [_ -> _ _ _] := A k kp; rewrite rk.
+have eT : forall r, (r < p)%N -> map (fun L => L r) Ls = Ts.
+  move=> r rp; apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
+  rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
+  have [H e _ mT mL] := A k kp; move: H e mL; rewrite rk // => H e mL.
+  by apply: (rep_fun H mT) => //; move: (mL r); rewrite e.
+by split; [rewrite ep | move=> r i rp ii; rewrite ep eT].
+Qed.
+
+Lemma shP' a d : (sh a == Some d) -> a = Shard d.
+Proof. by case: a => //= ? /eqP [->]. Qed.
+
+Lemma lrule_sound p o ss pls pl Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  lrule p o ss pls pl -> pl_ok p (lop_shape o ss) pl ->
+  lop_shape o pss = local_shape p (lop_shape o ss) pl /\
+  placed p (lop_shape o ss) pl (lop_val fn o ss Ts) (fun r => lop_val fn o pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
+  by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
+case Hcat: (if o is Concat _ then true else false).
+  case: o Hcat => // e _.
+  case Hh: (sh (head Replicate pls)) => [d|] //.
+  move=> /andP [/andP [/andP [/eqP szs allS] ok] /shP' ->] _.
+  have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Shard d.
+    by move=> k kp; apply: shP'; exact: (all_nthP Replicate allS k kp).
+  have ep : pss = map (fun s => local_shape p s (Shard d)) ss.
+    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite size_map hss hps.
+    rewrite hps => kp; rewrite (nth_map [::]) ?hss //.
+    by have [_ -> _ _ _] := A k kp; rewrite rk.
+  have Pl : forall k, (k < size ss)%N ->
+      placed p (nth [::] ss k) (Shard d) (nth zero_t Ts k) (nth (fun _ => zero_t) Ls k).
+    by move=> k; rewrite hss => kp; have [H _ _ _ _] := A k kp; rewrite rk in H.
+  have hT : size Ts = size ss by rewrite hTs hss.
+  have hL : size Ls = size ss by rewrite hLs hss.
+  by rewrite ep; exact: (concat_other_dim fn ok hT hL Pl).
+have -> : (if o is Concat e then
+    if sh (head Replicate pls) is Some d then
+      (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
+    else false
+  else
+  match pls with
+  | [:: Shard d] =>
+      match o with
+      | Permute ds => perm_ok ds (nth [::] ss 0) && (sh pl == Some (seq.index d ds))
+      | Slice e a b => slice_ok (nth [::] ss 0) e a b && (d != e) && (sh pl == Some d)
+      | Softmax e _ | LogSoftmax e _ _ => rowwise_ok (nth [::] ss 0) e d && (sh pl == Some d)
+      | Reduce r [:: e] keep =>
+          if e == d then
+            match r with
+            | RdSum => placement_eqb pl (Partial RSum)
+            | RdMean => placement_eqb pl (Partial RAvg) && (0 < p)
+            | RdMax => placement_eqb pl (Partial RMax) && (0 < nth 0 (nth [::] ss 0) d %/ p)
+            | RdMin => false
+            end
+          else reduce_ok (nth [::] ss 0) e d && (sh pl == Some (rdim keep e d))
+      | AddScalar _ | CastF => sh pl == Some d
+      | _ => false
+      end
+  | [:: Partial rd] => is_some (reindex_op o) && sum_like rd && placement_eqb pl (Partial rd)
+  | [:: Shard d; Shard d'] =>
+      match o with
+      | SoftmaxBwd e | LogSoftmaxBwd e _ =>
+          (d == d') && rowwise_ok (nth [::] ss 0) e d && (nth [::] ss 1 == (nth [::] ss 0)) && (sh pl == Some d)
+      | _ => false
+      end
+  | _ => false
+  end) = (match pls with
+  | [:: Shard d] =>
+      match o with
+      | Permute ds => perm_ok ds (nth [::] ss 0) && (sh pl == Some (seq.index d ds))
+      | Slice e a b => slice_ok (nth [::] ss 0) e a b && (d != e) && (sh pl == Some d)
+      | Softmax e _ | LogSoftmax e _ _ => rowwise_ok (nth [::] ss 0) e d && (sh pl == Some d)
+      | Reduce r [:: e] keep =>
+          if e == d then
+            match r with
+            | RdSum => placement_eqb pl (Partial RSum)
+            | RdMean => placement_eqb pl (Partial RAvg) && (0 < p)
+            | RdMax => placement_eqb pl (Partial RMax) && (0 < nth 0 (nth [::] ss 0) d %/ p)
+            | RdMin => false
+            end
+          else reduce_ok (nth [::] ss 0) e d && (sh pl == Some (rdim keep e d))
+      | AddScalar _ | CastF => sh pl == Some d
+      | _ => false
+      end
+  | [:: Partial rd] => is_some (reindex_op o) && sum_like rd && placement_eqb pl (Partial rd)
+  | [:: Shard d; Shard d'] =>
+      match o with
+      | SoftmaxBwd e | LogSoftmaxBwd e _ =>
+          (d == d') && rowwise_ok (nth [::] ss 0) e d && (nth [::] ss 1 == (nth [::] ss 0)) && (sh pl == Some d)
+      | _ => false
+      end
+  | _ => false
+  end) by case: o Hcat.
+case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr //.
+- case: ss hss A => [|s0 [|]] // _ A; case: Ts hTs A => [|T0 [|]] // _ A.
+  case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A.
+  have A0 := A 0%N isT; rewrite /= in A0 *; clear A.
+  have [H e0 okp mT mL] := A0; rewrite e0 in mL *.
+  case: a A0 H e0 okp mL nallr => [|d|rd] A0 H e0 okp mL nallr //.
+  + case: o Hcat => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] // _.
+    * by move=> /andP [ok /shP' ->] _; exact: (permute_shard fn ok H).
+    * by move=> /andP [/andP [ok de] /shP' ->] _; exact: (slice_other_dim fn ok de H).
+    * case: ds => [|e [|? ?]] //; case: (e =P d) => [->|/eqP ed].
+        case: r => //.
+        - by move=> /placement_eqbP -> _; exact: (reduce_sum_sharded_dim fn keep H).
+        - by move=> /andP [/placement_eqbP -> p0] _; exact: (reduce_mean_sharded_dim fn keep H p0).
+        - by move=> /andP [/placement_eqbP -> m0] _; exact: (reduce_max_sharded_dim fn keep H m0).
+      by move=> /andP [ok /shP' ->] _; exact: (reduce_other_dim fn r keep ok H).
+    * move=> /shP' -> _; split => //.
+      by have := @unary_shard R p (fun x => (x + lit R c)%R) s0 d T0 L0; rewrite -e0; apply.
+    * move=> /shP' -> _; split => //.
+      by have := @unary_shard R p (fun x => x) s0 d T0 L0; rewrite -e0; apply.
+    * by move=> /andP [ok /shP' ->] _; exact: (softmax_other_dim fn ex ok H).
+    * by move=> /andP [ok /shP' ->] _; exact: (log_softmax_other_dim fn ex lg ok H).
+  + move=> /andP [/andP [hs sl] /placement_eqbP ->] _.
+    case Hr: (reindex_op o) hs => [g|] // _.
+    by split => //; exact: (layout_partial_linear_map fn Hr sl mT mL H).
+- case: ss hss A => [|s0 [|s1 [|]]] // _ A; case: Ts hTs A => [|T0 [|T1 [|]]] // _ A.
+  case: pss hps A => [|ps0 [|ps1 [|]]] // _ A; case: Ls hLs A => [|L0 [|L1 [|]]] // _ A.
+  have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *; clear A.
+  have [H0 e0 _ _ _] := A0; have [H1 e1 _ _ _] := A1; clear A0 A1.
+  case: a b H0 H1 e0 e1 nallr => [|d|rd] [|d'|rd'] H0 H1 e0 e1 nallr //.
+  case: o Hcat => [s'|ds|d''|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] // _.
+  + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
+    exact: (softmax_bwd_other_dim fn ok H0 H1).
+  + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
+    exact: (log_softmax_bwd_other_dim fn ex ok H0 H1).
+- by case: a {A nallr hss hTs hps hLs} => // ?; case: b.
+Qed.
+
+End Sound.
+End JLayoutRule.
