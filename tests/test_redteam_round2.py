@@ -105,3 +105,45 @@ def test_size_counting_certificate_carries_and_replays_its_second_instantiation(
     other.steps[0].out[0] = (other.steps[0].out[0][0] + 1, other.steps[0].out[0][1])
     with pytest.raises(Invalid, match="second instantiation"):
         check_certificate(cert.model_copy(update={"size_checks": [other]}))
+
+
+# ------------------------------------------------------------------ 2. rank dependence spelled so the text scan missed it
+# ``rank_axes_in`` read ``rank\.<axis>`` off the text, while the evaluator parses with Python's ``ast``: ``rank . dp``,
+# ``(rank).tp`` and a full-width ``ｒａｎｋ.tp`` (identifiers are NFKC-normalised) evaluate to the coordinate and were
+# taken as rank-free, so the kernel read rank 0's value on every rank (all twelve of these VERIFIED before the fix).
+def _mesh2(lnodes, pnodes, xpl=None, outpl=None, xshape=("n/tp", "h")):
+    xpl = {"tp": "Shard(0)"} if xpl is None else xpl
+    outpl = {"tp": "Shard(0)"} if outpl is None else outpl
+    return {"tvcert_plan": 1, "name": "rt2", "dims": {"n": 6, "h": 4, "dp": 2, "tp": 3},
+            "mesh": [["dp", "dp"], ["tp", "tp"]],
+            "logical": {"inputs": [{"name": "x", "shape": ["n", "h"], "dtype": F}], "nodes": lnodes, "outputs": ["y"]},
+            "parallel": [{"name": "m", "inputs": [{"name": "x", "shape": list(xshape), "dtype": F}], "nodes": pnodes,
+                          "outputs": ["y"]}],
+            "inputs": {"x": {"local": "x", "placement": xpl}}, "outputs": {"y": {"local": "y", "placement": outpl}}}
+
+
+def _assert_wrong_not_verified(p, exact=True):
+    assert not run_plan(load_plan(copy.deepcopy(p)), exact=exact).equal, "the plan is meant to be wrong"
+    res = V.verify(load_plan(copy.deepcopy(p)), refute=False)
+    assert res.verdict != "VERIFIED", "a wrong plan VERIFIED"
+    return res
+
+
+DISGUISES = ["rank . dp", "(rank).tp", "ｒａｎｋ.tp", "(rank . dp)+0"]
+RANK_POSITIONS = {
+    "scale_value": lambda r: ([_n("y", "scale", ["x"], value=0)], [_n("y", "scale", ["x"], value=r)]),
+    "slice_bounds": lambda r: ([_n("y", "slice", ["x"], dim=1, start=0, end=2)],
+                               [_n("y", "slice", ["x"], dim=1, start=r, end=f"{r}+2")]),
+    "pad_amounts": lambda r: ([_n("y", "pad", ["x"], pads=[0, 0, 0, 2])],
+                              [_n("y", "pad", ["x"], pads=[0, 0, r, f"2-{r}"])]),
+    "nested_literal": lambda r: ([_n("c", "const", [], value=[[0, 0, 0, 0]]), _n("y", "add", ["x", "c"])],
+                                 [_n("c", "const", [], value=[[0, r, 0, 0]]), _n("y", "add", ["x", "c"])]),
+}
+
+
+@pytest.mark.parametrize("where", sorted(RANK_POSITIONS))
+@pytest.mark.parametrize("spelling", DISGUISES)
+def test_rank_coordinate_in_another_spelling_is_rank_dependent(where, spelling):
+    lnodes, pnodes = RANK_POSITIONS[where](spelling)
+    p = _mesh2(lnodes, pnodes)
+    _assert_wrong_not_verified(p)

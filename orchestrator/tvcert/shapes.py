@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Union
@@ -204,6 +205,13 @@ def rank_axes_in(value: object) -> frozenset[str]:
         v = stack.pop()
         if isinstance(v, str):
             found.update(_RANK_NAME.findall(v))
+            # and as the evaluator reads it: ``rank . tp``, ``(rank).tp`` or a full-width ``ｒａｎｋ.tp`` (Python
+            # normalises identifiers to NFKC) all evaluate to the tp coordinate
+            found.update(_RANK_NAME.findall("".join(unicodedata.normalize("NFKC", v).split()).replace("(rank)", "rank")))
+            try:
+                found.update(parse(v).rank_axes())
+            except (ValueError, TypeError):
+                pass  # not a dim expression: never evaluated as one
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, dict):
