@@ -147,3 +147,12 @@ def test_rank_coordinate_in_another_spelling_is_rank_dependent(where, spelling):
     lnodes, pnodes = RANK_POSITIONS[where](spelling)
     p = _mesh2(lnodes, pnodes)
     _assert_wrong_not_verified(p)
+
+
+def test_stage_key_resolves_attributes_with_a_rank_in_any_spelling():
+    """Two stages whose attributes are written alike but resolve differently on their programs' ranks (a pipeline
+    stage coordinate) must not share a canonical form: the key's rank test reads the spelling the evaluator reads."""
+    from tvcert.kernel.memo import _mentions_rank
+
+    assert all(_mentions_rank({"start": [s]}) for s in ("ｒａｎｋ.pp*2", "(rank).pp", "rank . pp"))
+    assert not _mentions_rank({"start": ["n/2", 3]})

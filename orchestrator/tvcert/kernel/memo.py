@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 from ..graph import Graph
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Plan
+from ..shapes import rank_axes_in
 from .expr import Expr, Exprs, canon_attrs
 from .rules import Fact, RuleFailure, derive
 from .setup import kctx, rank0_env
@@ -111,9 +112,10 @@ def _resolved(n, env) -> str | None:
 
 
 def _mentions_rank(v) -> bool:
-    """Whether any string inside ``v`` contains ``rank`` (a superset of the rank coordinates it mentions)."""
+    """Whether any string inside ``v`` contains ``rank`` or a rank coordinate however spelled (``shapes.rank_axes_in``:
+    a full-width ``ｒａｎｋ.pp`` has no ASCII ``rank`` but evaluates to the coordinate)."""
     if isinstance(v, str):
-        return "rank" in v
+        return "rank" in v or bool(rank_axes_in(v))
     if isinstance(v, dict):
         return any(_mentions_rank(x) for x in v.values())
     if isinstance(v, (list, tuple)):
