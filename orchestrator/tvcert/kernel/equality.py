@@ -1,6 +1,6 @@
 """Deciding that two logical expressions denote the same tensor.
 
-Three certified steps, tried in order, each sound on its own:
+Five certified steps, tried in order, each sound on its own:
 
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
