@@ -951,8 +951,13 @@ def spmd_compress(per_rank: dict[tuple[int, ...], list[dict]], axes, sizes) -> t
     for c in coords[1:]:
         other = per_rank[c]
         if len(other) != len(base):
+            i = next((j for j, (m, n) in enumerate(zip(other, base)) if (m["op"], m["inputs"]) != (n["op"], n["inputs"])),
+                     min(len(other), len(base)))
+            at = "".join(f"; op {i} on rank {r}: {p[i]['op']} at {p[i].get('src')}" for r, p in ((coords[0], base), (c, other))
+                         if i < len(p))
             raise TraceError(f"rank {c} traces {len(other)} ops but rank {coords[0]} traces {len(base)}: "
-                             f"the ranks run different programs (no SPMD form)", "spmd")
+                             f"the ranks run different programs (no SPMD form){at}", "spmd",
+                             base[i]["op"] if i < len(base) else None, base[i].get("src") if i < len(base) else None)
     out = []
     for i, n in enumerate(base):
         n2 = dict(n)
