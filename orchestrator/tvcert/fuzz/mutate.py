@@ -335,6 +335,51 @@ def m_nested_rank_literal(plan, rng):
     return plan
 
 
+_DISGUISES = ("(rank).{a}", "rank . {a}", "\uff52\uff41\uff4e\uff4b.{a}")  # \uff52.. is a full-width "rank" (NFKC)
+
+
+def m_rank_respelled(plan, rng):
+    """Every rank coordinate of one attribute spelled another way the evaluator reads alike (``(rank).tp``,
+    ``rank . tp``, full-width letters): the plan means the same, so a checker that reads rank dependence off the
+    text differently from the evaluator shows up as a verdict change (the oracle still decides which is right)."""
+    cands = [(n["attrs"], k, path, text) for g in plan["parallel"] for n in g["nodes"]
+             for k, v in n.get("attrs", {}).items() for path, text in _rank_strings(v)]
+    if not cands:
+        return None
+    attrs, k, path, text = rng.choice(cands)
+    form = rng.choice(_DISGUISES)
+    replaced = _RANK_RE.sub(lambda m: form.format(a=m.group(1)), text)
+    if path:
+        _set_path(attrs[k], path, replaced)
+    else:
+        attrs[k] = replaced
+    return plan
+
+
+def m_rank_constant_disguised(plan, rng):
+    """``m_rank_constant`` (a rank-dependent scalar added to a float tensor: wrong on every rank but 0) with the
+    coordinate spelled so that a text scan for ``rank.<axis>`` misses it."""
+    prog = _prog(plan)
+    cands = _float_nodes(plan)
+    if not cands:
+        return None
+    i = rng.choice(cands)
+    n = prog["nodes"][i]
+    ax = rng.choice(_mesh_axes(plan))
+    val = rng.choice(_DISGUISES).format(a=ax)
+    if rng.random() < 0.5:
+        val = [[val]]
+        c, new = n["name"] + "_lit", n["name"] + "_plus"
+        prog["nodes"][i + 1:i + 1] = [{"name": c, "op": "const", "inputs": [], "attrs": {"value": val}},
+                                      {"name": new, "op": "add", "inputs": [n["name"], c]}]
+        _rename_uses(plan, i + 2, n["name"], new)
+        return plan
+    new = n["name"] + "_r"
+    prog["nodes"].insert(i + 1, {"name": new, "op": "add_scalar", "inputs": [n["name"]], "attrs": {"value": val}})
+    _rename_uses(plan, i + 1, n["name"], new)
+    return plan
+
+
 def m_unit_dim_elsewhere(plan, rng):
     """A mask or index given its unit dim in front instead of at the end (``unsqueeze(m, 0)``, an index reshaped
     to ``[1, n]``): the broadcast then pairs the wrong elements."""
@@ -500,6 +545,8 @@ MUTATIONS: dict[str, Callable] = {
     "reshape_transpose_order": m_reshape_transpose,
     "rank_other_axis": m_rank_other_axis,
     "nested_rank_literal": m_nested_rank_literal,
+    "rank_respelled": m_rank_respelled,
+    "rank_constant_disguised": m_rank_constant_disguised,
     "unit_dim_elsewhere": m_unit_dim_elsewhere,
     "collective_across_nonlinear": m_collective_across_nonlinear,
 }
