@@ -1,0 +1,427 @@
+"""Pipelines traced from ``torch.distributed.pipelining`` (issue 16): one program per pipeline stage.
+
+The spec builds the model, splits it into stages with its own code (``PipelineStage`` over the stage's
+layers, or ``pipeline()`` / ``SplitPoint``), builds PyTorch's schedule (``ScheduleGPipe``, ``Schedule1F1B``)
+and runs its training step (``schedule.step(...)``); :func:`trace_pipeline_plan` traces that step on every rank
+of the mesh on the fake process group, unmodified:
+
+* **Stage programs.** The schedule's forward and backward of every micro-batch, the gradient accumulation
+  into ``.grad`` over micro-batches and the schedule's own gradient scaling (``scale_grads``: ``div_`` by the
+  number of micro-batches) are ATen ops of the traced step.  Ranks with the same pipeline coordinate run one
+  SPMD program (over the other mesh axes, e.g. ``tp``), pinned to that stage (``stage: {pp: s}``).
+* **send / recv.** ``dist.isend`` / ``dist.irecv`` / ``batch_isend_irecv`` / ``send`` / ``recv`` (what
+  ``P2POp`` and the schedule's ``_batch_p2p`` call) are traced as IR ``send`` / ``recv`` with the real peer:
+  the peer's global rank is resolved through its process group to mesh coordinates.  A transfer between
+  ranks that differ on one mesh axis (the pipeline axis) is a send / recv on that axis; any other peer
+  (itself, or a rank differing on another axis too) is UNKNOWN naming the op and line.  The tag is what
+  pairs them on the hardware: p2p messages between two ranks on one communicator are matched in order,
+  so the k-th send from a to b on group g is received by b's k-th recv from a on g (tag ``"<group>.<k>"``).
+  A schedule whose sends and recvs do not pair that way is rejected by the plan loader (never VERIFIED).
+* **Warm-up.** ``PipelineStage``'s first step runs a vote (``_warmup_p2p``: the product of every stage's
+  "static metadata" vote, sent around the ring) to choose static or dynamic shape inference.  Each rank's
+  own vote is computed as PyTorch does; a stage whose metadata is incomplete (dynamic inference, which
+  exchanges pickled objects) is UNKNOWN, so when every rank traces, every vote was static and the product
+  the protocol would compute is STATIC: that is what the traced stages are given.
+* **Checked against the unsplit model** on the full batch: the logical loss and the gradient of every
+  parameter.  Each parameter is an input of the stage that holds it; a parameter held by no stage or by
+  two is bad input.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import Any, Callable, Mapping
+
+from . import trace as T
+from .aten import reg
+from .trace import TraceError
+
+_OPS_DEFINED = False
+_LIB = None  # keeps the op library alive
+
+
+def _define_ops() -> None:
+    """``tvcert_p2p::send`` / ``tvcert_p2p::recv``: opaque ops make_fx records in program order; the
+    converter turns them into the IR's send / recv (axis, peer coordinate and tag resolved at trace time)."""
+    global _OPS_DEFINED
+    if _OPS_DEFINED:
+        return
+    import torch
+
+    global _LIB
+    _LIB = torch.library.Library("tvcert_p2p", "DEF")
+    _LIB.define("send(Tensor x, str axis, int to, str tag) -> ()")
+    _LIB.define("recv(int[] shape, ScalarType dtype, str axis, int src, str tag) -> Tensor")
+    _LIB.impl("send", lambda x, axis, to, tag: None, "CompositeExplicitAutograd")
+    _LIB.impl("recv", lambda shape, dtype, axis, src, tag: torch.zeros(shape, dtype=dtype), "CompositeExplicitAutograd")
+    torch.library.register_fake("tvcert_p2p::send", lambda x, axis, to, tag: None, lib=_LIB)
+    torch.library.register_fake("tvcert_p2p::recv", lambda shape, dtype, axis, src, tag: torch.empty(shape, dtype=dtype),
+                                lib=_LIB)
+    _OPS_DEFINED = True
+
+
+@reg("tvcert_p2p.send")
+def _conv_send(c, n, x, axis, to, tag):
+    return c.emit("send", [c.ir(x)], {"axis": axis, "to": int(to), "tag": tag}, n_out=0)
+
+
+@reg("tvcert_p2p.recv")
+def _conv_recv(c, n, shape, dtype, axis, src, tag):
+    dt = "float" if dtype.is_floating_point else "int"
+    return c.emit("recv", [], {"axis": axis, "src": int(src), "tag": tag, "shape": [int(s) for s in shape],
+                               **({"dtype": dt} if dt != "float" else {})})
+
+
+class _Done:
+    """The Work a traced send / recv returns: the transfer is an op of the program, complete at once."""
+
+    def wait(self, *a, **k):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+class _P2P:
+    """The rank's point-to-point calls as traced send / recv ops, with per-(group, peer, direction) counters."""
+
+    def __init__(self, ctx: T.MeshCtx, resolve: Callable[[Any], Any]):
+        self.ctx = ctx
+        self.resolve = resolve
+        self.count: dict[tuple, int] = defaultdict(int)
+
+    def _where(self, group, peer, group_peer, what: str):
+        import torch.distributed.distributed_c10d as c10d
+
+        g = group if group is not None else c10d._get_default_group()
+        glob = c10d._canonicalize_group_rank(g, peer, group_peer, return_global=True)
+        mine = T.coords_of(self.ctx.rank, self.ctx.sizes)
+        theirs = T.coords_of(glob, self.ctx.sizes)
+        diff = [a for a, x, y in zip(self.ctx.axes, mine, theirs) if x != y]
+        if len(diff) != 1:
+            there = dict(zip(self.ctx.axes, theirs))
+            why = "itself" if not diff else f"rank {glob} {there}, which differs on axes {diff}"
+            raise TraceError(f"a {what} on rank {self.ctx.rank} {dict(zip(self.ctx.axes, mine))} goes to {why}: only "
+                             f"transfers along one mesh axis (between pipeline stages) are traced", "unsupported",
+                             f"dist.{what}", _caller())
+        try:
+            gname = self.resolve(g)
+        except KeyError:
+            gname = "world"
+        gname = gname if isinstance(gname, str) else "+".join(gname)
+        axis = diff[0]
+        return axis, theirs[self.ctx.axes.index(axis)], gname, glob
+
+    def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        import torch
+
+        axis, to, gname, glob = self._where(group, dst, group_dst, "isend")
+        k = self.count[(gname, glob, "send")]
+        self.count[(gname, glob, "send")] += 1
+        torch.ops.tvcert_p2p.send(tensor, axis, int(to), f"{gname}.{k}")
+        return _Done()
+
+    def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        import torch
+
+        axis, frm, gname, glob = self._where(group, src, group_src, "irecv")
+        k = self.count[(gname, glob, "recv")]
+        self.count[(gname, glob, "recv")] += 1
+        got = torch.ops.tvcert_p2p.recv([int(s) for s in tensor.shape], tensor.dtype, axis, int(frm), f"{gname}.{k}")
+        with torch.no_grad():
+            tensor.copy_(got)
+        return _Done()
+
+    def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        self.isend(tensor, dst, group, tag, group_dst)
+
+    def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        self.irecv(tensor, src, group, tag, group_src)
+        return src
+
+    def batch_isend_irecv(self, ops):
+        return [op.op(op.tensor, group=op.group, tag=op.tag,
+                      **({"group_dst": op.group_peer} if op.op == self.isend else {"group_src": op.group_peer}))
+                for op in ops]
+
+
+def _caller() -> str | None:
+    import traceback
+
+    for fr in reversed(traceback.extract_stack()[:-2]):
+        if "torch/" not in fr.filename and "/tvcert/" not in fr.filename:
+            return f"{fr.filename.rsplit('/', 1)[-1]}:{fr.lineno}"
+    return None
+
+
+@contextlib.contextmanager
+def _captured_p2p(ctx: T.MeshCtx, resolve):
+    """``torch.distributed``'s point-to-point functions as traced send / recv (``P2POp`` checks its op against
+    the module's ``isend`` / ``irecv``, so both modules are patched with the same functions), and the schedule's
+    warm-up vote settled as described in the module docstring."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.pipelining import schedules
+
+    _define_ops()
+    p = _P2P(ctx, resolve)
+    names = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
+    saved = [(m, nm, getattr(m, nm)) for m in (dist, c10d) for nm in names]
+    for m in (dist, c10d):
+        for nm in names:
+            setattr(m, nm, getattr(p, nm))
+    old_warm = schedules._PipelineSchedule._warmup_p2p
+    schedules._PipelineSchedule._warmup_p2p = _static_warmup
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = old_warm
+        for m, nm, f in saved:
+            setattr(m, nm, f)
+
+
+def _static_warmup(self, stages, has_backward, p2p_done):  # noqa: ARG001
+    from torch.distributed.pipelining._utils import InferenceMode
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    for st in stages:
+        if not isinstance(st, PipelineStage):
+            raise TraceError(f"stage {getattr(st, 'stage_index', '?')} is a {type(st).__name__}, not a PipelineStage: "
+                             f"its p2p warm-up is not traced", "unsupported", type(st).__name__)
+        if InferenceMode.needs_dynamic(st._user_meta, has_backward):
+            raise TraceError(f"PipelineStage {st.stage_index} infers its shapes at the first step (dynamic metadata: "
+                             f"input_args / output_args not given, or DTensors without input_grads / output_grads), "
+                             f"which exchanges pickled objects between ranks that the trace cannot run; give the "
+                             f"stage its example input_args and output_args", "unsupported", "PipelineStage")
+        st._inference_mode = InferenceMode.STATIC
+
+
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+def _default_step(schedule, ctx, pp_axis, x, target):
+    """torchtitan's training step (``train.py``): the first stage feeds the inputs, the last one the targets and
+    collects the micro-batch losses; the reported loss is their mean."""
+    import torch
+
+    s, n = ctx.coord(pp_axis), ctx.size(pp_axis)
+    losses: list = []
+    schedule.step(*(x,) if s == 0 else (), target=target if s == n - 1 else None,
+                  losses=losses if s == n - 1 else None)
+    return torch.mean(torch.stack(losses)) if s == n - 1 else None
+
+
+def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[Any, Any], Any],
+                        make_schedule: Callable[[Any, Any], Any], loss_fn: Callable[..., Any], *,
+                        data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int], pp_axis: str = "pp",
+                        step: Callable[..., Any] | None = None, name: str = "pipeline", reference: str = "microbatches",
+                        output_placements: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+    """Trace a ``torch.distributed.pipelining`` training step into a plan with one program per stage.
+
+    ``model_factory()`` builds the unsplit model (the logical model: ``loss_fn(model(first data input),
+    *other data inputs)`` on the full batch); ``make_stage(model, ctx)`` is the rank's own code building its
+    ``PipelineStage`` from a fresh model (``ctx.coord(pp_axis)``, ``ctx.group(pp_axis)``); ``make_schedule(stage,
+    ctx)`` builds the schedule; ``step(schedule, ctx, **data)`` runs one training step and returns the loss on the
+    last stage and None elsewhere (default: torchtitan's step, the mean of the micro-batch losses).  ``data``:
+    name -> input spec (:func:`.trace.trace_plan`), the whole batch on every rank of the stage that reads it.
+    Parameters are read by identity: every parameter of the stage's module is a parameter of the model."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    mesh = {str(a): int(s) for a, s in mesh.items()}
+    if reference not in ("microbatches", "full"):
+        raise TraceError(f"reference must be 'microbatches' or 'full', got {reference!r}", "input")
+    if pp_axis not in mesh:
+        raise TraceError(f"the pipeline axis {pp_axis!r} is not a mesh axis {list(mesh)}", "input")
+    logical_model = model_factory()
+    pnames = [n for n, _ in logical_model.named_parameters()]
+    if any(True for _ in logical_model.named_buffers()):
+        raise TraceError("module buffers are not traced under pipelining (give them as parameters or data)",
+                         "unsupported", "buffer")
+    dnames = list(data)
+    inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True,
+                                          "dtype": str(p.dtype).removeprefix("torch.")}
+                               for n, p in logical_model.named_parameters()}
+    inputs.update({n: dict(v) for n, v in data.items()})
+    specs = T._parse_inputs(inputs, mesh)
+    names = [s.name for s in specs]
+    axes, sizes = tuple(mesh), tuple(mesh.values())
+    pi = axes.index(pp_axis)
+    world = 1
+    for s in sizes:
+        world *= s
+    run_step = step or (lambda sch, ctx, **d: _default_step(sch, ctx, pp_axis, *[d[k] for k in dnames]))
+
+    lshapes = [T.local_shape(s, mesh) for s in specs]
+    per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
+    stage_outs: dict[int, list[str]] = {}
+    stage_onames: dict[int, list[str]] = {}
+    holder: dict[str, int] = {}
+    n_mbs: dict[int, int] = {}
+    for r in range(world):
+        c = T.coords_of(r, sizes)
+        st = c[pi]
+        T._progress_where = f"rank {r + 1}/{world}"
+        T._tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
+        with T.fake_world(r, world):
+            dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
+            ctx = T.MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
+            model = model_factory()
+            by_id = {id(p): n for n, p in model.named_parameters()}
+            try:
+                stage = make_stage(model, ctx)
+                sched = make_schedule(stage, ctx)
+                n_mbs[r] = int(sched._n_microbatches)
+            except TraceError:
+                raise
+            except Exception as exc:
+                src = T._exc_src(exc)
+                raise TraceError(f"building pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
+                                 f"{type(exc).__name__}: {exc}", "crash", None, src) from exc
+            held = {}
+            for sn, p in stage.submod.named_parameters():
+                if id(p) not in by_id:
+                    raise TraceError(f"parameter {sn!r} of stage {st}'s module is not a parameter of the model",
+                                     "input")
+                held[sn] = by_id[id(p)]
+            for ln in held.values():
+                if holder.setdefault(ln, st) != st:
+                    raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
+                                     f"not traced", "unsupported", "tied parameter")
+            resolve = T._axis_resolver(axes, sizes, r)
+
+            def parallel(ctx_, **kw):
+                leaves = {sn: kw[_safe(ln)] for sn, ln in held.items()}
+                with _reparametrize_module(stage.submod, leaves), _captured_p2p(ctx_, resolve):
+                    loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
+                out = {} if loss is None else {"loss": loss}
+                for sn, ln in held.items():
+                    g = leaves[sn].grad
+                    out[f"grad_{_safe(ln)}"] = torch.zeros_like(leaves[sn]) if g is None else g
+                if not out:
+                    raise TraceError(f"stage {st} holds no parameters and returns no loss", "input")
+                return out
+
+            try:
+                gm_r, pout_names = T._trace_joint(parallel, specs, lshapes, pre_args=(ctx,))
+            except TraceError:
+                raise
+            except Exception as exc:
+                src = T._exc_src(exc)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])
+                raise TraceError(f"the pipeline step fails on rank {r} (coordinates {dict(zip(axes, c))})"
+                                 f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
+                                 "crash", None, src) from exc
+            pnodes, pouts = T._convert(gm_r, names, resolve, mesh)
+        nodes_j, outs_j = T._finish_outputs(pnodes, pouts, pout_names, names)
+        if st in stage_outs and (stage_onames[st], stage_outs[st]) != (pout_names, outs_j):
+            raise TraceError(f"rank {r} returns different tensors than the other ranks of stage {st}", "spmd")
+        stage_outs[st], stage_onames[st] = outs_j, pout_names
+        per_stage[st][tuple(x for i, x in enumerate(c) if i != pi)] = nodes_j
+    T._progress_where = ""
+    n_mb = sorted(set(n_mbs.values()))
+    if len(n_mb) != 1:
+        raise TraceError(f"the ranks' schedules split the batch into different numbers of micro-batches {n_mb}",
+                         "spmd")
+    n_mb = n_mb[0]
+
+    def logical(**kw):
+        st = {n: kw[_safe(n)] for n in pnames}
+        d = [kw[k] for k in dnames]
+        if reference == "full" or n_mb == 1:
+            return loss_fn(torch.func.functional_call(logical_model, st, (d[0],)), *d[1:])
+        # single-device gradient accumulation: each micro-batch's mean loss back-propagated into .grad, the
+        # gradients divided by the number of micro-batches, the reported loss the micro-batch losses' mean
+        chunks = [torch.tensor_split(t, n_mb, 0) for t in d]  # the schedule's split (microbatch._split_tensor)
+        losses = []
+        for k in range(n_mb):
+            out = torch.func.functional_call(logical_model, st, (chunks[0][k],))
+            losses.append(loss_fn(out, *[t[k] for t in chunks[1:]]))
+            losses[-1].backward()
+        for p in st.values():
+            p.grad.div_(n_mb)
+        return torch.mean(torch.stack([x.detach() for x in losses]))
+
+    T._progress_where = "logical model"
+    T._tick("tracing the logical model")
+    try:
+        gm, out_names = T._trace_joint(logical, specs, [s.shape for s in specs])
+    except TraceError:
+        raise
+    except Exception as exc:
+        src = T._exc_src(exc)
+        raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
+                         "input", None, src) from exc
+    lnodes, louts = T._convert(gm, names)
+    T._default_int_ranges(specs, [n.to_json() for n in lnodes])
+    lnodes_j, lout_j = T._finish_outputs(lnodes, louts, out_names, names)
+
+    missing = [n for n in pnames if n not in holder]
+    if missing:
+        raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
+    if sorted(o for s in stage_onames.values() for o in s) != sorted(out_names):
+        raise TraceError(f"the stages' outputs {sorted(o for s in stage_onames.values() for o in s)} are not the "
+                         f"logical model's {sorted(out_names)} (the loss is returned by the last stage only)", "input")
+    oaxes = tuple(a for a in axes if a != pp_axis)
+    osizes = tuple(s for a, s in zip(axes, sizes) if a != pp_axis)
+    spec_of = {s.name: (s, sh) for s, sh in zip(specs, lshapes)}
+    programs, bind, notes = [], {}, []
+    for st in sorted(per_stage):
+        nodes, nts = T.spmd_compress(per_stage[st], oaxes, osizes)
+        notes += [f"stage {st}: {x}" for x in nts]
+        pname = f"stage{st}"
+        used = {i for nd in nodes for i in nd.get("inputs", [])} | set(stage_outs[st])
+        mine = [s.name for s in specs if (s.param and holder.get(_param_of(s.name, pnames)) == st)
+                or (not s.param and s.name in used)]
+        for nm in mine:
+            if nm in bind:
+                raise TraceError(f"input {nm!r} is read by stages {bind[nm]} and {st}: a logical input lives on one "
+                                 f"stage", "unsupported", "input on two stages")
+            bind[nm] = st
+        programs.append({"name": pname, "stage": {pp_axis: st},
+                         "inputs": [_decl(spec_of[nm][0], spec_of[nm][1]) for nm in mine],
+                         "nodes": nodes, "outputs": list(stage_outs[st])})
+    unread = [nm for nm in names if nm not in bind]
+    if unread:
+        raise TraceError(f"data inputs {unread} are read by no stage", "input")
+    in_pl = {s.name: {"local": s.name, "program": f"stage{bind[s.name]}", "placement": dict(s.placement)}
+             for s in specs}
+    out_pl = {}
+    for st in sorted(stage_outs):
+        for o, local in zip(stage_onames[st], stage_outs[st]):
+            out_pl[o] = {"local": local, "program": f"stage{st}", **T._output_binding(o, specs)}
+    for k, v in (output_placements or {}).items():
+        if k not in out_pl:
+            raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
+        out_pl[k]["placement"] = dict(v)
+    plan = {
+        "tvcert_plan": 1, "name": name,
+        "description": f"traced from torch.distributed.pipelining ({type(sched).__name__}, {pp_axis}={mesh[pp_axis]}, "
+                       f"{n_mb} micro-batches); logical: "
+                       + ("the unsplit model on the full batch" if reference == "full" or n_mb == 1 else
+                          f"the unsplit model's mean loss over the same {n_mb} micro-batches (gradient accumulation)")
+                       + ("; rank-dependent attributes: " + "; ".join(notes) if notes else ""),
+        "dims": dict(mesh), "mesh": {a: a for a in mesh},
+        "logical": {"inputs": [_decl(s, s.shape) for s in specs], "nodes": lnodes_j, "outputs": lout_j},
+        "parallel": programs, "inputs": in_pl, "outputs": out_pl,
+    }
+    from ..plan import PlanError, load_plan
+
+    try:
+        load_plan(plan)
+    except PlanError as exc:
+        raise TraceError(f"the traced pipeline does not form a valid plan: {exc}", "spmd") from None
+    return plan
+
+
+def _param_of(safe: str, pnames) -> str | None:
+    return next((p for p in pnames if _safe(p) == safe), None)
+
+
+def _decl(s, shape) -> dict:
+    d = {"name": s.name, "shape": list(shape), "dtype": s.dtype}
+    if s.range is not None:
+        d["range"] = int(s.range)
+    return d
