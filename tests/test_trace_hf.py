@@ -67,6 +67,9 @@ def test_hf_qwen3_lazy_grad_allreduce_hook_verifies_and_its_absence_is_refuted()
     assert res.verdict == "REFUTED"
     assert [o["name"] for o in res.counterexample["outputs"] if not o["equal"]] == \
         ["grad_model__layers__0__self_attn__q_norm__weight"]
+    fd = res.counterexample["first_divergence"]  # every op explained: the output read back as Replicate is named
+    assert fd["src"].startswith("modeling_qwen3.py:") and "in module model.layers.0.self_attn.q_norm" in fd["text"]
+    assert "Partial(sum)" in fd["text"]
 
 
 def test_hf_phi3_fused_qkv_colwise_is_refuted_at_the_split():

@@ -38,13 +38,19 @@ class Divergence:
     src: str | None
     inputs: dict[str, str]  # input tensor -> explanation text
     sample: dict[str, list]  # a few rank-local values
+    module: str | None = None  # the user's module path (traced plans)
+    note: str | None = None  # set when every op is explained and an output is read back wrongly
 
     def describe(self) -> str:
         where = f" ({self.src})" if self.src else ""
+        mod = f" in module {self.module}" if self.module else ""
+        if self.note:
+            return (f"first divergence: output {self.note}; it is produced by op {self.op!r} ({self.tensor!r}) at "
+                    f"{self.node_path}{where}{mod}")
         ins = "; ".join(f"{k} = {v}" for k, v in self.inputs.items()) or "no tensor inputs"
         hints = [f"input {k} is still a partial result ({v.split(' as ')[1]}): is a reduction missing before this op?"
                  for k, v in self.inputs.items() if " as " in v and "Partial" in v]
-        return (f"first divergence: op {self.op!r} producing {self.tensor!r} at {self.node_path}{where} "
+        return (f"first divergence: op {self.op!r} producing {self.tensor!r} at {self.node_path}{where}{mod} "
                 f"in program {self.program!r}: its inputs are explained ({ins}), but its result equals no logical "
                 f"tensor under any placement" + "".join(f"\n  hint: {h}" for h in hints))
 
@@ -153,8 +159,36 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
             if ex is None:
                 ranks = res.mesh.ranks(g.stage)
                 sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}
-                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, sample)
+                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, sample,
+                                  _module(n))
             kn[o] = str(ex)
+    return _output_misread(plan, res, known)
+
+
+def _module(n) -> str | None:
+    return (getattr(n, "meta", None) or {}).get("module")
+
+
+def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str, str]]) -> Divergence | None:
+    """Every op is explained, yet an output differs: its tensor is a logical tensor under another placement
+    than the plan declares (a gradient still Partial where Replicate is declared: a missing reduction).  The
+    op that produced it is named."""
+    for o in res.outputs:
+        b = plan.outputs.get(o.name)
+        if o.equal or b is None or b.local not in known.get(b.program, {}):
+            continue
+        g = plan.programs[b.program]
+        i = next((k for k in range(len(g.nodes) - 1, -1, -1) if b.local in g.nodes[k].outputs), None)
+        if i is None:
+            continue
+        n = g.nodes[i]
+        got = known[b.program][b.local]
+        hint = " (is a reduction missing before it?)" if " as " in got and "Partial" in got.split(" as ")[1] else ""
+        declared = fmt_placement(b.placement) if b.placement else "Replicate on every mesh axis"
+        note = f"{o.name} is {got}, but the plan declares {declared}{hint}"
+        ranks = res.mesh.ranks(g.stage)
+        sample = {str(list(r)): _short(res.parallel.values[b.program][r][b.local]) for r in ranks[:4]}
+        return Divergence(b.program, n.path, n.op, b.local, n.src, {b.local: got}, sample, _module(n), note)
     return None
 
 

@@ -869,11 +869,16 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
     log.setLevel(logging.CRITICAL)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from . import grad_origin
+
     try:
-        with _user_stack_traces(), fxtb.preserve_node_meta(), _module_paths(), sdpa_kernel([SDPBackend.MATH]):
+        sites: set = set()  # backward ops get their forward op's line and module (grad_origin)
+        with _user_stack_traces(), fxtb.preserve_node_meta(), _module_paths(), sdpa_kernel([SDPBackend.MATH]), \
+                grad_origin.backward_origins(sites):
             gm = make_fx(joint if joint_transform is None else joint_transform(joint), tracing_mode="fake",
                          record_stack_traces=True,
                          decomposition_table=decompositions())(*xs)
+        grad_origin.copy_forward_origins(gm, sites, src_of)
     finally:
         log.setLevel(level)
     return gm, list(out_names)
