@@ -71,6 +71,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..plan import PlanError, load_plan, parse_placement
 from .aten import Converter, IRNode, Unconverted, fuse_collectives
+from .rank_workers import default_jobs, map_ranks
 
 
 class TraceError(Exception):
@@ -84,6 +85,9 @@ class TraceError(Exception):
         self.kind = kind
         self.op = op
         self.src = src
+
+    def __reduce__(self):  # from a worker process (rank_workers) with its kind, op and source line
+        return (type(self), (str(self), self.kind, self.op, self.src))
 
 
 # ====================================================================== mesh context
@@ -215,29 +219,58 @@ def _user_stack_traces():
     """Record on every fx node the user frames below the traced joint function.
 
     ``make_fx(record_stack_traces=True)`` keeps only frames named ``forward``; plain functions
-    (hand-written layers) would get no location, so the filter is replaced while tracing."""
+    (hand-written layers) would get no location, so the frames are chosen here: those inside the innermost
+    ``joint`` frame of this package, without torch's, this package's and :data:`SKIP_FRAME_DIRS`' own.
+    They are read straight off the live frames (``sys._getframe``), without symbolizing the whole stack or
+    reading source lines (only ``file:line`` is used, :func:`src_of`): that was a fifth of the tracing time."""
     import torch
     import torch.fx.proxy as fxp
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    old = fxp.TracerBase._filter_traceback_frames
+    skip = (torch_dir, _FRONTEND_DIR, *SKIP_FRAME_DIRS)
+    kept_file: dict[str, bool] = {}  # code filename -> not under a skipped directory
+    joint_file: dict[str, bool] = {}  # code filename -> in this package
 
-    def filt(self, summary):
-        frames = list(summary)
-        last = -1
-        for i, fr in enumerate(frames):
-            if os.path.abspath(fr.filename).startswith(_FRONTEND_DIR) and fr.name == "joint":
-                last = i
-        skip = (torch_dir, _FRONTEND_DIR, *SKIP_FRAME_DIRS)
-        kept = [fr for fr in frames[last + 1:] if not os.path.abspath(fr.filename).startswith(skip)] \
-            if last >= 0 else []
-        return traceback.StackSummary.from_list(kept)
+    class _Stack:
+        __slots__ = ("frame",)
 
-    fxp.TracerBase._filter_traceback_frames = filt
+        def __init__(self, frame):
+            self.frame = frame
+
+        @staticmethod
+        def extract(*, script=False, cpp=False, skip=0):
+            return _Stack(sys._getframe(1))
+
+        def summary(self):
+            frames = []
+            f = self.frame
+            while f is not None:
+                fn = f.f_code.co_filename
+                if f.f_code.co_name == "joint":
+                    inside = joint_file.get(fn)
+                    if inside is None:
+                        inside = joint_file[fn] = os.path.abspath(fn).startswith(_FRONTEND_DIR)
+                    if inside:
+                        break
+                keep = kept_file.get(fn)
+                if keep is None:
+                    keep = kept_file[fn] = not os.path.abspath(fn).startswith(skip)
+                if keep:
+                    frames.append(traceback.FrameSummary(fn, f.f_lineno, f.f_code.co_name, lookup_line=False,
+                                                         line=""))
+                f = f.f_back
+            if f is None:  # not below the joint function: no user location
+                return traceback.StackSummary()
+            return traceback.StackSummary.from_list(frames[::-1])
+
+    old_filter, old_tb = fxp.TracerBase._filter_traceback_frames, fxp.CapturedTraceback
+    fxp.TracerBase._filter_traceback_frames = lambda self, summary: summary
+    fxp.CapturedTraceback = _Stack
     try:
         yield
     finally:
-        fxp.TracerBase._filter_traceback_frames = old
+        fxp.TracerBase._filter_traceback_frames = old_filter
+        fxp.CapturedTraceback = old_tb
 
 
 # A transform of the joint function before make_fx traces it (``functional.functionalized``, set by a front end
@@ -247,6 +280,11 @@ joint_transform: Optional[Callable[[Callable], Callable]] = None
 # Progress of a long trace (tvcert.progress.Progress.tick, set by the CLI): called with one line of text.
 progress_hook: Optional[Callable[[str], None]] = None
 _progress_where = ""  # "rank 2/4" while a rank is traced
+# Worker processes tracing ranks at once (:mod:`.rank_workers`); None: ``TVCERT_TRACE_JOBS``, else 1 (set by the CLI's
+# ``--jobs``).
+rank_jobs: Optional[int] = None
+# Called once per trace_plan with {"world", "traced_ranks", "jobs"} (bench/trace_cost.py); None: not called.
+stats_hook: Optional[Callable[[dict], None]] = None
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)$")
 
 
@@ -1052,7 +1090,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     lshapes = [local_shape(s, mesh) for s in specs]
     per_rank: dict[tuple[int, ...], list[dict]] = {}
     pouts_ref = None
-    for r in range(world):
+
+    def one_rank(r: int):
+        global _progress_where
         c = coords_of(r, sizes)
         _progress_where = f"rank {r + 1}/{world}"
         _tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
@@ -1083,12 +1123,22 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
                              "input")
         pouts = [pouts[pout_names.index(o)] for o in out_names]
-        nodes_j, outs_j = _finish_outputs(pnodes, pouts, out_names, names)
+        return _finish_outputs(pnodes, pouts, out_names, names)
+
+    try:
+        jobs = rank_jobs if rank_jobs is not None else default_jobs()
+    except ValueError as exc:
+        raise TraceError(str(exc), "input") from None
+    for r, (nodes_j, outs_j) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
         if pouts_ref is None:
             pouts_ref = outs_j
         elif outs_j != pouts_ref:
             raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
-        per_rank[c] = nodes_j
+        per_rank[coords_of(r, sizes)] = nodes_j
+        if jobs > 1:
+            _tick(f"traced {r + 1}/{world} ranks")
+    if stats_hook is not None:
+        stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world)})
     _progress_where = ""
     pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
 

@@ -1,0 +1,169 @@
+"""Tracing cost of the PyTorch front end over the mesh size and the depth (issue 16): where the time goes.
+
+    PYTHONPATH=orchestrator python bench/trace_cost.py [--ranks 2,4,8,16,64] [--layers 1,2,4,8,32]
+        [--budget 120] [--verify] [--all-ranks] [--md]
+
+Each cell traces torchtitan's Llama 3 (the debug flavour's structure: fused QKV, complex RoPE, SwiGLU, untied
+head; dim 64, 8 heads) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
+to 16 ranks and dp 8 x tp 8 at 64 -- in a fresh subprocess, and prints the seconds spent tracing (make_fx of
+the joint forward + backward), converting (ATen -> IR), the rest of ``trace_plan`` (rank-class bookkeeping,
+SPMD compression, validation), verifying (``--verify``), the ranks traced against the mesh size, and the peak
+RSS.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
+printed as such.  ``--all-ranks`` sets ``TVCERT_TRACE_ALL_RANKS=1`` (every rank traced, the reference path).
+Figures, never asserts: this machine is shared and noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CELL = r"""
+import json, resource, sys, time
+t_start = time.perf_counter()
+from tvcert.frontends import trace as T
+from tvcert.frontends.titan_config import load_job
+from tvcert.frontends.torchtitan import trace_titan_job
+acc = {"trace": 0.0, "convert": 0.0}
+def timed(key, f):
+    def g(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[key] += time.perf_counter() - t
+    return g
+T._trace_joint = timed("trace", T._trace_joint)
+T._convert = timed("convert", T._convert)
+stats = {}
+T.stats_hook = stats.update
+a = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+plan = trace_titan_job(load_job(a["config"], "llama3-debug"), layers=a["layers"])
+t1 = time.perf_counter()
+out = {"trace_s": acc["trace"], "convert_s": acc["convert"], "other_s": (t1 - t0) - acc["trace"] - acc["convert"],
+       "plan_s": t1 - t0, "import_s": t0 - t_start, "ops": len(plan["parallel"][0]["nodes"]),
+       "traced_ranks": stats.get("traced_ranks"), "world": stats.get("world")}
+if a["verify"]:
+    from tvcert.plan import load_plan
+    from tvcert.engine.verify import verify
+    t2 = time.perf_counter()
+    res = verify(load_plan(plan))
+    out["verify_s"] = time.perf_counter() - t2
+    out["verdict"] = res.verdict
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print("RESULT " + json.dumps(out))
+"""
+
+TOML = """[model]
+name = "llama3"
+flavor = "debugmodel"
+
+[training]
+local_batch_size = 1
+seq_len = 8
+mixed_precision_param = "float32"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = {dp}
+tensor_parallel_degree = {tp}
+enable_sequence_parallel = true
+
+[activation_checkpoint]
+mode = "none"
+"""
+
+
+def mesh_of(ranks: int) -> tuple[int, int]:
+    """(dp, tp) of a cell: tp 2 (dp = ranks / 2) up to 16 ranks, dp 8 x tp 8 at 64."""
+    if ranks == 64:
+        return 8, 8
+    if ranks < 2 or ranks % 2:
+        raise SystemExit(f"--ranks {ranks}: an even number of ranks (dp x tp 2), or 64 (dp 8 x tp 8)")
+    return ranks // 2, 2
+
+
+def run_cell(ranks: int, layers: int, verify: bool, all_ranks: bool, tmp: Path) -> dict:
+    dp, tp = mesh_of(ranks)
+    cfg = tmp / f"dp{dp}_tp{tp}.toml"
+    cfg.write_text(TOML.format(dp=dp, tp=tp))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "orchestrator"))
+    env.pop("TVCERT_TRACE_ALL_RANKS", None)
+    if all_ranks:
+        env["TVCERT_TRACE_ALL_RANKS"] = "1"
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CELL, json.dumps({"config": str(cfg), "layers": layers,
+                                                                 "verify": verify})],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        err = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, "error": err[:200]}
+    out = json.loads(line[7:])
+    if out.get("traced_ranks") is None:  # a tracer without rank classes traces every rank
+        out["traced_ranks"] = out["world"] = ranks
+    return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, **out}
+
+
+def fmt(r: dict) -> str:
+    if "skipped" in r:
+        return f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | skipped: predicted {r['skipped']:.0f} s |" \
+               + " |" * 8
+    if "error" in r:
+        return f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | error: {r['error']} |" + " |" * 8
+    v = f"{r['verify_s']:.1f}" if "verify_s" in r else "-"
+    return (f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | {r['traced_ranks']}/{r['world']} | "
+            f"{r['trace_s']:.1f} | {r['convert_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | "
+            f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} |")
+
+
+HEADER = ("| ranks | layers | ranks traced | trace s | convert s | other s | verify s | verdict | wall s | "
+          "peak RSS MB | parallel ops |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="2,4,8,16,64")
+    ap.add_argument("--layers", default="1,2,4,8,32")
+    ap.add_argument("--budget", type=float, default=120.0, help="skip a cell predicted to take longer (s)")
+    ap.add_argument("--verify", action="store_true", help="also verify each traced plan")
+    ap.add_argument("--all-ranks", action="store_true", help="trace every rank (TVCERT_TRACE_ALL_RANKS=1)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    ranks = [int(x) for x in a.ranks.split(",")]
+    layers = [int(x) for x in a.layers.split(",")]
+    rows: list[dict] = []
+    per_unit: float | None = None  # seconds per traced rank per layer, from the cells so far
+    print(HEADER, flush=True)
+    with tempfile.TemporaryDirectory() as td:
+        for rk in ranks:
+            for ly in layers:
+                dp, tp = mesh_of(rk)
+                if per_unit is not None:
+                    guess = 8 + per_unit * (rk if a.all_ranks else min(rk, 2 * tp)) * (ly + 1)
+                    if guess > a.budget:
+                        r = {"ranks": rk, "dp": dp, "tp": tp, "layers": ly, "skipped": guess}
+                        rows.append(r)
+                        print(fmt(r), flush=True)
+                        continue
+                r = run_cell(rk, ly, a.verify, a.all_ranks, Path(td))
+                rows.append(r)
+                print(fmt(r), flush=True)
+                if "error" not in r and r.get("traced_ranks"):
+                    per_unit = max(per_unit or 0.0, (r["trace_s"] + r["convert_s"]) / (r["traced_ranks"] * (ly + 1)))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Tracing cost (issue 16): ranks traced by forked worker processes give exactly the plan -- or exactly the error --
+of the sequential per-rank loop, also when one rank (rank 5 of a dp 2 x tp 4 mesh) runs a different program; the
+source locations read off the live frames name the user's lines."""
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+from tvcert.engine.verify import verify  # noqa: E402
+from tvcert.frontends import trace as T  # noqa: E402
+from tvcert.frontends.trace import TraceError, trace_plan  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+B, H, F = 2, 4, 8
+MESH = {"dp": 2, "tp": 4}
+INPUTS = {"x": {"shape": [B * 2, H], "placement": {"dp": "Shard(0)"}},
+          "w1": {"shape": [H, F], "placement": {"tp": "Shard(1)"}, "param": True},
+          "w2": {"shape": [F, H], "placement": {"tp": "Shard(0)"}, "param": True}}
+
+
+def logical(x, w1, w2):
+    return (torch.tanh(x @ w1) @ w2).pow(2).sum()
+
+
+class Copy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return funcol.all_reduce(g, "sum", ctx.group), None
+
+
+class Reduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return funcol.all_reduce(x, "sum", group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def mlp(ctx, x, w1, w2, bug=None):
+    g = ctx.group("tp")
+    h = Copy.apply(x, g) @ w1  # LINE_MATMUL
+    if bug == "extra_op" and ctx.rank == 5:
+        h = h * 1.0
+    scale = 2.0 if bug == "scale" and ctx.rank == 5 else 1.0
+    y = Reduce.apply(torch.tanh(h) @ w2, g) * scale
+    if bug == "crash" and ctx.rank in (5, 6):
+        raise ValueError(f"rank {ctx.rank} fails")
+    if bug == "print":
+        print(f"hello from rank {ctx.rank}")
+    return y.pow(2).sum()
+
+
+def dp_sum(ctx, grads):
+    return {p: funcol.all_reduce(gr, "sum", ctx.group("dp")) for p, gr in grads.items()}
+
+
+def traced(jobs, bug=None):
+    old = T.rank_jobs
+    T.rank_jobs = jobs
+    stats = {}
+    old_hook, T.stats_hook = T.stats_hook, stats.update
+    try:
+        plan = trace_plan(logical, lambda ctx, **kw: mlp(ctx, bug=bug, **kw), inputs=INPUTS, mesh=MESH,
+                          grad_sync=dp_sum, output_placements={"loss": {"dp": "Partial(sum)"}})
+        return plan, stats
+    finally:
+        T.rank_jobs = old
+        T.stats_hook = old_hook
+
+
+@pytest.fixture(scope="module")
+def sequential():
+    return traced(1)
+
+
+def test_workers_give_the_sequential_plan(sequential):
+    plan1, st1 = sequential
+    plan2, st2 = traced(2)
+    assert st1 == {"world": 8, "traced_ranks": 8, "jobs": 1}
+    assert st2 == {"world": 8, "traced_ranks": 8, "jobs": 2}
+    assert json.dumps(plan1, sort_keys=True) == json.dumps(plan2, sort_keys=True)
+    assert verify(load_plan(plan2)).verdict == "VERIFIED"
+
+
+def test_source_lines_are_the_users(sequential):
+    plan, _ = sequential
+    line = next(i for i, text in enumerate(inspect.getsource(inspect.getmodule(mlp)).splitlines(), 1)
+                if "# LINE_MATMUL" in text)
+    mms = [n for n in plan["parallel"][0]["nodes"] if n["op"] == "matmul"]
+    assert mms and mms[0].get("src") == f"test_trace_cost.py:{line}"
+    assert all(n.get("src", "").startswith("test_trace_cost.py:") for n in plan["parallel"][0]["nodes"]
+               if n["op"] in ("matmul", "tanh", "all_reduce"))
+
+
+@pytest.mark.parametrize("bug", ["extra_op", "scale", "crash"])
+def test_rank_5_differs_and_is_never_verified(bug):
+    """Rank 5 alone runs another program: the same error from the workers as from the sequential loop, naming
+    rank 5 (coordinates dp 1, tp 1) -- never a plan that verifies."""
+    errs = []
+    for jobs in (1, 3):
+        with pytest.raises(TraceError) as ei:
+            traced(jobs, bug)
+        errs.append((str(ei.value), ei.value.kind, ei.value.op, ei.value.src))
+    assert errs[0] == errs[1]
+    msg, kind = errs[0][:2]
+    assert kind == ("crash" if bug == "crash" else "spmd")
+    assert "(1, 1)" in msg or "rank 5" in msg
+
+
+def test_worker_output_reaches_the_parent(capfd):
+    traced(2, "print")
+    out = capfd.readouterr().out
+    assert all(f"hello from rank {r}" in out for r in range(8))
+
+
+def test_bad_jobs_setting_is_bad_input(monkeypatch):
+    monkeypatch.setenv("TVCERT_TRACE_JOBS", "many")
+    with pytest.raises(TraceError) as ei:
+        traced(None)
+    assert ei.value.kind == "input" and "TVCERT_TRACE_JOBS" in str(ei.value)
