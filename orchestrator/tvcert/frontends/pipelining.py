@@ -52,6 +52,9 @@ def _define_ops() -> None:
     _LIB = torch.library.Library("tvcert_p2p", "DEF")
     _LIB.define("send(Tensor x, str axis, int to, str tag) -> ()")
     _LIB.define("recv(int[] shape, ScalarType dtype, str axis, int src, str tag) -> Tensor")
+    _LIB.define("ppermute(Tensor x, str axis, int shift) -> Tensor")
+    _LIB.impl("ppermute", lambda x, axis, shift: x.clone(), "CompositeExplicitAutograd")
+    torch.library.register_fake("tvcert_p2p::ppermute", lambda x, axis, shift: torch.empty_like(x), lib=_LIB)
     _LIB.impl("send", lambda x, axis, to, tag: None, "CompositeExplicitAutograd")
     _LIB.impl("recv", lambda shape, dtype, axis, src, tag: torch.zeros(shape, dtype=dtype), "CompositeExplicitAutograd")
     torch.library.register_fake("tvcert_p2p::send", lambda x, axis, to, tag: None, lib=_LIB)
@@ -63,6 +66,11 @@ def _define_ops() -> None:
 @reg("tvcert_p2p.send")
 def _conv_send(c, n, x, axis, to, tag):
     return c.emit("send", [c.ir(x)], {"axis": axis, "to": int(to), "tag": tag}, n_out=0)
+
+
+@reg("tvcert_p2p.ppermute")
+def _conv_ppermute(c, n, x, axis, shift):
+    return c.emit("ppermute", [c.ir(x)], {"axis": axis, "shift": int(shift)})
 
 
 @reg("tvcert_p2p.recv")
@@ -83,51 +91,59 @@ class _Done:
 
 
 class _P2P:
-    """The rank's point-to-point calls as traced send / recv ops, with per-(group, peer, direction) counters."""
+    """The rank's point-to-point calls as traced send / recv ops, with per-(group, peer, direction) counters.
 
-    def __init__(self, ctx: T.MeshCtx, resolve: Callable[[Any], Any]):
+    A transfer must be between pipeline stages (the peer's coordinate on ``pp_axis`` differs).  A peer that also
+    differs on other axes by ``d_a`` (a hand-built pipeline group pairing other ranks) is, on the sending side,
+    ``ppermute(x, a, d_a)`` and a send to the rank with the same other coordinates: the receiver
+    ``(s + 1, c + d)`` then gets the value rank ``(s, c)`` sent, what the hardware delivers.  The shifts must be
+    the same on every rank of the stage (SPMD compression checks it), and :func:`check_pairing` checks that the
+    ranks' real messages pair one to one."""
+
+    def __init__(self, ctx: T.MeshCtx, resolve: Callable[[Any], Any], pp_axis: str):
         self.ctx = ctx
         self.resolve = resolve
+        self.pp_axis = pp_axis
         self.count: dict[tuple, int] = defaultdict(int)
+        self.log: list[tuple] = []  # (direction, this rank, peer rank, group, k): the real messages
 
     def _where(self, group, peer, group_peer, what: str):
         import torch.distributed.distributed_c10d as c10d
 
         g = group if group is not None else c10d._get_default_group()
         glob = c10d._canonicalize_group_rank(g, peer, group_peer, return_global=True)
-        mine = T.coords_of(self.ctx.rank, self.ctx.sizes)
-        theirs = T.coords_of(glob, self.ctx.sizes)
-        diff = [a for a, x, y in zip(self.ctx.axes, mine, theirs) if x != y]
-        if len(diff) != 1:
-            there = dict(zip(self.ctx.axes, theirs))
-            why = "itself" if not diff else f"rank {glob} {there}, which differs on axes {diff}"
-            raise TraceError(f"a {what} on rank {self.ctx.rank} {dict(zip(self.ctx.axes, mine))} goes to {why}: only "
-                             f"transfers along one mesh axis (between pipeline stages) are traced", "unsupported",
-                             f"dist.{what}", _caller())
+        axes, sizes = self.ctx.axes, self.ctx.sizes
+        mine, theirs = T.coords_of(self.ctx.rank, sizes), T.coords_of(glob, sizes)
+        if mine[axes.index(self.pp_axis)] == theirs[axes.index(self.pp_axis)]:
+            raise TraceError(f"a {what} on rank {self.ctx.rank} {dict(zip(axes, mine))} goes to rank {glob} "
+                             f"{dict(zip(axes, theirs))} of the same pipeline stage ({self.pp_axis} coordinate): only "
+                             f"transfers between stages are traced", "unsupported", f"dist.{what}", _caller())
+        shifts = {a: (y - x) % n for a, x, y, n in zip(axes, mine, theirs, sizes) if a != self.pp_axis and x != y}
         try:
             gname = self.resolve(g)
         except KeyError:
-            gname = "world"
+            gname = "group"
         gname = gname if isinstance(gname, str) else "+".join(gname)
-        axis = diff[0]
-        return axis, theirs[self.ctx.axes.index(axis)], gname, glob
+        direction = "send" if "send" in what else "recv"
+        k = self.count[(gname, glob, direction)]
+        self.count[(gname, glob, direction)] += 1
+        self.log.append((direction, self.ctx.rank, glob, gname, k))
+        return theirs[axes.index(self.pp_axis)], shifts, f"{gname}.{k}"
 
     def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
         import torch
 
-        axis, to, gname, glob = self._where(group, dst, group_dst, "isend")
-        k = self.count[(gname, glob, "send")]
-        self.count[(gname, glob, "send")] += 1
-        torch.ops.tvcert_p2p.send(tensor, axis, int(to), f"{gname}.{k}")
+        to, shifts, tg = self._where(group, dst, group_dst, "isend")
+        for a, d in shifts.items():
+            tensor = torch.ops.tvcert_p2p.ppermute(tensor, a, d)
+        torch.ops.tvcert_p2p.send(tensor, self.pp_axis, int(to), tg)
         return _Done()
 
     def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
         import torch
 
-        axis, frm, gname, glob = self._where(group, src, group_src, "irecv")
-        k = self.count[(gname, glob, "recv")]
-        self.count[(gname, glob, "recv")] += 1
-        got = torch.ops.tvcert_p2p.recv([int(s) for s in tensor.shape], tensor.dtype, axis, int(frm), f"{gname}.{k}")
+        frm, _, tg = self._where(group, src, group_src, "irecv")
+        got = torch.ops.tvcert_p2p.recv([int(s) for s in tensor.shape], tensor.dtype, self.pp_axis, int(frm), tg)
         with torch.no_grad():
             tensor.copy_(got)
         return _Done()
@@ -145,6 +161,20 @@ class _P2P:
                 for op in ops]
 
 
+def check_pairing(logs: Mapping[int, list[tuple]], axes, sizes) -> None:
+    """Every real message (k-th from rank a to rank b on a group) is sent once and received once; else the
+    pipeline would hang on the hardware: UNKNOWN naming the first unmatched one (the plan has no hang)."""
+    sends = {(a, b, g, k) for lg in logs.values() for d, a, b, g, k in lg if d == "send"}
+    recvs = {(b, a, g, k) for lg in logs.values() for d, a, b, g, k in lg if d == "recv"}
+    for what, left, right in (("sent", sends, recvs), ("received", recvs, sends)):
+        extra = sorted(left - right)
+        if extra:
+            a, b, g, k = extra[0]
+            ca, cb = dict(zip(axes, T.coords_of(a, sizes))), dict(zip(axes, T.coords_of(b, sizes)))
+            raise TraceError(f"message {k} on group {g!r} from rank {a} {ca} to rank {b} {cb} is {what} but never "
+                             f"{'received' if what == 'sent' else 'sent'}: the pipeline would hang", "spmd", "p2p")
+
+
 def _caller() -> str | None:
     import traceback
 
@@ -155,7 +185,7 @@ def _caller() -> str | None:
 
 
 @contextlib.contextmanager
-def _captured_p2p(ctx: T.MeshCtx, resolve):
+def _captured_p2p(ctx: T.MeshCtx, resolve, pp_axis: str, log: list):
     """``torch.distributed``'s point-to-point functions as traced send / recv (``P2POp`` checks its op against
     the module's ``isend`` / ``irecv``, so both modules are patched with the same functions), and the schedule's
     warm-up vote settled as described in the module docstring."""
@@ -164,7 +194,7 @@ def _captured_p2p(ctx: T.MeshCtx, resolve):
     from torch.distributed.pipelining import schedules
 
     _define_ops()
-    p = _P2P(ctx, resolve)
+    p = _P2P(ctx, resolve, pp_axis)
     names = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
     saved = [(m, nm, getattr(m, nm)) for m in (dist, c10d) for nm in names]
     for m in (dist, c10d):
@@ -176,6 +206,7 @@ def _captured_p2p(ctx: T.MeshCtx, resolve):
         yield
     finally:
         schedules._PipelineSchedule._warmup_p2p = old_warm
+        log[:] = p.log
         for m, nm, f in saved:
             setattr(m, nm, f)
 
@@ -228,6 +259,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     Parameters are read by identity: every parameter of the stage's module is a parameter of the model."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
     from torch.nn.utils.stateless import _reparametrize_module
 
     mesh = {str(a): int(s) for a, s in mesh.items()}
@@ -241,12 +273,6 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         raise TraceError("module buffers are not traced under pipelining (give them as parameters or data)",
                          "unsupported", "buffer")
     dnames = list(data)
-    inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True,
-                                          "dtype": str(p.dtype).removeprefix("torch.")}
-                               for n, p in logical_model.named_parameters()}
-    inputs.update({n: dict(v) for n, v in data.items()})
-    specs = T._parse_inputs(inputs, mesh)
-    names = [s.name for s in specs]
     axes, sizes = tuple(mesh), tuple(mesh.values())
     pi = axes.index(pp_axis)
     world = 1
@@ -254,52 +280,84 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         world *= s
     run_step = step or (lambda sch, ctx, **d: _default_step(sch, ctx, pp_axis, *[d[k] for k in dnames]))
 
+    def build(r: int):
+        """On rank r (inside its fake world): ctx, the stage, the schedule and the stage's parameters
+        {name in the stage module: (logical name, DTensor (mesh, placements) or None)}."""
+        c = T.coords_of(r, sizes)
+        dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
+        ctx = T.MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
+        model = model_factory()
+        try:
+            stage = make_stage(model, ctx)
+            sched = make_schedule(stage, ctx)
+        except TraceError:
+            raise
+        except Exception as exc:
+            src = T._exc_src(exc)
+            raise TraceError(f"building pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
+                             f"{type(exc).__name__}: {exc}", "crash", None, src) from exc
+        return ctx, stage, sched, _held_params(model, stage.submod, c[pi])
+
+    # every parameter's placement, from the first rank of the stage holding it
+    holder: dict[str, int] = {}
+    placement: dict[str, dict[str, str]] = {}
+    for st in range(mesh[pp_axis]):
+        r0 = T.rank_of([st if i == pi else 0 for i in range(len(axes))], sizes)
+        with T.fake_world(r0, world):
+            _, _, _, held = build(r0)
+            for sn, (ln, dt) in held.items():
+                if holder.setdefault(ln, st) != st:
+                    raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
+                                     f"not traced", "unsupported", "tied parameter")
+                placement[ln] = _placement_text(dt, axes)
+    missing = [n for n in pnames if n not in holder]
+    if missing:
+        raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
+    inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True, "placement": placement[n],
+                                          "dtype": str(p.dtype).removeprefix("torch.")}
+                               for n, p in logical_model.named_parameters()}
+    inputs.update({n: dict(v) for n, v in data.items()})
+    specs = T._parse_inputs(inputs, mesh)
+    names = [s.name for s in specs]
+
     lshapes = [T.local_shape(s, mesh) for s in specs]
     per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
     stage_outs: dict[int, list[str]] = {}
     stage_onames: dict[int, list[str]] = {}
-    holder: dict[str, int] = {}
+    grad_pl: dict[str, dict[str, str]] = {}
     n_mbs: dict[int, int] = {}
+    logs: dict[int, list] = defaultdict(list)
     for r in range(world):
         c = T.coords_of(r, sizes)
         st = c[pi]
         T._progress_where = f"rank {r + 1}/{world}"
         T._tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
         with T.fake_world(r, world):
-            dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
-            ctx = T.MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
-            model = model_factory()
-            by_id = {id(p): n for n, p in model.named_parameters()}
-            try:
-                stage = make_stage(model, ctx)
-                sched = make_schedule(stage, ctx)
-                n_mbs[r] = int(sched._n_microbatches)
-            except TraceError:
-                raise
-            except Exception as exc:
-                src = T._exc_src(exc)
-                raise TraceError(f"building pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
-                                 f"{type(exc).__name__}: {exc}", "crash", None, src) from exc
-            held = {}
-            for sn, p in stage.submod.named_parameters():
-                if id(p) not in by_id:
-                    raise TraceError(f"parameter {sn!r} of stage {st}'s module is not a parameter of the model",
-                                     "input")
-                held[sn] = by_id[id(p)]
-            for ln in held.values():
-                if holder.setdefault(ln, st) != st:
-                    raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
-                                     f"not traced", "unsupported", "tied parameter")
+            ctx, stage, sched, held = build(r)
+            n_mbs[r] = int(sched._n_microbatches)
+            for sn, (ln, dt) in held.items():
+                if holder[ln] != st or placement[ln] != _placement_text(dt, axes):
+                    raise TraceError(f"rank {r} holds parameter {ln!r} differently from the first rank of stage "
+                                     f"{holder[ln]}", "spmd")
             resolve = T._axis_resolver(axes, sizes, r)
 
             def parallel(ctx_, **kw):
-                leaves = {sn: kw[_safe(ln)] for sn, ln in held.items()}
-                with _reparametrize_module(stage.submod, leaves), _captured_p2p(ctx_, resolve):
+                leaves = {}
+                for sn, (ln, dt) in held.items():
+                    t = kw[_safe(ln)]
+                    # a DTensor parameter is a leaf DTensor over the traced local shard (as the stage holds it)
+                    leaves[sn] = t if dt is None else DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
+                with _reparametrize_module(stage.submod, leaves), _captured_p2p(ctx_, resolve, pp_axis, logs[r]):
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
-                out = {} if loss is None else {"loss": loss}
-                for sn, ln in held.items():
+                out = {} if loss is None else {"loss": loss.full_tensor() if isinstance(loss, DTensor) else loss}
+                for sn, (ln, dt) in held.items():
                     g = leaves[sn].grad
-                    out[f"grad_{_safe(ln)}"] = torch.zeros_like(leaves[sn]) if g is None else g
+                    if g is None:
+                        g = torch.zeros_like(leaves[sn])
+                    if isinstance(g, DTensor):
+                        grad_pl[f"grad_{_safe(ln)}"] = _placement_text((g.device_mesh, g.placements), axes)
+                        g = g.to_local()
+                    out[f"grad_{_safe(ln)}"] = g
                 if not out:
                     raise TraceError(f"stage {st} holds no parameters and returns no loss", "input")
                 return out
@@ -321,6 +379,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         stage_outs[st], stage_onames[st] = outs_j, pout_names
         per_stage[st][tuple(x for i, x in enumerate(c) if i != pi)] = nodes_j
     T._progress_where = ""
+    check_pairing(logs, axes, sizes)
     n_mb = sorted(set(n_mbs.values()))
     if len(n_mb) != 1:
         raise TraceError(f"the ranks' schedules split the batch into different numbers of micro-batches {n_mb}",
@@ -358,9 +417,6 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     T._default_int_ranges(specs, [n.to_json() for n in lnodes])
     lnodes_j, lout_j = T._finish_outputs(lnodes, louts, out_names, names)
 
-    missing = [n for n in pnames if n not in holder]
-    if missing:
-        raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
     if sorted(o for s in stage_onames.values() for o in s) != sorted(out_names):
         raise TraceError(f"the stages' outputs {sorted(o for s in stage_onames.values() for o in s)} are not the "
                          f"logical model's {sorted(out_names)} (the loss is returned by the last stage only)", "input")
@@ -392,7 +448,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     for st in sorted(stage_outs):
         for o, local in zip(stage_onames[st], stage_outs[st]):
             out_pl[o] = {"local": local, "program": f"stage{st}", **T._output_binding(o, specs)}
-    for k, v in (output_placements or {}).items():
+    for k, v in {**grad_pl, **(output_placements or {})}.items():
         if k not in out_pl:
             raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
         out_pl[k]["placement"] = dict(v)
@@ -414,6 +470,37 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     except PlanError as exc:
         raise TraceError(f"the traced pipeline does not form a valid plan: {exc}", "spmd") from None
     return plan
+
+
+def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
+    """The stage module's parameters: {name in the stage module: (the model's name for it, (mesh, placements)
+    of a DTensor parameter or None)}.  A stage module's submodules are the model's own (PyTorch's tutorial slices
+    ``model.layers``; ``parallelize_module`` keeps the modules and swaps their parameters), else a copy with the
+    model's names (torchtitan deep-copies the model and deletes the other stages' layers)."""
+    from torch.distributed.tensor import DTensor
+
+    mods = {id(m): n for n, m in model.named_modules()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    out = {}
+    for smn, sm in submod.named_modules():
+        for pn, p in sm.named_parameters(recurse=False):
+            base = mods.get(id(sm), smn)
+            ln = f"{base}.{pn}" if base else pn
+            sn = f"{smn}.{pn}" if smn else pn
+            if ln not in shapes or shapes[ln] != tuple(p.shape):
+                raise TraceError(f"parameter {sn!r} of stage {st}'s module is not a parameter of the model (looked up "
+                                 f"as {ln!r})", "input")
+            out[sn] = (ln, (p.device_mesh, p.placements) if isinstance(p, DTensor) else None)
+    return out
+
+
+def _placement_text(dt, axes) -> dict[str, str]:
+    if dt is None:
+        return {}
+    from .dtensor import _pl_text
+
+    mesh, pls = dt
+    return {a: _pl_text(p) for a, p in zip(mesh.mesh_dim_names, pls)}
 
 
 def _param_of(safe: str, pnames) -> str | None:
