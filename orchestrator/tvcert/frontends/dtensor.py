@@ -105,13 +105,17 @@ def _safe(name: str) -> str:
 
 def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[Any, Any], Any],
                       loss_fn: Callable[..., Any], *, data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int],
-                      name: str = "dtensor", train_step: Callable[..., Any] | None = None, **kw) -> dict:
+                      name: str = "dtensor", train_step: Callable[..., Any] | None = None,
+                      loss_context: Callable[[], Any] | None = None, **kw) -> dict:
     """``model_factory()`` builds the single-device module; ``parallelize(module, device_mesh)``
     applies the parallelization (e.g. ``parallelize_module``) in place or returns the module;
     ``loss_fn(module_output, **data) -> scalar``; the module is called as ``module(first data input)``.
     ``data``: name -> input spec as in :func:`trace_plan` (the first entry is the module's input).
     ``train_step(loss, params) -> {name: tensor}``: the program's own backward and update (an optimizer step),
-    on the module's parameters as it sees them (DTensors on the ranks); its outputs are the plan's."""
+    on the module's parameters as it sees them (DTensors on the ranks); its outputs are the plan's.
+    ``loss_context()``: a context manager the ranks run the loss *and its backward* in, as PyTorch documents
+    ``torch.distributed.tensor.parallel.loss_parallel`` (its backward needs the context too); the logical model
+    runs the loss on plain tensors, where the context changes nothing."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -176,6 +180,11 @@ def trace_module_plan(model_factory: Callable[[], Any], parallelize: Callable[[A
             t = torch.view_as_complex(kw_[_safe(n)]) if n in cnames else kw_[_safe(n)]
             params[n] = DTensor.from_local(t, *pls[n], run_check=False) if pls[n] is not None else t
         out = torch.func.functional_call(model, params, (kw_[dnames[0]],))
+        if loss_context is not None and train_step is None:
+            with loss_context():  # the loss and its backward (the gradients land in the leaves' .grad)
+                loss = loss_fn(out, **{n: kw_[n] for n in dnames})
+                loss.backward()
+            return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})
         if isinstance(loss, DTensor):
             loss = loss.full_tensor()
