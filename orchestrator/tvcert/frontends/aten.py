@@ -1291,11 +1291,32 @@ def _reduce_scatter(c, n, x, op, group_size, group):
 @reg("_c10d_functional.all_to_all_single", "_c10d_functional_autograd.all_to_all_single")
 def _all_to_all(c, n, x, out_splits, in_splits, group):
     shp = _shape(c.val(x))
-    for sp in (out_splits, in_splits):
-        if sp and len(set(int(s) for s in sp)) > 1:
-            c.fail(f"all_to_all_single with uneven splits {list(sp)}")
+    if (out_splits and len(set(int(s) for s in out_splits)) > 1) or (in_splits and len(set(int(s) for s in in_splits)) > 1):
+        shift = _permute_shift(c, shp, out_splits, in_splits, group)
+        if shift is None:
+            c.fail(f"all_to_all_single with uneven splits {list(out_splits or in_splits)}")
+        return c.emit("ppermute", [c.ir(x)], {"axis": _axis(c, group), "shift": shift})
     return c.emit("all_to_all", [c.ir(x)], {"axis": _axis(c, group), "split_dim": 0, "concat_dim": 0}) \
         if len(shp) else c.fail("all_to_all of a scalar")
+
+
+def _permute_shift(c, shp, out_splits, in_splits, group) -> int | None:
+    """``funcol.permute_tensor`` (an all_to_all_single sending the whole tensor to one rank and receiving one
+    whole tensor): the ring shift s when this rank r of p sends to r + s and receives from r - s, else None."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    if not shp or not out_splits or not in_splits or len(out_splits) != len(in_splits):
+        return None
+    ins, outs = [int(v) for v in in_splits], [int(v) for v in out_splits]
+    if sorted(ins) != [0] * (len(ins) - 1) + [shp[0]] or sorted(outs) != [0] * (len(outs) - 1) + [shp[0]]:
+        return None
+    g = _resolve_process_group(group) if isinstance(group, str) else group
+    p, r = dist.get_world_size(g), dist.get_rank(g)
+    if p != len(ins):
+        return None
+    s = (ins.index(shp[0]) - r) % p
+    return s if (r - outs.index(shp[0])) % p == s else None
 
 
 @reg("_c10d_functional.broadcast")

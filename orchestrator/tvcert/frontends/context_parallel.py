@@ -1,0 +1,166 @@
+"""PyTorch's context-parallel ring attention, entered where ``context_parallel()``'s dispatch enters it.
+
+``context_parallel()`` monkey-patches ``F.scaled_dot_product_attention`` so that q / k / v become DTensors
+sharded on the sequence, and DTensor's ``_sdpa_handler`` sends the fused flash / memory-efficient kernels (and
+their backwards) to ``_templated_ring_attention`` / ``_templated_ring_attention_backward``.  On CPU the SDPA
+dispatcher picks the CPU flash kernel, which that handler refuses, so :func:`ring_sdpa` calls the two
+templated functions directly under torch's own ``_cp_options``, with the flash kernel's semantics per block
+(:func:`flash_block`, :func:`flash_block_backward`): the ring reads the kernel's logsumexp and hands its
+backward the *merged* output and logsumexp, so both must be the kernel's, not a local softmax.
+"""
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def _options(load_balance: bool, rotate: str):
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+
+    saved = (A._cp_options.enable_load_balance, A._cp_options.rotate_method)
+    A._cp_options.enable_load_balance = load_balance
+    A._cp_options.rotate_method = {"allgather": A._RotateMethod.ALL_GATHER, "alltoall": A._RotateMethod.ALL_TO_ALL}[rotate]
+    try:
+        yield A
+    finally:
+        A._cp_options.enable_load_balance, A._cp_options.rotate_method = saved
+
+
+def _scores(q, k, is_causal, scale):
+    import math
+
+    import torch
+
+    c = (1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale)
+    s = torch.matmul(q, k.transpose(-2, -1)) * c
+    if is_causal:  # the kernel's causal mask: top-left aligned, on the block's local indices
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        s = s.masked_fill(keep.logical_not(), float("-inf"))
+    return s, c
+
+
+def flash_block(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """``aten._scaled_dot_product_flash_attention`` over the reals: out = softmax(S) V and logsumexp(S) per row
+    (the two outputs the ring reads; the rest are unused there)."""
+    import torch
+
+    if dropout_p != 0.0 or return_debug_mask:
+        raise RuntimeError("tvcert: ring attention is traced without dropout or debug mask")
+    s, _ = _scores(query, key, is_causal, scale)
+    raw, _ = _scores(query, key, False, scale)
+    # logsumexp over the kept scores, shifted by the row max of all scores (finite): the same real number
+    m = raw.amax(-1, keepdim=True)
+    e = torch.exp(raw - m)
+    if is_causal:
+        e = e * torch.ones(query.shape[-2], key.shape[-2], dtype=e.dtype).tril()
+    lse = (m + torch.log(e.sum(-1, keepdim=True))).squeeze(-1)
+    return torch.matmul(torch.softmax(s, -1), value), lse
+
+
+def flash_block_backward(grad_out, query, key, value, out, logsumexp, *_, is_causal=False, scale=None, **__):
+    """``aten._scaled_dot_product_flash_attention_backward`` over the reals, from the given (merged) output and
+    logsumexp as the kernel computes it: P = exp(S - lse), D = rowsum(dO * out), dS = P (dO V^T - D)."""
+    import torch
+
+    s, c = _scores(query, key, is_causal, scale)
+    p = torch.exp(s - logsumexp.unsqueeze(-1))
+    d = (grad_out * out).sum(-1, keepdim=True)
+    ds = p * (torch.matmul(grad_out, value.transpose(-2, -1)) - d)
+    return (torch.matmul(ds, key) * c, torch.matmul(ds.transpose(-2, -1), query) * c,
+            torch.matmul(p.transpose(-2, -1), grad_out))
+
+
+_CALLS: set[str] = set()  # file:line of the ring_sdpa calls seen while tracing
+
+
+def _torch_line(fn, needle: str) -> str:
+    """``_attention.py:N`` of the first line of torch's ``fn`` containing ``needle``."""
+    import inspect
+    import os
+
+    lines, start = inspect.getsourcelines(fn)
+    n = next((start + i for i, t in enumerate(lines) if needle in t), start)
+    return f"{os.path.basename(inspect.getsourcefile(fn))}:{n}"
+
+
+def why_not_spmd(load_balance: bool, rotate: str) -> str:
+    """Why torch's ring attention has no SPMD form: the program each cp rank runs depends on its rank."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+
+    branch = _torch_line(A._templated_ring_attention, "_is_causal_behavior(")
+    how = ("with load balancing, KV block i > 0 is attended as all queries against its first chunk (i <= rank) "
+           "or the second query chunk against the whole block (i > rank)") if load_balance else \
+        "without load balancing, KV block i > 0 is attended in full (i <= rank) or skipped (i > rank)"
+    text = (f"torch's ring attention runs a different program on each cp rank: at {branch} "
+            f"(_is_causal_behavior and the branches after it) {how}, in forward and backward "
+            f"({_torch_line(A._templated_ring_attention_backward, '_is_causal_behavior(')})")
+    if rotate == "allgather":
+        text += (f"; the all-gather rotater picks KV block (rank - i) mod cp at "
+                 f"{_torch_line(A._AllGatherRotater.next_buffer, '.chunk(')}, an offset that wraps around the ring "
+                 f"(not affine in the rank)")
+    return text + ("; tvcert's ring-attention rules (kernel/ring.py) need one program for every rank (a ring_loop "
+                   "over cp passing K / V with ppermute), so there is no verdict")
+
+
+def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",
+              scale=None):
+    """Ring attention of local q / k / v ([b, h, s_local, d]) over the cp process group, as torch runs it."""
+    import sys
+
+    import torch
+
+    fr = sys._getframe(1)
+    _CALLS.add(f"{fr.f_code.co_filename.rsplit('/', 1)[-1]}:{fr.f_lineno}")
+
+    class Ring(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, q, k, v):
+            with _options(load_balance, rotate) as A:
+                out, lse, *_ = A._templated_ring_attention(group, 2, flash_block,
+                                                            q, k, v, is_causal=is_causal, dropout_p=0.0, scale=scale)
+            fctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(fctx, dout):
+            q, k, v, out, lse = fctx.saved_tensors
+            e = torch.empty((), dtype=torch.int64)
+            with _options(load_balance, rotate) as A:
+                dq, dk, dv, *_ = A._templated_ring_attention_backward(
+                    group, 2, flash_block_backward, grad_out=dout,
+                    grad_out_name="grad_out", query=q, key=k, value=v, out=out, logsumexp=lse, is_causal=is_causal,
+                    cum_seq_q=None, cum_seq_k=None, max_q=q.shape[2], max_k=k.shape[2], dropout_p=0.0,
+                    philox_seed=e, philox_offset=e, scale=scale)
+            return dq, dk, dv
+
+    return Ring.apply(q, k, v)
+
+
+@contextlib.contextmanager
+def functional_trace():
+    """Trace with functionalization: the ring's gradient buffers are views written in place
+    (``grad_key += ...`` on a reshape of the received buffer), which only a functional graph converts."""
+    from . import trace
+    from .functional import functionalized
+
+    old = trace.joint_transform
+    trace.joint_transform = functionalized
+    try:
+        yield
+    finally:
+        trace.joint_transform = old
+
+
+def trace_cp(*, load_balance: bool = True, rotate: str = "allgather", **kw) -> dict:
+    """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa` (with these options).  Ranks
+    that differ first at a ``ring_sdpa`` call are UNKNOWN naming the torch lines that make them differ."""
+    from .trace import TraceError, trace_plan
+
+    _CALLS.clear()
+    try:
+        with functional_trace():
+            return trace_plan(**kw)
+    except TraceError as exc:
+        if exc.kind != "spmd" or exc.src not in _CALLS:
+            raise
+        raise TraceError(f"{exc}: {why_not_spmd(load_balance, rotate)}", "spmd", exc.op, exc.src) from None
