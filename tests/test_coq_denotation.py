@@ -21,6 +21,7 @@ import pytest
 from tvcert import proofkit
 from tvcert.coqjudge.denote_eval import CoqEval, fn_id, lop_term
 from tvcert.coqjudge.emit import _op, _seq, coq_op, translate
+from tvcert.coqjudge.lops import LOPS
 from tvcert.interp import run_graph
 from tvcert.ops import REGISTRY, Ctx, resolve_attrs
 from tvcert.ops.base import norm_dim
@@ -145,6 +146,8 @@ def _term(ev: CoqEval, op: str, ra: dict, shapes, args: list[str], xs) -> str:
     try:
         cop = _op(n, dict(ra), [tuple(s) for s in shapes], "tp", ev.fns)
     except ValueError:
+        cop = None
+    if cop is None or cop[0] in LOPS:  # the emitter's layout op is lop_term's
         return f"lop_val fnT {lop_term(op, ra, [tuple(s) for s in shapes], ev.fns)} {ss} {ts}"
     if cop[0] == "Fn":  # uninterpreted: fn k is the interpreter's op itself, on each input it meets
         spec = REGISTRY[op]

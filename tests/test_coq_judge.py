@@ -74,11 +74,11 @@ def test_check_cert_coq_and_json(tmp_path):
 
 
 def test_outside_fragment_is_python_checked(tmp_path):
-    out = tmp_path / "h.v"
-    r = CliRunner().invoke(main, ["verify", str(EX / "heads_ok.json"), "--emit-coq", str(out), "-q"])
+    out = tmp_path / "r.v"
+    r = CliRunner().invoke(main, ["verify", str(EX / "ring_attention_cp2.json"), "--emit-coq", str(out), "-q"])
     assert r.exit_code == 0, r.output
     assert "VERIFIED (Python-checked)" in r.output and "VERIFIED (Coq-checked)" not in r.output
-    assert "reshape" in r.output and "xr" in r.output
+    assert "iota" in r.output and "ring_loop" in r.output
     assert not out.exists()
 
 
@@ -320,8 +320,8 @@ def test_mutants_are_wrong_and_coq_check_is_false():
     lines.append(_body(render(good_cp, good_cert), k))
     lines.append(f"Eval vm_compute in mcheck plan_{k} cert_{k}.")
     head = ("From mathcomp Require Import all_ssreflect.\n"
-            "From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Mesh IR.MeshCheck.\n"
-            "Import JSyntax JDenote JCheck JMesh JMeshCheck.\n")
+            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
+            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
     out = _coqc(head + "\n".join(lines))
     verdicts = re.findall(r"=\s*(true|false)\s*:\s*bool", out)
     assert len(verdicts) == len(names) + 1, out
@@ -472,6 +472,6 @@ def test_div_plan_coq_checked():
             if n["name"] == "hid":
                 n.update(op="div", inputs=["a1", "b1"])
     text, _, _ = emit(load_plan(d))
-    assert "Node Div" in text
+    assert "GNode (GO Div)" in text
     res = check_text(text)
     assert res.ok, res.message

@@ -8,32 +8,43 @@
     on axis 1, and so on; two [Shard]s of one dim nest, the first axis outermost.
 
     A collective runs over one axis [k]: its group is the ranks whose
-    coordinates differ only at [k].  The logical graph is stage 1's ([run] on one
-    rank). *)
+    coordinates differ only at [k].  A node's op is a stage-1 [op] ([GO]) or a
+    layout / reduction / row-wise op of [LayoutOps.v] ([GL]); the logical graph is
+    evaluated by [lrun] (one tensor per node). *)
 From mathcomp Require Import all_ssreflect all_algebra.
-From TVCert Require Import IR.Syntax IR.Denote.
+From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
-Import JSyntax JDenote.
+Import JSyntax JDenote JLayout.
 
 Module JMesh.
 
 (** ** Syntax *)
+(** The op of a node: one of [Denote.op_val] or one of [LayoutOps.lop_val]. *)
+Inductive gop := GO (o : op) | GL (o : lop).
+
+Record gnode := GNode { g_op : gop; g_args : seq nat }.
+
+Definition gop_shape (o : gop) (ss : seq shape) : shape :=
+  match o with GO o => op_shape 1 o ss | GL o => lop_shape o ss end.
+
 Inductive coll :=
 | CAllReduce (r : reduce_op)   (* all_reduce(r) *)
 | CAllGather (d : nat)         (* all_gather_into_tensor along dim d, in rank order *)
-| CReduceScatter (d : nat).    (* reduce_scatter_tensor(sum) along dim d: rank r keeps block r *)
+| CReduceScatter (d : nat)     (* reduce_scatter_tensor(sum) along dim d: rank r keeps block r *)
+| CSliceRank (d m : nat).      (* not a collective but a local op whose bounds depend on the rank's
+                                  coordinate r on the axis: x[r*m : r*m+m] along dim d *)
 
 Inductive pnode :=
-| PLocal (o : op) (args : seq nat)       (* [o] on every rank (the checker refuses AllReduce / AllGather here) *)
+| PLocal (o : gop) (args : seq nat)      (* [o] on every rank (the checker refuses AllReduce / AllGather here) *)
 | PColl (c : coll) (k : nat) (a : nat).  (* collective [c] over mesh axis [k] of node [a] *)
 
 Record mplan := MPlan {
   mesh : seq nat;                           (* axis sizes, axis 0 outermost *)
   ml_inputs : seq (seq nat);                (* shapes of the logical inputs *)
-  ml_nodes : seq node;                      (* the single-device graph *)
+  ml_nodes : seq gnode;                     (* the single-device graph *)
   mp_inputs : seq (nat * seq placement);    (* local input j: piece of logical input (fst), one placement per axis *)
   mp_nodes : seq pnode;                     (* the SPMD program every rank runs *)
   mp_outputs : seq (nat * nat * seq placement)  (* (logical id, parallel id, placements) *)
@@ -51,6 +62,7 @@ Definition coll_shape (p : nat) (cl : coll) (s : shape) : shape :=
   | CAllReduce _ => s
   | CAllGather d => set_nth 0%N s d (nth 0%N s d * p)
   | CReduceScatter d => set_nth 0%N s d (nth 0%N s d %/ p)
+  | CSliceRank d m => set_nth 0%N s d m
   end.
 
 Local Open Scope ring_scope.
@@ -58,6 +70,23 @@ Local Open Scope ring_scope.
 Section Values.
 Variable R : realFieldType.
 Variable fn : nat -> R -> R.
+
+Definition gop_val (o : gop) (ss : seq shape) (ts : seq (tensor R)) : tensor R :=
+  match o with GO o => op_val fn o ss ts | GL o => lop_val fn o ss ts end.
+
+(** ** The logical graph: each node's op on its operands' shapes and values *)
+Definition lentry := (shape * tensor R)%type.
+Definition ldflt : lentry := ([::], zero_t R).
+
+Definition lrun_node (env : seq lentry) (n : gnode) : lentry :=
+  let a := map (nth ldflt env) (g_args n) in
+  (gop_shape (g_op n) (map fst a), gop_val (g_op n) (map fst a) (map snd a)).
+
+Fixpoint lrun (env : seq lentry) (ns : seq gnode) : seq lentry :=
+  match ns with
+  | [::] => env
+  | n :: ns' => lrun (rcons env (lrun_node env n)) ns'
+  end.
 
 Definition coord := seq nat.
 Definition mfamily := coord -> tensor R.   (* the tensor held by each rank *)
@@ -88,6 +117,8 @@ Definition coll_step (ms : seq nat) (cl : coll) (k : nat) (s : shape) (f : mfami
    | CReduceScatter d =>  (* rank c keeps block (nth 0 c k) of dim d of the sum *)
        let m := (nth 0%N s d %/ p)%N in
        fun i => sumR p (fun r => g r c (shift d (nth 0%N c k * m) i))
+   | CSliceRank d m =>    (* rank c slices its own tensor *)
+       fun i => f c (shift d (nth 0%N c k * m) i)
    end).
 
 Definition mentry := (shape * mfamily)%type.
@@ -97,7 +128,7 @@ Definition mrun_node (ms : seq nat) (env : seq mentry) (n : pnode) : mentry :=
   match n with
   | PLocal o args =>
       let a := map (nth mdflt env) args in
-      (op_shape 1 o (map fst a), fun c => op_val fn o (map fst a) (map (fun e => e.2 c) a))
+      (gop_shape o (map fst a), fun c => gop_val o (map fst a) (map (fun e => e.2 c) a))
   | PColl cl k x =>
       let e := nth mdflt env x in
       (coll_shape (nth 0%N ms k) cl e.1, coll_step ms cl k e.1 e.2)
@@ -110,9 +141,9 @@ Fixpoint mrun (ms : seq nat) (env : seq mentry) (ns : seq pnode) : seq mentry :=
   end.
 
 (** ** The plan's meaning *)
-Definition ml_init (P : mplan) (X : seq (tensor R)) : seq (entry R) :=
+Definition ml_init (P : mplan) (X : seq (tensor R)) : seq lentry :=
   mkseq (fun j => let s := nth [::] (ml_inputs P) j in
-                  (s, fun _ => mask s (nth (zero_t R) X j))) (size (ml_inputs P)).
+                  (s, mask s (nth (zero_t R) X j))) (size (ml_inputs P)).
 
 Definition mp_init (P : mplan) (L : seq mfamily) : seq mentry :=
   mkseq (fun j => let b := nth (0%N, [::]) (mp_inputs P) j in
@@ -127,11 +158,11 @@ Definition mequiv_at (P : mplan) : Prop :=
   (forall j, (j < size (mp_inputs P))%N ->
      let b := nth (0%N, [::]) (mp_inputs P) j in
      mplaced (mesh P) (nth [::] (ml_inputs P) b.1) b.2 (nth (zero_t R) X b.1) (nth (fun _ => zero_t R) L j)) ->
-  let le := run fn 1 (ml_init P X) (ml_nodes P) in
+  let le := lrun (ml_init P X) (ml_nodes P) in
   let pe := mrun (mesh P) (mp_init P L) (mp_nodes P) in
   forall lo po pls, List.In (lo, po, pls) (mp_outputs P) ->
-    (nth mdflt pe po).1 = mlocal_shape (mesh P) (nth (dflt R) le lo).1 pls /\
-    mplaced (mesh P) (nth (dflt R) le lo).1 pls ((nth (dflt R) le lo).2 0%N) (nth mdflt pe po).2.
+    (nth mdflt pe po).1 = mlocal_shape (mesh P) (nth ldflt le lo).1 pls /\
+    mplaced (mesh P) (nth ldflt le lo).1 pls (nth ldflt le lo).2 (nth mdflt pe po).2.
 
 End Values.
 

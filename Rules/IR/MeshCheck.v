@@ -3,17 +3,18 @@
     As in [Check.v], the certificate gives one fact per parallel node, now
     [(l, pls)]: "the node holds, on every rank, the piece of logical node [l]
     under the placements [pls], one per axis".
-    - A local op is checked on every axis: [Check.rule] must accept the axis-[k]
-      placements of its operands and of the result, the shapes being the local
-      shapes after axes [0 .. k-1] ([mrule]).
+    - A local op is checked on every axis: [Check.rule] (a stage-1 op) or
+      [LayoutRule.lrule] (a layout op) must accept the axis-[k] placements of its
+      operands and of the result, the shapes being the local shapes after axes
+      [0 .. k-1] ([mrule]).
     - A collective over axis [k] changes the placement at [k] only
       (all_reduce(r): Partial(r) -> Replicate; all_gather(d): Shard(d) ->
       Replicate; reduce_scatter(d): Partial(sum) -> Shard(d)), and only when every
       axis after [k] commutes with it ([inner_ok]): Replicate, a Shard (of another
       dim than the gathered / scattered one), or a Partial(sum|avg) (not under a max). *)
 From mathcomp Require Import all_ssreflect.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.Mesh.
-Import JSyntax JDenote JCheck JSoundOps JMesh.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.LayoutOps IR.LayoutRule IR.Mesh.
+Import JSyntax JDenote JCheck JSoundOps JLayout JLayoutRule JMesh.
 
 Module JMeshCheck.
 
@@ -35,29 +36,45 @@ Fixpoint mpl_ok (ms : seq nat) (s : shape) (pls : seq placement) : bool :=
   | _, _ => false
   end.
 
-(** [Check.rule] on every axis, with the operands' shapes local to the outer axes. *)
-Fixpoint mrule (ms : seq nat) (o : op) (ss : seq shape) (plss : seq (seq placement))
+Definition is_glocal (o : gop) : bool := if o is GO o then is_local o else true.
+
+Definition gop_eqb (a b : gop) : bool :=
+  match a, b with GO a, GO b => op_eqb a b | GL a, GL b => lop_eqb a b | _, _ => false end.
+
+(** The one-axis rule of an op. *)
+Definition grule (p : nat) (o : gop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
+  match o with GO o => rule o ss pls pl | GL o => lrule p o ss pls pl end.
+
+(** The one-axis rule on every axis, with the operands' shapes local to the outer axes. *)
+Fixpoint mrule (ms : seq nat) (o : gop) (ss : seq shape) (plss : seq (seq placement))
     (pls : seq placement) : bool :=
   match ms, pls with
   | [::], [::] => true
   | p :: ms', pl :: pls' =>
       let hs := map (head Replicate) plss in
-      rule o ss hs pl &&
+      grule p o ss hs pl &&
       mrule ms' o (map (fun x => local_shape p x.1 x.2) (zip ss hs)) (map behead plss) pls'
   | _, _ => false
   end.
 
 Definition coll_in (cl : coll) : placement :=
-  match cl with CAllReduce r => Partial r | CAllGather d => Shard d | CReduceScatter _ => Partial RSum end.
+  match cl with
+  | CAllReduce r => Partial r | CAllGather d => Shard d | CReduceScatter _ => Partial RSum
+  | CSliceRank _ _ => Replicate
+  end.
 Definition coll_out (cl : coll) : placement :=
-  match cl with CReduceScatter d => Shard d | _ => Replicate end.
+  match cl with CReduceScatter d | CSliceRank d _ => Shard d | _ => Replicate end.
+
+(** slice_block_to_shard: the block is the shard's size (the operand's local shape, over the axis size). *)
+Definition coll_side (ms : seq nat) (s : shape) (cl : coll) (k : nat) (pls : seq placement) : bool :=
+  if cl is CSliceRank d m then m == nth 0 (mlocal_shape ms s pls) d %/ nth 0 ms k else true.
 
 (** Placements allowed on the axes inside the collective's axis. *)
 Definition inner_ok (cl : coll) (pl : placement) : bool :=
   match pl, cl with
   | Replicate, _ => true
   | Shard _, CAllReduce _ => true
-  | Shard e, CAllGather d | Shard e, CReduceScatter d => e != d
+  | Shard e, CAllGather d | Shard e, CReduceScatter d | Shard e, CSliceRank d _ => e != d
   | Partial RMax, _ => false           (* max does not commute with a sum *)
   | Partial _, CAllReduce RMax => false
   | Partial _, _ => true               (* sums commute *)
@@ -68,12 +85,12 @@ Definition coll_ok (ms : seq nat) (s : shape) (cl : coll) (k : nat) (pls pls' : 
   placement_eqb (nth Replicate pls k) (coll_in cl) &&
   all (inner_ok cl) (drop k.+1 pls) &&
   pls_eqb pls' (set_nth Replicate pls k (coll_out cl)) &&
-  mpl_ok ms s pls && mpl_ok ms s pls'.
+  mpl_ok ms s pls && mpl_ok ms s pls' && coll_side ms s cl k pls.
 
 (** Shapes of the parallel program: the shape part of [mrun] (printer check). *)
 Definition pnode_shape (ms : seq nat) (ss : seq shape) (n : pnode) : shape :=
   match n with
-  | PLocal o a => op_shape 1 o (map (nth [::] ss) a)
+  | PLocal o a => gop_shape o (map (nth [::] ss) a)
   | PColl cl k a => coll_shape (nth 0 ms k) cl (nth [::] ss a)
   end.
 
@@ -83,13 +100,20 @@ Fixpoint mrun_s (ms : seq nat) (ss : seq shape) (ns : seq pnode) : seq shape :=
   | n :: ns' => mrun_s ms (rcons ss (pnode_shape ms ss n)) ns'
   end.
 
+(** Shapes of the logical graph: the shape part of [lrun]. *)
+Fixpoint lrun_s (ss : seq shape) (ns : seq gnode) : seq shape :=
+  match ns with
+  | [::] => ss
+  | n :: ns' => lrun_s (rcons ss (gop_shape (g_op n) (map (nth [::] ss) (g_args n)))) ns'
+  end.
+
 Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _ _ a => [:: a] end.
 
 Section Checker.
 Variable P : mplan.
 Let ms := mesh P.
 Let ni := size (ml_inputs P).
-Let ls := run_s 1 (ml_inputs P) (ml_nodes P).
+Let ls := lrun_s (ml_inputs P) (ml_nodes P).
 
 Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   let: (l, pls) := f in
@@ -97,9 +121,9 @@ Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   | PColl cl k _, [:: (l1, pls1)] => (l == l1) && (l < size ls) && coll_ok ms (nth [::] ls l) cl k pls1 pls
   | PColl _ _ _, _ => false
   | PLocal o _, _ =>
-      let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
-      is_local o && (ni <= l) && (l < size ls) && op_eqb (n_op ln) o &&
-      (n_args ln == map fst af) && all (fun a => a < l) (n_args ln) &&
+      let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
+      is_glocal o && (ni <= l) && (l < size ls) && gop_eqb (g_op ln) o &&
+      (g_args ln == map fst af) && all (fun a => a < l) (g_args ln) &&
       mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls &&
       mpl_ok ms (nth [::] ls l) pls
   end.

@@ -1,12 +1,12 @@
 (** * Soundness of the mesh checker: [mcheck P c = true -> mplan_equiv P]. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From Coq Require Import FunctionalExtensionality.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.Sound IR.Mesh IR.MeshCheck.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.Sound IR.LayoutOps IR.LayoutRule IR.Mesh IR.MeshCheck.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
-Import JSyntax JDenote JCheck JLists JSoundOps JSound JMesh JMeshCheck.
+Import JSyntax JDenote JCheck JLists JSoundOps JSound JLayout JLayoutRule JMesh JMeshCheck.
 
 Module JMeshSound.
 Local Open Scope ring_scope.
@@ -32,7 +32,7 @@ Local Notation tensor := (tensor R).
 Local Notation family := (family R).
 Local Notation mfamily := (mfamily R).
 Local Notation zero_t := (zero_t R).
-Local Notation op_val := (op_val fn).
+Local Notation gop_val := (gop_val fn).
 Local Notation mplaced := (@mplaced R).
 
 Lemma placed_ext p s pl (T T' : tensor) (M : family) :
@@ -86,15 +86,33 @@ move=> zT ok [M [H1 H2]]; exists (fun r => mask (local_shape p s pl) (M r)); spl
 - by move=> r rp; apply: mplaced_ext (H2 r rp) => i ii; rewrite /mask ii.
 Qed.
 
+(** One axis: [Check.rule_sound] for a stage-1 op, [LayoutRule.lrule_sound] for a layout op. *)
+Lemma grule_sound p o ss pls pl Ts pss Ls :
+  is_glocal o -> size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  grule p o ss pls pl -> pl_ok p (gop_shape o ss) pl ->
+  gop_shape o pss = local_shape p (gop_shape o ss) pl /\
+  placed p (gop_shape o ss) pl (gop_val o ss Ts) (fun r => gop_val o pss (map (fun L => L r) Ls)).
+Proof.
+case: o => [o|o] /= loc.
+- exact: (@rule_sound R fn p o ss pls pl Ts pss Ls loc).
+- exact: (@lrule_sound R fn p o ss pls pl Ts pss Ls).
+Qed.
+
+Lemma gop_val_masked o ss ts i : ~~ inb (gop_shape o ss) i -> gop_val o ss ts i = 0.
+Proof. by case: o => o ni; rewrite /= ?/op_val ?/lop_val /mask ifN. Qed.
+
 Lemma mrule_sound ms o ss plss pls Ts pss Ls :
-  is_local o -> all (fun p => 0 < p)%N ms ->
+  is_glocal o -> all (fun p => 0 < p)%N ms ->
   size ss = size plss -> size Ts = size plss -> size pss = size plss -> size Ls = size plss ->
   (forall k, (k < size plss)%N ->
      marg_ok ms (nth [::] ss k) (nth [::] plss k) (nth zero_t Ts k) (nth [::] pss k)
              (nth (fun _ => zero_t) Ls k)) ->
-  mrule ms o ss plss pls -> mpl_ok ms (op_shape 1%N o ss) pls ->
-  op_shape 1%N o pss = mlocal_shape ms (op_shape 1%N o ss) pls /\
-  mplaced ms (op_shape 1%N o ss) pls (op_val o ss Ts) (fun c => op_val o pss (map (fun L => L c) Ls)).
+  mrule ms o ss plss pls -> mpl_ok ms (gop_shape o ss) pls ->
+  gop_shape o pss = mlocal_shape ms (gop_shape o ss) pls /\
+  mplaced ms (gop_shape o ss) pls (gop_val o ss Ts) (fun c => gop_val o pss (map (fun L => L c) Ls)).
 Proof.
 move=> loc.
 elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 hss hTs hps hLs A.
@@ -143,11 +161,11 @@ elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 
   have z2 : size Ts = size hs by rewrite szhs.
   have z3 : size ss' = size hs by rewrite szhs.
   have z4 : size Gs = size hs by rewrite size_mkseq szhs.
-  have [sh1 pl1] := @rule_sound R fn p o ss hs pl Ts ss' Gs loc z1 z2 z3 z4 Aarg ru okpl.
+  have [sh1 pl1] := grule_sound loc z1 z2 z3 z4 Aarg ru okpl.
   have IHr : forall r, (r < p)%N ->
-      op_shape 1%N o pss = mlocal_shape ms (op_shape 1%N o ss') pls /\
-      mplaced ms (op_shape 1%N o ss') pls (op_val o ss' (map (fun G => G r) Gs))
-        (fun c => op_val o pss (map (fun L => L c) (map (fun L c => L (r :: c)) Ls))).
+      gop_shape o pss = mlocal_shape ms (gop_shape o ss') pls /\
+      mplaced ms (gop_shape o ss') pls (gop_val o ss' (map (fun G => G r) Gs))
+        (fun c => gop_val o pss (map (fun L => L c) (map (fun L c => L (r :: c)) Ls))).
     move=> r rp; apply: (IH ss' (map behead plss) pls (map (fun G => G r) Gs) pss (map (fun L c => L (r :: c)) Ls)) => //; rewrite ?size_map ?size_iota ?size_mkseq ?size_zip ?hss ?szhs ?minnn ?hTs ?hps ?hLs //; last by rewrite sh1.
     move=> k kn.
     have /= [e1 e2 e3 e4] := HF k kn; have [_ eps /= ok _ zL] := A k kn.
@@ -158,7 +176,7 @@ elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 
   have [r0 r0p] : exists r, (r < p)%N by exists 0%N.
   have [esh _] := IHr r0 r0p.
   split; first by rewrite esh sh1.
-  exists (fun r => op_val o ss' (map (fun G => G r) Gs)); split => // r rp.
+  exists (fun r => gop_val o ss' (map (fun G => G r) Gs)); split => // r rp.
   have [_ H] := IHr r rp; rewrite -sh1.
   by apply: mplaced_Lext H => c i _; rewrite -map_comp.
 Qed.
@@ -293,12 +311,25 @@ Definition ckern (p : nat) (cl : coll) (sb : shape) (r' : nat) (M : nat -> tenso
       fun i => M (nth 0%N i d %/ m)%N (set_nth 0%N i d (nth 0%N i d %% m)%N)
   | CReduceScatter d => let m := (nth 0%N sb d %/ p)%N in
       fun i => sumR p (fun r => M r (shift d (r' * m) i))
+  | CSliceRank d m => fun i => M r' (shift d (r' * m) i)
   end.
 
-Lemma coll_step_eq ms cl k sb (f : mfamily) c :
+Lemma coll_step_eq ms cl k sb (f : mfamily) c : (k < size c)%N ->
   coll_step ms cl k sb f c =
   mask (coll_shape (nth 0%N ms k) cl sb) (ckern (nth 0%N ms k) cl sb (nth 0%N c k) (fun r => f (set_nth 0%N c k r))).
-Proof. by case: cl => [[]|d|d]. Qed.
+Proof. by move=> kc; case: cl => [[]|d|d|d m] //=; rewrite set_nth_nth_same. Qed.
+
+(** [mplaced] only reads the ranks' tensors at coordinates with one entry per axis. *)
+Lemma mplaced_Lext_sz ms s pls (T : tensor) (L L' : mfamily) :
+  (forall c i, size c = size ms -> inb (mlocal_shape ms s pls) i -> L c i = L' c i) ->
+  mplaced ms s pls T L -> mplaced ms s pls T L'.
+Proof.
+elim: ms s pls T L L' => [|p ms IH] s [|pl pls] T L L' E //=.
+- by move=> H i ii; rewrite -E ?H.
+- case=> M [H1 H2]; exists M; split=> // r rp.
+  apply: (IH _ _ _ (fun c => L (r :: c))) => [c i sz ii|]; last exact: H2.
+  by apply: E => //=; rewrite sz.
+Qed.
 
 (** The shape transformer of all_gather / reduce_scatter and its side conditions. *)
 Section TrSet.
@@ -338,13 +369,16 @@ by rewrite nth_set_nth /= eq_sym (negbTE ed).
 Qed.
 
 Definition cokd (cl : coll) : nat -> bool :=
-  match cl with CAllReduce _ => fun _ => true | CAllGather d | CReduceScatter d => fun e => e != d end.
+  match cl with
+  | CAllReduce _ => fun _ => true
+  | CAllGather d | CReduceScatter d | CSliceRank d _ => fun e => e != d
+  end.
 
 Definition clin (cl : coll) : bool := if cl is CAllReduce RMax then false else true.
 
 Lemma inner_okE cl pls : all (inner_ok cl) pls -> all (inner_pl (cokd cl) (clin cl)) pls.
 Proof.
-by case: cl => [[]|d|d]; elim: pls => //= pl pls IH /andP [h /IH ->]; case: pl h => // -[].
+by case: cl => [[]|d|d|d m]; elim: pls => //= pl pls IH /andP [h /IH ->]; case: pl h => // -[].
 Qed.
 
 (** *** all_reduce: a pointwise combination of the ranks *)
@@ -440,15 +474,16 @@ Proof. by move=> _ c M i /=; rewrite !sumRE -mulr_sumr. Qed.
 Lemma coll_head p ms s cl pls (T : tensor) (L : mfamily) :
   (0 < p)%N -> all (inner_ok cl) pls ->
   mpl_ok (p :: ms) s (coll_in cl :: pls) -> mpl_ok (p :: ms) s (coll_out cl :: pls) ->
+  coll_side (p :: ms) s cl 0 (coll_in cl :: pls) ->
   mplaced (p :: ms) s (coll_in cl :: pls) T L ->
   let sb := mlocal_shape (p :: ms) s (coll_in cl :: pls) in
   mlocal_shape (p :: ms) s (coll_out cl :: pls) = coll_shape p cl sb /\
   mplaced (p :: ms) s (coll_out cl :: pls) T
     (fun c => ckern p cl sb (nth 0%N c 0) (fun r => L (set_nth 0%N c 0 r))).
 Proof.
-move=> p0 iok ok ok' H sb; have ipl := inner_okE iok.
+move=> p0 iok ok ok' side H sb; have ipl := inner_okE iok.
 move: ok ok' H; rewrite /sb; clear sb.
-case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in coll_out] => /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
+case: cl iok ipl side => [rr|d|d|d m] iok ipl side; cbn [mlocal_shape mpl_ok mplaced coll_in coll_out] => /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
 - split => //; exists (fun _ => T); split => // r' r'p.
   have C := @inner_comm p (ckern p (CAllReduce rr) (mlocal_shape ms s pls) r') id predT (cokd (CAllReduce rr)) (clin (CAllReduce rr))
     (fun s M M' _ E => @ar_ext p rr _ r' s M M' p0 E) (fun M e off i _ => @ar_shift p rr _ r' M e off i)
@@ -505,6 +540,37 @@ case: cl iok ipl => [rr|d|d] iok ipl; cbn [mlocal_shape mpl_ok mplaced coll_in c
     ms s pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
   apply: mplaced_ext C => i ii /=; rewrite sumRE HM /N ns //.
   by apply: (@inb_shift p).
+- (* slice_block_to_shard: rank r' keeps block r' of its replicated tensor *)
+  have /eqP {}side : (m == nth 0%N (mlocal_shape ms s pls) d %/ p)%N := side.
+  have [ds dv] : (d < size s)%N /\ (nth 0%N s d %/ p * p = nth 0%N s d)%N by case/andP: ok1' => -> /eqP.
+  have ns : nth 0%N (mlocal_shape ms s pls) d = nth 0%N s d by apply: nth_mlocal_other.
+  have hm : m = (nth 0%N s d %/ p)%N by rewrite side ns.
+  set m0 := nth 0%N s d.
+  have g1 : goods d m0 s by apply/andP; split.
+  have tls : trs d (fun _ => m) s = local_shape p s (Shard d) by rewrite /trs /local_shape hm.
+  have Sh := @inner_shape (trs d (fun _ => m)) (goods d m0) (cokd (CSliceRank d m)) (clin (CSliceRank d m))
+    (@trs_loc d _ m0) (@goods_loc d m0) ms s pls g1 ipl okr.
+  split; first by rewrite -tls Sh.
+  exists (fun r' i => T (shift d (r' * m) i)); split.
+    by split => // r' i r'p ii; rewrite hm.
+  move=> r' r'p.
+  have Kx : forall s' (M1 M2 : nat -> tensor), goods d m0 s' ->
+      (forall r, (r < p)%N -> forall j, inb s' j -> M1 r j = M2 r j) ->
+      forall i, inb (trs d (fun _ => m) s') i ->
+      ckern p (CSliceRank d m) (mlocal_shape ms s pls) r' M1 i = ckern p (CSliceRank d m) (mlocal_shape ms s pls) r' M2 i.
+    move=> s' M1 M2 /andP [ds' /eqP sm] E i ii /=; apply: E => //.
+    by apply: (@inb_shift p) => //; rewrite sm hm dv.
+  have Ks : forall (M1 : nat -> tensor) e off i, cokd (CSliceRank d m) e ->
+      ckern p (CSliceRank d m) (mlocal_shape ms s pls) r' (fun r j => M1 r (shift e off j)) i =
+      ckern p (CSliceRank d m) (mlocal_shape ms s pls) r' M1 (shift e off i).
+    by move=> M1 e off i /= ed; rewrite shift_shift_comm.
+  have C := @inner_comm p (ckern p (CSliceRank d m) (mlocal_shape ms s pls) r') (trs d (fun _ => m))
+    (goods d m0) (cokd (CSliceRank d m)) (clin (CSliceRank d m))
+    Kx Ks (fun _ _ _ _ => erefl) (fun _ _ _ _ => erefl)
+    (@trs_loc d _ m0) (@trs_ok d _ m0) (@trs_nth d _ m0) (@goods_loc d m0)
+    ms s pls M (fun r c => L (r :: c)) g1 ipl okr Hin.
+  rewrite tls in C; apply: mplaced_ext C => i ii /=.
+  by apply: HM => //; rewrite hm; exact: (@inb_shift p).
 Qed.
 
 (** *** A collective over any axis: the outer axes keep their witnesses *)
@@ -512,17 +578,18 @@ Lemma coll_sound k ms s pls (T : tensor) (L : mfamily) cl :
   all (fun p => 0 < p)%N ms -> (k < size ms)%N -> nth Replicate pls k = coll_in cl ->
   all (inner_ok cl) (drop k.+1 pls) ->
   mpl_ok ms s pls -> mpl_ok ms s (set_nth Replicate pls k (coll_out cl)) ->
+  coll_side ms s cl k pls ->
   mplaced ms s pls T L ->
   mlocal_shape ms s (set_nth Replicate pls k (coll_out cl)) = coll_shape (nth 0%N ms k) cl (mlocal_shape ms s pls) /\
   mplaced ms s (set_nth Replicate pls k (coll_out cl)) T
     (fun c => ckern (nth 0%N ms k) cl (mlocal_shape ms s pls) (nth 0%N c k) (fun r => L (set_nth 0%N c k r))).
 Proof.
 elim: k ms s pls T L => [|k IH] [|p ms] s [|pl pls] T L //.
-- cbn [all nth drop set_nth] => /andP [p0 _] _ hpl iok ok ok' H; subst pl.
-  by rewrite drop0 in iok; have := coll_head p0 iok ok ok' H.
-- cbn [all nth drop set_nth size mpl_ok mplaced] => /andP [p0 ps0] kms hpl iok /andP [ok1 okr] /andP [ok1' okr'] [M [HM Hin]].
+- cbn [all nth drop set_nth] => /andP [p0 _] _ hpl iok ok ok' side H; subst pl.
+  by rewrite drop0 in iok; have := coll_head p0 iok ok ok' side H.
+- cbn [all nth drop set_nth size mpl_ok mplaced] => /andP [p0 ps0] kms hpl iok /andP [ok1 okr] /andP [ok1' okr'] side [M [HM Hin]].
   have IHr : forall r, (r < p)%N -> _ :=
-    fun r rp => IH ms (local_shape p s pl) pls (M r) (fun c => L (r :: c)) ps0 kms hpl iok okr okr' (Hin r rp).
+    fun r rp => IH ms (local_shape p s pl) pls (M r) (fun c => L (r :: c)) ps0 kms hpl iok okr okr' side (Hin r rp).
   split; first by case: (IHr 0%N p0).
   by exists M; split => // r rp; case: (IHr r rp).
 Qed.
@@ -549,8 +616,56 @@ Lemma mrun_shapes ms env ns : map fst (mrun fn ms env ns) = mrun_s ms (map fst e
 Proof.
 elim: ns env => [|n ns IH] env //=; rewrite IH map_rcons; congr (mrun_s _ (rcons _ _) _).
 case: n => [o a|cl k x] /=.
-  by rewrite -map_comp; congr (op_shape _ _ _); apply: eq_map => b /=; rewrite mnth_fst.
+  by rewrite -map_comp; congr (gop_shape _ _); apply: eq_map => b /=; rewrite mnth_fst.
 by rewrite mnth_fst.
+Qed.
+
+(** ** The logical evaluator *)
+Local Notation lentry := (lentry R).
+Local Notation ldflt := (ldflt R).
+Local Notation lrun := (lrun fn).
+Local Notation lrun_node := (lrun_node fn).
+
+Lemma size_lrun env ns : size (lrun env ns) = (size env + size ns)%N.
+Proof.
+elim: ns env => [|n ns IH] env /=; first by rewrite addn0.
+by rewrite IH size_rcons addSnnS.
+Qed.
+
+Lemma lrun_prefix env ns k : (k < size env)%N -> nth ldflt (lrun env ns) k = nth ldflt env k.
+Proof.
+elim: ns env => [|n ns IH] env //= ke.
+by rewrite IH ?size_rcons ?(ltn_trans ke) // nth_rcons ke.
+Qed.
+
+Lemma lrun_cat env ns1 ns2 : lrun env (ns1 ++ ns2) = lrun (lrun env ns1) ns2.
+Proof. by elim: ns1 env => [|n ns IH] env //=. Qed.
+
+Lemma lrun_node_at env ns j : (j < size ns)%N ->
+  nth ldflt (lrun env ns) (size env + j) = lrun_node (lrun env (take j ns)) (nth (GNode (GO Add) [::]) ns j).
+Proof.
+move=> js; rewrite -{1}(cat_take_drop j ns) lrun_cat (drop_nth (GNode (GO Add) [::])) //=.
+have sz : size (lrun env (take j ns)) = (size env + j)%N by rewrite size_lrun size_take js.
+by rewrite lrun_prefix ?size_rcons ?sz // -sz nth_rcons ltnn eqxx.
+Qed.
+
+Lemma lrun_node_ext E E' n :
+  (forall a, a \in g_args n -> nth ldflt E a = nth ldflt E' a) -> lrun_node E n = lrun_node E' n.
+Proof.
+move=> H; rewrite /JMesh.lrun_node.
+by have -> : [seq nth ldflt E a | a <- g_args n] = [seq nth ldflt E' a | a <- g_args n] by apply/eq_in_map.
+Qed.
+
+Lemma lnth_fst (env : seq lentry) a : nth [::] (map fst env) a = (nth ldflt env a).1.
+Proof.
+case: (ltnP a (size env)) => h; first by rewrite (nth_map ldflt).
+by rewrite !nth_default ?size_map.
+Qed.
+
+Lemma lrun_shapes env ns : map fst (lrun env ns) = lrun_s (map fst env) ns.
+Proof.
+elim: ns env => [|n ns IH] env //=; rewrite IH map_rcons; congr (lrun_s (rcons _ _) _).
+by rewrite /JMesh.lrun_node /= -map_comp; congr (gop_shape _ _); apply: eq_map => a /=; rewrite lnth_fst.
 Qed.
 
 Section Plan.
@@ -558,36 +673,50 @@ Variable P : mplan.
 Variable X : seq tensor.
 Let ms := mesh P.
 Let ni := size (ml_inputs P).
-Let LP := Plan 1 (ml_inputs P) (ml_nodes P) [::] [::] [::].
-Let le := run fn 1 (ml_init P X) (ml_nodes P).
-Let ls := run_s 1 (ml_inputs P) (ml_nodes P).
+Let le := lrun (ml_init P X) (ml_nodes P).
+Let ls := lrun_s (ml_inputs P) (ml_nodes P).
 
-Lemma mls_le k : nth [::] ls k = (nth dflt le k).1.
-Proof. exact: (@ls_le R fn LP X k). Qed.
+Lemma ml_init_shapes : map fst (ml_init P X) = ml_inputs P.
+Proof.
+apply: (@eq_from_nth _ [::]); first by rewrite size_map size_mkseq.
+by move=> k; rewrite size_map size_mkseq => kn; rewrite (nth_map ldflt) ?size_mkseq // nth_mkseq.
+Qed.
+
+Lemma mls_le k : nth [::] ls k = (nth ldflt le k).1.
+Proof. by rewrite /ls -ml_init_shapes -lrun_shapes lnth_fst. Qed.
 
 Lemma msize_ls : size ls = size le.
-Proof. exact: (@size_ls R fn LP X). Qed.
+Proof. by rewrite /ls -ml_init_shapes -lrun_shapes size_map. Qed.
 
+(** A logical node is its op applied to the logical values of its operands. *)
 Lemma mle_node l : (ni <= l)%N -> (l < size le)%N ->
-  let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
-  all (fun a => a < l)%N (n_args ln) ->
-  nth dflt le l = run_node fn 1 le ln.
-Proof. exact: (@le_node R fn LP X l). Qed.
+  let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
+  all (fun a => a < l)%N (g_args ln) ->
+  nth ldflt le l = lrun_node le ln.
+Proof.
+move=> nl ll ln al.
+have sz : size (ml_init P X) = ni by rewrite size_mkseq.
+have jl : (l - ni < size (ml_nodes P))%N by move: ll; rewrite /le size_lrun sz ltn_subLR.
+rewrite -{1}(subnKC nl) -{1}sz lrun_node_at //.
+apply: lrun_node_ext => a aa; have /= al' := allP al a aa.
+rewrite /le -{2}(cat_take_drop (l - ni) (ml_nodes P)) lrun_cat [in RHS]lrun_prefix //.
+by rewrite size_lrun size_take jl sz subnKC.
+Qed.
 
 Definition mfact_ok (f : mfact) (e : mentry) : Prop :=
   (f.1 < size le)%N /\
-  marg_ok ms (nth dflt le f.1).1 f.2 ((nth dflt le f.1).2 0%N) e.1 e.2.
+  marg_ok ms (nth ldflt le f.1).1 f.2 (nth ldflt le f.1).2 e.1 e.2.
 
 Definition minv (fs : seq mfact) (E : seq mentry) : Prop :=
   size fs = size E /\ forall k, (k < size fs)%N -> mfact_ok (nth dmfact fs k) (nth mdflt E k).
 
 Lemma mlocal_sound fs E o args l pls :
-  minv fs E -> is_local o -> all (fun p => 0 < p)%N ms ->
+  minv fs E -> is_glocal o -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N args ->
   let af := map (nth dmfact fs) args in
-  let ln := nth (Node Add [::]) (ml_nodes P) (l - ni) in
-  (ni <= l)%N -> (l < size ls)%N -> n_op ln = o -> n_args ln = map fst af ->
-  all (fun a => a < l)%N (n_args ln) ->
+  let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
+  (ni <= l)%N -> (l < size ls)%N -> g_op ln = o -> g_args ln = map fst af ->
+  all (fun a => a < l)%N (g_args ln) ->
   mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls ->
   mpl_ok ms (nth [::] ls l) pls ->
   mfact_ok (l, pls) (mrun_node fn ms E (PLocal o args)).
@@ -600,12 +729,12 @@ have Iarg : forall k, (k < size args)%N -> mfact_ok (nth dmfact af k) (nth mdflt
   move=> k ka; rewrite (nth_map 0%N) //; apply: I; exact: (allP aa _ (mem_nth 0%N ka)).
 set lids := map fst af in ea ru *.
 set lss := map (nth [::] ls) lids in ru *.
-have elss : map fst (map (nth dflt le) (n_args ln)) = lss.
+have elss : map fst (map (nth ldflt le) (g_args ln)) = lss.
   by rewrite ea -map_comp /lss; apply: eq_map => a /=; rewrite mls_le.
-set Ts := map (fun a => (nth dflt le a).2 0%N) lids.
+set Ts := map (fun a => (nth ldflt le a).2) lids.
 set pss := map (fun a => (nth mdflt E a).1) args.
 set Ls := map (fun a => (nth mdflt E a).2) args.
-have hpl : nth [::] ls l = op_shape 1 o lss by rewrite mls_le hl /run_node /= elss eo.
+have hpl : nth [::] ls l = gop_shape o lss by rewrite mls_le hl /JMesh.lrun_node /= elss eo.
 rewrite hpl in ok.
 have A : forall k, (k < size (map snd af))%N ->
     marg_ok ms (nth [::] lss k) (nth [::] (map snd af) k) (nth zero_t Ts k) (nth [::] pss k)
@@ -620,17 +749,17 @@ have z3 : size pss = size (map snd af) by rewrite !size_map.
 have z4 : size Ls = size (map snd af) by rewrite !size_map.
 have [hsh hpd] := mrule_sound loc p0 z1 z2 z3 z4 A ru ok.
 split => //.
-have hle : nth dflt le l = (op_shape 1 o lss, step fn 1 o lss (map snd (map (nth dflt le) (n_args ln)))).
-  by rewrite hl /run_node elss eo.
-have hv : (nth dflt le l).2 0%N = op_val o lss Ts.
-  rewrite hle /= step_local // -!map_comp; congr (op_val _ _ _).
+have hle : nth ldflt le l = (gop_shape o lss, gop_val o lss (map snd (map (nth ldflt le) (g_args ln)))).
+  by rewrite hl /JMesh.lrun_node elss eo.
+have hv : (nth ldflt le l).2 = gop_val o lss Ts.
+  rewrite hle /= -!map_comp; congr (gop_val _ _ _).
   by rewrite ea /Ts /lids.
-have hrn : mrun_node fn ms E (PLocal o args) = (op_shape 1 o pss, fun c => op_val o pss (map (fun L => L c) Ls)).
+have hrn : mrun_node fn ms E (PLocal o args) = (gop_shape o pss, fun c => gop_val o pss (map (fun L => L c) Ls)).
   rewrite /mrun_node /pss /Ls; congr (_, _); first by rewrite -map_comp.
   by apply: functional_extensionality => c; rewrite -!map_comp.
 rewrite hrn hv hle /=; split => //.
-- by move=> i ni'; rewrite /op_val /mask ifN.
-- by move=> c i ni'; rewrite /op_val /mask ifN.
+- by move=> i ni'; rewrite gop_val_masked.
+- by move=> c i ni'; rewrite gop_val_masked.
 Qed.
 
 Lemma mcoll_sound fs E cl k x l pls :
@@ -640,15 +769,18 @@ Lemma mcoll_sound fs E cl k x l pls :
 Proof.
 move=> [szf I] p0 xs; have := I x xs; rewrite /mderive.
 case: (nth dmfact fs x) => l1 pls1 [ll [H e ok mT mL]] /andP [/andP [/eqP el _] C]; subst l1.
-move: C; rewrite /coll_ok => /andP [/andP [/andP [/andP [/andP [/andP [kms _] /placement_eqbP hin] iok] /pls_eqbP ep] ok1] ok2].
-rewrite -/ms in kms hin iok ep ok1 ok2.
-rewrite ep in ok2 *; rewrite mls_le in ok1 ok2.
-have [sh pl] := coll_sound p0 kms hin iok ok1 ok2 H.
+move: C; rewrite /coll_ok => /andP [/andP [/andP [/andP [/andP [/andP [/andP [kms _] /placement_eqbP hin] iok] /pls_eqbP ep] ok1] ok2] side].
+rewrite -/ms in kms hin iok ep ok1 ok2 side.
+rewrite ep in ok2 *; rewrite mls_le in ok1 ok2 side.
+have [sh pl] := coll_sound p0 kms hin iok ok1 ok2 side H.
 split => //; rewrite /mrun_node /=; split => //.
-- by apply: mplaced_Lext pl => c i ii; rewrite coll_step_eq /mask e -sh ii.
+- by apply: (mplaced_Lext_sz _ pl) => c i szc ii; rewrite coll_step_eq ?szc // /mask e -sh ii.
 - by rewrite e sh.
-- by move=> c i ni'; rewrite coll_step_eq /mask ifN.
+- by move=> c i ni'; rewrite /coll_step /mask /= ifN.
 Qed.
+
+Lemma gop_eqbP a b : gop_eqb a b -> a = b.
+Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. Qed.
 
 Lemma mderive_sound fs E n f :
   minv fs E -> all (fun p => 0 < p)%N ms ->
@@ -657,7 +789,7 @@ Lemma mderive_sound fs E n f :
   mfact_ok f (mrun_node fn ms E n).
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
-- rewrite /mderive => /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /op_eqbP eo] /eqP ea] al] ru] ok].
+- rewrite /mderive => /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP ea] al] ru] ok].
   exact: (mlocal_sound I loc p0 aa nl ll eo ea al ru ok).
 - by move: aa => /= /andP [xs _]; apply: mcoll_sound.
 Qed.
@@ -689,9 +821,9 @@ have /= Hk := HL k kp.
 rewrite /mp_init nth_mkseq //.
 case: (nth _ (mp_inputs P) k) li okb Hk => l pls /= li okb Hk.
 have szi : size (ml_init P X) = ni by rewrite size_mkseq.
-have hle : nth dflt le l = (nth [::] (ml_inputs P) l, fun _ => mask (nth [::] (ml_inputs P) l) (nth zero_t X l)).
-  by rewrite /le run_prefix ?szi // /ml_init nth_mkseq.
-split; first by rewrite /le size_run szi (leq_trans li) ?leq_addr.
+have hle : nth ldflt le l = (nth [::] (ml_inputs P) l, mask (nth [::] (ml_inputs P) l) (nth zero_t X l)).
+  by rewrite /le lrun_prefix ?szi // /ml_init nth_mkseq.
+split; first by rewrite /le size_lrun szi (leq_trans li) ?leq_addr.
 rewrite hle /=; split => //.
 - apply: (mplaced_Lext (L := nth (fun _ => zero_t) L k)); first by move=> c i ii; rewrite /mask ii.
   by apply: mplaced_ext Hk => i ii; rewrite /mask ii.

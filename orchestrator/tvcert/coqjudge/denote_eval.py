@@ -19,77 +19,18 @@ from pathlib import Path
 import numpy as np
 
 from .. import proofkit
-from ..ops import REGISTRY, Ctx
-from ..ops.base import norm_dim
-from .emit import _num, _rat, _seq
+from ..ops import Ctx
+from .lops import coq_lop, fn_id, lop_of  # noqa: F401 (fn_id: tests)
+from .terms import _seq
 
 SENTINEL = Fraction(-13, 17)  # not a table value (those are positive integers) nor a test input
-RED = {"sum": "RdSum", "mean": "RdMean", "amax": "RdMax", "amin": "RdMin"}
-
-
-def _key(op: str, ra: dict) -> str:
-    """The emitter's name of an uninterpreted function (emit._op's key)."""
-    return op + ("" if not ra else ":" + ",".join(f"{k}={v}" for k, v in sorted(ra.items())))
-
-
-def fn_id(fns: list[str], name: str) -> int:
-    if name not in fns:
-        fns.append(name)
-    return fns.index(name)
 
 
 def lop_term(op: str, ra: dict, shapes: list[tuple[int, ...]], fns: list[str]) -> str:
     """The Coq ``JLayout.lop`` of an IR op with resolved attrs ``ra`` on operands of ``shapes``.
 
     Raises ValueError for an op (or attribute) LayoutOps.v does not denote."""
-    s0 = tuple(shapes[0]) if shapes else ()
-    r = len(s0)
-    spec = REGISTRY[op]
-    if op in ("reshape", "view", "flatten"):
-        return f"(Reshape {_seq(spec.infer([s0], ra)[0])})"
-    if op == "permute":
-        return f"(Permute {_seq([norm_dim(d, r) for d in ra['dims']])})"
-    if op == "unsqueeze":
-        return f"(Unsqueeze {ra['dim'] % (r + 1)})"
-    if op == "squeeze":
-        return f"(Squeeze {_seq(sorted({norm_dim(d, r) for d in ra['dims']}))})"
-    if op == "expand":
-        return f"(Expand {_seq(spec.infer([s0], ra)[0])})"
-    if op == "slice":
-        if ra.get("step", 1) != 1:
-            raise ValueError("slice with step != 1 is not denoted")
-        return f"(Slice {norm_dim(ra['dim'], r)} {ra['start']} {ra['end']})"
-    if op == "concat":
-        return f"(Concat {norm_dim(ra['dim'], r)})"
-    if op in RED:
-        dims = sorted({norm_dim(d, r) for d in ra["dims"]})
-        return f"(Reduce {RED[op]} {_seq(dims)} {'true' if ra.get('keepdim') else 'false'})"
-    if op in ("minimum", "maximum"):
-        return op.capitalize()
-    if op in ("add_scalar", "masked_fill"):
-        c = _num(ra["value"])
-        if c is None:
-            raise ValueError(f"{op} value {ra['value']!r} is not a rational literal")
-        return f"({'AddScalar' if op == 'add_scalar' else 'MaskedFill'} {_rat(c)})"
-    if op == "cast":
-        if ra.get("dtype", "float") != "float":
-            raise ValueError("cast to int is not denoted")
-        return "CastF"
-    if op == "where":
-        return "Where"
-    if op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
-        d = norm_dim(ra["dim"], r)
-        ex = fn_id(fns, "exp")
-        return {"softmax": f"(Softmax {d} {ex})", "log_softmax": f"(LogSoftmax {d} {ex} {fn_id(fns, 'log')})",
-                "softmax_backward": f"(SoftmaxBwd {d})", "log_softmax_backward": f"(LogSoftmaxBwd {d} {ex})"}[op]
-    if op == "einsum":
-        from ..ops.linalg import parse_equation
-
-        terms, rhs, _ = parse_equation(ra["equation"], shapes)
-        num = {c: k for k, c in enumerate(sorted(set("".join(terms))))}
-        ts = "[:: " + "; ".join(_seq([num[c] for c in t]) for t in terms) + "]"
-        return f"(Einsum {ts} {_seq([num[c] for c in rhs])})"
-    raise ValueError(f"{op} has no denotation in Rules/IR/LayoutOps.v")
+    return coq_lop(lop_of(op, ra, shapes, fns))
 
 
 def frac(x) -> str:

@@ -3,7 +3,8 @@
 ``translate`` maps a loaded plan onto ``JMesh.mplan`` (``Rules/IR/Mesh.v``): the mesh is the
 plan's axes in mesh order (axis 0 outermost, as the interpreter distributes inputs), node ids
 are positions (inputs first), shapes are the plan's declared dims, each local op becomes one
-``Syntax.op`` constructor and each collective a ``PColl`` over one axis.  It refuses (returns
+``Syntax.op`` (``GO``) or ``LayoutOps.lop`` (``GL``, see ``lops.py``) constructor and each
+collective a ``PColl`` over one axis.  It refuses (returns
 the uncovered steps) whatever the fragment lacks: several programs, layouts, zig-zag shards,
 integer tensors, collectives over several axes, reduce_scatter other than sum, ops without a
 Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
@@ -11,8 +12,8 @@ Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` 
 node; the emitted file proves the same equalities in Coq (``the_shapes``).
 
 ``search`` finds the certificate: one fact ``(logical id, placements)`` per parallel node, by
-the rules of ``MeshCheck.mderive`` (``Check.rule`` on every axis; collectives by
-``coll_ok``).  It is search, not trust: Coq's ``mcheck`` re-derives every fact and the theorem
+the rules of ``MeshCheck.mderive`` (``Check.rule`` / ``LayoutRule.lrule`` on every axis;
+collectives by ``coll_ok``).  It is search, not trust: Coq's ``mcheck`` re-derives every fact and the theorem
 exists only when it returns true.
 """
 from __future__ import annotations
@@ -25,11 +26,13 @@ from typing import Any
 from ..graph import Graph
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Plan
+from .lops import LOPS, coq_lop, lop_of, lop_shape, lrule
+from .terms import _num, _rat, _seq
 
 # pointwise unary ops denoted by an uninterpreted function [Fn k]
 FN_OPS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "silu", "relu", "abs",
           "reciprocal", "gelu")
-COLLS = ("AllReduce", "AllGather", "ReduceScatter")
+COLLS = ("AllReduce", "AllGather", "ReduceScatter", "SliceRank")  # PColl nodes (SliceRank: Mesh.CSliceRank)
 _RED = {"sum": "RSum", "avg": "RAvg", "max": "RMax"}
 
 
@@ -120,8 +123,10 @@ def _bshape(a, b):
 
 
 def _shape(op: tuple, ss: list[tuple[int, ...]], sizes: list[int] | None = None) -> tuple[int, ...]:
-    """Denote.op_shape 1 (local ops) / Mesh.coll_shape (collectives, on the axis sizes)."""
+    """Denote.op_shape 1 / LayoutOps.lop_shape (local ops), Mesh.coll_shape (collectives, on the axis sizes)."""
     k = op[0]
+    if k in LOPS:
+        return lop_shape(op, ss)
     s0 = ss[0] if ss else ()
     if k in ("Add", "Sub", "Mul", "Div"):
         return _bshape(s0, ss[1])
@@ -139,6 +144,10 @@ def _shape(op: tuple, ss: list[tuple[int, ...]], sizes: list[int] | None = None)
     if k == "Transpose":
         s = list(s0)
         s[op[1]], s[op[2]] = s0[op[2]], s0[op[1]]
+        return tuple(s)
+    if k == "SliceRank":
+        s = list(s0)
+        s[op[1]] = op[2]
         return tuple(s)
     if k in ("AllGather", "ReduceScatter"):
         assert sizes is not None
@@ -164,16 +173,6 @@ def _mlocal_shape(s, pls: Pls, sizes: list[int]):
 
 
 # ----------------------------------------------------------------- translation
-def _num(v: Any) -> Fraction | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float, Fraction)):
-        return None
-    if isinstance(v, float):  # the decimal it is written as (0.1 is 1/10), as the exact interpreter reads it
-        if v != v or v in (float("inf"), float("-inf")):
-            return None
-        return Fraction(str(v))
-    return Fraction(v)
-
-
 def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: list[str]) -> tuple:
     """The Coq op of an IR node, or raise ValueError(why)."""
     op = n.op
@@ -212,22 +211,43 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: lis
     if op == "transpose":
         r = len(in_shapes[0])
         return ("Transpose", nd(int(ra["dim0"]), r), nd(int(ra["dim1"]), r))
-    if op in ("all_reduce", "all_gather", "reduce_scatter"):
-        ax = ra["axis"]
-        ax = (ax,) if isinstance(ax, str) else tuple(ax)
-        if len(ax) != 1 or ax[0] not in axes:
-            raise ValueError(f"collective over {list(ax)}: only collectives over one mesh axis are covered")
-        k = axes.index(ax[0])
-        if op == "all_reduce":
-            return ("AllReduce", ra.get("reduce", "sum"), k)
-        if op == "reduce_scatter" and ra.get("reduce", "sum") != "sum":
-            raise ValueError(f"reduce_scatter({ra.get('reduce')}) is not covered (sum only)")
-        return ("AllGather" if op == "all_gather" else "ReduceScatter", nd(int(ra["dim"]), len(in_shapes[0])), k)
-    raise ValueError("op has no denotation in Rules/IR yet")
+    if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return lop_of(op, ra, in_shapes, fns)
+    ax = ra["axis"]
+    ax = (ax,) if isinstance(ax, str) else tuple(ax)
+    if len(ax) != 1 or ax[0] not in axes:
+        raise ValueError(f"collective over {list(ax)}: only collectives over one mesh axis are covered")
+    k = axes.index(ax[0])
+    if op == "all_reduce":
+        return ("AllReduce", ra.get("reduce", "sum"), k)
+    if op == "reduce_scatter" and ra.get("reduce", "sum") != "sum":
+        raise ValueError(f"reduce_scatter({ra.get('reduce')}) is not covered (sum only)")
+    return ("AllGather" if op == "all_gather" else "ReduceScatter", nd(int(ra["dim"]), len(in_shapes[0])), k)
 
 
 def _mentions_rank(attrs: Any) -> bool:
     return "rank." in repr(attrs)
+
+
+def _slice_rank(n, env: dict, axes: list[str], sizes: list[int], in_shapes) -> tuple:
+    """A slice whose bounds depend on one axis' rank r as ``Mesh.CSliceRank d m``: at every r < p the
+    resolved attrs must be ``x[r*m : r*m+m]`` along one dim d (or raise ValueError(why))."""
+    names = sorted(set(re.findall(r"rank\.([A-Za-z_][A-Za-z0-9_]*)", repr(n.attrs))))
+    if len(names) != 1 or names[0] not in axes:
+        raise ValueError(f"a slice whose bounds depend on the ranks of {names} (one mesh axis is covered)")
+    k = axes.index(names[0])
+    spec = REGISTRY[n.op]
+    rows = [dict(resolve_attrs(spec, n.attrs, {**env, f"rank.{names[0]}": r})) for r in range(sizes[k])]
+    r0 = rows[0]
+    rank = len(in_shapes[0])
+    d = r0["dim"] + rank if r0["dim"] < 0 else r0["dim"]
+    m = r0["end"] - r0["start"]
+    for r, ra in enumerate(rows):
+        dr = ra["dim"] + rank if ra["dim"] < 0 else ra["dim"]
+        if ra.get("step", 1) != 1 or dr != d or ra["start"] != r * m or ra["end"] != r * m + m:
+            raise ValueError(f"rank-dependent slice bounds at {names[0]} = {r} are not block {r} of size {m} "
+                             f"along one dim")
+    return ("SliceRank", d, m, k)
 
 
 def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], fns: list[str],
@@ -240,14 +260,16 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
             continue
         if any(x not in ids for x in n.inputs):
             continue  # follows from an uncovered step already listed
-        if _mentions_rank(n.attrs):
+        in_shapes = [shapes[ids[x]] for x in n.inputs]
+        if _mentions_rank(n.attrs) and (n.op != "slice" or where == "logical"):
             unc.append(Uncovered(where, name, n.op, "rank-dependent attributes are not covered"))
             continue
         spec = REGISTRY[n.op]
-        ra = dict(resolve_attrs(spec, n.attrs, env))
-        in_shapes = [shapes[ids[x]] for x in n.inputs]
         try:
-            op = _op(n, ra, in_shapes, axes, fns)
+            if _mentions_rank(n.attrs):
+                op = _slice_rank(n, env, axes, sizes, in_shapes)
+            else:
+                op = _op(n, dict(resolve_attrs(spec, n.attrs, env)), in_shapes, axes, fns)
         except ValueError as exc:
             unc.append(Uncovered(where, name, n.op, str(exc)))
             continue
@@ -385,6 +407,9 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
     so = _shape(op, ss)
     if all(x.kind == "R" for x in pls):
         return R_
+    if k in LOPS:
+        c = lrule(op, ss, pls, p, Pl)
+        return c if c is not None and (c.kind != "S" or _shard_ok(p, so, c.dim)) else None
     cands: list[Pl] = []
     if len(pls) == 1:
         a = pls[0]
@@ -451,7 +476,8 @@ def _mrule(op: tuple, ss: list, plss: list[Pls], sizes: list[int]) -> Pls | None
 def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
     """Mirror of MeshCheck.coll_ok: the result's placements, or None and why."""
     kind, k = op[0], op[-1]
-    need = Pl("P", reduce=op[1]) if kind == "AllReduce" else Pl("S", op[1]) if kind == "AllGather" else PSUM
+    need = (Pl("P", reduce=op[1]) if kind == "AllReduce" else Pl("S", op[1]) if kind == "AllGather" else
+            R_ if kind == "SliceRank" else PSUM)
     name = _ir_name(op)
     if pls[k] != need:
         return None, f"{name} over axis {k} of a {pls_str(pls)} operand (needs {need} on axis {k})"
@@ -460,9 +486,11 @@ def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
         if not (pl.kind == "R" or partial_ok or (pl.kind == "S" and (kind == "AllReduce" or pl.dim != op[1]))):
             return None, (f"{name} over axis {k} of a {pls_str(pls)} operand: an axis inside it is {pl}, "
                           "which the Coq checker does not commute with the collective")
-    out = pls[:k] + ((Pl("S", op[1]) if kind == "ReduceScatter" else R_),) + pls[k + 1:]
+    out = pls[:k] + ((Pl("S", op[1]) if kind in ("ReduceScatter", "SliceRank") else R_),) + pls[k + 1:]
     if not _mpl_ok(s, out, sizes):
         return None, f"{name}: result placements {pls_str(out)} do not divide the shape {list(s)}"
+    if kind == "SliceRank" and op[2] != _mlocal_shape(s, pls, sizes)[op[1]] // sizes[k]:
+        return None, f"{name}: block size {op[2]} is not the shard size of dim {op[1]} over axis {k}"
     return out, ""
 
 
@@ -512,16 +540,10 @@ def _ir_name(op: tuple) -> str:
 
 
 # ----------------------------------------------------------------- printing
-def _rat(c: Fraction) -> str:
-    return f"({'true' if c < 0 else 'false'}, {abs(c.numerator)}, {c.denominator})"
-
-
-def _seq(xs) -> str:
-    return "[:: " + "; ".join(str(x) for x in xs) + "]" if xs else "[::]"
-
-
 def coq_op(op: tuple) -> str:
     k = op[0]
+    if k in LOPS:
+        return coq_lop(op)
     if k in ("Add", "Sub", "Mul", "Div", "Neg", "Square", "MM"):
         return k
     if k == "Scale":
@@ -540,13 +562,20 @@ def coq_op(op: tuple) -> str:
         return f"(CAllGather {op[1]})"
     if k == "ReduceScatter":
         return f"(CReduceScatter {op[1]})"
+    if k == "SliceRank":
+        return f"(CSliceRank {op[1]} {op[2]})"
     raise AssertionError(k)
 
 
 def _pnode(n: CNode) -> str:
     if n.op[0] in COLLS:
         return f"PColl {coq_op(n.op)} {n.op[-1]} {n.args[0]}"
-    return f"PLocal {coq_op(n.op)} {_seq(n.args)}"
+    return f"PLocal {coq_gop(n.op)} {_seq(n.args)}"
+
+
+def coq_gop(op: tuple) -> str:
+    """A local op as a ``JMesh.gop``."""
+    return f"(GL {coq_op(op)})" if op[0] in LOPS else f"(GO {coq_op(op)})"
 
 
 def _rows(rows: list[str]) -> str:
@@ -564,7 +593,7 @@ def coq_pls(pls: Pls) -> str:
 def render(cp: CoqPlan, cert: list[tuple[int, Pls]], header: str = "") -> str:
     ni, pi = len(cp.l_inputs), len(cp.p_inputs)
     lin = [f"    {_seq(s)}  (* {i}: {_cmt(n)} *)" for i, (n, s) in enumerate(cp.l_inputs)]
-    lno = [f"    Node {coq_op(n.op)} {_seq(n.args)}  (* {ni + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.l_nodes)]
+    lno = [f"    GNode {coq_gop(n.op)} {_seq(n.args)}  (* {ni + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.l_nodes)]
     pin = [f"    ({li}, {coq_pls(pls)})  (* {i}: {_cmt(n)} *)" for i, (n, li, pls) in enumerate(cp.p_inputs)]
     pno = [f"    {_pnode(n)}  (* {pi + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.p_nodes)]
     pout = [f"    ({lo}, {po}, {coq_pls(pls)})  (* {_cmt(n)} *)" for n, lo, po, pls in cp.p_outputs]
@@ -575,8 +604,8 @@ def render(cp: CoqPlan, cert: list[tuple[int, Pls]], header: str = "") -> str:
    Mesh axes (axis 0 outermost): {axes}.  Uninterpreted pointwise functions:
 {fns or '   (none)' + chr(10)}   The theorem quantifies over every interpretation of them (Rules/IR/Mesh.v). *)
 From mathcomp Require Import all_ssreflect.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Mesh IR.MeshCheck IR.MeshSound.
-Import JSyntax JDenote JCheck JMesh JMeshCheck JMeshSound.
+From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck IR.MeshSound.
+Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck JMeshSound.
 
 Definition the_plan : mplan := {{|
   mesh := {_seq(cp.sizes)};
@@ -591,7 +620,7 @@ Definition the_cert : seq mfact := {_rows(facts)}.
 
 (* Printer check: the shapes Coq's denotation gives every node are the shapes tvcert's IR infers. *)
 Lemma the_shapes :
-  run_s 1 (ml_inputs the_plan) (ml_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
+  lrun_s (ml_inputs the_plan) (ml_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
   mrun_s (mesh the_plan)
     (map (fun b => mlocal_shape (mesh the_plan) (nth [::] (ml_inputs the_plan) b.1) b.2) (mp_inputs the_plan))
     (mp_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.

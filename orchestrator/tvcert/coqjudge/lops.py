@@ -1,0 +1,186 @@
+"""Layout / reduction / row-wise ops as ``JLayout.lop`` terms (``Rules/IR/LayoutOps.v``).
+
+``lop_of`` maps an IR op with resolved attrs to a tuple (constructor name, attributes), ``coq_lop``
+prints it (trusted printer), ``lop_shape`` mirrors ``LayoutOps.lop_shape`` (the emitter compares it
+with the IR's shapes; the emitted file proves the same equalities in Coq) and ``lrule`` mirrors
+``LayoutRule.lrule`` for the untrusted fact search (Coq re-checks every fact).
+"""
+from __future__ import annotations
+
+from ..ops import REGISTRY
+from ..ops.base import norm_dim
+from .terms import _num, _rat, _seq
+
+RED = {"sum": "RdSum", "mean": "RdMean", "amax": "RdMax", "amin": "RdMin"}
+LOPS = ("Reshape", "Permute", "Unsqueeze", "Squeeze", "Expand", "Slice", "Concat", "Reduce", "Minimum",
+        "Maximum", "AddScalar", "CastF", "Softmax", "LogSoftmax", "SoftmaxBwd", "LogSoftmaxBwd", "Einsum",
+        "Where", "MaskedFill")
+# ops that read their one input through an index map (LayoutSound.reindex_op)
+REINDEX = ("Reshape", "Permute", "Unsqueeze", "Squeeze", "Expand", "Slice", "CastF")
+
+
+def fn_id(fns: list[str], name: str) -> int:
+    if name not in fns:
+        fns.append(name)
+    return fns.index(name)
+
+
+def lop_of(op: str, ra: dict, shapes: list[tuple[int, ...]], fns: list[str]) -> tuple:
+    """The ``JLayout.lop`` of an IR op on operands of ``shapes`` (raises ValueError if not denoted)."""
+    s0 = tuple(shapes[0]) if shapes else ()
+    r = len(s0)
+    spec = REGISTRY[op]
+    if op in ("reshape", "view", "flatten"):
+        return ("Reshape", tuple(spec.infer([s0], ra)[0]))
+    if op == "permute":
+        return ("Permute", tuple(norm_dim(d, r) for d in ra["dims"]))
+    if op == "unsqueeze":
+        return ("Unsqueeze", ra["dim"] % (r + 1))
+    if op == "squeeze":
+        return ("Squeeze", tuple(sorted({norm_dim(d, r) for d in ra["dims"]})))
+    if op == "expand":
+        return ("Expand", tuple(spec.infer([s0], ra)[0]))
+    if op == "slice":
+        if ra.get("step", 1) != 1:
+            raise ValueError("slice with step != 1 is not denoted")
+        return ("Slice", norm_dim(ra["dim"], r), ra["start"], ra["end"])
+    if op == "concat":
+        return ("Concat", norm_dim(ra["dim"], r))
+    if op in RED:
+        return ("Reduce", RED[op], tuple(sorted({norm_dim(d, r) for d in ra["dims"]})), bool(ra.get("keepdim")))
+    if op in ("minimum", "maximum"):
+        return (op.capitalize(),)
+    if op in ("add_scalar", "masked_fill"):
+        c = _num(ra["value"])
+        if c is None:
+            raise ValueError(f"{op} value {ra['value']!r} is not a rational literal")
+        return ("AddScalar" if op == "add_scalar" else "MaskedFill", c)
+    if op == "cast":
+        if ra.get("dtype", "float") != "float":
+            raise ValueError("cast to int is not denoted")
+        return ("CastF",)
+    if op == "where":
+        return ("Where",)
+    if op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
+        d = norm_dim(ra["dim"], r)
+        ex = fn_id(fns, "exp")
+        return {"softmax": ("Softmax", d, ex), "log_softmax": ("LogSoftmax", d, ex, fn_id(fns, "log")),
+                "softmax_backward": ("SoftmaxBwd", d), "log_softmax_backward": ("LogSoftmaxBwd", d, ex)}[op]
+    if op == "einsum":
+        from ..ops.linalg import parse_equation
+
+        terms, rhs, _ = parse_equation(ra["equation"], shapes)
+        num = {c: k for k, c in enumerate(sorted(set("".join(terms))))}
+        return ("Einsum", tuple(tuple(num[c] for c in t) for t in terms), tuple(num[c] for c in rhs))
+    raise ValueError(f"{op} has no denotation in Rules/IR/LayoutOps.v")
+
+
+def coq_lop(t: tuple) -> str:
+    k = t[0]
+    if k in ("Minimum", "Maximum", "CastF", "Where"):
+        return k
+    if k in ("AddScalar", "MaskedFill"):
+        return f"({k} {_rat(t[1])})"
+    if k in ("Reshape", "Permute", "Squeeze", "Expand"):
+        return f"({k} {_seq(t[1])})"
+    if k == "Reduce":
+        return f"(Reduce {t[1]} {_seq(t[2])} {'true' if t[3] else 'false'})"
+    if k == "Einsum":
+        return f"(Einsum {_seq([_seq(x) for x in t[1]])} {_seq(t[2])})"
+    return "(" + " ".join(map(str, t)) + ")"   # Unsqueeze / Slice / Concat / Softmax family: numbers
+
+
+def _bshape(a, b):
+    ra, rb = list(reversed(a)), list(reversed(b))
+    out = [rb[i] if i >= len(ra) else ra[i] if i >= len(rb) else (rb[i] if ra[i] == 1 else ra[i])
+           for i in range(max(len(ra), len(rb)))]
+    return tuple(reversed(out))
+
+
+def lop_shape(t: tuple, ss: list) -> tuple[int, ...]:
+    """Mirror of ``LayoutOps.lop_shape``."""
+    k = t[0]
+    s0 = list(ss[0]) if ss else []
+    if k in ("Reshape", "Expand"):
+        return tuple(t[1])
+    if k == "Permute":
+        return tuple(s0[d] if d < len(s0) else 0 for d in t[1])
+    if k == "Unsqueeze":
+        return tuple(s0[:t[1]] + [1] + s0[t[1]:])
+    if k == "Squeeze":
+        return tuple(x for j, x in enumerate(s0) if j not in t[1])
+    if k == "Slice":
+        s0[t[1]] = max(0, t[3] - t[2])
+        return tuple(s0)
+    if k == "Concat":
+        s0[t[1]] = sum(s[t[1]] for s in ss)
+        return tuple(s0)
+    if k == "Reduce":
+        for e in sorted(t[2], reverse=True):
+            if t[3]:
+                s0[e] = 1
+            else:
+                del s0[e]
+        return tuple(s0)
+    if k in ("Minimum", "Maximum", "MaskedFill"):
+        return _bshape(ss[0], ss[1])
+    if k == "Where":
+        return _bshape(_bshape(ss[0], ss[1]), ss[2])
+    if k == "Einsum":
+        size = {}
+        for term, s in zip(t[1], ss):
+            for l, n in zip(term, s):
+                size.setdefault(l, n)
+        return tuple(size[l] for l in t[2])
+    return tuple(s0)
+
+
+def _shard_ok(p, s, d) -> bool:
+    return d < len(s) and (s[d] // p) * p == s[d]
+
+
+def _rowwise_ok(s, d, e) -> bool:
+    return d < len(s) and s[d] > 0 and e != d
+
+
+def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
+    """Mirror of ``LayoutRule.lrule``: the result placement it accepts (``Pl``), or None.
+
+    Called only when some operand is not Replicate."""
+    k = t[0]
+    s0 = tuple(ss[0]) if ss else ()
+    if k == "Concat":
+        d = pls[0].dim if pls and pls[0].kind == "S" else None
+        e = t[1]
+        if d is None or any(x != Pl("S", d) for x in pls) or e == d or e >= len(s0) or not _shard_ok(p, s0, d):
+            return None
+        if any(len(s) != len(s0) or any(s[j] != s0[j] for j in range(len(s0)) if j != e) for s in ss):
+            return None
+        return Pl("S", d)
+    if len(pls) == 1 and pls[0].kind == "S":
+        d = pls[0].dim
+        if k == "Permute":
+            ds = t[1]
+            return Pl("S", ds.index(d)) if sorted(ds) == list(range(len(s0))) and len(ds) == len(s0) else None
+        if k == "Slice":
+            e, a, b = t[1:]
+            return Pl("S", d) if e < len(s0) and a <= b <= s0[e] and d != e else None
+        if k in ("Softmax", "LogSoftmax"):
+            return Pl("S", d) if _rowwise_ok(s0, t[1], d) else None
+        if k == "Reduce" and len(t[2]) == 1:
+            e, keep = t[2][0], t[3]
+            if e == d:
+                return {"RdSum": Pl("P", reduce="sum"), "RdMean": Pl("P", reduce="avg") if p > 0 else None,
+                        "RdMax": Pl("P", reduce="max") if s0[d] // p > 0 else None}.get(t[1])
+            if e < len(s0) and s0[e] > 0:
+                return Pl("S", d if keep or e > d else d - 1)
+            return None
+        if k in ("AddScalar", "CastF"):
+            return Pl("S", d)
+        return None
+    if len(pls) == 1 and pls[0].kind == "P":
+        return pls[0] if k in REINDEX and pls[0].reduce in ("sum", "avg") else None
+    if len(pls) == 2 and k in ("SoftmaxBwd", "LogSoftmaxBwd") and pls[0].kind == "S" and pls[0] == pls[1]:
+        d = pls[0].dim
+        return Pl("S", d) if _rowwise_ok(s0, t[1], d) and tuple(ss[1]) == s0 else None
+    return None
