@@ -1319,6 +1319,16 @@ def _permute_shift(c, shp, out_splits, in_splits, group) -> int | None:
     return s if (r - outs.index(shp[0])) % p == s else None
 
 
+@reg("aten.histc", "aten._grouped_mm", "transformers.grouped_mm_fallback", "transformers.grouped_mm_fallback_backward")
+def _routing(c, n, *a, **k):
+    """MoE routing as tensors: per-expert token counts (``histc``) and a grouped GEMM whose group offsets are their
+    cumulative sums.  No IR op computes these for every routing yet; one traced routing would prove one only."""
+    what = "counts values per bin (in MoE code: tokens per expert)" if "histc" in str(n.target) else \
+        "multiplies row groups whose boundaries (offs) come from values (token counts per expert)"
+    c.fail(f"data-dependent routing: {n.target} {what}; no IR conversion holds for all routings (a routing is "
+           f"never fixed from one trace)")
+
+
 @reg("_c10d_functional.broadcast")
 def _broadcast(c, n, x, src, group):
     return c.emit("broadcast", [c.ir(x)], {"axis": _axis(c, group), "root": int(src)})
