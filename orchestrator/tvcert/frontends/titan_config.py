@@ -143,13 +143,13 @@ def check_supported(job: TitanJob) -> None:
                          f"torchtitan's pipeline schedules (torch.distributed.pipelining) are not traced yet",
                          "unsupported", "pipeline_parallel_degree")
     if p.context_parallel_degree > 1:
+        from .context_parallel import why_not_spmd
+
+        lb = p.context_parallel_load_balancer == "headtail"
         raise TraceError(f"{job.path}: parallelism.context_parallel_degree = {p.context_parallel_degree}: "
-                         f"torchtitan's context parallelism is not traced yet: apply_cp_to_forward wraps q/k/v "
-                         f"as cp-sharded DTensors and torch's CP dispatcher sends the fused SDPA op to ring "
-                         f"attention, while the trace runs attention on SDPA's math backend with a finite causal "
-                         f"mask (no -inf in the IR); the trainer's prepare_context_parallel_input (headtail "
-                         f"load-balanced tokens, labels and positions) is not traced either", "unsupported",
-                         "context_parallel_degree")
+                         f"torchtitan's SDPA context parallelism (apply_cp_to_forward) runs torch's ring attention "
+                         f"(_templated_ring_attention, traced in examples/torch/cp_attention.py), and "
+                         f"{why_not_spmd(lb, 'allgather')}", "unsupported", "context_parallel_degree")
     if p.spmd_backend != "spmd_types":
         raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
                          f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor)", "unsupported",
