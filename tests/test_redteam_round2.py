@@ -156,3 +156,55 @@ def test_stage_key_resolves_attributes_with_a_rank_in_any_spelling():
 
     assert all(_mentions_rank({"start": [s]}) for s in ("ｒａｎｋ.pp*2", "(rank).pp", "rank . pp"))
     assert not _mentions_rank({"start": ["n/2", 3]})
+
+
+# ------------------------------------------------------------------ 1b. sizes that agree at the declared dims only
+# Not only the counting rules: attributes are resolved at dims before expressions are compared, and side conditions
+# compare sizes computed there, so a literal can stand for a dim's value (both VERIFIED, and their certificates
+# accepted, before every plan with non-mesh dims was re-proved at a second instantiation).
+def test_literal_standing_for_a_dim_is_not_verified():
+    p = _mesh2([_n("y", "scale", ["x"], value="n")], [_n("y", "scale", ["x"], value=6)], xpl={}, outpl={},
+               xshape=("n", "h"))
+    at = copy.deepcopy(p)
+    at["dims"]["n"] = 12
+    assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal and not run_plan(load_plan(at), exact=True).equal
+    res = V.verify(load_plan(copy.deepcopy(p)), refute=False)
+    assert res.verdict != "VERIFIED" and "n = 6 (a literal)" in res.reasons[0], res.reasons
+    with pytest.raises(Invalid, match="must also hold at dims"):
+        check_certificate(_forged(p))
+
+
+def test_vocab_block_written_as_a_literal_is_not_verified():
+    """Offsets rank.tp*4 are the vocab block v/tp at v = 8 only: the pattern's side condition compares them with
+    the block computed from the table's shape at the declared dims."""
+    p = {"tvcert_plan": 1, "name": "vpe_literal_block", "dims": {"n": 16, "v": 8, "h": 3, "tp": 2},
+         "mesh": [["tp", "tp"]],
+         "logical": {"inputs": [{"name": "ids", "shape": ["n"], "dtype": "int", "range": "v"},
+                                {"name": "w", "shape": ["v", "h"], "dtype": F}],
+                     "nodes": [_n("y", "embedding", ["w", "ids"])], "outputs": ["y"]},
+         "parallel": [{"name": "tp", "inputs": [{"name": "ids", "shape": ["n"], "dtype": "int", "range": "v"},
+                                                {"name": "w", "shape": ["v/tp", "h"], "dtype": F}],
+                       "nodes": [_n("lo", "const", [], value="rank.tp*4", dtype="int"),
+                                 _n("hi", "const", [], value="rank.tp*4+4", dtype="int"),
+                                 _n("below", "lt", ["ids", "lo"]), _n("above", "ge", ["ids", "hi"]),
+                                 _n("outside", "logical_or", ["below", "above"]),
+                                 _n("shifted", "sub", ["ids", "lo"]),
+                                 _n("lid", "masked_fill", ["shifted", "outside"], value=0),
+                                 _n("rows", "embedding", ["w", "lid"]),
+                                 _n("outside3", "unsqueeze", ["outside"], dim=-1),
+                                 _n("masked", "masked_fill", ["rows", "outside3"], value=0),
+                                 _n("y", "all_reduce", ["masked"], axis="tp", reduce="sum")], "outputs": ["y"]}],
+         "inputs": {"ids": {"local": "ids"}, "w": {"local": "w", "placement": {"tp": "Shard(0)"}}},
+         "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}}}
+    at16 = copy.deepcopy(p)
+    at16["dims"]["v"] = 16
+    assert not run_plan(load_plan(at16), exact=True).equal
+    assert V.verify(load_plan(copy.deepcopy(p)), refute=False).verdict != "VERIFIED"
+    with pytest.raises(Invalid, match="must also hold at dims"):
+        check_certificate(_forged(p))
+    ok = copy.deepcopy(p)  # the positive control: the block written as v/tp verifies (at both instantiations)
+    for nd in ok["parallel"][0]["nodes"][:2]:
+        nd["attrs"]["value"] = nd["attrs"]["value"].replace("4", "(v/tp)")
+    res = V.verify(load_plan(ok), refute=False)
+    assert res.verdict == "VERIFIED" and res.stats["size_check"]["verdict"] == "VERIFIED", res.reasons
+    assert check_certificate(_cert(res)).size_check.startswith("rests on sizes")

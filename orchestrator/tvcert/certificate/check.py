@@ -24,7 +24,7 @@ from ..kernel.patterns import PATTERNS
 from ..kernel.partial_read import RULE as PARTIAL_READ, read_as
 from ..kernel.rules import RULES, Fact, RuleFailure, derive
 from ..kernel.setup import input_facts, kctx, logical_exprs, output_targets, rank0_env
-from ..kernel.sizes import SIZE_COUNTING, second_instantiation
+from ..kernel.sizes import second_instantiation, size_reasons
 from ..kernel.smt import SOLVERS
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import PlanError, load_plan, plan_digest
@@ -174,7 +174,7 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     # 5. the expression table the certificate shows is the one replay built
     if [list(r) for r in exprs.export()] != [[i, op, at, list(args)] for i, op, at, args in cert.expressions]:
         raise Invalid("the certificate's expression table differs from the one replay builds")
-    # 6. a proof that counts elements holds at the second instantiation of the dims too (kernel/sizes.py)
+    # 6. a proof that rests on sizes holds at the second instantiation of the dims too (kernel/sizes.py)
     sized = None if second else _check_sizes(cert, plan, used_rules, manifest, solvers)
     if second and cert.size_checks:
         raise Invalid("the certificate of a second instantiation carries size checks of its own")
@@ -182,9 +182,9 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
 
 
 def _check_sizes(cert, plan, used_rules, manifest, solvers) -> str | None:
-    """The engine's second verification, replayed: the checker picks the instantiation itself (the certificate
+    """The engine's second verification (engine/sizes.py), replayed: the checker picks the instantiation itself (the certificate
     cannot choose one where the sizes still coincide) and checks the certificate made there."""
-    used = sorted(set(SIZE_COUNTING) & used_rules)
+    used = size_reasons(plan.raw, used_rules)
     if not used:
         if cert.size_checks:
             raise Invalid("the certificate carries size checks the proof does not need (tampered or stale)")
@@ -193,12 +193,12 @@ def _check_sizes(cert, plan, used_rules, manifest, solvers) -> str | None:
     if alt is None:
         if cert.size_checks:
             raise Invalid("the certificate carries size checks, but no second instantiation of the dims loads")
-        return f"counts elements ({', '.join(used)}); no second instantiation of the dims loads: proved at the declared dims only"
+        return f"rests on sizes ({'; '.join(used)}); no second instantiation of the dims loads: proved at the declared dims only"
     dims, raw2, _ = alt
     want = plan_digest(raw2)
     got = [c for c in cert.size_checks if c.plan.digest == want]
     if len(cert.size_checks) != 1 or not got:
-        raise Invalid(f"the proof counts elements ({', '.join(used)}), so it must also hold at dims {dims}; the "
+        raise Invalid(f"the proof rests on sizes ({'; '.join(used)}), so it must also hold at dims {dims}; the "
                       f"certificate carries no proof for the plan at those dims (a coincidence of sizes is no proof)")
     try:
         check_certificate(got[0], None, manifest, solvers, second=True)
@@ -206,7 +206,7 @@ def _check_sizes(cert, plan, used_rules, manifest, solvers) -> str | None:
         raise Invalid(f"at the second instantiation of the dims {dims}: {exc}") from None
     except Unreadable as exc:
         raise Invalid(f"at the second instantiation of the dims {dims}: {exc}") from None
-    return f"counts elements ({', '.join(used)}); re-proved at dims {dims}"
+    return f"rests on sizes ({'; '.join(used)}); re-proved at dims {dims}"
 
 
 def _replay(plan, exprs, facts, done, k, st, cited) -> None:

@@ -6,7 +6,8 @@ sizes, but a few steps turn sizes into numbers: ``reduction_normal_form`` reads 
 ``dims`` only (a mean over d0 elements vs an average over d0 ranks when each rank holds one element), and
 the same plan, shape-polymorphic as the format promises, is wrong at other sizes.
 
-So when a VERIFIED proof used one of those steps, the same plan is verified again (once: that second
+So when a VERIFIED proof used one of those steps, or attributes resolved at ``dims`` coincide there
+(``kernel/sizes.py:coincidences``: ``scale(x, "n")`` against ``scale(x, 4)``), the same plan is verified again (once: that second
 verification does not recurse) at the second instantiation ``kernel/sizes.py`` picks from the plan; the
 checker picks the same one and replays the certificate of that verification, which the first certificate
 carries.  If the plan does not verify there, the verdict is UNKNOWN with that reason.  When no second
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..kernel.sizes import SIZE_COUNTING, second_instantiation
+from ..kernel.sizes import second_instantiation, size_reasons
 
 
 def check_other_sizes(res, verify_again: Callable) -> None:
     """Downgrade ``res`` (VERIFIED) to UNKNOWN when its size-counting proof fails at the second instantiation;
     keep the second result (``res.size_results``) so that its certificate travels with the first."""
-    used = sorted(set(SIZE_COUNTING) & res.used_rules_cache)
+    used = size_reasons(res.plan.raw, res.used_rules_cache)
     if not used:
         return
     second = second_instantiation(res.plan.raw)
@@ -37,7 +38,7 @@ def check_other_sizes(res, verify_again: Callable) -> None:
     if res2.verdict != "VERIFIED":
         why = res2.reasons[0] if res2.reasons else "no proof"
         res.verdict = "UNKNOWN"
-        res.reasons.append(f"the proof holds at the declared dims but counts elements ({', '.join(used)}); at dims "
+        res.reasons.append(f"the proof holds at the declared dims but rests on sizes ({'; '.join(used)}); at dims "
                            f"{alt} the same plan does not verify ({why}), so it rests on a coincidence of sizes")
         return
     res.size_results = [res2]

@@ -12,6 +12,12 @@ choose it (``run_dims`` could keep the coincidence: d0 = 8 on 4 x 2 ranks is the
 3. else the plan's ``run_dims`` when they differ from ``dims`` (the author's choice: weakest, last).
 
 Mesh sizes stay: the plan is a plan for its mesh.  The first candidate that loads decides.
+
+Counting rules are not the only way a size becomes a number: attributes are resolved at ``dims`` before
+expressions are compared, so ``scale(x, "n")`` in the logical graph and ``scale(x, 4)`` in the program are the
+same expression at n = 4 (and ``slice(.., end="n/2")`` the same as ``end="h-1"`` at n = 4, h = 3).  So the
+second verification also runs when :func:`coincidences` finds an attribute whose value, computed from a
+non-mesh dim, equals a literal or another such attribute written differently.
 """
 from __future__ import annotations
 
@@ -20,6 +26,96 @@ import re
 
 SIZE_COUNTING = ("reduction_normal_form", "scale_common_factor")
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
+
+
+_ID = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _leaves(v):
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        else:
+            yield x
+
+
+def _attr_leaves(raw: dict):
+    """Every scalar inside an attribute of every op (loop bodies included) and of every binding's layout."""
+    def nodes(g):
+        for n in (g.get("nodes") or []) if isinstance(g, dict) else []:
+            if not isinstance(n, dict):
+                continue
+            yield n
+            body = (n.get("attrs") or {}).get("body") if isinstance(n.get("attrs"), dict) else None
+            if isinstance(body, dict):
+                yield from nodes(body)
+
+    for g in [raw.get("logical")] + list(raw.get("parallel") or []):
+        for n in nodes(g):
+            for k, v in (n.get("attrs") or {}).items():
+                if k != "body":
+                    yield from _leaves(v)
+    for sect in ("inputs", "outputs"):
+        for b in (raw.get(sect) or {}).values():
+            for st in (b.get("layout") or []) if isinstance(b, dict) else []:
+                if isinstance(st, dict):
+                    yield from _leaves(st.get("attrs"))
+
+
+def coincidences(raw: dict) -> list[tuple[int, list[str]]]:
+    """(value, spellings) where an attribute computed from non-mesh dims equals, at ``dims``, a literal attribute
+    or an attribute written differently (evaluated with every rank coordinate at 0 and at 1)."""
+    from ..shapes import parse
+
+    dims = raw.get("dims") or {}
+    if not isinstance(dims, dict):
+        return []
+    fixed = mesh_dim_names(raw)
+    free = {d for d in dims if d not in fixed}
+    lits: set = set()
+    derived: dict = {}
+    for x in _attr_leaves(raw):
+        if isinstance(x, bool):
+            continue
+        if isinstance(x, (int, float)):
+            lits.add(x)
+        elif isinstance(x, str) and set(_ID.findall(x)) & free:
+            try:
+                e = parse(x)
+            except (ValueError, TypeError):
+                continue
+            if not e.names() & free:
+                continue
+            for r in (0, 1):
+                try:
+                    v = e.eval({**dims, **{n: r for n in e.names() if n.startswith("rank.")}})
+                except (ValueError, TypeError, KeyError, ZeroDivisionError):
+                    continue
+                derived.setdefault(v, set()).add(e.text)
+    return sorted((v, sorted(t)) for v, t in derived.items() if v in lits or len(t) > 1)
+
+
+def size_reasons(raw: dict, used_rules) -> list[str]:
+    """Why a proof of this plan must be redone at a second instantiation (empty: it need not).
+
+    Every proof of a plan with non-mesh dims is: besides the counting rules, a side condition compares sizes
+    computed at ``dims`` (a vocab block ``v/tp`` against an offset written ``rank.tp*4``, a rank count against an
+    element count), and attributes are resolved there before expressions are compared; any literal or mesh
+    size can agree with a dim's value at ``dims`` only.  The reasons name what was seen, for the message."""
+    out = sorted(set(SIZE_COUNTING) & set(used_rules))
+    hits = coincidences(raw)
+    if hits:
+        out.append("attributes equal at the declared dims only: "
+                   + ", ".join(f"{' = '.join(t)} = {v}" if len(t) > 1 else f"{t[0]} = {v} (a literal)" for v, t in hits[:3])
+                   + (" ..." if len(hits) > 3 else ""))
+    dims = raw.get("dims") if isinstance(raw.get("dims"), dict) else {}
+    if not out and set(dims) - mesh_dim_names(raw):
+        out.append("sizes enter the proof as numbers at the declared dims")
+    return out
 
 
 def mesh_dim_names(raw: dict) -> set[str]:
