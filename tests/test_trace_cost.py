@@ -132,3 +132,35 @@ def test_bad_jobs_setting_is_bad_input(monkeypatch):
     with pytest.raises(TraceError) as ei:
         traced(None)
     assert ei.value.kind == "input" and "TVCERT_TRACE_JOBS" in str(ei.value)
+
+
+SPEC = '''
+import torch
+import torch.distributed._functional_collectives as funcol
+
+
+def tvcert_trace():
+    def logical(x, w):
+        return (x @ w).pow(2).sum()
+
+    def parallel(ctx, x, w):
+        return (x @ w).pow(2).sum()
+
+    return dict(logical=logical, parallel=parallel, mesh={"dp": 4}, output_placements={"loss": {"dp": "Partial(sum)"}},
+                inputs={"x": {"shape": [8, 4], "placement": {"dp": "Shard(0)"}}, "w": {"shape": [4, 4], "param": True}},
+                grad_sync=lambda ctx, g: {p: funcol.all_reduce(t, "sum", ctx.group("dp")) for p, t in g.items()})
+'''
+
+
+def test_cli_jobs(tmp_path):
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    spec = tmp_path / "dp_spec.py"
+    spec.write_text(SPEC)
+    r = CliRunner().invoke(main, ["trace", str(spec), "--jobs", "2", "--verify", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "VERIFIED" in r.output
+    r = CliRunner().invoke(main, ["trace", str(spec), "--jobs", "0", "--verify", "-q"])
+    assert r.exit_code == 3

@@ -160,6 +160,9 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
 @click.option("--report", "report_path", metavar="REPORT.html", type=click.Path(dir_okay=False),
               help="with --verify: write a readable HTML report")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="trace the ranks in this many worker processes at once (default: TVCERT_TRACE_JOBS, else 1); "
+                   "every rank is traced either way")
 @click.option("--torchtitan", "titan", type=click.Choice(TORCHTITAN_MODELS),
               help="instead of SPEC: a torchtitan model with torchtitan's own parallelization (needs torchtitan==0.3.0)")
 @click.option("--hf", "hf", metavar="MODEL",
@@ -179,7 +182,7 @@ TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.to
                    "vocab-parallel embedding and loss-parallel cross-entropy")
 def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, as_json: bool, report_path: str | None,
           quiet: bool, titan: str | None, tp: int, ep: int, sp: bool, layers: int, no_mesh_context: bool,
-          replicated_vocab: bool, hf: str | None = None, titan_config: str | None = None) -> None:
+          replicated_vocab: bool, hf: str | None = None, titan_config: str | None = None, jobs: int | None = None) -> None:
     """Trace PyTorch parallel code on a fake process group into a plan; with --verify, verify it.
 
     SPEC is a Python file (see the module docstring), or use --torchtitan MODEL or --hf MODEL."""
@@ -209,6 +212,10 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
     if titan_config is not None:
         titan_kw = {"config": titan_config, "mesh_context": not no_mesh_context,
                     "vocab_parallel": not replicated_vocab, "layers": layers}
+    from . import trace as _trace_mod
+
+    if jobs is not None:
+        _trace_mod.rank_jobs = jobs
     plan_dict = traced_dict(spec, sets, as_json, titan, titan_kw, progress=progress, hf=hf, tp=tp)
     if out_path:
         from ..cli import write_atomic

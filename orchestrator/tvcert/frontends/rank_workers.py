@@ -59,7 +59,7 @@ def _exc_payload(exc: BaseException) -> Any:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _child(fd: int, fn: Callable[[int], Any], ranks: Sequence[int], tick_attr) -> None:
+def _child(fd: int, fn: Callable[[int], Any], ranks: Sequence[int], tick_attr, worker: int) -> None:
     try:
         import ctypes
 
@@ -68,7 +68,8 @@ def _child(fd: int, fn: Callable[[int], Any], ranks: Sequence[int], tick_attr) -
         pass
     mod, attr = tick_attr
     if getattr(mod, attr, None) is not None:
-        setattr(mod, attr, lambda text: _send(fd, ("tick", None, text, "", "")))
+        # prefixed: the parent's bar counts the ranks it has received, not what a worker has started
+        setattr(mod, attr, lambda text: _send(fd, ("tick", None, f"[worker {worker + 1}] {text}", "", "")))
     for r in ranks:
         out, err = io.StringIO(), io.StringIO()
         old = sys.stdout, sys.stderr
@@ -108,7 +109,7 @@ def map_ranks(fn: Callable[[int], Any], world: int, jobs: int, tick_attr: tuple)
                     os.close(rfd)
                     for other in workers:
                         os.close(other)
-                    _child(wfd, fn, mine, tick_attr)
+                    _child(wfd, fn, mine, tick_attr, i)
                 except BaseException:  # noqa: BLE001
                     code = 4
                 finally:
