@@ -1,7 +1,7 @@
 """Tracing cost of the PyTorch front end over the mesh size and the depth (issue 16): where the time goes.
 
     PYTHONPATH=orchestrator python bench/trace_cost.py [--ranks 2,4,8,16,64] [--layers 1,2,4,8,32]
-        [--budget 120] [--verify] [--jobs N]
+        [--budget 120] [--verify] [--jobs N] [--src DIR]
 
 Each cell traces torchtitan's Llama 3 (the debug flavour's structure: fused QKV, complex RoPE, SwiGLU, untied
 head; dim 64, 8 heads) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
@@ -10,7 +10,8 @@ the joint forward + backward), converting (ATen -> IR), the rest of ``trace_plan
 SPMD compression, validation), verifying (``--verify``), the ranks traced against the mesh size, and the peak
 RSS.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
 printed as such.  ``--jobs N`` traces the ranks in N forked workers (``TVCERT_TRACE_JOBS``); every rank is traced.
-Figures, never asserts: this machine is shared and noisy.
+``--src DIR`` imports tvcert from DIR instead of this tree's ``orchestrator/`` (an older checkout, for
+before / after figures).  Figures, never asserts: this machine is shared and noisy.
 """
 from __future__ import annotations
 
@@ -91,11 +92,11 @@ def mesh_of(ranks: int) -> tuple[int, int]:
     return ranks // 2, 2
 
 
-def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path) -> dict:
+def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path, src: Path) -> dict:
     dp, tp = mesh_of(ranks)
     cfg = tmp / f"dp{dp}_tp{tp}.toml"
     cfg.write_text(TOML.format(dp=dp, tp=tp))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "orchestrator"))
+    env = dict(os.environ, PYTHONPATH=str(src))
     env["TVCERT_TRACE_JOBS"] = str(jobs)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", CELL, json.dumps({"config": str(cfg), "layers": layers,
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="skip a cell predicted to take longer (s)")
     ap.add_argument("--verify", action="store_true", help="also verify each traced plan")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes tracing ranks (TVCERT_TRACE_JOBS)")
+    ap.add_argument("--src", type=Path, default=ROOT / "orchestrator", help="the tvcert sources to measure")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     ranks = [int(x) for x in a.ranks.split(",")]
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
                         rows.append(r)
                         print(fmt(r), flush=True)
                         continue
-                r = run_cell(rk, ly, a.verify, a.jobs, Path(td))
+                r = run_cell(rk, ly, a.verify, a.jobs, Path(td), a.src.resolve())
                 rows.append(r)
                 print(fmt(r), flush=True)
                 if "error" not in r and r.get("traced_ranks"):

@@ -61,6 +61,10 @@ def mlp(ctx, x, w1, w2, bug=None):
         raise ValueError(f"rank {ctx.rank} fails")
     if bug == "print":
         print(f"hello from rank {ctx.rank}")
+    if bug == "exit" and ctx.rank == 3:
+        import os
+
+        os._exit(0)
     return y.pow(2).sum()
 
 
@@ -125,6 +129,13 @@ def test_worker_output_reaches_the_parent(capfd):
     traced(2, "print")
     out = capfd.readouterr().out
     assert all(f"hello from rank {r}" in out for r in range(8))
+
+
+def test_a_rank_that_ends_its_worker_is_bad_input():
+    """(Only with workers: in one process ``os._exit`` would end the test run.)"""
+    with pytest.raises(TraceError) as ei:
+        traced(2, "exit")
+    assert ei.value.kind == "input" and "rank 3 exited with status 0" in str(ei.value)
 
 
 def test_bad_jobs_setting_is_bad_input(monkeypatch):

@@ -131,8 +131,10 @@ def map_ranks(fn: Callable[[int], Any], world: int, jobs: int, tick_attr: tuple)
                     workers[fd] = -1
                     why = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                            else f"exited with status {os.WEXITSTATUS(status)}")
-                    raise RuntimeError(f"the worker process tracing rank {r} {why} before it finished "
-                                       f"(out of memory?)")
+                    from .trace import TraceError  # the traced code ended its process: bad input, as in one process
+
+                    raise TraceError(f"the worker process tracing rank {r} {why} before it finished (the traced code "
+                                     f"exits the interpreter, crashes it, or exceeds its memory)", "input")
                 ready, _, _ = select.select(sorted(live), [], [])
                 for f in ready:
                     chunk = os.read(f, 1 << 20)
