@@ -208,3 +208,239 @@ def test_vocab_block_written_as_a_literal_is_not_verified():
     res = V.verify(load_plan(ok), refute=False)
     assert res.verdict == "VERIFIED" and res.stats["size_check"]["verdict"] == "VERIFIED", res.reasons
     assert check_certificate(_cert(res)).size_check.startswith("rests on sizes")
+
+
+# ------------------------------------------------------------------ 3. ops that are linear only for sum, or not at all
+# A 3-D mesh (dp of size 1, tp of 3, cp of 2); each plan moves a Partial input through an op and reduces after it.
+M3, D3 = ["dp", "tp", "cp"], {"n": 6, "h": 5, "dp": 1, "tp": 3, "cp": 2}
+
+
+def _m3(lin, lnodes, pnodes, inpl, out="y"):
+    return {"tvcert_plan": 1, "name": "rt3", "dims": dict(D3), "mesh": [[a, a] for a in M3],
+            "logical": {"inputs": [{"name": k, "shape": s, "dtype": F} for k, s in lin.items()], "nodes": lnodes,
+                        "outputs": [out]},
+            "parallel": [{"name": "m", "inputs": [{"name": k, "shape": s, "dtype": F} for k, s in lin.items()],
+                          "nodes": pnodes, "outputs": [out]}],
+            "inputs": {k: {"local": k, "placement": inpl.get(k, {})} for k in lin},
+            "outputs": {out: {"local": out, "placement": {}}}}
+
+
+def _through(op, attrs, red="sum", pl="Partial(sum)", axis="cp"):
+    return _m3({"x": ["n", "h"]}, [_n("y", op, ["x"], **attrs)],
+               [_n("u", op, ["x"], **attrs), _n("y", "all_reduce", ["u"], axis=axis, reduce=red)], {"x": {axis: pl}})
+
+
+_TWO = {"x": ["n", "h"], "w": ["n", "h"]}
+_MASK = [_n("z", "const", [], value=0), _n("c", "gt", ["w", "z"])]
+FLAG_CASES = {
+    "softmax_of_partial_on_cp": lambda: _through("softmax", {"dim": 1}),
+    "log_softmax_of_partial_on_tp": lambda: _through("log_softmax", {"dim": 0}, axis="tp"),
+    "pad_with_one": lambda: _through("pad", {"pads": [0, 0, 0, 1], "value": 1}),
+    "pad_with_tiny_nonzero": lambda: _through("pad", {"pads": [0, 0, 1, 0], "value": 1e-30}),
+    "cast_to_int": lambda: _through("cast", {"dtype": "int"}),
+    "square": lambda: _through("square", {}),
+    "add_scalar": lambda: _through("add_scalar", {"value": 1}),
+    "relu_of_partial_avg": lambda: _through("relu", {}, red="avg", pl="Partial(avg)"),
+    "neg_of_partial_max": lambda: _through("neg", {}, red="max", pl="Partial(max)"),
+    "scale_minus_one_of_partial_max": lambda: _through("scale", {"value": -1}, red="max", pl="Partial(max)"),
+    "mean_of_partial_max_then_sum": lambda: _through("mean", {"dims": [1], "keepdim": False}, pl="Partial(max)"),
+    "amax_of_partial_sum": lambda: _through("amax", {"dims": [1], "keepdim": False}),
+    "masked_fill_nonzero_of_partial": lambda: _m3(
+        _TWO, _MASK + [_n("y", "masked_fill", ["x", "c"], value=0.5)],
+        _MASK + [_n("u", "masked_fill", ["x", "c"], value=0.5), _n("y", "all_reduce", ["u"], axis="cp", reduce="sum")],
+        {"x": {"cp": "Partial(sum)"}}),
+    "where_with_nonzero_other_branch": lambda: _m3(
+        _TWO, _MASK + [_n("o", "const", [], value=1), _n("y", "where", ["c", "x", "o"])],
+        _MASK + [_n("o", "const", [], value=1), _n("u", "where", ["c", "x", "o"]),
+                 _n("y", "all_reduce", ["u"], axis="cp", reduce="sum")], {"x": {"cp": "Partial(sum)"}}),
+    "mul_of_two_partials_same_axis": lambda: _m3(
+        _TWO, [_n("y", "mul", ["x", "w"])],
+        [_n("u", "mul", ["x", "w"]), _n("y", "all_reduce", ["u"], axis="tp", reduce="sum")],
+        {"x": {"tp": "Partial(sum)"}, "w": {"tp": "Partial(sum)"}}),
+    "partial_in_the_denominator": lambda: _m3(
+        _TWO, [_n("e", "exp", ["w"]), _n("y", "div", ["e", "x"])],
+        [_n("e", "exp", ["w"]), _n("u", "div", ["e", "x"]), _n("y", "all_reduce", ["u"], axis="tp", reduce="sum")],
+        {"x": {"tp": "Partial(sum)"}}),
+    "softmax_backward_linear_flag_on_out": lambda: _m3(
+        _TWO, [_n("y", "softmax_backward", ["x", "w"], dim=1)],
+        [_n("u", "softmax_backward", ["x", "w"], dim=1), _n("y", "all_reduce", ["u"], axis="cp", reduce="sum")],
+        {"w": {"cp": "Partial(sum)"}}),
+    "matmul_of_two_partial_avg": lambda: _m3(
+        {"x": ["n", "h"], "w": ["h", "n"]}, [_n("y", "matmul", ["x", "w"])],
+        [_n("u", "matmul", ["x", "w"]), _n("y", "all_reduce", ["u"], axis="cp", reduce="avg")],
+        {"x": {"cp": "Partial(avg)"}, "w": {"cp": "Partial(avg)"}}),
+    "partial_avg_scaled_by_the_wrong_p": lambda: _m3(
+        {"x": ["n", "h"]}, [_n("y", "scale", ["x"], value=1)],
+        [_n("u", "scale", ["x"], value=0.5), _n("y", "all_reduce", ["u"], axis="tp", reduce="sum")],
+        {"x": {"tp": "Partial(avg)"}}),
+    "partial_avg_on_two_axes_summed": lambda: _m3(
+        {"x": ["n", "h"]}, [_n("y", "scale", ["x"], value=1)],
+        [_n("y", "all_reduce", ["x"], axis=["tp", "cp"], reduce="sum")],
+        {"x": {"tp": "Partial(avg)", "cp": "Partial(avg)"}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLAG_CASES))
+def test_partial_through_an_op_that_does_not_commute(case):
+    _assert_wrong_not_verified(FLAG_CASES[case](), exact=case not in ("softmax_of_partial_on_cp",
+                                                                      "log_softmax_of_partial_on_tp"))
+
+
+def test_partials_on_different_axes_multiply_positive_control():
+    """x Partial(sum) over tp times w Partial(sum) over cp is bilinear across the two axes: right, and VERIFIED."""
+    p = _m3(_TWO, [_n("y", "mul", ["x", "w"])],
+            [_n("u", "mul", ["x", "w"]), _n("v", "all_reduce", ["u"], axis="tp", reduce="sum"),
+             _n("y", "all_reduce", ["v"], axis="cp", reduce="sum")], {"x": {"tp": "Partial(sum)"}, "w": {"cp": "Partial(sum)"}})
+    assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal
+    assert V.verify(load_plan(p), refute=False).verdict == "VERIFIED"
+
+
+# ------------------------------------------------------------------ 4. stage replay with an aliased boundary
+def _memo_base():
+    """Stage L2 repeats L1's ops; its internal exp(w) is what the output reads, while the boundary carries -w."""
+    n = lambda name, op, ins, layer=None: {"op": op, "inputs": ins, "name": name, **({"layer": layer} if layer else {})}
+    return {"tvcert_plan": 1, "name": "memo_alias", "dims": {"b": 4, "h": 8, "tp": 2}, "run_dims": {"b": 2, "h": 4, "tp": 2},
+            "mesh": [["tp", "tp"]],
+            "logical": {"inputs": [{"name": "x", "shape": ["b", "h"], "dtype": F}, {"name": "w", "shape": ["b", "h"], "dtype": F}],
+                        "nodes": [n("ex", "exp", ["x"]), n("g", "neg", ["w"]), n("o", "neg", ["w"])], "outputs": ["o", "ex"]},
+            "parallel": [{"name": "main", "inputs": [{"name": "x", "shape": ["b", "h"], "dtype": F},
+                                                     {"name": "w", "shape": ["b", "h"], "dtype": F}],
+                          "nodes": [n("e", "exp", ["x"]), n("g", "neg", ["w"]), n("c1", "exp", ["x"], "L1"),
+                                    n("z1", "add", ["c1", "e"], "L1"), n("c2", "exp", ["w"], "L2"),
+                                    n("z2", "add", ["c2", "g"], "L2")], "outputs": ["c2", "e"]}],
+            "inputs": {"x": {"local": "x"}, "w": {"local": "w"}}, "outputs": {"o": {"local": "c2"}, "ex": {"local": "e"}}}
+
+
+def _memo_3d():
+    p = _memo_base()
+    p["dims"] = p["run_dims"] = {"b": 6, "h": 4, "dp": 1, "tp": 3, "cp": 2}
+    p["mesh"] = [["dp", "dp"], ["tp", "tp"], ["cp", "cp"]]
+    for i in p["parallel"][0]["inputs"]:
+        i["shape"] = ["b/tp", "h"]
+    p["inputs"] = {k: {"local": k, "placement": {"tp": "Shard(0)"}} for k in ("x", "w")}
+    p["outputs"] = {"o": {"local": "c2", "placement": {"tp": "Shard(0)"}}, "ex": {"local": "e", "placement": {"tp": "Shard(0)"}}}
+    return p
+
+
+def _memo_edit(fn):
+    def make():
+        p = _memo_base()
+        fn(p["parallel"][0]["nodes"])
+        return p
+    return make
+
+
+MEMO_CASES = {
+    "alias_3d_mesh_sharded_odd": _memo_3d,
+    "alias_boundary_order_swapped": _memo_edit(lambda ns: ns[5].update(inputs=["g", "c2"])),
+    "alias_third_copy": _memo_edit(lambda ns: ns.extend([{"op": "exp", "inputs": ["x"], "name": "c3", "layer": "L3"},
+                                                        {"op": "add", "inputs": ["c3", "e"], "name": "z3", "layer": "L3"}])),
+    "copy_with_another_op": _memo_edit(lambda ns: ns[4].update(op="neg", inputs=["x"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEMO_CASES))
+def test_stage_copy_whose_internal_result_aliases_a_boundary(case):
+    _assert_wrong_not_verified(MEMO_CASES[case](), exact=False)
+
+
+# ------------------------------------------------------------------ 5. send / recv pairing games
+def _pp(progs, lin, lnodes, outs, dims):
+    return {"tvcert_plan": 1, "name": "p2p_rt", "dims": dims, "mesh": [["pp", "pp"]],
+            "logical": {"inputs": [{"name": k, "shape": ["n"], "dtype": F} for k in lin], "nodes": lnodes, "outputs": outs},
+            "parallel": progs, "inputs": {k: {"program": "s0", "local": k} for k in lin},
+            "outputs": {o: {"program": progs[-1]["name"], "local": o} for o in outs}}
+
+
+def _snd(x, to, tag):
+    return {"op": "send", "inputs": [x], "attrs": {"axis": "pp", "to": to, "tag": tag}}
+
+
+def _rcv(name, src, tag):
+    return _n(name, "recv", [], axis="pp", src=src, tag=tag, shape=["n"])
+
+
+_S0IN = [{"name": "x", "shape": ["n"], "dtype": F}, {"name": "y", "shape": ["n"], "dtype": F}]
+_LXY = [_n("o1", "neg", ["x"]), _n("o2", "exp", ["y"])]
+P2P_CASES = {
+    "recv_tags_used_crosswise": lambda: _pp(
+        [{"name": "s0", "stage": {"pp": 0}, "inputs": _S0IN, "nodes": [_snd("x", 1, "a"), _snd("y", 1, "b")], "outputs": []},
+         {"name": "s1", "stage": {"pp": 1}, "inputs": [], "outputs": ["o1", "o2"],
+          "nodes": [_rcv("rb", 0, "b"), _rcv("ra", 0, "a"), _n("o1", "neg", ["rb"]), _n("o2", "exp", ["ra"])]}],
+        ["x", "y"], _LXY, ["o1", "o2"], {"n": 4, "pp": 2}),
+    "one_tag_on_two_stage_pairs_crossed": lambda: _pp(
+        [{"name": "s0", "stage": {"pp": 0}, "inputs": _S0IN, "nodes": [_snd("x", 1, "t"), _snd("y", 2, "t")], "outputs": []},
+         {"name": "s1", "stage": {"pp": 1}, "inputs": [], "nodes": [_rcv("r", 0, "t"), _snd("r", 2, "t")], "outputs": []},
+         {"name": "s2", "stage": {"pp": 2}, "inputs": [], "outputs": ["o1", "o2"],
+          "nodes": [_rcv("r1", 1, "t"), _rcv("r2", 0, "t"), _n("o1", "neg", ["r2"]), _n("o2", "exp", ["r1"])]}],
+        ["x", "y"], _LXY, ["o1", "o2"], {"n": 4, "pp": 3}),
+    "tags_differing_by_a_space": lambda: _pp(
+        [{"name": "s0", "stage": {"pp": 0}, "inputs": _S0IN, "nodes": [_snd("x", 1, "t"), _snd("y", 1, "t ")], "outputs": []},
+         {"name": "s1", "stage": {"pp": 1}, "inputs": [], "outputs": ["o1", "o2"],
+          "nodes": [_rcv("ra", 0, "t "), _rcv("rb", 0, "t"), _n("o1", "neg", ["ra"]), _n("o2", "exp", ["rb"])]}],
+        ["x", "y"], _LXY, ["o1", "o2"], {"n": 4, "pp": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(P2P_CASES))
+def test_p2p_pairing_games(case):
+    p = P2P_CASES[case]()
+    _assert_wrong_not_verified(p, exact=False)
+
+
+# ------------------------------------------------------------------ 6. vocab-parallel offsets from the wrong axis
+def _vocab(lo, hi, lo_off=None, mesh=(("dp", "dp"), ("tp", "tp")), dims=None):
+    p = json.loads(json.dumps(_VOCAB))
+    p["mesh"] = [list(m) for m in mesh]
+    if dims:
+        p["dims"] = dims
+    for nd in p["parallel"][0]["nodes"]:
+        if nd["name"] in ("lo", "lo_off"):
+            nd["attrs"]["value"] = lo_off if nd["name"] == "lo_off" and lo_off else lo
+        if nd["name"] == "hi":
+            nd["attrs"]["value"] = hi
+    return p
+
+
+_VOCAB = {"tvcert_plan": 1, "name": "vpe", "dims": {"n": 16, "v": 8, "h": 3, "tp": 2, "dp": 2},
+          "logical": {"inputs": [{"name": "ids", "shape": ["n"], "dtype": "int", "range": "v"},
+                                 {"name": "w", "shape": ["v", "h"], "dtype": F}],
+                      "nodes": [_n("y", "embedding", ["w", "ids"])], "outputs": ["y"]},
+          "parallel": [{"name": "tp", "inputs": [{"name": "ids", "shape": ["n"], "dtype": "int", "range": "v"},
+                                                 {"name": "w", "shape": ["v/tp", "h"], "dtype": F}],
+                        "nodes": [_n("lo", "const", [], value="", dtype="int"), _n("hi", "const", [], value="", dtype="int"),
+                                  _n("below", "lt", ["ids", "lo"]), _n("above", "ge", ["ids", "hi"]),
+                                  _n("outside", "logical_or", ["below", "above"]),
+                                  _n("lo_off", "const", [], value="", dtype="int"), _n("shifted", "sub", ["ids", "lo_off"]),
+                                  _n("lid", "masked_fill", ["shifted", "outside"], value=0),
+                                  _n("rows", "embedding", ["w", "lid"]), _n("outside3", "unsqueeze", ["outside"], dim=-1),
+                                  _n("masked", "masked_fill", ["rows", "outside3"], value=0),
+                                  _n("y", "all_reduce", ["masked"], axis="tp", reduce="sum")], "outputs": ["y"]}],
+          "inputs": {"ids": {"local": "ids"}, "w": {"local": "w", "placement": {"tp": "Shard(0)"}}},
+          "outputs": {"y": {"local": "y", "placement": {"tp": "Replicate"}}}}
+_B = "(v/tp)"
+VOCAB_CASES = {
+    "offsets_over_dp": lambda: _vocab(f"rank.dp*{_B}", f"rank.dp*{_B}+{_B}"),
+    "global_rank_tp_outer_mesh": lambda: _vocab(f"(rank.tp*dp+rank.dp)*{_B}", f"(rank.tp*dp+rank.dp)*{_B}+{_B}",
+                                                mesh=(("tp", "tp"), ("dp", "dp"))),
+    "offsets_over_a_size_one_axis": lambda: _vocab(f"rank.cp*{_B}", f"rank.cp*{_B}+{_B}",
+                                                   mesh=(("dp", "dp"), ("cp", "cp"), ("tp", "tp")),
+                                                   dims={"n": 16, "v": 8, "h": 3, "tp": 2, "dp": 2, "cp": 1}),
+    "global_rank_in_disguise": lambda: _vocab(f"((rank).dp*tp+rank.tp)*{_B}", f"((rank).dp*tp+rank.tp)*{_B}+{_B}"),
+    "upper_bound_off_by_one": lambda: _vocab(f"rank.tp*{_B}", f"rank.tp*{_B}+{_B}-1"),
+    "blocks_reversed_odd_sizes": lambda: _vocab(f"(tp-1-rank.tp)*{_B}", f"(tp-1-rank.tp)*{_B}+{_B}",
+                                                dims={"n": 16, "v": 9, "h": 3, "tp": 3, "dp": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VOCAB_CASES))
+def test_vocab_parallel_offsets_from_the_wrong_axis(case):
+    _assert_wrong_not_verified(VOCAB_CASES[case]())
+
+
+def test_vocab_parallel_positive_control_odd_sizes():
+    p = _vocab(f"rank.tp*{_B}", f"rank.tp*{_B}+{_B}", dims={"n": 16, "v": 9, "h": 3, "tp": 3, "dp": 2})
+    assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal
+    res = V.verify(load_plan(p), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    check_certificate(_cert(res))
