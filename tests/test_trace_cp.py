@@ -1,0 +1,134 @@
+"""Context parallelism traced from torch's own ring attention (tvcert.frontends.context_parallel).
+
+torch's ``_templated_ring_attention`` runs a different program on each cp rank, so the trace is UNKNOWN naming
+torch's lines, never a verdict; the per-block kernel semantics the trace uses are the CPU flash kernels' (float64,
+also with a merged out / logsumexp in the backward); ``funcol.permute_tensor`` converts to ``ppermute``, run by the
+interpreter as PyTorch defines it."""
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "torch"))
+
+import torch.distributed._functional_collectives as ft_c  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from tvcert.cli import main  # noqa: E402
+from tvcert.frontends.context_parallel import flash_block, flash_block_backward, why_not_spmd  # noqa: E402
+from tvcert.frontends.trace import TraceError, trace_plan  # noqa: E402
+from tvcert.interp import run_plan  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+aten = torch.ops.aten
+SPEC = str(ROOT / "examples" / "torch" / "cp_attention.py")
+
+
+@pytest.fixture(scope="module")
+def cp2_contiguous():
+    import cp_attention
+
+    with pytest.raises(TraceError) as ei:
+        cp_attention.tvcert_trace(cp=2, lb=False)
+    return ei.value
+
+
+def test_ring_ranks_differ_unknown_naming_torch_lines(cp2_contiguous):
+    e = cp2_contiguous
+    assert e.kind == "spmd", e  # the CLI reports UNKNOWN (exit 2)
+    assert e.src and e.src.startswith("cp_attention.py:"), e.src
+    text = str(e)
+    assert "different program on each cp rank" in text and "without load balancing" in text, text
+    assert "_is_causal_behavior" in text and "_attention.py:" in text and "no verdict" in text, text
+
+
+def test_why_not_spmd_lines_are_torch_source():
+    """The lines named are the ones in the installed torch that make the ranks differ."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+
+    src = inspect.getsourcefile(A._templated_ring_attention)
+    lines = Path(src).read_text().splitlines()
+    text = why_not_spmd(True, "allgather")
+    import re
+
+    got = [int(n) for n in re.findall(r"_attention\.py:(\d+)", text)]
+    assert len(got) == 3, text
+    assert "_is_causal_behavior(" in lines[got[0] - 1] and "_is_causal_behavior(" in lines[got[1] - 1]
+    assert ".chunk(" in lines[got[2] - 1]
+    assert "all-gather rotater" not in why_not_spmd(False, "alltoall")
+
+
+def test_cli_cp4_load_balanced_unknown():
+    """cp = 4, head-tail load balancing (torch's default), through the CLI: UNKNOWN (exit 2), never a verdict."""
+    r = CliRunner().invoke(main, ["trace", SPEC, "--set", "cp=4", "--verify", "--json", "-q"])
+    assert r.exit_code == 2, r.output
+    out = json.loads(r.output[r.output.index("{"):])
+    assert out["verdict"] == "UNKNOWN" and "with load balancing" in out["reason"], out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_block_semantics_match_cpu_kernels(causal):
+    """The per-block kernel the trace uses = the CPU flash kernels on float64: out and logsumexp; the backward from
+    a foreign (merged) out and logsumexp, as the ring calls it."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 4, 3, dtype=torch.float64, generator=g) for _ in range(3))
+    out, lse = flash_block(q, k, v, is_causal=causal)
+    ref = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    assert torch.allclose(out, ref[0], atol=1e-12) and torch.allclose(lse, ref[1], atol=1e-12)
+    do = torch.randn(out.shape, dtype=torch.float64, generator=g)
+    merged_out = torch.randn(out.shape, dtype=torch.float64, generator=g)
+    merged_lse = lse + torch.rand(lse.shape, dtype=torch.float64, generator=g)
+    mine = flash_block_backward(do, q, k, v, merged_out, merged_lse, is_causal=causal)
+    kern = aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, merged_out, merged_lse, 0.0, causal)
+    for a, b in zip(mine, kern):
+        assert torch.allclose(a, b, atol=1e-12)
+    # a local-softmax backward (ignoring the merged out / lse) would be a different function
+    same = flash_block_backward(do, q, k, v, out, lse, is_causal=causal)
+    assert not torch.allclose(same[0], mine[0], atol=1e-6)
+
+
+def _permute_plan(p: int, dst_shift: int, expect_shift: int):
+    """Rank i sends its block to rank i + dst_shift (``funcol.permute_tensor``); the logical output is the blocks
+    rolled by ``expect_shift``."""
+    def logical(x):
+        return {"loss": x.sum(), "y": (2 * x).roll(expect_shift * 2, 0)}
+
+    def parallel(ctx, x):
+        y = ft_c.permute_tensor(2 * x, [(i + dst_shift) % p for i in range(p)], ctx.group("cp"))
+        return {"loss": x.sum(), "y": y}
+
+    return trace_plan(logical, parallel, mesh={"cp": p},
+                      inputs={"x": {"shape": [2 * p], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
+                      output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_permute_tensor_is_ppermute(p):
+    plan = _permute_plan(p, 1, 1)
+    pp = [n for n in plan["parallel"][0]["nodes"] if n["op"] == "ppermute"]
+    assert len(pp) == 1 and pp[0]["attrs"] == {"axis": "cp", "shift": 1}, pp
+    assert run_plan(load_plan(plan)).equal
+    if p > 2:  # the other direction is a different program: the interpreter sees it
+        assert not run_plan(load_plan(_permute_plan(p, p - 1, 1))).equal
+
+
+def test_permute_tensor_not_a_shift_is_unknown():
+    """Pairs swapped on 4 ranks ([1, 0, 3, 2]) is no ring shift: no conversion."""
+    def logical(x):
+        return {"loss": x.sum(), "y": 2 * x}
+
+    def parallel(ctx, x):
+        return {"loss": x.sum(), "y": ft_c.permute_tensor(2 * x, [1, 0, 3, 2], ctx.group("cp"))}
+
+    with pytest.raises(TraceError) as ei:
+        trace_plan(logical, parallel, mesh={"cp": 4},
+                   inputs={"x": {"shape": [8], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
+                   output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+    assert ei.value.kind == "unsupported" and "uneven splits" in str(ei.value), ei.value
