@@ -5,10 +5,13 @@
 
 Each cell traces torchtitan's Llama 3 (the debug flavour's structure: fused QKV, complex RoPE, SwiGLU, untied
 head; dim 64, 8 heads) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
-to 16 ranks and dp 8 x tp 8 at 64 -- in a fresh subprocess, and prints the seconds spent tracing (make_fx of
-the joint forward + backward), converting (ATen -> IR), the rest of ``trace_plan`` (rank-class bookkeeping,
-SPMD compression, validation), verifying (``--verify``), the ranks traced against the mesh size, and the peak
-RSS.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
+to 16 ranks and dp 8 x tp 8 at 64 (dp 1 x tp 2 is torchtitan's TP route) -- in a fresh subprocess, and prints
+where ``trace_plan``'s time goes (``tvcert.frontends.trace.stats_hook``): the logical model's trace, then summed
+over the ranks their setup (the framework building and parallelizing the model), make_fx of the joint forward +
+backward and conversion (ATen -> IR), the wall time of the rank phase (less than the sum with ``--jobs``), SPMD
+compression + plan validation, and the rest (the front end's own preparation); then verifying (``--verify``),
+the wall time of the whole cell (with imports), and the peak RSS; ``CPU s`` (user + system, the cell's process and its rank workers) is the figure least disturbed by other
+load on a shared machine.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
 printed as such.  ``--jobs N`` traces the ranks in N forked workers (``TVCERT_TRACE_JOBS``); every rank is traced.
 ``--src DIR`` imports tvcert from DIR instead of this tree's ``orchestrator/`` (an older checkout, for
 before / after figures).  Figures, never asserts: this machine is shared and noisy.
@@ -32,26 +35,15 @@ t_start = time.perf_counter()
 from tvcert.frontends import trace as T
 from tvcert.frontends.titan_config import load_job
 from tvcert.frontends.torchtitan import trace_titan_job
-acc = {"trace": 0.0, "convert": 0.0}
-def timed(key, f):
-    def g(*a, **k):
-        t = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[key] += time.perf_counter() - t
-    return g
-T._trace_joint = timed("trace", T._trace_joint)
-T._convert = timed("convert", T._convert)
 stats = {}
 T.stats_hook = stats.update
 a = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 plan = trace_titan_job(load_job(a["config"], "llama3-debug"), layers=a["layers"])
 t1 = time.perf_counter()
-out = {"trace_s": acc["trace"], "convert_s": acc["convert"], "other_s": (t1 - t0) - acc["trace"] - acc["convert"],
-       "plan_s": t1 - t0, "import_s": t0 - t_start, "ops": len(plan["parallel"][0]["nodes"]),
-       "traced_ranks": stats.get("traced_ranks"), "world": stats.get("world"), "jobs": stats.get("jobs")}
+out = {**stats, "plan_s": t1 - t0, "import_s": t0 - t_start, "ops": len(plan["parallel"][0]["nodes"])}
+if stats:
+    out["other_s"] = out["plan_s"] - sum(stats[k] for k in ("logical_s", "ranks_wall_s", "compress_s", "validate_s"))
 if a["verify"]:
     from tvcert.plan import load_plan
     from tvcert.engine.verify import verify
@@ -59,7 +51,9 @@ if a["verify"]:
     res = verify(load_plan(plan))
     out["verify_s"] = time.perf_counter() - t2
     out["verdict"] = res.verdict
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+out["cpu_s"] = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime  # with the rank workers'
+out["peak_rss_mb"] = me.ru_maxrss / 1024
 print("RESULT " + json.dumps(out))
 """
 
@@ -108,25 +102,29 @@ def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path, src: P
         err = (p.stderr.strip().splitlines() or ["?"])[-1]
         return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, "error": err[:200]}
     out = json.loads(line[7:])
-    if out.get("traced_ranks") is None:  # a tracer without rank classes traces every rank
-        out["traced_ranks"] = out["world"] = ranks
     return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, **out}
 
 
+COLS = ["ranks", "layers", "ranks traced", "logical s", "rank setup s", "rank make_fx s", "rank convert s",
+        "ranks wall s", "compress + validate s", "other s", "verify s", "verdict", "wall s", "CPU s", "peak RSS MB",
+        "parallel ops"]
+HEADER = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS)
+
+
 def fmt(r: dict) -> str:
+    head = f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | "
     if "skipped" in r:
-        return f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | skipped: predicted {r['skipped']:.0f} s |" \
-               + " |" * 8
+        return head + f"skipped: predicted {r['skipped']:.0f} s |" + " |" * (len(COLS) - 3)
     if "error" in r:
-        return f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | error: {r['error']} |" + " |" * 8
+        return head + f"error: {r['error']} |" + " |" * (len(COLS) - 3)
+    if "rank_trace_s" not in r:  # a tracer without the stats hook (--src of an older tree): the plan's seconds only
+        return head + "- | " * 7 + f"{r['plan_s']:.1f} (all) | - | - | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | " \
+            f"{r['peak_rss_mb']:.0f} | {r['ops']} |"
     v = f"{r['verify_s']:.1f}" if "verify_s" in r else "-"
-    return (f"| {r['ranks']} (dp {r['dp']} x tp {r['tp']}) | {r['layers']} | {r['traced_ranks']}/{r['world']} | "
-            f"{r['trace_s']:.1f} | {r['convert_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | "
-            f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} |")
-
-
-HEADER = ("| ranks | layers | ranks traced | trace s | convert s | other s | verify s | verdict | wall s | "
-          "peak RSS MB | parallel ops |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    return (head + f"{r['traced_ranks']}/{r['world']} (jobs {r['jobs']}) | {r['logical_s']:.1f} | "
+            f"{r['rank_setup_s']:.1f} | {r['rank_trace_s']:.1f} | {r['rank_convert_s']:.1f} | {r['ranks_wall_s']:.1f} | "
+            f"{r['compress_s'] + r['validate_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | "
+            f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} |")
 
 
 def main(argv=None) -> int:
@@ -158,8 +156,8 @@ def main(argv=None) -> int:
                 r = run_cell(rk, ly, a.verify, a.jobs, Path(td), a.src.resolve())
                 rows.append(r)
                 print(fmt(r), flush=True)
-                if "error" not in r and r.get("traced_ranks"):
-                    per_unit = max(per_unit or 0.0, r["plan_s"] * min(a.jobs, rk) / (r["traced_ranks"] * (ly + 1)))
+                if "error" not in r:
+                    per_unit = max(per_unit or 0.0, r["plan_s"] * min(a.jobs, rk) / (rk * (ly + 1)))
     if a.json:
         print(json.dumps(rows, indent=1))
     return 0

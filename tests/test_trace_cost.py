@@ -94,8 +94,9 @@ def sequential():
 def test_workers_give_the_sequential_plan(sequential):
     plan1, st1 = sequential
     plan2, st2 = traced(2)
-    assert st1 == {"world": 8, "traced_ranks": 8, "jobs": 1}
-    assert st2 == {"world": 8, "traced_ranks": 8, "jobs": 2}
+    assert (st1["world"], st1["traced_ranks"], st1["jobs"]) == (8, 8, 1)
+    assert (st2["world"], st2["traced_ranks"], st2["jobs"]) == (8, 8, 2)
+    assert st2["rank_trace_s"] > 0 and st2["rank_setup_s"] >= 0  # measured in the workers, summed here
     assert json.dumps(plan1, sort_keys=True) == json.dumps(plan2, sort_keys=True)
     assert verify(load_plan(plan2)).verdict == "VERIFIED"
 

@@ -65,6 +65,7 @@ import itertools
 import os
 import re
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -1067,6 +1068,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     global _progress_where
     _progress_where = "logical model"
     _tick("tracing the logical model")
+    t_start = time.perf_counter()
     try:
         gm, out_names = _trace_joint(logical, specs, [s.shape for s in specs])
     except TraceError:
@@ -1096,11 +1098,13 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         c = coords_of(r, sizes)
         _progress_where = f"rank {r + 1}/{world}"
         _tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
+        t0 = time.perf_counter()
         with fake_world(r, world):
             dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
             ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
             if parallel_setup is not None:
                 ctx.state = parallel_setup(ctx)
+            t1 = time.perf_counter()
             try:
                 gm_r, pout_names = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),
                                         backward=parallel_backward)
@@ -1118,18 +1122,23 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
                                  f"{' in module ' + mod if mod else ''}{' at ' + src if src else ''}: "
                                  f"{type(exc).__name__}: {' '.join(first)[:800]}", "crash", None, src) from exc
+            t2 = time.perf_counter()
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
+            t3 = time.perf_counter()
         if sorted(pout_names) != sorted(out_names):
             raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
                              "input")
         pouts = [pouts[pout_names.index(o)] for o in out_names]
-        return _finish_outputs(pnodes, pouts, out_names, names)
+        return (*_finish_outputs(pnodes, pouts, out_names, names), (t1 - t0, t2 - t1, t3 - t2))
 
     try:
         jobs = rank_jobs if rank_jobs is not None else default_jobs()
     except ValueError as exc:
         raise TraceError(str(exc), "input") from None
-    for r, (nodes_j, outs_j) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
+    t_ranks = time.perf_counter()
+    secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion seconds (summed over ranks)
+    for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
+        secs = [a + b for a, b in zip(secs, took)]
         if pouts_ref is None:
             pouts_ref = outs_j
         elif outs_j != pouts_ref:
@@ -1137,10 +1146,10 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         per_rank[coords_of(r, sizes)] = nodes_j
         if jobs > 1:
             _tick(f"traced {r + 1}/{world} ranks")
-    if stats_hook is not None:
-        stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world)})
     _progress_where = ""
+    t_compress = time.perf_counter()
     pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
+    t_done = time.perf_counter()
 
     # ---- placements
     in_pl = {s.name: {"local": s.name, "placement": dict(s.placement), **({"layout": s.layout} if s.layout else {})}
@@ -1176,6 +1185,11 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             load_plan(plan)
         except PlanError as exc:
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
+    if stats_hook is not None:  # where the time went (bench/trace_cost.py)
+        stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world),
+                    "logical_s": t_ranks - t_start, "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0],
+                    "rank_trace_s": secs[1], "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
+                    "validate_s": time.perf_counter() - t_done})
     return plan
 
 
