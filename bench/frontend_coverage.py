@@ -75,6 +75,11 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("tp_attention_sdpa", {"bug": "not_causal"}, "REFUTED"),
     ("tp_attention_sdpa", {"attn": "manual", "bug": "not_causal"}, "REFUTED"),
     ("tp_attention_sdpa", {"bug": "local_scale"}, "REFUTED"),
+    # torch's own ring attention (examples/torch/cp_attention.py): UNKNOWN today, the ranks run different programs
+    ("cp_attention", {"cp": 2, "lb": False}, "VERIFIED"),
+    ("cp_attention", {"cp": 2}, "VERIFIED"),
+    ("cp_attention", {"cp": 4}, "VERIFIED"),
+    ("cp_attention", {"cp": 2, "bug": "lb_order"}, "REFUTED"),
     # mean losses and DDP's averaged gradients (examples/torch/realcode/norm_ddp.py)
     ("realcode.norm_ddp", {}, "VERIFIED"),
     ("realcode.norm_ddp", {"loss": "sum_div"}, "VERIFIED"),
