@@ -182,6 +182,87 @@ def _partials() -> dict:
     }
 
 
+def _layouts() -> dict:
+    """Layout, reduction and row-wise ops on a (dp, tp) mesh, one node per LayoutRule line."""
+    f = lambda name, shape: {"name": name, "shape": shape, "dtype": "float"}  # noqa: E731
+    N = lambda name, op, ins, **attrs: {"name": name, "op": op, "inputs": ins, "attrs": attrs}  # noqa: E731
+    ar = lambda name, x, axis, red: N(name, "all_reduce", [x], axis=axis, reduce=red)  # noqa: E731
+    common = [
+        N("xp", "permute", ["x"], dims=[1, 0, 2]),                 # [b, a, c]: dp S(1), tp S(0)
+        N("xs", "slice", ["xp"], dim=2, start=1, end=5),           # slice_other_dim
+        N("sm", "softmax", ["xs"], dim=2),                         # softmax_other_dim
+        N("ls", "log_softmax", ["xs"], dim=-1),
+        N("sb", "softmax_backward", ["xs", "sm"], dim=2),          # softmax_bwd_other_dim
+        N("lb", "log_softmax_backward", ["xs", "ls"], dim=2),
+        N("cat", "concat", ["sm", "ls"], dim=2),                   # concat_other_dim
+        N("as", "add_scalar", ["cat"], value=0.5),
+        N("cf", "cast", ["as"], dtype="float"),
+        N("mx1", "amax", ["cf"], dims=[2], keepdim=True),          # reduce_other_dim (keepdim)
+        N("ssk", "sum", ["cf"], dims=[1], keepdim=True),           # reduce_sum_sharded_dim (dp)
+        N("zc", "cast", ["z"], dtype="float"),
+    ]
+    logical = common + [
+        N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
+        N("mx", "amax", ["xs"], dims=[1]),                         # reduce_max_sharded_dim (dp)
+        N("s2", "sum", ["sm"], dims=[0]),
+        N("s2p", "permute", ["s2"], dims=[1, 0]),                  # permute of a Partial(sum) (tp)
+        N("yr", "reshape", ["y"], shape=[2, 8]),                   # reshape of a Partial(sum)
+    ]
+    par = copy.deepcopy(common) + [
+        N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
+        ar("sskr", "ssk", "dp", "sum"),
+        N("mxp", "amax", ["xs"], dims=[1]), ar("mx", "mxp", "dp", "max"),
+        N("s2", "sum", ["sm"], dims=[0]),
+        N("s2pp", "permute", ["s2"], dims=[1, 0]), ar("s2p", "s2pp", "tp", "sum"),
+        N("yrp", "reshape", ["y"], shape=[2, 8]), ar("yr", "yrp", "tp", "sum"),
+        N("zs1", "slice", ["zc"], dim=0, start="rank.tp*2", end="rank.tp*2+2"),   # slice_block_to_shard (tp)
+        N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
+    ]
+    outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc"]
+    sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
+    place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1"]}
+    place.update(ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
+                 zc={"dp": "Shard(1)", "tp": "Shard(0)"})
+    local = {o: o for o in outs}
+    local.update(zc="zs2", ssk="sskr")
+    return {
+        "tvcert_plan": 1, "name": "layouts_dp2_tp2", "dims": {"a": 4, "b": 4, "c": 6, "dp": 2, "tp": 2},
+        "mesh": {"dp": "dp", "tp": "tp"},
+        "logical": {"inputs": [f("x", ["a", "b", "c"]), f("y", [4, 4]), f("z", [4, 6])], "nodes": logical,
+                    "outputs": outs},
+        "parallel": [{"name": "spmd", "inputs": [f("x", ["a/dp", "b/tp", "c"]), f("y", [4, 4]), f("z", [4, 6])],
+                      "nodes": par, "outputs": [local[o] for o in outs]}],
+        "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
+                   "y": {"local": "y", "placement": {"tp": "Partial(sum)"}},
+                   "z": {"local": "z", "placement": {}}},
+        "outputs": {o: {"local": local[o], "placement": place[o]} for o in outs},
+    }
+
+
+def test_layout_plans_coq_checked(tmp_path):
+    """Every LayoutRule line and the rank-dependent slice on a (dp, tp) mesh, and examples/heads_ok.json
+    (reshape, transpose, this rank's heads): VERIFIED, run equal, Coq-checked."""
+    p = tmp_path / "layouts.json"
+    p.write_text(json.dumps(_layouts()))
+    plan = load_plan(p)
+    assert run_plan(plan, plan.dims, seed=0, exact=True).equal
+    out = tmp_path / "layouts.v"
+    r = CliRunner().invoke(main, ["verify", str(p), "--emit-coq", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "VERIFIED (Coq-checked)" in r.output and out.exists()
+    text = out.read_text()
+    for c in ("(GL (Permute [:: 1; 0; 2]))", "(GL (Slice 2 1 5))", "(GL (Softmax 2 0))", "(GL (LogSoftmax 2 0 1))",
+              "(GL (SoftmaxBwd 2))", "(GL (LogSoftmaxBwd 2 0))", "(GL (Concat 2))", "(GL (Reduce RdMean [:: 0] false))",
+              "(GL (Reduce RdMax [:: 1] false))", "(GL (Reduce RdSum [:: 1] true))", "(GL (Reshape [:: 2; 8]))",
+              "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
+              "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]"):
+        assert c in text, c
+    text, _, _ = emit(load_plan(EX / "heads_ok.json"))
+    assert "PColl (CSliceRank 1 2) 0" in text
+    res = check_text(text)
+    assert res.ok, res.message
+
+
 def test_mesh_plans_coq_checked(tmp_path):
     """Both 2-axis plans verify in Python, run equal, and are Coq-checked (the CLI route for one of them)."""
     p2 = tmp_path / "mlp_dp2_tp2.json"
@@ -262,7 +343,51 @@ def _mutations() -> list[tuple[str, dict, dict]]:
     v("partials: Partial(max) all_reduced over tp", par, lambda d: _nodes(d)["ur"]["attrs"].update(axis="tp"))
     v("partials: all_gather before the tp all_reduce's operand is summed", par,
       lambda d: _nodes(d)["wr"].update(op="neg", attrs={}))
+    _layout_mutations(v)
     return out
+
+
+def _layout_mutations(v) -> None:
+    """Wrong plans through each new rule (LayoutRule.lrule, Mesh.CSliceRank)."""
+    lay = _layouts()
+
+    def both(d, name, **attrs):  # change a node of the logical graph and of the program alike
+        for g in (d["logical"], d["parallel"][0]):
+            for n in g["nodes"]:
+                if n["name"] == name:
+                    n["attrs"].update(attrs)
+
+    def softmax_of_partial(d, op="softmax"):  # softmax of the Partial(sum) s2 before its all_reduce
+        d["logical"]["nodes"].insert(-2, {"name": "s2s", "op": op, "inputs": ["s2"], "attrs": {"dim": 1}})
+        [n for n in d["logical"]["nodes"] if n["name"] == "s2p"][0]["inputs"] = ["s2s"]
+        i = [n["name"] for n in d["parallel"][0]["nodes"]].index("s2pp")
+        d["parallel"][0]["nodes"].insert(i, {"name": "s2s", "op": op, "inputs": ["s2"], "attrs": {"dim": 1}})
+        _nodes(d)["s2pp"]["inputs"] = ["s2s"]
+
+    v("layout: softmax of a partial sum", lay, softmax_of_partial)
+    v("layout: log_softmax of a partial sum", lay, lambda d: softmax_of_partial(d, "log_softmax"))
+    v("layout: permuted shard read with the old dims", lay,
+      lambda d: d["outputs"]["xs"].update(placement={"dp": "Shard(0)", "tp": "Shard(1)"}))
+    v("layout: slice across the dp shard boundary (local bounds)", lay,
+      lambda d: [n for n in d["logical"]["nodes"] if n["name"] == "xs"][0]["attrs"].update(dim=1, start=1, end=3)
+      or _nodes(d)["xs"]["attrs"].update(dim=1, start=1, end=2))
+    v("layout: concat along the tp-sharded dim", lay, lambda d: both(d, "cat", dim=0))
+    v("layout: softmax along the tp-sharded dim", lay, lambda d: both(d, "sm", dim=0))
+    v("layout: mean over the tp-sharded dim without its all_reduce", lay,
+      lambda d: d["outputs"]["m1"].update(local="m1p"))
+    v("layout: mean's Partial(avg) all_reduced as sum", lay, lambda d: _nodes(d)["m1"]["attrs"].update(reduce="sum"))
+    v("layout: amax's Partial(max) all_reduced as sum", lay, lambda d: _nodes(d)["mx"]["attrs"].update(reduce="sum"))
+    v("layout: amax over the tp-sharded dim without an all_reduce", lay,
+      lambda d: both(d, "mx1", dims=[0]) or d["outputs"]["mx1"].update(placement={"dp": "Shard(1)"}))
+    v("layout: sum(keepdim) over the dp-sharded dim without its all_reduce", lay,
+      lambda d: d["outputs"]["ssk"].update(local="ssk"))
+    v("layout: reshaped Partial(sum) read as Replicate", lay, lambda d: d["outputs"]["yr"].update(local="yrp"))
+    v("layout: softmax_backward operands swapped in the program", lay,
+      lambda d: _nodes(d)["sb"].update(inputs=["sm", "xs"]))
+    v("layout: rank slice over dp, read as a tp shard", lay,
+      lambda d: _nodes(d)["zs1"]["attrs"].update(start="rank.dp*2", end="rank.dp*2+2"))
+    v("layout: rank slice blocks reversed", lay,
+      lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 
 
 def _forged_cert(cp, good: dict[str, tuple]) -> list[tuple]:
@@ -295,7 +420,7 @@ def test_mutants_are_wrong_and_coq_check_is_false():
         lines.append(_body(render(cp, _forged_cert(cp, goods[key])), len(names)))
         lines.append(f"Eval vm_compute in mcheck plan_{len(names)} cert_{len(names)}.")
         names.append(name)
-    assert len(names) >= 12, names
+    assert len(names) >= 30, names
     # the correct 2-axis plan with tampered facts
     good_cp = translate(load_plan(_mlp_dp_tp()))
     good_cert = search(good_cp)

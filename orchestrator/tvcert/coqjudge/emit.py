@@ -202,7 +202,7 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: lis
         return ("MM",)
     if op == "sum":
         if ra.get("keepdim"):
-            raise ValueError("sum with keepdim=True is not covered")
+            return lop_of(op, ra, in_shapes, fns)  # LayoutOps' Reduce RdSum with keepdim
         r = len(in_shapes[0])
         dims = [nd(int(d), r) for d in ra["dims"]]
         if len(set(dims)) != len(dims):

@@ -43,11 +43,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _summary(items, shown: int = 8) -> str:
-    """The uncovered steps grouped by op and reason (first node named), most frequent first."""
+    """The uncovered steps grouped by op and reason (first node named), in the order the emitter met them
+    (plan inputs, the logical graph, then the program): the first blocker comes first."""
     groups: dict[tuple[str, str], list] = {}
     for u in items:
         groups.setdefault((u.op, u.why), []).append(u)
-    rows = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    rows = list(groups.items())
     out = [f"{op} x{len(us)} ({why}; first {us[0].where}:{us[0].node})" if len(us) > 1 else str(us[0])
            for (op, why), us in rows[:shown]]
     return "; ".join(out) + (f"; ... {len(rows) - shown} more kinds" if len(rows) > shown else "")
