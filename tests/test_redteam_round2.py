@@ -444,3 +444,54 @@ def test_vocab_parallel_positive_control_odd_sizes():
     res = V.verify(load_plan(p), refute=False)
     assert res.verdict == "VERIFIED", res.reasons
     check_certificate(_cert(res))
+
+
+# ------------------------------------------------------------------ 7. negative shard dims (DTensor's Shard(-1))
+# The rules compare shard dims as indices; Shard(-1) reached them as -1 (the interpreter splits the last dim), so a
+# transpose crashed the engine (exit 4) and a sum over the last dim found no rule.  Bindings now count it from the end.
+def _neg(lnodes, pnodes, inpl, outpl, lin=None, pin=None):
+    lin = lin or {"x": ["n", "k"]}
+    pin = pin or {"x": ["n", "k/tp"]}
+    return {"tvcert_plan": 1, "name": "neg_dim", "dims": {"n": 4, "k": 4, "tp": 2}, "mesh": [["tp", "tp"]],
+            "logical": {"inputs": [{"name": k, "shape": s, "dtype": F} for k, s in lin.items()], "nodes": lnodes,
+                        "outputs": ["y"]},
+            "parallel": [{"name": "m", "inputs": [{"name": k, "shape": s, "dtype": F} for k, s in pin.items()],
+                          "nodes": pnodes, "outputs": ["y"]}],
+            "inputs": {k: {"local": k, "placement": inpl.get(k, {})} for k in lin},
+            "outputs": {"y": {"local": "y", "placement": outpl}}}
+
+
+_S = {"x": {"tp": "Shard(-1)"}}
+NEG_OK = {
+    "transpose": lambda: _neg([_n("y", "transpose", ["x"], dim0=0, dim1=1)], [_n("y", "transpose", ["x"], dim0=0, dim1=1)],
+                              _S, {"tp": "Shard(0)"}),
+    "sum_over_the_sharded_dim": lambda: _neg([_n("y", "sum", ["x"], dims=[1])], [_n("y", "sum", ["x"], dims=[1])], _S,
+                                             {"tp": "Partial(sum)"}),
+    "row_parallel_matmul": lambda: _neg([_n("y", "matmul", ["x", "w"])], [_n("y", "matmul", ["x", "w"])],
+                                        {"x": {"tp": "Shard(-1)"}, "w": {"tp": "Shard(-2)"}}, {"tp": "Partial(sum)"},
+                                        lin={"x": ["n", "k"], "w": ["k", "n"]}, pin={"x": ["n", "k/tp"], "w": ["k/tp", "n"]}),
+    "all_gather_last_dim": lambda: _neg([_n("y", "neg", ["x"])],
+                                        [_n("g", "all_gather", ["x"], axis="tp", dim=1), _n("y", "neg", ["g"])], _S, {}),
+}
+NEG_WRONG = {
+    "softmax_along_the_sharded_dim": lambda: _neg([_n("y", "softmax", ["x"], dim=1)], [_n("y", "softmax", ["x"], dim=-1)],
+                                                  _S, {"tp": "Shard(-1)"}),
+    "flip_of_the_sharded_dim": lambda: _neg([_n("y", "flip", ["x"], dims=[1])], [_n("y", "flip", ["x"], dims=[1])], _S,
+                                            {"tp": "Shard(-1)"}),
+    "all_gather_along_0_read_as_a_plain_reshape": lambda: _neg(
+        [_n("y", "reshape", ["x"], shape=["tp*n", "k/tp"])], [_n("y", "all_gather", ["x"], axis="tp", dim=0)], _S, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEG_OK))
+def test_negative_shard_dim_positive_controls(case):
+    p = NEG_OK[case]()
+    assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal
+    res = V.verify(load_plan(p), refute=False)
+    assert res.verdict == "VERIFIED", res.reasons
+    check_certificate(_cert(res))
+
+
+@pytest.mark.parametrize("case", sorted(NEG_WRONG))
+def test_negative_shard_dim_wrong_plans(case):
+    _assert_wrong_not_verified(NEG_WRONG[case](), exact=case != "softmax_along_the_sharded_dim")

@@ -53,18 +53,35 @@ def laid_out(plan: Plan, b: Binding, exprs: Exprs, e: int) -> int:
     return e
 
 
+def placements(plan: Plan, b: Binding, exprs: Exprs, e: int) -> tuple:
+    """The binding's placement per program axis, a negative shard dim counted from the end of ``e``'s shape as
+    the interpreter splits it (``Shard(-1)`` of a matrix is ``Shard(1)``: the rules compare dims as indices)."""
+    from ..plan import Placement
+
+    nd = len(exprs[e].shape)
+    pls = []
+    for a in plan.program_axes(b.program):
+        q = b.placement[a]
+        if q.kind in ("S", "Z") and q.dim < 0 and nd:
+            q = Placement(q.kind, q.dim % nd) if q.dim >= -nd else q
+        pls.append(q)
+    return tuple(pls)
+
+
 def input_facts(plan: Plan, exprs: Exprs, lexpr: Mapping[str, int]) -> dict[str, dict[str, Fact]]:
     """program -> local input name -> its fact, from the input placements."""
     out: dict[str, dict[str, Fact]] = {p: {} for p in plan.programs}
     for name in plan.logical.input_names():
         b = plan.inputs[name]
         e = laid_out(plan, b, exprs, lexpr[name])
-        out[b.program][b.local] = Fact(e, tuple(b.placement[a] for a in plan.program_axes(b.program)))
+        out[b.program][b.local] = Fact(e, placements(plan, b, exprs, e))
     return out
 
 
 def output_targets(plan: Plan, exprs: Exprs, lexpr: Mapping[str, int]) -> dict[str, Fact]:
     """logical output -> the fact its local tensor must have."""
-    return {name: Fact(laid_out(plan, plan.outputs[name], exprs, lexpr[name]),
-                       tuple(plan.outputs[name].placement[a] for a in plan.program_axes(plan.outputs[name].program)))
-            for name in plan.logical.outputs}
+    out = {}
+    for name in plan.logical.outputs:
+        e = laid_out(plan, plan.outputs[name], exprs, lexpr[name])
+        out[name] = Fact(e, placements(plan, plan.outputs[name], exprs, e))
+    return out
