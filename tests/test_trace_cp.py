@@ -32,19 +32,21 @@ SPEC = str(ROOT / "examples" / "torch" / "cp_attention.py")
 
 
 @pytest.fixture(scope="module")
-def cp2_contiguous():
+def cp2_tp2_contiguous():
+    """TP + CP on a cp 2 x tp 2 mesh (heads column-parallel), contiguous sequence blocks."""
     import cp_attention
 
     with pytest.raises(TraceError) as ei:
-        cp_attention.tvcert_trace(cp=2, lb=False)
+        cp_attention.tvcert_trace(cp=2, lb=False, tp=2)
     return ei.value
 
 
-def test_ring_ranks_differ_unknown_naming_torch_lines(cp2_contiguous):
-    e = cp2_contiguous
+def test_ring_ranks_differ_unknown_naming_torch_lines(cp2_tp2_contiguous):
+    e = cp2_tp2_contiguous
     assert e.kind == "spmd", e  # the CLI reports UNKNOWN (exit 2)
     assert e.src and e.src.startswith("cp_attention.py:"), e.src
     text = str(e)
+    assert "rank (1, 0)" in text, text  # the tp ranks agree; the cp ranks differ
     assert "different program on each cp rank" in text and "without load balancing" in text, text
     assert "_is_causal_behavior" in text and "_attention.py:" in text and "no verdict" in text, text
 

@@ -11,6 +11,7 @@ needs a CUDA flash kernel, so it is entered at the function it calls (``tvcert.f
 
 Verdict today: UNKNOWN naming torch's lines: its ring runs a different program on every cp rank (no SPMD form).
 ``bug=lb_order``: the load-balanced ring on contiguously sharded data (chunks never put in head-tail order).
+``tp=2``: TP + CP on a cp x tp mesh, Wq / Wk / Wv column-parallel (each tp rank holds its heads).
 """
 import torch.nn.functional as F
 
@@ -19,8 +20,8 @@ H = NH * HD
 
 
 def heads(t):
-    b, s, _ = t.shape
-    return t.view(b, s, NH, HD).transpose(1, 2)
+    b, s, h = t.shape
+    return t.view(b, s, h // HD, HD).transpose(1, 2)
 
 
 def logical(x, wq, wk, wv, target):
@@ -39,7 +40,7 @@ def make_parallel(lb: bool):
     return parallel
 
 
-def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0):
+def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: int = 1):
     from tvcert.frontends.context_parallel import trace_cp
 
     if bug not in ("", "lb_order"):
@@ -47,10 +48,15 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0):
     s = seq or 4 * cp
     zig = lb and bug != "lb_order"  # how the data is sharded
     seq_pl = lambda d: {"cp": f"ZigzagShard({d})" if zig else f"Shard({d})"}  # noqa: E731
-    w = {"shape": [H, H], "param": True}
-    part = {"cp": "Partial(sum)"}  # each rank's loss and weight gradients are its tokens' share
-    return trace_cp(load_balance=lb, logical=logical, parallel=make_parallel(lb), mesh={"cp": cp},
-                    output_placements={o: part for o in ("loss", "grad_wq", "grad_wk", "grad_wv")},
+    mesh, col, heads_pl = {"cp": cp}, {}, {}
+    if tp > 1:
+        mesh, col, heads_pl = {"cp": cp, "tp": tp}, {"tp": "Shard(1)"}, {"tp": "Shard(1)"}
+    w = {"shape": [H, H], "param": True, "placement": col}
+    # each rank's loss is its tokens' (and heads') share; weight gradients: its tokens' share of its columns
+    out_pl = {"loss": {a: "Partial(sum)" for a in mesh}}
+    out_pl |= {f"grad_{p}": {"cp": "Partial(sum)", **col} for p in ("wq", "wk", "wv")}
+    return trace_cp(load_balance=lb, logical=logical, parallel=make_parallel(lb), mesh=mesh, output_placements=out_pl,
                     inputs={"x": {"shape": [B, s, H], "placement": seq_pl(1)}, "wq": w, "wk": w, "wv": w,
-                            "target": {"shape": [B, NH, s, HD], "placement": seq_pl(2)}},
-                    name=f"cp_attention_cp{cp}{'_lb' if lb else ''}{'_' + bug if bug else ''}")
+                            "target": {"shape": [B, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}},
+                    name=f"cp_attention_cp{cp}{'_tp' + str(tp) if tp > 1 else ''}{'_lb' if lb else ''}"
+                         f"{'_' + bug if bug else ''}")
