@@ -294,9 +294,13 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             raise
         except Exception as exc:
             src = T._exc_src(exc)
-            raise TraceError(f"building pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
-                             f"{type(exc).__name__}: {exc}", "crash", None, src) from exc
-        return ctx, stage, sched, _held_params(model, stage.submod, c[pi])
+            raise TraceError(f"building the pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}", "input", None, src) from exc
+        stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]  # several: a looped / interleaved schedule
+        held = {}
+        for i, sg in enumerate(stages):
+            held.update({(i, sn): v for sn, v in _held_params(model, sg.submod, c[pi]).items()})
+        return ctx, stages, sched, held
 
     # every parameter's placement, from the first rank of the stage holding it
     holder: dict[str, int] = {}
@@ -333,7 +337,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         T._progress_where = f"rank {r + 1}/{world}"
         T._tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
         with T.fake_world(r, world):
-            ctx, stage, sched, held = build(r)
+            ctx, stages, sched, held = build(r)
             n_mbs[r] = int(sched._n_microbatches)
             for sn, (ln, dt) in held.items():
                 if holder[ln] != st or placement[ln] != _placement_text(dt, axes):
@@ -347,7 +351,11 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                     t = kw[_safe(ln)]
                     # a DTensor parameter is a leaf DTensor over the traced local shard (as the stage holds it)
                     leaves[sn] = t if dt is None else DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
-                with _reparametrize_module(stage.submod, leaves), _captured_p2p(ctx_, resolve, pp_axis, logs[r]):
+                with contextlib.ExitStack() as es:
+                    for i, sg in enumerate(stages):
+                        es.enter_context(_reparametrize_module(sg.submod, {n: v for (j, n), v in leaves.items()
+                                                                           if j == i}))
+                    es.enter_context(_captured_p2p(ctx_, resolve, pp_axis, logs[r]))
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
                 out = {} if loss is None else {"loss": loss.full_tensor() if isinstance(loss, DTensor) else loss}
                 for sn, (ln, dt) in held.items():
@@ -369,9 +377,11 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             except Exception as exc:
                 src = T._exc_src(exc)
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])
-                raise TraceError(f"the pipeline step fails on rank {r} (coordinates {dict(zip(axes, c))})"
-                                 f"{' at ' + src if src else ''}: {type(exc).__name__}: {' '.join(first)[:800]}",
-                                 "crash", None, src) from exc
+                # not REFUTED: the failure may be the trace's (a schedule doing what fake tensors cannot), and no
+                # interpreter run confirms it
+                raise TraceError(f"the {type(sched).__name__} step cannot be traced on rank {r} (coordinates "
+                                 f"{dict(zip(axes, c))}){' at ' + src if src else ''}: {type(exc).__name__}: "
+                                 f"{' '.join(first)[:800]}", "unsupported", type(sched).__name__, src) from exc
             pnodes, pouts = T._convert(gm_r, names, resolve, mesh)
         nodes_j, outs_j = T._finish_outputs(pnodes, pouts, pout_names, names)
         if st in stage_outs and (stage_onames[st], stage_outs[st]) != (pout_names, outs_j):
