@@ -6,8 +6,8 @@
 Each cell traces torchtitan's Llama 3 (the debug flavour's structure: fused QKV, complex RoPE, SwiGLU, untied
 head; dim 64, 8 heads) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
 to 16 ranks and dp 8 x tp 8 at 64 (dp 1 x tp 2 is torchtitan's TP route) -- in a fresh subprocess, and prints
-where ``trace_plan``'s time goes (``tvcert.frontends.trace.stats_hook``): the logical model's trace, then summed
-over the ranks their setup (the framework building and parallelizing the model), make_fx of the joint forward +
+where ``trace_plan``'s time goes (``tvcert.frontends.trace.stats_hook``): the CPU seconds of the logical model's
+trace, then summed over the ranks the CPU seconds of their setup (the framework building and parallelizing the model), make_fx of the joint forward +
 backward and conversion (ATen -> IR), the wall time of the rank phase (less than the sum with ``--jobs``), SPMD
 compression + plan validation, and the rest (the front end's own preparation); then verifying (``--verify``),
 the wall time of the whole cell (with imports), and the peak RSS; ``CPU s`` (user + system, the cell's process and its rank workers) is the figure least disturbed by other
@@ -105,7 +105,7 @@ def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path, src: P
     return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, **out}
 
 
-COLS = ["ranks", "layers", "ranks traced", "logical s", "rank setup s", "rank make_fx s", "rank convert s",
+COLS = ["ranks", "layers", "ranks traced", "logical CPU s", "rank setup CPU s", "rank make_fx CPU s", "rank convert CPU s",
         "ranks wall s", "compress + validate s", "other s", "verify s", "verdict", "wall s", "CPU s", "peak RSS MB",
         "parallel ops"]
 HEADER = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS)
@@ -121,7 +121,7 @@ def fmt(r: dict) -> str:
         return head + "- | " * 7 + f"{r['plan_s']:.1f} (all) | - | - | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | " \
             f"{r['peak_rss_mb']:.0f} | {r['ops']} |"
     v = f"{r['verify_s']:.1f}" if "verify_s" in r else "-"
-    return (head + f"{r['traced_ranks']}/{r['world']} (jobs {r['jobs']}) | {r['logical_s']:.1f} | "
+    return (head + f"{r['traced_ranks']}/{r['world']} (jobs {r['jobs']}) | {r['logical_cpu_s']:.1f} | "
             f"{r['rank_setup_s']:.1f} | {r['rank_trace_s']:.1f} | {r['rank_convert_s']:.1f} | {r['ranks_wall_s']:.1f} | "
             f"{r['compress_s'] + r['validate_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | "
             f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} |")

@@ -1068,7 +1068,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     global _progress_where
     _progress_where = "logical model"
     _tick("tracing the logical model")
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     try:
         gm, out_names = _trace_joint(logical, specs, [s.shape for s in specs])
     except TraceError:
@@ -1098,13 +1098,13 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         c = coords_of(r, sizes)
         _progress_where = f"rank {r + 1}/{world}"
         _tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         with fake_world(r, world):
             dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
             ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
             if parallel_setup is not None:
                 ctx.state = parallel_setup(ctx)
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             try:
                 gm_r, pout_names = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),
                                         backward=parallel_backward)
@@ -1122,9 +1122,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
                                  f"{' in module ' + mod if mod else ''}{' at ' + src if src else ''}: "
                                  f"{type(exc).__name__}: {' '.join(first)[:800]}", "crash", None, src) from exc
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
-            t3 = time.perf_counter()
+            t3 = time.process_time()
         if sorted(pout_names) != sorted(out_names):
             raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
                              "input")
@@ -1135,8 +1135,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         jobs = rank_jobs if rank_jobs is not None else default_jobs()
     except ValueError as exc:
         raise TraceError(str(exc), "input") from None
-    t_ranks = time.perf_counter()
-    secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion seconds (summed over ranks)
+    t_ranks, c_ranks = time.perf_counter(), time.process_time()
+    secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion CPU seconds (summed over ranks)
     for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
         secs = [a + b for a, b in zip(secs, took)]
         if pouts_ref is None:
@@ -1185,9 +1185,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             load_plan(plan)
         except PlanError as exc:
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
-    if stats_hook is not None:  # where the time went (bench/trace_cost.py)
+    if stats_hook is not None:  # where the time went (bench/trace_cost.py): wall seconds, the ranks' CPU seconds
         stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world),
-                    "logical_s": t_ranks - t_start, "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0],
+                    "logical_s": t_ranks - t_start, "logical_cpu_s": c_ranks - c_start, "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0],
                     "rank_trace_s": secs[1], "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
                     "validate_s": time.perf_counter() - t_done})
     return plan
