@@ -165,6 +165,18 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("ddp_titan_llama3", {"bug": "off_by_one"}, "REFUTED"),
     ("ddp_titan_llama3", {"dp": 4}, "VERIFIED"),
     ("ddp_titan_llama3", {"layers": 2}, "VERIFIED"),
+    # torch.distributed.pipelining (examples/torch/pp_*.py, tvcert.frontends.pipelining)
+    ("pp_mlp", {}, "VERIFIED"),
+    ("pp_mlp", {"schedule": "gpipe"}, "VERIFIED"),
+    ("pp_mlp", {"bug": "no_scale"}, "REFUTED"),
+    ("pp_mlp", {"bug": "wrong_layers"}, "REFUTED"),
+    ("pp_mlp", {"bug": "no_accumulate"}, "REFUTED"),
+    ("pp_tp_mlp", {}, "VERIFIED"),
+    ("pp_tp_mlp", {"schedule": "gpipe"}, "VERIFIED"),
+    ("pp_tp_mlp", {"bug": "no_scale"}, "REFUTED"),
+    ("pp_dp_mlp", {}, "VERIFIED"),
+    ("pp_dp_mlp", {"microbatches": 2}, "VERIFIED"),  # UNKNOWN today: micro-batches of a dp shard (slice of Shard(0))
+    ("pp_dp_mlp", {"bug": "wrong_peer"}, "REFUTED"),
 ]
 
 
