@@ -176,3 +176,45 @@ def test_cli_jobs(tmp_path):
     assert "VERIFIED" in r.output
     r = CliRunner().invoke(main, ["trace", str(spec), "--jobs", "0", "--verify", "-q"])
     assert r.exit_code == 3
+
+
+# ---------------------------------------------------------------- a layer that differs (layer 3 of 4)
+DEPTH = 4
+LAYER_INPUTS = {"x": {"shape": [B, H]},
+                **{f"w{i}_{k}": {"shape": [H, F] if k == "a" else [F, H],
+                                 "placement": {"tp": "Shard(1)" if k == "a" else "Shard(0)"}, "param": True}
+                   for i in range(DEPTH) for k in "ab"}}
+
+
+def deep_logical(x, **w):
+    for i in range(DEPTH):
+        x = x + torch.tanh(x @ w[f"w{i}_a"]) @ w[f"w{i}_b"]
+    return x.pow(2).sum()
+
+
+def deep_tp(ctx, x, bad_layer=None, **w):
+    g = ctx.group("tp")
+    for i in range(DEPTH):
+        y = torch.tanh(Copy.apply(x, g) @ w[f"w{i}_a"]) @ w[f"w{i}_b"]
+        x = x + (y if i == bad_layer else Reduce.apply(y, g))  # layer 3 forgets its row-parallel all_reduce
+    return x.pow(2).sum()
+
+
+def test_layer_3_that_differs_is_refuted():
+    """Four identical-looking layers, layer 3 without its all_reduce: REFUTED (the interpreter confirms it), with
+    workers as without -- what any shortcut over repeated layers would have to keep."""
+    from tvcert.interp import run_plan
+
+    ok = trace_plan(deep_logical, deep_tp, inputs=LAYER_INPUTS, mesh={"tp": 2})
+    assert verify(load_plan(ok)).verdict == "VERIFIED"
+    for jobs in (1, 2):
+        T.rank_jobs = jobs
+        try:
+            bad = trace_plan(deep_logical, lambda ctx, **kw: deep_tp(ctx, bad_layer=3, **kw), inputs=LAYER_INPUTS,
+                             mesh={"tp": 2})
+        finally:
+            T.rank_jobs = None
+        plan = load_plan(bad)
+        res = verify(plan)
+        assert res.verdict == "REFUTED"
+        assert not run_plan(plan, seed=0).equal
