@@ -495,3 +495,24 @@ def test_negative_shard_dim_positive_controls(case):
 @pytest.mark.parametrize("case", sorted(NEG_WRONG))
 def test_negative_shard_dim_wrong_plans(case):
     _assert_wrong_not_verified(NEG_WRONG[case](), exact=case != "softmax_along_the_sharded_dim")
+
+
+# ------------------------------------------------------------------ 8. a generated Llama 3 plan with one op mutated
+@pytest.fixture(scope="module")
+def llama_tp2_dp2():
+    from tvcert.generators.plans import generate_plan
+
+    return generate_plan("llama3-8b", tp=2, dp=2, layers=1)
+
+
+@pytest.mark.parametrize("spelling", ["rank.dp", "(rank).dp"])
+def test_generated_llama_vocab_block_sliced_by_the_dp_rank(llama_tp2_dp2, spelling):
+    """The embedding's vocab block (a slice of the replicated table by rank.tp) taken by the dp coordinate
+    instead (same axis size): wrong on dp rank 1; in disguise it was read as rank-free before the fix."""
+    p = copy.deepcopy(llama_tp2_dp2)
+    hits = [n for g in p["parallel"] for n in g["nodes"] if n.get("src") == "embed.vocab_block"]
+    assert hits
+    for n in hits:
+        n["attrs"]["start"], n["attrs"]["end"] = f"{spelling}*(v/tp)", f"({spelling}+1)*(v/tp)"
+    assert not run_plan(load_plan(copy.deepcopy(p))).equal
+    assert V.verify(load_plan(p), refute=False).verdict != "VERIFIED"
