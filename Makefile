@@ -44,10 +44,12 @@ demo: $(STAMP)
 	  >/dev/null; rc=$$?; [ $$rc -le 2 ] || exit $$rc
 	@echo "example report (a refutation: the missing all_reduce): open build/mlp_tp2_no_allreduce.html in a browser"
 
-## Everything: install what is needed, recheck the proofs, run the test suite.
+## Everything: install what is needed, recheck the proofs, run the test suite (TEST_JOBS pytest-xdist workers, one
+## test file per worker so a file's module fixtures are built once).
+TEST_JOBS ?= 2
 test: $(STAMP) coq browser
 	$(PY) -m tvcert.proofkit check --coqchk
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_JOBS) --dist loadfile
 
 proofs: $(STAMP) coq
 	$(VENV)/bin/tvcert proofs

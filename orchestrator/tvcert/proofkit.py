@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -349,10 +350,19 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 1800) -> subprocess.Completed
 
 
 def build(root: Path) -> None:
-    """coq_makefile + make in Rules/; raises ProofError with Coq's error text."""
+    """coq_makefile + make in Rules/; raises ProofError with Coq's error text.
+
+    Serialized by a lock file: parallel test workers (pytest -n) build the same Rules/, and one's
+    coq_makefile must not rewrite Makefile.coq under another's make."""
     rules = _rules_dir(root)
     if not (rules / "_CoqProject").exists():
         raise ProofError(f"{rules}/_CoqProject not found")
+    with open(rules / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build_locked(rules)
+
+
+def _build_locked(rules: Path) -> None:
     p = _run(["coq_makefile", "-f", "_CoqProject", "-o", "Makefile.coq"], rules)
     if p.returncode != 0:
         raise ProofError("coq_makefile failed:\n" + p.stdout + p.stderr)
