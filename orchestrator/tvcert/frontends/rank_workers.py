@@ -80,7 +80,12 @@ def _child(fd: int, fn: Callable[[int], Any], ranks: Sequence[int], tick_attr, w
             res = ("err", r, _exc_payload(exc))
         finally:
             sys.stdout, sys.stderr = old
-        _send(fd, (*res, out.getvalue(), err.getvalue()))
+        try:
+            _send(fd, (*res, out.getvalue(), err.getvalue()))
+        except Exception as exc:  # noqa: BLE001 - a result that does not pickle: tvcert's own failure (exit 4)
+            res = ("err", r, RuntimeError(f"rank {r}'s trace cannot be passed back from its worker process: "
+                                          f"{type(exc).__name__}: {exc}"))
+            _send(fd, (*res, out.getvalue(), err.getvalue()))
         if res[0] == "err":
             return
 
