@@ -211,6 +211,54 @@ def _captured_p2p(ctx: T.MeshCtx, resolve, pp_axis: str, log: list):
             setattr(m, nm, f)
 
 
+def _stage_metadata(by_index: Mapping[int, Any], first, first_shape) -> dict[int, tuple]:
+    """What PipelineStage's dynamic shape inference would exchange, for stages built without ``input_args`` /
+    ``output_args`` (torchtitan's): each stage's module run, in stage order, on a fake first micro-batch (the first
+    data input's local rows / micro-batches; a stage's input is the previous stage's output, requiring grad).
+    Plain tensors only.  A wrong guess cannot verify: a received buffer whose shape is not the sent tensor's is
+    rejected by the plan loader."""
+    from torch.distributed.pipelining._utils import InferenceMode, extract_tensor_metas
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not any(InferenceMode.needs_dynamic(sg._user_meta, True) for sg, _ in by_index.values()):
+        return {}
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    idx = sorted(by_index)
+    n_mb = by_index[idx[0]][1]
+    shape = list(first_shape)
+    if shape[0] % n_mb:
+        raise TraceError(f"the first data input's {shape[0]} local rows do not split into {n_mb} micro-batches", "input")
+    shape[0] //= n_mb
+    out = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        dt = getattr(torch, first.torch_dtype)
+        x = torch.zeros(shape, dtype=dt) if first.dtype == "int" else torch.empty(shape, dtype=dt)
+        for i in idx:
+            sg = by_index[i][0]
+            y = sg.submod(x)
+            ys = y if isinstance(y, tuple) else (y,)
+            if any(isinstance(t, DTensor) for t in ys) or not all(isinstance(t, torch.Tensor) for t in ys):
+                raise TraceError(f"PipelineStage {i} outputs {type(y).__name__} (DTensors / non-tensors): its dynamic "
+                                 f"metadata inference is not emulated; give the stage input_args / output_args",
+                                 "unsupported", "PipelineStage")
+            out[i] = (extract_tensor_metas((x,)), extract_tensor_metas(ys))
+            x = ys[0].detach().requires_grad_(True) if len(ys) == 1 else None
+            if x is None and i != idx[-1]:
+                raise TraceError(f"PipelineStage {i} outputs {len(ys)} tensors: dynamic metadata is emulated for one",
+                                 "unsupported", "PipelineStage")
+    return out
+
+
+def _give_metadata(sg, metas: Mapping[int, tuple]) -> None:
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta
+
+    if sg.stage_index in metas and InferenceMode.needs_dynamic(sg._user_meta, True):
+        ins, outs = metas[sg.stage_index]
+        sg._user_meta = _StageMeta(inputs=ins, outputs=outs, input_grads=None, output_grads=None)
+
+
 def _static_warmup(self, stages, has_backward, p2p_done):  # noqa: ARG001
     from torch.distributed.pipelining._utils import InferenceMode
     from torch.distributed.pipelining.stage import PipelineStage
@@ -247,6 +295,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         make_schedule: Callable[[Any, Any], Any], loss_fn: Callable[..., Any], *,
                         data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int], pp_axis: str = "pp",
                         step: Callable[..., Any] | None = None, name: str = "pipeline", reference: str = "microbatches",
+                        combine: str = "mean", description: str | None = None,
                         output_placements: Mapping[str, Mapping[str, str]] | None = None) -> dict:
     """Trace a ``torch.distributed.pipelining`` training step into a plan with one program per stage.
 
@@ -265,12 +314,15 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     mesh = {str(a): int(s) for a, s in mesh.items()}
     if reference not in ("microbatches", "full"):
         raise TraceError(f"reference must be 'microbatches' or 'full', got {reference!r}", "input")
+    if combine not in ("mean", "sum"):
+        raise TraceError(f"combine must be 'mean' or 'sum', got {combine!r}", "input")
     if pp_axis not in mesh:
         raise TraceError(f"the pipeline axis {pp_axis!r} is not a mesh axis {list(mesh)}", "input")
     logical_model = model_factory()
     pnames = [n for n, _ in logical_model.named_parameters()]
-    if any(True for _ in logical_model.named_buffers()):
-        raise TraceError("module buffers are not traced under pipelining (give them as parameters or data)",
+    bufs = dict(logical_model.named_buffers())  # inputs, not differentiated; a complex one (a RoPE cache) as [..., 2]
+    if any(not (b.dtype.is_floating_point or b.is_complex()) for b in bufs.values()):
+        raise TraceError(f"integer buffers {[n for n, b in bufs.items() if not b.is_floating_point()]} are not traced",
                          "unsupported", "buffer")
     dnames = list(data)
     axes, sizes = tuple(mesh), tuple(mesh.values())
@@ -305,26 +357,33 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     # every parameter's placement, from the first rank of the stage holding it
     holder: dict[str, int] = {}
     placement: dict[str, dict[str, str]] = {}
+    by_index: dict[int, Any] = {}  # stage index -> (its module, schedule's micro-batch count), from the pre-pass
     for st in range(mesh[pp_axis]):
         r0 = T.rank_of([st if i == pi else 0 for i in range(len(axes))], sizes)
         with T.fake_world(r0, world):
-            _, _, _, held = build(r0)
+            _, stages0, sched0, held = build(r0)
+            by_index.update({sg.stage_index: (sg, int(sched0._n_microbatches)) for sg in stages0})
             for sn, (ln, dt) in held.items():
                 if holder.setdefault(ln, st) != st:
                     raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
                                      f"not traced", "unsupported", "tied parameter")
                 placement[ln] = _placement_text(dt, axes)
-    missing = [n for n in pnames if n not in holder]
+    missing = [n for n in [*pnames, *bufs] if n not in holder]
     if missing:
         raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
     inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True, "placement": placement[n],
                                           "dtype": str(p.dtype).removeprefix("torch.")}
                                for n, p in logical_model.named_parameters()}
+    for n, b in bufs.items():
+        inputs[_safe(n)] = {"shape": list(b.shape) + ([2] if b.is_complex() else []),
+                            "dtype": str(b.real.dtype if b.is_complex() else b.dtype).removeprefix("torch.")}
     inputs.update({n: dict(v) for n, v in data.items()})
     specs = T._parse_inputs(inputs, mesh)
     names = [s.name for s in specs]
 
     lshapes = [T.local_shape(s, mesh) for s in specs]
+    first = specs[names.index(dnames[0])]
+    metas = _stage_metadata(by_index, first, lshapes[names.index(dnames[0])])
     per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
     stage_outs: dict[int, list[str]] = {}
     stage_onames: dict[int, list[str]] = {}
@@ -339,6 +398,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         with T.fake_world(r, world):
             ctx, stages, sched, held = build(r)
             n_mbs[r] = int(sched._n_microbatches)
+            for sg in stages:
+                _give_metadata(sg, metas)
             for sn, (ln, dt) in held.items():
                 if holder[ln] != st or placement[ln] != _placement_text(dt, axes):
                     raise TraceError(f"rank {r} holds parameter {ln!r} differently from the first rank of stage "
@@ -349,6 +410,9 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                 leaves = {}
                 for sn, (ln, dt) in held.items():
                     t = kw[_safe(ln)]
+                    if ln in bufs:
+                        leaves[sn] = _buffer_value(t, bufs[ln])
+                        continue
                     # a DTensor parameter is a leaf DTensor over the traced local shard (as the stage holds it)
                     leaves[sn] = t if dt is None else DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
                 with contextlib.ExitStack() as es:
@@ -359,6 +423,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
                 out = {} if loss is None else {"loss": loss.full_tensor() if isinstance(loss, DTensor) else loss}
                 for sn, (ln, dt) in held.items():
+                    if ln in bufs:
+                        continue
                     g = leaves[sn].grad
                     if g is None:
                         g = torch.zeros_like(leaves[sn])
@@ -398,19 +464,24 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
 
     def logical(**kw):
         st = {n: kw[_safe(n)] for n in pnames}
+        st.update({n: _buffer_value(kw[_safe(n)], b) for n, b in bufs.items()})
         d = [kw[k] for k in dnames]
         if reference == "full" or n_mb == 1:
             return loss_fn(torch.func.functional_call(logical_model, st, (d[0],)), *d[1:])
-        # single-device gradient accumulation: each micro-batch's mean loss back-propagated into .grad, the
-        # gradients divided by the number of micro-batches, the reported loss the micro-batch losses' mean
+        # single-device gradient accumulation: each micro-batch's loss back-propagated into .grad; with
+        # combine="mean" (a mean loss per micro-batch) the gradients divided by the number of micro-batches and the
+        # reported loss the micro-batch losses' mean, with "sum" (a loss normalised by the whole batch, torchtitan's)
+        # their sum
         chunks = [torch.tensor_split(t, n_mb, 0) for t in d]  # the schedule's split (microbatch._split_tensor)
         losses = []
         for k in range(n_mb):
             out = torch.func.functional_call(logical_model, st, (chunks[0][k],))
             losses.append(loss_fn(out, *[t[k] for t in chunks[1:]]))
             losses[-1].backward()
-        for p in st.values():
-            p.grad.div_(n_mb)
+        if combine == "sum":
+            return torch.sum(torch.stack([x.detach() for x in losses]))
+        for n in pnames:
+            st[n].grad.div_(n_mb)
         return torch.mean(torch.stack([x.detach() for x in losses]))
 
     T._progress_where = "logical model"
@@ -430,6 +501,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     if sorted(o for s in stage_onames.values() for o in s) != sorted(out_names):
         raise TraceError(f"the stages' outputs {sorted(o for s in stage_onames.values() for o in s)} are not the "
                          f"logical model's {sorted(out_names)} (the loss is returned by the last stage only)", "input")
+    held_by = {_safe(n): st for n, st in holder.items()}  # parameters and buffers live on the stage holding them
     oaxes = tuple(a for a in axes if a != pp_axis)
     osizes = tuple(s for a, s in zip(axes, sizes) if a != pp_axis)
     spec_of = {s.name: (s, sh) for s, sh in zip(specs, lshapes)}
@@ -439,8 +511,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         notes += [f"stage {st}: {x}" for x in nts]
         pname = f"stage{st}"
         used = {i for nd in nodes for i in nd.get("inputs", [])} | set(stage_outs[st])
-        mine = [s.name for s in specs if (s.param and holder.get(_param_of(s.name, pnames)) == st)
-                or (not s.param and s.name in used)]
+        mine = [s.name for s in specs if held_by.get(s.name) == st or (s.name not in held_by and s.name in used)]
         for nm in mine:
             if nm in bind:
                 raise TraceError(f"input {nm!r} is read by stages {bind[nm]} and {st}: a logical input lives on one "
@@ -467,7 +538,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         "description": f"traced from torch.distributed.pipelining ({type(sched).__name__}, {pp_axis}={mesh[pp_axis]}, "
                        f"{n_mb} micro-batches); logical: "
                        + ("the unsplit model on the full batch" if reference == "full" or n_mb == 1 else
-                          f"the unsplit model's mean loss over the same {n_mb} micro-batches (gradient accumulation)")
+                          f"the unsplit model's {combine} of the losses of the same {n_mb} micro-batches (gradient "
+                          f"accumulation)") + (f"; {description}" if description else "")
                        + ("; rank-dependent attributes: " + "; ".join(notes) if notes else ""),
         "dims": dict(mesh), "mesh": {a: a for a in mesh},
         "logical": {"inputs": [_decl(s, s.shape) for s in specs], "nodes": lnodes_j, "outputs": lout_j},
@@ -490,10 +562,10 @@ def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
     from torch.distributed.tensor import DTensor
 
     mods = {id(m): n for n, m in model.named_modules()}
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in [*model.named_parameters(), *model.named_buffers()]}
     out = {}
     for smn, sm in submod.named_modules():
-        for pn, p in sm.named_parameters(recurse=False):
+        for pn, p in [*sm.named_parameters(recurse=False), *sm.named_buffers(recurse=False)]:
             base = mods.get(id(sm), smn)
             ln = f"{base}.{pn}" if base else pn
             sn = f"{smn}.{pn}" if smn else pn
@@ -502,6 +574,12 @@ def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
                                  f"as {ln!r})", "input")
             out[sn] = (ln, (p.device_mesh, p.placements) if isinstance(p, DTensor) else None)
     return out
+
+
+def _buffer_value(t, like):
+    import torch
+
+    return torch.view_as_complex(t) if like.is_complex() else t
 
 
 def _placement_text(dt, axes) -> dict[str, str]:
@@ -513,12 +591,68 @@ def _placement_text(dt, axes) -> dict[str, str]:
     return {a: _pl_text(p) for a, p in zip(mesh.mesh_dim_names, pls)}
 
 
-def _param_of(safe: str, pnames) -> str | None:
-    return next((p for p in pnames if _safe(p) == safe), None)
-
-
 def _decl(s, shape) -> dict:
     d = {"name": s.name, "shape": list(shape), "dtype": s.dtype}
     if s.range is not None:
         d["range"] = int(s.range)
     return d
+
+
+def trace_titan_pp_job(job, model, desc: str, name: str | None = None) -> dict:
+    """A torchtitan job with ``pipeline_parallel_degree`` > 1 (the other degrees 1): on every rank torchtitan's own
+    ``pipeline_llm`` (``_pipeline_module_split``: a deep copy of the model with the other stages' layers deleted,
+    ``PipelineStage`` without static shapes; its schedule from ``pipeline_parallel_schedule`` with ``scale_grads=False``)
+    and the trainer's step (the first stage feeds the tokens, the last the labels; the loss is torchtitan's
+    ``cross_entropy_loss`` (a sum) over the batch's token count, the reported loss the micro-batch losses' sum).  The
+    logical model is the unsplit model's gradient accumulation over the same micro-batches (``combine="sum"``)."""
+    import os
+
+    import torch
+
+    from . import torchtitan as tt
+
+    from .titan_config import check_supported
+
+    check_supported(job)  # pipeline parallelism alone, no checkpointing / compile
+    d = job.degrees
+    tt.prepare()
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+
+    pp = d["pp"]
+    cfg = model.config(1, False, True)
+    b, s = job.training.local_batch_size, job.training.seq_len
+
+    def make():
+        return tt._build(cfg).to_empty(device="cpu")
+
+    def loss_fn(pred, labels, **_):
+        return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / (b * s)
+
+    built: dict[int, Any] = {}
+
+    def make_stage(m, ctx):
+        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=pp, ep=1, world_size=pp)
+        pd.build_mesh()
+        # with every other degree 1, torchtitan's parallelize applies nothing (no TP / FSDP / AC / compile)
+        sched, parts, _, _ = pipeline_llm(m, parallel_dims=pd, training=job.training, parallelism=job.parallelism,
+                                          compile_config=job.compile, ac_config=job.ac, dump_folder="/tmp",
+                                          device=torch.device("cpu"), model_config=cfg,
+                                          parallelize_fn=lambda mm, **_: mm,
+                                          loss_fn=lambda p, lab, **k: (loss_fn(p, lab), None))
+        built[ctx.rank] = sched
+        return list(getattr(sched, "_stages", None) or [sched._stage])
+
+    def step(sch, ctx, tokens, labels):  # torchtitan's Trainer.forward_backward_step, pipelined branch
+        stages = getattr(sch, "_stages", None) or [sch._stage]
+        first, last = any(x.is_first for x in stages), any(x.is_last for x in stages)
+        losses = [] if last else None
+        sch.step(*(tokens,) if first else (), target=labels if last else None, losses=losses)
+        return torch.sum(torch.stack(losses)) if last else None
+
+    ids = {"shape": [b, s], "dtype": "int", "range": model.vocab}
+    return trace_pipeline_plan(make, make_stage, lambda st, ctx: built[ctx.rank], loss_fn,
+                               data={"tokens": ids, "labels": ids}, mesh={"pp": pp}, step=step, combine="sum",
+                               description=desc,
+                               name=name or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}")

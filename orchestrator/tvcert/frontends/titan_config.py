@@ -138,10 +138,16 @@ def load_job(path: str, model: str | None = None) -> TitanJob:
 def check_supported(job: TitanJob) -> None:
     """What the trace cannot do yet: UNKNOWN (TraceError kind ``unsupported``) naming the field."""
     p, c = job.parallelism, job.compile
-    if p.pipeline_parallel_degree > 1:
-        raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
-                         f"torchtitan's pipeline schedules (torch.distributed.pipelining) are not traced yet",
-                         "unsupported", "pipeline_parallel_degree")
+    if p.pipeline_parallel_degree > 1:  # traced alone (frontends/pipelining.trace_titan_pp_job)
+        others = [f"{k} = {v}" for k, v in job.degrees.items() if k != "pp" and v > 1]
+        why = (f"with {', '.join(others)}: only pipeline parallelism alone is traced from a job (TP + PP from "
+               f"torch.distributed.pipelining code is, examples/torch/pp_tp_mlp.py)" if others else
+               f"with activation_checkpoint.mode = {job.ac_mode!r}: checkpointing under pipelining is not traced "
+               f"(set mode = \"none\")" if job.ac is not None else
+               "with compile.enable: not traced" if job.compile.enable else None)
+        if why:
+            raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} {why}",
+                             "unsupported", "pipeline_parallel_degree")
     if p.context_parallel_degree > 1:
         from .context_parallel import why_not_spmd
 

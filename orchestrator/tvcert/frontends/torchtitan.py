@@ -575,6 +575,12 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
     if all(n == 1 for n in d.values()):
         raise TraceError(f"{job.path}: every parallelism degree is 1 (one device): there is no parallel program to "
                          f"verify", "input")
+    if d["pp"] > 1:  # torchtitan's pipeline_llm, traced by tvcert.frontends.pipelining (pp alone)
+        if not (mesh_context and vocab_parallel) or kw.keys() - {"name"}:
+            raise TraceError("--no-mesh-context / --replicated-vocab are options of the TP route", "input")
+        from .pipelining import trace_titan_pp_job
+
+        return trace_titan_pp_job(job, model, desc, name=kw.pop("name", None))
     if d["dp_replicate"] == d["dp_shard"] == 1:
         tp = d["tp"]
         return trace_titan(model, tp=tp, sp=job.parallelism.enable_sequence_parallel and tp > 1, ep=d["ep"],
