@@ -80,6 +80,12 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("cp_attention", {"cp": 2}, "VERIFIED"),
     ("cp_attention", {"cp": 4}, "VERIFIED"),
     ("cp_attention", {"cp": 2, "bug": "lb_order"}, "REFUTED"),
+    ("cp_attention", {"cp": 2, "lb": False, "tp": 2}, "VERIFIED"),
+    # the rank-uniform configuration (non-causal, contiguous, all-to-all rotater): UNKNOWN, bugs REFUTED
+    ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall"}, "VERIFIED"),
+    ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "bug": "lse_not_updated"}, "REFUTED"),
+    ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "bug": "plain_average"}, "REFUTED"),
+    ("cp_attention", {"cp": 3, "lb": False, "causal": False, "rotate": "alltoall", "bug": "dkv_backwards"}, "REFUTED"),
     # mean losses and DDP's averaged gradients (examples/torch/realcode/norm_ddp.py)
     ("realcode.norm_ddp", {}, "VERIFIED"),
     ("realcode.norm_ddp", {"loss": "sum_div"}, "VERIFIED"),

@@ -1,7 +1,8 @@
 """Context parallelism traced from torch's own ring attention (tvcert.frontends.context_parallel).
 
-torch's ``_templated_ring_attention`` runs a different program on each cp rank, so the trace is UNKNOWN naming
-torch's lines, never a verdict; the per-block kernel semantics the trace uses are the CPU flash kernels' (float64,
+torch's ``_templated_ring_attention`` runs a different program on each cp rank (causal attention), so the trace is
+UNKNOWN naming torch's lines, never a verdict; in the one rank-uniform configuration (non-causal, contiguous, all-to-all
+rotater) it is one program the interpreter runs, and a bug put into torch's merger is REFUTED; the per-block kernel semantics the trace uses are the CPU flash kernels' (float64,
 also with a merged out / logsumexp in the backward); ``funcol.permute_tensor`` converts to ``ppermute``, run by the
 interpreter as PyTorch defines it."""
 from __future__ import annotations
@@ -67,12 +68,39 @@ def test_why_not_spmd_lines_are_torch_source():
     assert "all-gather rotater" not in why_not_spmd(False, "alltoall")
 
 
-def test_cli_cp4_load_balanced_unknown():
-    """cp = 4, head-tail load balancing (torch's default), through the CLI: UNKNOWN (exit 2), never a verdict."""
-    r = CliRunner().invoke(main, ["trace", SPEC, "--set", "cp=4", "--verify", "--json", "-q"])
-    assert r.exit_code == 2, r.output
+# Non-causal attention without load balancing on the all-to-all rotater: the one configuration in which torch's ring
+# is the same program on every rank.  The interpreter runs it; bugs put into torch's ring are REFUTED.
+UNIFORM = {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall"}
+
+
+@pytest.fixture(scope="module")
+def uniform_ring():
+    import cp_attention
+
+    return cp_attention.tvcert_trace(**UNIFORM)
+
+
+def test_uniform_ring_traces_one_program_interpreter_agrees(uniform_ring):
+    ops = [n["op"] for n in uniform_ring["parallel"][0]["nodes"]]
+    assert ops.count("ppermute") >= 3 and "all_to_all" not in ops, ops  # K/V and dK/dV passed with permute_tensor
+    for seed in (0, 1):
+        assert run_plan(load_plan(uniform_ring), seed=seed).equal
+    from tvcert.engine.verify import verify
+
+    res = verify(load_plan(uniform_ring))
+    assert res.verdict == "UNKNOWN", res.reasons  # no rule for torch's packed K/V buffer and log-sum-exp merge yet
+
+
+def test_cli_ring_with_stale_logsumexp_refuted():
+    """torch's merger with the log-sum-exp left at the first block's (the backward reads it): REFUTED through the
+    CLI (exit 1), confirmed in 60-digit arithmetic."""
+    sets = [a for k, v in UNIFORM.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    r = CliRunner().invoke(main, ["trace", SPEC, *sets, "--set", "bug=lse_not_updated", "--verify", "--json", "-q"])
+    assert r.exit_code == 1, r.output
     out = json.loads(r.output[r.output.index("{"):])
-    assert out["verdict"] == "UNKNOWN" and "with load balancing" in out["reason"], out
+    ce = out["counterexample"]
+    assert out["verdict"] == "REFUTED" and "60-digit" in ce["confirmed"], out
+    assert {o["name"] for o in ce["outputs"] if not o["equal"]} >= {"grad_wk", "grad_wv"}, ce["outputs"]
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -9,41 +9,102 @@ needs a CUDA flash kernel, so it is entered at the function it calls (``tvcert.f
 
     tvcert trace examples/torch/cp_attention.py --set cp=2 --verify      # UNKNOWN: the ranks differ
 
-Verdict today: UNKNOWN naming torch's lines: its ring runs a different program on every cp rank (no SPMD form).
-``bug=lb_order``: the load-balanced ring on contiguously sharded data (chunks never put in head-tail order).
+Verdict today: UNKNOWN naming torch's lines: with causal attention its ring runs a different program on every cp
+rank (no SPMD form).  ``causal=false lb=false rotate=alltoall`` is rank-uniform: one program, which the interpreter
+runs (UNKNOWN: no rule yet for torch's packed K/V buffer and log-sum-exp merge), and the bugs below are REFUTED:
+
+    tvcert trace examples/torch/cp_attention.py --set causal=false --set lb=false --set rotate=alltoall \
+        --set bug=lse_not_updated --verify                                                  # REFUTED
+
+``bug``: ``lse_not_updated`` (the merged log-sum-exp left at the first block's), ``plain_average`` (blocks averaged
+without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3: dK / dV sent to rank - 1 while K / V go to rank + 1),
+``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order).
 ``tp=2``: TP + CP on a cp x tp mesh, Wq / Wk / Wv column-parallel (each tp rank holds its heads).
 """
+import contextlib
+
 import torch.nn.functional as F
 
-B, NH, HD = 1, 2, 4
+NH, HD = 2, 4
 H = NH * HD
 
 
 def heads(t):
-    b, s, h = t.shape
-    return t.view(b, s, h // HD, HD).transpose(1, 2)
+    """[s, h] -> [1, heads, s, hd] (torch's ring takes [b, h, s, d]; tokens are 2-D so that no reshape merges the
+    batch with a sharded sequence)."""
+    s, h = t.shape
+    return t.view(s, h // HD, HD).transpose(0, 1).unsqueeze(0)
 
 
-def logical(x, wq, wk, wv, target):
-    q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return ((o - target) ** 2).sum()
+def make_logical(causal: bool):
+    def logical(x, wq, wk, wv, target):
+        q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return ((o - target) ** 2).sum()
+    return logical
 
 
-def make_parallel(lb: bool):
+@contextlib.contextmanager
+def injected(bug: str):
+    """A bug put into torch's ring while it is traced (restored after)."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+
+    saved = []
+
+    def patch(obj, name, fn):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, fn)
+
+    if bug in ("lse_not_updated", "plain_average"):
+        def merge_one(self, block_out, block_lse, partial):  # _SDPAMerger._merge_one without load balancing
+            block_lse = block_lse.unsqueeze(-1)
+            self._should_lse_squeeze = True
+            if self._lse is None:
+                self._lse, self._out = block_lse, block_out
+            elif bug == "plain_average":  # no log-sum-exp weighting of the blocks
+                self._out = (self._out + block_out) / 2
+                self._lse = self._lse - F.logsigmoid(self._lse - block_lse)
+            else:  # the output merged, the log-sum-exp the backward reads left at the first block's
+                self._out = self._out - F.sigmoid(block_lse - self._lse) * (self._out - block_out)
+        patch(A._SDPAMerger, "_merge_one", merge_one)
+    elif bug == "dkv_backwards":  # K/V gradients sent to rank - 1 while K/V travel to rank + 1
+        orig = A._create_rotater
+
+        def create(pg, seq_dim, method=None):
+            r = orig(pg, seq_dim, method)
+            if method == A._RotateMethod.ALL_TO_ALL:
+                import torch.distributed as dist
+                import torch.distributed._functional_collectives as ft_c
+
+                def exchange(buf):
+                    n = dist.get_world_size(pg)
+                    r._buffer = ft_c.permute_tensor(buf.contiguous(), [n - 1] + list(range(n - 1)), pg)
+                r.exchange_buffers = exchange
+            return r
+        patch(A, "_create_rotater", create)
+    try:
+        yield
+    finally:
+        for obj, name, fn in reversed(saved):
+            setattr(obj, name, fn)
+
+
+def make_parallel(lb: bool, causal: bool, rotate: str):
     from tvcert.frontends.context_parallel import ring_sdpa
 
     def parallel(ctx, x, wq, wk, wv, target):
         q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
-        o = ring_sdpa(q, k, v, ctx.group("cp"), is_causal=True, load_balance=lb)
+        o = ring_sdpa(q, k, v, ctx.group("cp"), is_causal=causal, load_balance=lb, rotate=rotate)
         return ((o - target) ** 2).sum()
     return parallel
 
 
-def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: int = 1):
+def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: int = 1, causal: bool = True,
+                 rotate: str = "allgather"):
     from tvcert.frontends.context_parallel import trace_cp
 
-    if bug not in ("", "lb_order"):
+    if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards"):
         raise ValueError(f"unknown bug {bug!r}")
     s = seq or 4 * cp
     zig = lb and bug != "lb_order"  # how the data is sharded
@@ -55,8 +116,10 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
     # each rank's loss is its tokens' (and heads') share; weight gradients: its tokens' share of its columns
     out_pl = {"loss": {a: "Partial(sum)" for a in mesh}}
     out_pl |= {f"grad_{p}": {"cp": "Partial(sum)", **col} for p in ("wq", "wk", "wv")}
-    return trace_cp(load_balance=lb, logical=logical, parallel=make_parallel(lb), mesh=mesh, output_placements=out_pl,
-                    inputs={"x": {"shape": [B, s, H], "placement": seq_pl(1)}, "wq": w, "wk": w, "wv": w,
-                            "target": {"shape": [B, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}},
-                    name=f"cp_attention_cp{cp}{'_tp' + str(tp) if tp > 1 else ''}{'_lb' if lb else ''}"
-                         f"{'_' + bug if bug else ''}")
+    with injected(bug):  # the whole trace: the backward ring runs after the parallel function returns
+        return trace_cp(load_balance=lb, rotate=rotate, logical=make_logical(causal),
+                        parallel=make_parallel(lb, causal, rotate), mesh=mesh, output_placements=out_pl,
+                        inputs={"x": {"shape": [s, H], "placement": seq_pl(0)}, "wq": w, "wk": w, "wv": w,
+                                "target": {"shape": [1, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}},
+                        name=f"cp_attention_cp{cp}{'_tp' + str(tp) if tp > 1 else ''}{'_lb' if lb else ''}"
+                             f"{'_' + bug if bug else ''}")
