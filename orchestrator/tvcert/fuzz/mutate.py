@@ -380,6 +380,53 @@ def m_rank_constant_disguised(plan, rng):
     return plan
 
 
+def _dim_strings(v, path=()):
+    """(path, string) of every string inside an attribute value that is a dim expression (no rank coordinate)."""
+    if isinstance(v, str):
+        if re.search(r"[A-Za-z_]", v) and not _RANK_RE.search(v) and "rank" not in v:
+            yield path, v
+    elif isinstance(v, list):
+        for j, x in enumerate(v):
+            yield from _dim_strings(x, path + (j,))
+
+
+def m_literal_for_dim(plan, rng):
+    """A dim expression in an attribute (a count, a block size, a reshape target) replaced by its value at the
+    declared dims: the plan is the same there and wrong wherever the dim differs (the oracle's second
+    instantiation), so only a proof redone at other sizes may tell (kernel/sizes.py)."""
+    from ..shapes import parse
+
+    cands = [(n["attrs"], k, path, text) for g in plan["parallel"] for n in g["nodes"]
+             for k, v in n.get("attrs", {}).items() if k not in ("axis", "reduce", "dtype", "equation", "tag", "body")
+             for path, text in _dim_strings(v)]
+    if not cands:
+        return None
+    attrs, k, path, text = rng.choice(cands)
+    try:
+        value = parse(text).eval(plan["dims"])
+    except (ValueError, TypeError, KeyError, ZeroDivisionError):
+        return None
+    if path:
+        _set_path(attrs[k], path, value)
+    else:
+        attrs[k] = value
+    return plan
+
+
+def m_negative_shard_dim(plan, rng):
+    """An input's ``Shard(d)`` written ``Shard(d - rank)`` (DTensor's ``Shard(-1)``): the same placement."""
+    shapes = {t["name"]: t["shape"] for t in plan["logical"]["inputs"]}
+    cands = [(b, a) for name, b in plan.get("inputs", {}).items() if name in shapes and not b.get("layout")
+             for a, t in b.get("placement", {}).items() if re.fullmatch(r"(Shard|ZigzagShard)\(\d+\)", t)]
+    if not cands:
+        return None
+    b, a = rng.choice(cands)
+    kind, d = re.fullmatch(r"(Shard|ZigzagShard)\((\d+)\)", b["placement"][a]).groups()
+    nd = len(shapes[next(n for n, x in plan["inputs"].items() if x is b)])
+    b["placement"][a] = f"{kind}({int(d) - nd})"
+    return plan
+
+
 def m_unit_dim_elsewhere(plan, rng):
     """A mask or index given its unit dim in front instead of at the end (``unsqueeze(m, 0)``, an index reshaped
     to ``[1, n]``): the broadcast then pairs the wrong elements."""
@@ -547,6 +594,8 @@ MUTATIONS: dict[str, Callable] = {
     "nested_rank_literal": m_nested_rank_literal,
     "rank_respelled": m_rank_respelled,
     "rank_constant_disguised": m_rank_constant_disguised,
+    "literal_for_dim": m_literal_for_dim,
+    "negative_shard_dim": m_negative_shard_dim,
     "unit_dim_elsewhere": m_unit_dim_elsewhere,
     "collective_across_nonlinear": m_collective_across_nonlinear,
 }

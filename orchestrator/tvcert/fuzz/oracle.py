@@ -64,6 +64,23 @@ def _exact_inputs(plan: Plan, seed: int, small: bool, from_float: Mapping[str, n
     return out
 
 
+def _loads_at(plan: Plan, dims: Mapping[str, int]) -> bool:
+    """Whether the plan is well-formed at ``dims`` (shapes, bindings): a run where it is not compares nothing the
+    plan claims (the interpreter checks op shapes, not the bindings' declared local shapes)."""
+    import copy
+
+    from ..plan import PlanError, load_plan
+
+    raw = copy.deepcopy(plan.raw)
+    raw["dims"] = {**raw.get("dims", {}), **dict(dims)}
+    raw.pop("run_dims", None)
+    try:
+        load_plan(raw, check_run_dims=False)
+    except PlanError:
+        return False
+    return True
+
+
 def uses_loops(plan: Plan) -> bool:
     return any(n.op == "ring_loop" for g in plan.programs.values() for n in g.nodes)
 
@@ -81,7 +98,10 @@ def _runs(plan: Plan, alt_dims: Mapping[str, int] | None, seeds, exact: bool) ->
     mode = "exact" if exact else "float64"
     attempts = [(None, s) for s in seeds]
     if alt_dims and dict(alt_dims) != dict(plan.run_dims):
-        attempts.append((dict(alt_dims), 7))
+        if _loads_at(plan, alt_dims):
+            attempts.append((dict(alt_dims), 7))
+        else:  # e.g. a literal standing for a dim (fuzz/mutate.py literal_for_dim): no such instance of the plan
+            v.notes.append(f"the plan does not load at {dict(alt_dims)}: no run there")
     for dims, seed in attempts:
         try:
             r = run_plan(plan, dims=dims, seed=seed, exact=exact)
