@@ -5,10 +5,12 @@ inside the context too (``tvcert.frontends.dtensor.trace_module_plan(loss_contex
 
 The model: embedding -> tanh -> vocabulary projection; the mean next-token cross-entropy over ``labels``.
 ``bug="loss_div_tp"``: the parallel loss divided by the tp degree (a DDP habit carried over to TP; the ranks
-hold the whole loss already) -- REFUTED.  The correct program: the interpreter agrees; the engine stops at the
-rank-dependent vocabulary block bounds of DTensor's target mask (UNKNOWN, issue 15 §3), never REFUTED.
+hold the whole loss already) -- REFUTED.  ``reduction="sum"``: VERIFIED (the vocab-parallel loss patterns in
+DTensor's spelling).  The default mean: the interpreter agrees, but DTensor divides by the count of labels that
+are not ``ignore_index`` (-100) and the engine does not use the labels' range [0, V) to see that this count is
+the token count: UNKNOWN at the output ``loss``, never REFUTED.
 
-    tvcert trace examples/torch/realcode/loss_parallel_dtensor.py --verify
+    tvcert trace examples/torch/realcode/loss_parallel_dtensor.py --set reduction=sum --verify
 """
 import torch
 import torch.nn as nn
@@ -27,7 +29,7 @@ class Head(nn.Module):
         return self.out(torch.tanh(self.emb(ids)))
 
 
-def tvcert_trace(bug: str = "", tp: int = 2):
+def tvcert_trace(bug: str = "", tp: int = 2, reduction: str = "mean"):
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
 
@@ -41,7 +43,7 @@ def tvcert_trace(bug: str = "", tp: int = 2):
         return parallelize_module(m, mesh, {"out": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
 
     def loss_fn(logits, ids, labels):
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction=reduction)
         if bug == "loss_div_tp" and isinstance(logits, DTensor):
             loss = loss / tp  # BUG: every rank already holds the whole (replicated) loss
         return loss
@@ -49,4 +51,4 @@ def tvcert_trace(bug: str = "", tp: int = 2):
     tok = {"shape": [B, S], "dtype": "int", "range": V}
     return trace_module_plan(make, parallelize, loss_fn, loss_context=loss_parallel,
                              data={"ids": tok, "labels": dict(tok)}, mesh={"tp": tp},
-                             name=f"loss_parallel_dtensor{'_' + bug if bug else ''}")
+                             name=f"loss_parallel_dtensor_{reduction}{'_' + bug if bug else ''}")

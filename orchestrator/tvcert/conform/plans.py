@@ -297,6 +297,12 @@ def _mix(*bs):
     return b
 
 
+def _dtensor_loss(dr: Draw):
+    from .gens_dtensor_loss import b_dtensor_loss  # DTensor's loss_parallel spelling (traced; torch needed)
+
+    return b_dtensor_loss(dr)
+
+
 PLAN_RULES: dict[str, Callable] = {
     "send_recv_preserves": plan_gen(b_pp, "send_recv_preserves"),
     "stage_repeat": plan_gen(b_layers, "stage_repeat"),
@@ -306,8 +312,9 @@ PLAN_RULES: dict[str, Callable] = {
                                                  "vocab_parallel_embedding_clamped"),
     "vocab_parallel_embedding_clamped_backward": plan_gen(b_titan, "vocab_parallel_embedding_clamped_backward"),
     "vocab_parallel_log_softmax": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_log_softmax"),
-    "vocab_parallel_nll_loss": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_nll_loss"),
-    "vocab_parallel_nll_backward": plan_gen(_mix(b_example(LOSS, _vp_dims), b_titan), "vocab_parallel_nll_backward"),
+    "vocab_parallel_nll_loss": plan_gen(_mix(b_example(LOSS, _vp_dims), _dtensor_loss), "vocab_parallel_nll_loss"),
+    "vocab_parallel_nll_backward": plan_gen(_mix(b_example(LOSS, _vp_dims), b_titan, _dtensor_loss),
+                                            "vocab_parallel_nll_backward"),
     "ring_attention_online_softmax": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_online_softmax"),
     "ring_attention_backward": plan_gen(b_ring, "ring_attention_backward"),
     "ring_attention_zigzag": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_zigzag"),

@@ -479,13 +479,39 @@ def _safe_target_local_ids(producers: Producers, lid_t: str, m_t: str, kc: KCtx,
         raise RuleFailure("the local ids are not zeroed with the same out-of-block mask")
     ids_t, extra = _offset_ids(producers, inner[0], kc, a, B)
     bounds = _block_mask(producers, producer(producers, m_t), ids_t, kc, a, B, inside=False)
-    st = producer(producers, ids_t)
-    if st is None or st.op != "where" or st.inputs[1] != lbl_t or _const_int(producer(producers, st.inputs[2]), kc) != 0:
+    st, lb, units = _unit_safe_target(producers, ids_t, lbl_t)
+    if st is None or st.op != "where" or st.inputs[1] != lb or _const_int(producer(producers, st.inputs[2]), kc) != 0:
         raise RuleFailure("the target is not where(labels != ignore_index, labels, 0) of the same labels")
-    if _ignore_test(producers, st.inputs[0], kc) != (lbl_t, ig):
+    if _ignore_test(producers, st.inputs[0], kc) != (lb, ig):
         raise RuleFailure("the target's ignore test differs from the loss's")
     m = producer(producers, m_t)
-    return [lid_t, inner[0], m_t, *m.inputs, *bounds, *extra]
+    return [lid_t, inner[0], m_t, *m.inputs, *bounds, *extra, *units]
+
+
+def _drops_unit_dim(producers: Producers, n: Node | None, t: str) -> bool:
+    """``t`` is ``n``'s input with its trailing unit dim removed (``x[..., 0]`` as squeeze / reshape / view)."""
+    if n is None or n.op not in ("squeeze", "reshape", "view") or not n.inputs:
+        return False
+    src, dst = shape_of(producers, n.inputs[0]), shape_of(producers, t)
+    return src is not None and dst is not None and src == dst + (1,)
+
+
+def _unit_safe_target(producers: Producers, ids_t: str, lbl_t: str) -> tuple[Node | None, str, list[str]]:
+    """The op computing the safe target ``t' = where(l != ig, l, 0)`` behind ``ids_t``, the labels it must read
+    and the unit-dim tensors passed.  torchtitan: ``ids_t`` is t'.  DTensor's loss_parallel carries a trailing
+    unit dim through the elementwise id chain, which changes no token's value: ``ids_t = t'[:, None]`` (forward),
+    or ``ids_t = squeeze(where(l[:, None] != ig, l[:, None], 0))`` (backward)."""
+    st = producer(producers, ids_t)
+    if appends_unit_dim(producers, st, ids_t):
+        return producer(producers, st.inputs[0]), lbl_t, [st.inputs[0]]
+    if _drops_unit_dim(producers, st, ids_t):
+        w = producer(producers, st.inputs[0])
+        u_t = w.inputs[1] if w is not None and w.op == "where" else None
+        u = producer(producers, u_t) if u_t else None
+        if u is None or not appends_unit_dim(producers, u, u_t) or u.inputs[0] != lbl_t:
+            raise RuleFailure("the squeezed target is not where(l[:, None] != ig, l[:, None], 0) of the same labels")
+        return w, u_t, [st.inputs[0], u_t]
+    return st, lbl_t, []
 
 
 def _check_labels(lbl_t: str, ig: int, facts: Mapping[str, Fact], kc: KCtx, lsf: Fact, V: int) -> Fact:
@@ -522,12 +548,16 @@ def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc:
         raise RuleFailure("the picked target logit is not an all_reduce(sum) of a masked pick")
     val_t, um_t = got
     gat, um = producer(producers, val_t), producer(producers, um_t)
-    if gat is None or gat.op != "gather" or um is None or um.op not in ("unsqueeze", "reshape", "view"):
-        raise RuleFailure("the masked value is not a gather masked by the out-of-block mask with a unit dim")
+    if gat is None or gat.op != "gather" or um is None:
+        raise RuleFailure("the masked value is not a gather masked by the out-of-block mask")
     ls_t, idx_t = gat.inputs
     ui = producer(producers, idx_t)
-    if ui is None or ui.op not in ("unsqueeze", "reshape", "view"):
-        raise RuleFailure("the gather index is not the local ids with a trailing unit dim")
+    if ui is None:
+        raise RuleFailure("the gather index is not the local ids")
+    # torchtitan: lid[:, None] and out[:, None]; DTensor's loss_parallel: both already carry the unit dim
+    unit_first = ui.op not in ("unsqueeze", "reshape", "view") and um.op not in ("unsqueeze", "reshape", "view")
+    if not unit_first and (ui.op not in ("unsqueeze", "reshape", "view") or um.op not in ("unsqueeze", "reshape", "view")):
+        raise RuleFailure("the gather index and the mask do not both get their trailing unit dim at the pick")
     if ls_t not in facts:
         raise RuleFailure("the log-probabilities have no fact")
     lsf = facts[ls_t]
@@ -538,10 +568,15 @@ def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc:
     a, B = _vocab_axis(lsf, nd - 1, kc)
     if a0 != a:
         raise RuleFailure(f"the picked logit is not all-reduced over the vocab axis {a!r}")
-    lid_t, m_t = ui.inputs[0], um.inputs[0]
-    rows = out_shape(producer(producers, lid_t)) if lid_t in producers else None
-    if rows is None or out_shape(ui) != rows + (1,) or out_shape(um) != rows + (1,) or out_shape(gat) != rows + (1,) \
-            or out_shape(sq) != rows:
+    if unit_first:
+        lid_t, m_t = idx_t, um_t
+        rows = out_shape(sq)
+        ok = out_shape(ui) == rows + (1,) and out_shape(um) == rows + (1,)
+    else:
+        lid_t, m_t = ui.inputs[0], um.inputs[0]
+        rows = out_shape(producer(producers, lid_t)) if lid_t in producers else None
+        ok = rows is not None and out_shape(ui) == rows + (1,) and out_shape(um) == rows + (1,)
+    if not ok or out_shape(gat) != rows + (1,) or out_shape(sq) != rows:
         raise RuleFailure("the unit dims are not the trailing dim of the token shape")
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
@@ -572,9 +607,16 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     if not _zero_const(producer(producers, w.inputs[2])):
         raise RuleFailure("the gradient filter is not where(keep, g, 0)")
     uk = producer(producers, w.inputs[0])
-    if uk is None or uk.op not in ("unsqueeze", "reshape", "view"):
+    if uk is not None and uk.op == "ne":  # DTensor's loss_parallel: the test of the labels with a unit dim
+        lu_t, ig = _ignore_test(producers, w.inputs[0], kc)
+        lu = producer(producers, lu_t)
+        if not appends_unit_dim(producers, lu, lu_t):
+            raise RuleFailure("the gradient filter does not test the labels with a trailing unit dim")
+        lbl_t = lu.inputs[0]
+    elif uk is not None and uk.op in ("unsqueeze", "reshape", "view"):
+        lbl_t, ig = _ignore_test(producers, uk.inputs[0], kc)
+    else:
         raise RuleFailure("the gradient filter is not the token filter with a unit dim")
-    lbl_t, ig = _ignore_test(producers, uk.inputs[0], kc)
     g_t = w.inputs[1]
     for e_t, h_t in (s.inputs, s.inputs[::-1]):
         e, h = producer(producers, e_t), producer(producers, h_t)
@@ -606,7 +648,8 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
         raise RuleFailure("the gradient is not a replicated scalar (sum reduction)")
     lid_t, m_t = oh.inputs[0], cast.inputs[0]
     rows = out_shape(producer(producers, lid_t)) if lid_t in producers else None
-    if rows is None or out_shape(vv) != rows + (1,) or out_shape(uk) != rows + (1,) or out_shape(h) != out_shape(out):
+    if rows is None or out_shape(vv) != rows + (1,) or out_shape(uk) != rows + (1,) or out_shape(h) != out_shape(out) \
+            or shape_of(producers, lbl_t) not in (None, rows):
         raise RuleFailure("the unit dims are not the trailing dim of the token shape")
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
@@ -614,8 +657,8 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     go = _mk(kc, "mul", {}, [_mk(kc, "neg", {}, [_mk(kc, "one_hot", {"num_classes": V}, [lf.expr])]), gf.expr])
     expr = _mk(kc, "log_softmax_backward", {"dim": nd - 1}, [go, lsf.expr])
     d_ = conclude(kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_backward", S(nd - 1)), out_shape(out))
-    matched = [producers[t][0] for t in (s_t, h_t, h.inputs[0], h.inputs[1], vv.inputs[0], sv.inputs[0], *chain)
-               if t in producers]
+    matched = [producers[t][0] for t in (s_t, h_t, h.inputs[0], h.inputs[1], vv.inputs[0], sv.inputs[0], w.inputs[0],
+                                        *uk.inputs, *chain) if t in producers]
     return d_, sorted(set(matched))
 
 
