@@ -444,7 +444,7 @@ def test_mutants_are_wrong_and_coq_check_is_false():
     k = len(names)
     lines.append(_body(render(good_cp, good_cert), k))
     lines.append(f"Eval vm_compute in mcheck plan_{k} cert_{k}.")
-    head = ("From mathcomp Require Import all_ssreflect.\n"
+    head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
             "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
             "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
     out = _coqc(head + "\n".join(lines))

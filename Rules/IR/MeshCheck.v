@@ -111,9 +111,9 @@ Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _
 
 Section Checker.
 Variable P : mplan.
+Variable ls : seq shape.   (* the logical graph's shapes, [lrun_s]: [mcheck] computes them once *)
 Let ms := mesh P.
 Let ni := size (ml_inputs P).
-Let ls := lrun_s (ml_inputs P) (ml_nodes P).
 
 Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   let: (l, pls) := f in
@@ -143,12 +143,13 @@ Definition mcheck_output (facts : seq mfact) (o : nat * nat * seq placement) : b
   (lo < size ls) && (po < size facts) &&
   ((nth dmfact facts po).1 == lo) && pls_eqb (nth dmfact facts po).2 pls.
 
-Definition mcheck (c : seq mfact) : bool :=
-  all (fun p => 0 < p) ms &&
-  all (fun b => (b.1 < ni) && mpl_ok ms (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) &&
-  mcheck_nodes (mp_inputs P) (mp_nodes P) c &&
-  all (mcheck_output (mp_inputs P ++ c)) (mp_outputs P).
-
 End Checker.
+
+Definition mcheck (P : mplan) (c : seq mfact) : bool :=
+  let ls := lrun_s (ml_inputs P) (ml_nodes P) in
+  all (fun p => 0 < p) (mesh P) &&
+  all (fun b => (b.1 < size (ml_inputs P)) && mpl_ok (mesh P) (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) &&
+  mcheck_nodes P ls (mp_inputs P) (mp_nodes P) c &&
+  all (mcheck_output ls (mp_inputs P ++ c)) (mp_outputs P).
 
 End JMeshCheck.

@@ -764,7 +764,7 @@ Qed.
 
 Lemma mcoll_sound fs E cl k x l pls :
   minv fs E -> all (fun p => 0 < p)%N ms -> (x < size fs)%N ->
-  mderive P (PColl cl k x) [:: nth dmfact fs x] (l, pls) ->
+  mderive P ls (PColl cl k x) [:: nth dmfact fs x] (l, pls) ->
   mfact_ok (l, pls) (mrun_node fn ms E (PColl cl k x)).
 Proof.
 move=> [szf I] p0 xs; have := I x xs; rewrite /mderive.
@@ -785,7 +785,7 @@ Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. 
 Lemma mderive_sound fs E n f :
   minv fs E -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N (pargs n) ->
-  mderive P n (map (nth dmfact fs) (pargs n)) f ->
+  mderive P ls n (map (nth dmfact fs) (pargs n)) f ->
   mfact_ok f (mrun_node fn ms E n).
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
@@ -795,7 +795,7 @@ move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
 Qed.
 
 Lemma mcheck_nodes_sound ns fs E c :
-  minv fs E -> all (fun p => 0 < p)%N ms -> mcheck_nodes P fs ns c -> minv (fs ++ c) (mrun fn ms E ns).
+  minv fs E -> all (fun p => 0 < p)%N ms -> mcheck_nodes P ls fs ns c -> minv (fs ++ c) (mrun fn ms E ns).
 Proof.
 elim: ns fs E c => [|n ns IH] fs E [|f c] //=; first by rewrite cats0.
 move=> I p0 /andP [/andP [aa dv] rest].

@@ -114,7 +114,7 @@ class CoqEval:
             self.table[(fn_id(self.fns, name), v)] = y
         rows = "; ".join(f"({k}%N, {frac(v)}, {frac(y)})" for (k, v), y in sorted(self.table.items()))
         return "\n".join([
-            "From mathcomp Require Import all_ssreflect all_algebra.",
+            "From mathcomp Require Import all_ssreflect all_algebra.", "From Coq Require Import BinPosDef.",
             "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps.",
             "Import JSyntax JDenote JLayout.",
             "Notation Q := rat_realFieldType.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..ops import REGISTRY
 from ..ops.base import norm_dim
-from .terms import _num, _rat, _seq
+from .terms import _nat, _num, _rat, _seq
 
 RED = {"sum": "RdSum", "mean": "RdMean", "amax": "RdMax", "amin": "RdMin"}
 LOPS = ("Reshape", "Permute", "Unsqueeze", "Squeeze", "Expand", "Slice", "Concat", "Reduce", "Minimum",
@@ -87,7 +87,7 @@ def coq_lop(t: tuple) -> str:
         return f"(Reduce {t[1]} {_seq(t[2])} {'true' if t[3] else 'false'})"
     if k == "Einsum":
         return f"(Einsum {_seq([_seq(x) for x in t[1]])} {_seq(t[2])})"
-    return "(" + " ".join(map(str, t)) + ")"   # Unsqueeze / Slice / Concat / Softmax family: numbers
+    return "(" + " ".join([t[0], *map(_nat, t[1:])]) + ")"   # Unsqueeze / Slice / Concat / Softmax family: numbers
 
 
 def _bshape(a, b):

@@ -16,10 +16,21 @@ def _num(v: Any) -> Fraction | None:
     return Fraction(v)
 
 
+BIG = 64  # a nat literal is unary in Coq's terms: n costs n constructors to elaborate and store
+
+
+def _nat(n) -> str:
+    """A natural number literal: decimal when small, else ``Pos.to_nat n%positive`` (binary until
+    ``vm_compute`` runs it), so a plan with ids and dims in the thousands stays small."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        return str(n)
+    return str(n) if n < BIG else f"(Pos.to_nat {n}%positive)"
+
+
 def _rat(c: Fraction) -> str:
     """A ``Syntax.rat_lit``: (negative?, numerator, denominator)."""
-    return f"({'true' if c < 0 else 'false'}, {abs(c.numerator)}, {c.denominator})"
+    return f"({'true' if c < 0 else 'false'}, {_nat(abs(c.numerator))}, {_nat(c.denominator)})"
 
 
 def _seq(xs) -> str:
-    return "[:: " + "; ".join(str(x) for x in xs) + "]" if xs else "[::]"
+    return "[:: " + "; ".join(_nat(x) for x in xs) + "]" if xs else "[::]"
