@@ -111,3 +111,16 @@ def test_hf_mixtral_grouped_experts_unknown_routing():
     e = ei.value
     assert e.kind == "unsupported" and e.op.startswith("aten.histc"), (e.op, str(e))
     assert "data-dependent routing" in str(e) and e.src and e.src.startswith("moe.py:"), str(e)
+
+
+def test_hf_mixtral_eager_experts_unknown_not_bad_input():
+    """Mixtral's eager experts loop (``expert_mask.sum(...).nonzero()``, then ``torch.where`` per expert): the logical
+    model reads values; UNKNOWN at that line (it was bad input, exit 3, before)."""
+    pytest.importorskip("transformers")
+    from tvcert.frontends.hf import trace_hf
+
+    with pytest.raises(TraceError) as ei:
+        trace_hf("mixtral", 1, config={"experts_implementation": "eager"})
+    e = ei.value
+    assert e.kind == "unsupported" and "nonzero" in e.op, (e.op, str(e))
+    assert str(e).startswith("data-dependent routing: the logical model") and e.src.startswith("modeling_mixtral.py:")
