@@ -18,6 +18,8 @@ A ``False`` answer means "not proved", never "proved different".
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
@@ -40,6 +42,10 @@ def _homogeneous_first(op: str, attrs: dict, c: Fraction) -> bool:
         return False
     return op != "cast" or c.denominator == 1
 MAX_SMT_LEAVES = 64
+# Solver seconds one prover may spend in all (TVCERT_SMT_TOTAL_SECONDS).  A wrong plan fails its obligations,
+# and every failure below a leaf comparison is another solver call: Gemma 2 with a doubled all_reduce made
+# 1,000+ failing calls (500 s).  Past the budget an obligation is not proved (False: never "proved different").
+SMT_TOTAL_SECONDS = float(os.environ.get("TVCERT_SMT_TOTAL_SECONDS", "60"))
 
 
 @dataclass
@@ -59,6 +65,8 @@ class Prover:
     failures: list[str] = field(default_factory=list)
     used: set[str] = field(default_factory=set)  # equality rules that contributed
     explain_domain: bool = True  # on a failed obligation, say whether only the domain conditions failed
+    smt_budget: float = field(default_factory=lambda: SMT_TOTAL_SECONDS)  # solver seconds in all
+    smt_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}
@@ -106,6 +114,13 @@ class Prover:
         if is_region_op(X, a) or is_region_op(X, b):
             return self._smt(a, b)
         return False
+
+    def _solve(self, text: str) -> str:
+        t = time.perf_counter()
+        try:
+            return self.solve(text)
+        finally:
+            self.smt_seconds += time.perf_counter() - t
 
     def _pull(self, i: int) -> tuple[int, tuple]:
         """(core, layouts) with i = layouts(core) and the same layouts applied to every pointwise leaf."""
@@ -236,6 +251,12 @@ class Prover:
         return one, i
 
     def _smt(self, a: int, b: int) -> bool:
+        if self.smt_seconds >= self.smt_budget:
+            msg = (f"SMT time budget spent ({self.smt_seconds:.0f} s of solver time; TVCERT_SMT_TOTAL_SECONDS): "
+                   f"further elementwise obligations are not proved")
+            if msg not in self.failures[-1:]:
+                self.failures.append(msg)
+            return False
         X = self.exprs
         la, lb = region_leaves(X, a), region_leaves(X, b)
         if len(la) + len(lb) > MAX_SMT_LEAVES:
@@ -254,7 +275,7 @@ class Prover:
                 reps.append(leaf)
                 var[leaf] = f"v{leaf}"
         text = encode_equality(X, a, b, var)
-        answer = self.solve(text)
+        answer = self._solve(text)
         if answer == "unsat":
             self.obligations.append(Obligation(a, b, text, answer, sorted(var.items())))
             self.used.add("elementwise_smt")
@@ -262,7 +283,7 @@ class Prover:
         if answer != "sat":
             self.failures.append(f"solver answered {answer} on an elementwise obligation")
         elif self.explain_domain and encode_equality(X, a, b, var, domain=False) != text \
-                and self.solve(encode_equality(X, a, b, var, domain=False)) == "unsat":
+                and self._solve(encode_equality(X, a, b, var, domain=False)) == "unsat":
             self.failures.append(f"{X.show(a, 2)} = {X.show(b, 2)} holds where both are defined, but an op of them is "
                                  f"not proved inside its domain (a divisor nonzero, a log / rsqrt argument positive, a "
                                  f"sqrt argument non-negative): a division by zero is undefined, so this is not proved")
