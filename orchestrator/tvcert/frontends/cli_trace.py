@@ -223,7 +223,9 @@ def trace(spec: str | None, out_path: str | None, do_verify: bool, sets: tuple, 
         write_atomic(out_path, json.dumps(plan_dict, indent=1))
     n_par = sum(len(p["nodes"]) for p in plan_dict["parallel"])
     summary = (f"traced {plan_dict['name']}: {len(plan_dict['logical']['nodes'])} logical ops, {n_par} parallel ops "
-               f"(one SPMD program over mesh {plan_dict['dims']})" + (f" -> {out_path}" if out_path else ""))
+               + (f"(one SPMD program over mesh {plan_dict['dims']})" if len(plan_dict["parallel"]) == 1 else
+                  f"({len(plan_dict['parallel'])} programs, one per pipeline stage, over mesh {plan_dict['dims']})")
+               + (f" -> {out_path}" if out_path else ""))
     if not do_verify:
         say({"traced": plan_dict["name"], "output": out_path} if out_path else plan_dict, summary
             if out_path else json.dumps(plan_dict, indent=1), 0)
