@@ -86,6 +86,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "bug": "lse_not_updated"}, "REFUTED"),
     ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "bug": "plain_average"}, "REFUTED"),
     ("cp_attention", {"cp": 3, "lb": False, "causal": False, "rotate": "alltoall", "bug": "dkv_backwards"}, "REFUTED"),
+    ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "rope": True}, "VERIFIED"),
+    ("cp_attention", {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "bug": "positions_not_offset"},
+     "REFUTED"),
     # mean losses and DDP's averaged gradients (examples/torch/realcode/norm_ddp.py)
     ("realcode.norm_ddp", {}, "VERIFIED"),
     ("realcode.norm_ddp", {"loss": "sum_div"}, "VERIFIED"),

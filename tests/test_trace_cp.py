@@ -70,7 +70,7 @@ def test_why_not_spmd_lines_are_torch_source():
 
 # Non-causal attention without load balancing on the all-to-all rotater: the one configuration in which torch's ring
 # is the same program on every rank.  The interpreter runs it; bugs put into torch's ring are REFUTED.
-UNIFORM = {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall"}
+UNIFORM = {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "rope": True}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,19 @@ def test_uniform_ring_traces_one_program_interpreter_agrees(uniform_ring):
 
     res = verify(load_plan(uniform_ring))
     assert res.verdict == "UNKNOWN", res.reasons  # no rule for torch's packed K/V buffer and log-sum-exp merge yet
+
+
+def test_positions_not_offset_refuted_at_the_rope():
+    """RoPE positions arange(local length) on every cp rank instead of the rank's block: REFUTED, first divergence
+    in the rotary embedding's cache read."""
+    import cp_attention
+    from tvcert.engine.verify import verify
+
+    res = verify(load_plan(cp_attention.tvcert_trace(**UNIFORM, bug="positions_not_offset")))
+    assert res.verdict == "REFUTED", res.reasons
+    fd = res.counterexample["first_divergence"]
+    line = inspect.getsourcelines(cp_attention.rope)
+    assert fd["src"] == f"cp_attention.py:{line[1] + len(line[0]) - 1}", fd  # rope's `cos[pos]` / `sin[pos]` line
 
 
 def test_cli_ring_with_stale_logsumexp_refuted():

@@ -18,7 +18,10 @@ runs (UNKNOWN: no rule yet for torch's packed K/V buffer and log-sum-exp merge),
 
 ``bug``: ``lse_not_updated`` (the merged log-sum-exp left at the first block's), ``plain_average`` (blocks averaged
 without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3: dK / dV sent to rank - 1 while K / V go to rank + 1),
-``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order).
+``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order),
+``positions_not_offset`` (RoPE at positions ``arange(local length)`` on every rank: REFUTED in the cache read).
+``rope=true``: rotary embeddings of q / k at each rank's positions (its block, or its two head-tail chunks), from
+cos / sin caches given as inputs.
 ``tp=2``: TP + CP on a cp x tp mesh, Wq / Wk / Wv column-parallel (each tp rank holds its heads).
 """
 import contextlib
@@ -36,9 +39,23 @@ def heads(t):
     return t.view(s, h // HD, HD).transpose(0, 1).unsqueeze(0)
 
 
-def make_logical(causal: bool):
-    def logical(x, wq, wk, wv, target):
+def rope(t, pos, cos, sin):
+    """Rotary embedding of [1, heads, s, hd] at integer positions ``pos`` [s] (rotate-half form), read from the
+    cos / sin caches [max_pos, hd] at the positions, as models do (inputs here: any cache values)."""
+    import torch
+
+    half = torch.cat([-t[..., HD // 2:], t[..., :HD // 2]], -1)
+    return t * cos[pos] + half * sin[pos]
+
+
+def make_logical(causal: bool, with_rope: bool):
+    def logical(x, wq, wk, wv, target, cos=None, sin=None):
+        import torch
+
         q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
+        if with_rope:
+            pos = torch.arange(x.shape[0])
+            q, k = rope(q, pos, cos, sin), rope(k, pos, cos, sin)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return ((o - target) ** 2).sum()
     return logical
@@ -90,21 +107,33 @@ def injected(bug: str):
             setattr(obj, name, fn)
 
 
-def make_parallel(lb: bool, causal: bool, rotate: str):
+def make_parallel(lb: bool, causal: bool, rotate: str, with_rope: bool, bug: str):
     from tvcert.frontends.context_parallel import ring_sdpa
 
-    def parallel(ctx, x, wq, wk, wv, target):
+    def parallel(ctx, x, wq, wk, wv, target, cos=None, sin=None):
+        import torch
+
         q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
+        if with_rope:  # this rank's positions: its block (or its two head-tail chunks) of the sequence
+            n, r, p = x.shape[0], ctx.coord("cp"), ctx.size("cp")
+            if bug == "positions_not_offset":
+                pos = torch.arange(n)
+            elif lb:
+                c = n // 2
+                pos = torch.cat([torch.arange(r * c, (r + 1) * c), torch.arange((2 * p - 1 - r) * c, (2 * p - r) * c)])
+            else:
+                pos = torch.arange(r * n, (r + 1) * n)
+            q, k = rope(q, pos, cos, sin), rope(k, pos, cos, sin)
         o = ring_sdpa(q, k, v, ctx.group("cp"), is_causal=causal, load_balance=lb, rotate=rotate)
         return ((o - target) ** 2).sum()
     return parallel
 
 
 def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: int = 1, causal: bool = True,
-                 rotate: str = "allgather"):
+                 rotate: str = "allgather", rope: bool = False):
     from tvcert.frontends.context_parallel import trace_cp
 
-    if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards"):
+    if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset"):
         raise ValueError(f"unknown bug {bug!r}")
     s = seq or 4 * cp
     zig = lb and bug != "lb_order"  # how the data is sharded
@@ -117,9 +146,11 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
     out_pl = {"loss": {a: "Partial(sum)" for a in mesh}}
     out_pl |= {f"grad_{p}": {"cp": "Partial(sum)", **col} for p in ("wq", "wk", "wv")}
     with injected(bug):  # the whole trace: the backward ring runs after the parallel function returns
-        return trace_cp(load_balance=lb, rotate=rotate, logical=make_logical(causal),
-                        parallel=make_parallel(lb, causal, rotate), mesh=mesh, output_placements=out_pl,
+        with_rope = rope or bug == "positions_not_offset"
+        caches = {"cos": {"shape": [s, HD]}, "sin": {"shape": [s, HD]}} if with_rope else {}
+        return trace_cp(load_balance=lb, rotate=rotate, logical=make_logical(causal, with_rope),
+                        parallel=make_parallel(lb, causal, rotate, with_rope, bug), mesh=mesh, output_placements=out_pl,
                         inputs={"x": {"shape": [s, H], "placement": seq_pl(0)}, "wq": w, "wk": w, "wv": w,
-                                "target": {"shape": [1, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}},
+                                "target": {"shape": [1, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}, **caches},
                         name=f"cp_attention_cp{cp}{'_tp' + str(tp) if tp > 1 else ''}{'_lb' if lb else ''}"
                              f"{'_' + bug if bug else ''}")
