@@ -22,9 +22,19 @@ of the mesh on the fake process group, unmodified:
   own vote is computed as PyTorch does; a stage whose metadata is incomplete (dynamic inference, which
   exchanges pickled objects) is UNKNOWN, so when every rank traces, every vote was static and the product
   the protocol would compute is STATIC: that is what the traced stages are given.
-* **Checked against the unsplit model** on the full batch: the logical loss and the gradient of every
-  parameter.  Each parameter is an input of the stage that holds it; a parameter held by no stage or by
-  two is bad input.
+* **Shapes.**  Stages built without ``input_args`` / ``output_args`` (torchtitan's) would infer them at the
+  first step by exchanging pickled metadata; here each stage module is run, in stage order, on a fake first
+  micro-batch and the stage is given those shapes (:func:`_stage_metadata`).  A wrong shape cannot verify: the
+  plan loader rejects a recv whose shape is not the sent tensor's.
+* **The reference** (``reference="microbatches"``, the default): the unsplit model's gradient accumulation over
+  the same micro-batches (the schedule's ``tensor_split``), each micro-batch's loss back-propagated, gradients
+  divided by their count for a mean loss (``combine="mean"``) or summed for a loss normalised by the whole batch
+  (``combine="sum"``, torchtitan's).  That this equals the full-batch gradient is arithmetic the engine has no
+  rule for (a sum over unrolled micro-batch slices): ``reference="full"`` compares with the full batch and is
+  UNKNOWN with more than one micro-batch.  Every parameter and buffer is an input of the stage holding it (held
+  by no stage: bad input; by two, a tied weight: UNKNOWN).
+* **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's,
+  e.g. zero-bubble schedules' split backward), never REFUTED; building the stage or schedule failing is bad input.
 """
 from __future__ import annotations
 
@@ -156,9 +166,15 @@ class _P2P:
         return src
 
     def batch_isend_irecv(self, ops):
-        return [op.op(op.tensor, group=op.group, tag=op.tag,
-                      **({"group_dst": op.group_peer} if op.op == self.isend else {"group_src": op.group_peer}))
-                for op in ops]
+        out = []
+        for op in ops:  # by name: a P2POp built before the trace holds torch's own isend / irecv
+            kind = getattr(op.op, "__name__", "")
+            if kind not in ("isend", "irecv"):
+                raise TraceError(f"batch_isend_irecv of a P2POp with op {kind!r}", "unsupported", "batch_isend_irecv")
+            f = self.isend if kind == "isend" else self.irecv
+            out.append(f(op.tensor, group=op.group, tag=op.tag,
+                         **({"group_dst": op.group_peer} if kind == "isend" else {"group_src": op.group_peer})))
+        return out
 
 
 def check_pairing(logs: Mapping[int, list[tuple]], axes, sizes) -> None:
