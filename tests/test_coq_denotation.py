@@ -3,7 +3,7 @@
 Every op of ``Denote.op_val`` / ``Denote.step`` and of ``LayoutOps.lop_val`` is evaluated by ``vm_compute`` at
 MathComp's rationals on random small tensors (odd sizes, broadcasting, several dims), with ``fn`` the table of
 the function values the interpreter used, and compared element by element with ``tvcert.interp``'s exact mode;
-then whole small graphs (mlp_tp2's logical graph through ``Denote.run``, heads_ok's, an attention block) node by
+then whole small graphs (mlp_tp2's logical graph through ``Mesh.lrun``, heads_ok's, an attention block) node by
 node; and, so the comparison is known to discriminate, a few ops whose Coq value is taken from a different op
 (same output shape) must disagree.  All of it is one coqc run.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from tvcert import proofkit
 from tvcert.coqjudge.denote_eval import CoqEval, fn_id, lop_term
-from tvcert.coqjudge.emit import _op, _seq, coq_op, translate
+from tvcert.coqjudge.emit import _op, _seq, coq_gop, coq_op, translate
 from tvcert.coqjudge.lops import LOPS
 from tvcert.interp import run_graph
 from tvcert.ops import REGISTRY, Ctx, resolve_attrs
@@ -185,26 +185,28 @@ def _graph(ev: CoqEval, g: dict, rng, expect: list, where: str) -> None:
 
 
 def _mlp_logical(ev: CoqEval, expect: list) -> None:
-    """mlp_tp2's logical graph (small dims) as Denote.run evaluates it: the emitter's nodes, ids and operand order."""
+    """mlp_tp2's logical graph (small dims) as Mesh.lrun evaluates it: the emitter's nodes, ids and operand order."""
     d = json.loads((EX / "mlp_tp2.json").read_text())
     d["dims"].update(b=2, h=2, f=2)
     plan = load_plan(d)
     cp = translate(plan)
     rng = np.random.default_rng(3)
     ins = {name: _rand(s, rng, "small") for name, s in cp.l_inputs}
-    env = "; ".join(f"({_seq(s)}, fun _ => {ev.tensor(ins[name])})" for name, s in cp.l_inputs)
-    nodes = "; ".join(f"Node {coq_op(n.op)} {_seq(n.args)}" for n in cp.l_nodes)
+    env = "; ".join(f"({_seq(s)}, {ev.tensor(ins[name])})" for name, s in cp.l_inputs)
+    nodes = "; ".join(f"GNode {coq_gop(n.op)} {_seq(n.args)}" for n in cp.l_nodes)
     ren = "; ".join(f"{fn_id(ev.fns, f)}%N" for f in cp.fns)  # the plan's Fn k is the test's fn (ren k)
-    ev.body.append(f"Definition mlp_le := run (fun f => fnT (nth 0%N [:: {ren}] f)) 1 [:: {env}] [:: {nodes}].")
+    ev.body.append(f"Definition mlp_le := lrun (fun f => fnT (nth 0%N [:: {ren}] f)) [:: {env}] [:: {nodes}].")
     vals = run_graph(plan.logical, ins, plan.dims, ev.ctx)
     assert cp.fns == ["tanh"]  # through ev.ctx's table
     for k, n in enumerate(cp.l_nodes):
         v = vals[n.name]
-        ev.value(f"(nth (@dflt Q) mlp_le {len(cp.l_inputs) + k}).2 0%N", v.shape)
+        ev.value(f"(nth (@ldflt Q) mlp_le {len(cp.l_inputs) + k}).2", v.shape)
         expect.append((f"mlp_tp2 logical:{n.name}", v))
 
 
 def _collectives(ev: CoqEval, rng, expect: list) -> None:
+    """Mesh.coll_step on a one-axis mesh of 2 ranks, rank by rank, against the interpreter's collective
+    (or, for CSliceRank, its slice at that rank's bounds)."""
     ctx = Ctx(exact=True, seed=0)
     for op, attrs, shape in COLLECTIVES:
         spec = REGISTRY[op]
@@ -213,11 +215,20 @@ def _collectives(ev: CoqEval, rng, expect: list) -> None:
         xs = [_rand(shape, rng) for _ in range(2)]
         want = spec.simulate([x.copy() for x in xs], ra, ctx)
         fam = ev.family(xs)
-        cop = (f"(AllReduce {dict(sum='RSum', avg='RAvg', max='RMax')[ra['reduce']]})" if op == "all_reduce"
-               else f"(AllGather {norm_dim(ra['dim'], len(shape))})")  # Syntax.v's one-axis collectives
+        cop = (f"(CAllReduce {dict(sum='RSum', avg='RAvg', max='RMax')[ra['reduce']]})" if op == "all_reduce"
+               else f"(CAllGather {norm_dim(ra['dim'], len(shape))})")
         for r in range(2):
-            ev.value(f"step fnT 2 {cop} [:: {_seq(shape)}] [:: {fam}] {r}", want[r].shape)
+            ev.value(f"coll_step [:: 2] {cop} 0 {_seq(shape)} (fun c => {fam} (nth 0%N c 0)) [:: {r}]", want[r].shape)
             expect.append((f"{op}{attrs} rank {r}", want[r]))
+    for shape, d, m in (((4, 3), 0, 2), ((2, 6), 1, 3)):  # x[r*m : r*m+m] along d at rank r
+        xs = [_rand(shape, rng) for _ in range(2)]
+        fam = ev.family(xs)
+        for r in range(2):
+            sra = dict(resolve_attrs(REGISTRY["slice"], {"dim": d, "start": r * m, "end": r * m + m}, {}))
+            want = REGISTRY["slice"].eval([xs[r]], sra, ctx)[0]
+            ev.value(f"coll_step [:: 2] (CSliceRank {d} {m}) 0 {_seq(shape)} (fun c => {fam} (nth 0%N c 0)) [:: {r}]",
+                     want.shape)
+            expect.append((f"slice_rank dim {d} block {m} rank {r}", want))
 
 
 def build(seed: int = 11) -> tuple[CoqEval, list, list]:

@@ -1,35 +1,17 @@
-(** * tvcert IR, stage 1: the checker.
+(** * The one-axis placement rules of the stage-1 ops.
 
-    [check P c] is plain computation on naturals and lists (run it with
-    [vm_compute]).  The certificate [c] gives, for every node of the parallel
-    program in order, a fact [(l, pl)]: "on every rank this node holds the piece,
-    under placement [pl], of the logical node [l]".  The facts of the parallel
-    inputs are their declared bindings.  Each fact is accepted only if [derive]
-    accepts it from the facts of the node's operands:
-    - a collective turns the operand's fact into another placement of the same
-      logical tensor (all_reduce(sum): Partial(sum) -> Replicate; all_gather(d):
-      Shard(d) -> Replicate);
-    - a local op must be the op of logical node [l] applied to exactly the
-      logical operands of its inputs' facts (congruence), and [rule] must accept
-      the placements and shapes. *)
+    [rule o ss pls pl] is plain computation on naturals and lists (the mesh checker
+    [MeshCheck.mrule] runs it under [vm_compute] on every mesh axis): on a mesh axis,
+    operands of logical shapes [ss] with placements [pls] give the result of [o] the
+    placement [pl].  [SoundOps.rule_sound] proves every line.  Not trusted. *)
 From mathcomp Require Import all_ssreflect.
 From TVCert Require Import IR.Syntax IR.Denote.
 Import JSyntax JDenote.
 
 Module JCheck.
 
-Definition fact := (nat * placement)%type.
-Definition dfact : fact := (0, Replicate).
-
 Definition is_rep (pl : placement) : bool := if pl is Replicate then true else false.
 Definition is_psum (pl : placement) : bool := if pl is Partial RSum then true else false.
-
-(** Shapes of every logical node: the shape part of [run]. *)
-Fixpoint run_s (p : nat) (ss : seq shape) (ns : seq node) : seq shape :=
-  match ns with
-  | [::] => ss
-  | n :: ns' => run_s p (rcons ss (op_shape p (n_op n) (map (nth [::] ss) (n_args n)))) ns'
-  end.
 
 Definition shard_ok (p : nat) (s : shape) (d : nat) : bool :=
   (d < size s) && (nth 0 s d %/ p * p == nth 0 s d).
@@ -97,47 +79,5 @@ Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement)
       end
   | _ => false
   end.
-
-Section Checker.
-Variable P : plan.
-Let p := mesh_size P.
-Let ni := size (l_inputs P).
-Let ls := run_s 1 (l_inputs P) (l_nodes P).
-
-Definition derive (n : node) (af : seq fact) (c : fact) : bool :=
-  let: (l, pl) := c in
-  match n_op n, af with
-  | AllReduce RSum, [:: (l1, Partial RSum)] => (l == l1) && is_rep pl
-  | AllGather d, [:: (l1, Shard d')] => (l == l1) && (d == d') && is_rep pl
-  | AllReduce _, _ | AllGather _, _ => false
-  | o, _ =>
-      let ln := nth (Node Add [::]) (l_nodes P) (l - ni) in
-      (ni <= l) && (l < size ls) && op_eqb (n_op ln) o &&
-      (n_args ln == map fst af) && all (fun a => a < l) (n_args ln) &&
-      rule o (map (nth [::] ls) (map fst af)) (map snd af) pl
-  end && pl_ok p (nth [::] ls l) pl.
-
-Fixpoint check_nodes (facts : seq fact) (ns : seq node) (c : seq fact) : bool :=
-  match ns, c with
-  | [::], [::] => true
-  | n :: ns', f :: c' =>
-      all (fun a => a < size facts) (n_args n) &&
-      derive n (map (nth dfact facts) (n_args n)) f &&
-      check_nodes (rcons facts f) ns' c'
-  | _, _ => false
-  end.
-
-Definition check_output (facts : seq fact) (o : nat * nat * placement) : bool :=
-  let: (lo, po, pl) := o in
-  (lo < size ls) && (po < size facts) &&
-  ((nth dfact facts po).1 == lo) && placement_eqb (nth dfact facts po).2 pl.
-
-Definition check (c : seq fact) : bool :=
-  (0 < p) &&
-  all (fun b => (b.1 < ni) && pl_ok p (nth [::] (l_inputs P) b.1) b.2) (p_inputs P) &&
-  check_nodes (p_inputs P) (p_nodes P) c &&
-  all (check_output (p_inputs P ++ c)) (p_outputs P).
-
-End Checker.
 
 End JCheck.

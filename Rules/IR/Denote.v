@@ -1,16 +1,13 @@
-(** * tvcert IR, stage 1: what a plan means.
+(** * tvcert IR: what the stage-1 ops and the placements on one mesh axis mean.
 
     Values live in an arbitrary real field [R] (MathComp [realFieldType]); the
     pointwise nonlinear functions ([Fn f]: tanh, exp, ...) are an arbitrary
     family [fn], so a theorem proved here holds for every interpretation of them.
     A tensor is a function from index lists to values; every tensor an evaluation
     produces is 0 outside its shape ([mask]), so two tensors of one shape are equal
-    exactly when they agree on in-bounds indices.
-
-    The SPMD program runs on every rank [r < p] of the mesh axis at once: an
-    environment entry is a shape (the same on every rank) and a [family] (one
-    tensor per rank).  The logical graph is the same evaluator on a mesh of one
-    rank. *)
+    exactly when they agree on in-bounds indices.  [placed p s pl T L] relates a
+    logical tensor to the tensors of the [p] ranks of one mesh axis; [Mesh.v]
+    nests it over several axes and evaluates plans. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From TVCert Require Import IR.Syntax.
 Set Implicit Arguments.
@@ -131,36 +128,8 @@ Definition op_val (o : op) (ss : seq shape) (ts : seq tensor) : tensor :=
                      (fun k => t0 [:: nth 0%N i 0; k] * t1 [:: k; nth 0%N i 1])
   | Sum ds => sum_many (sum_order ds) s0 t0                     (* torch.sum(x, ds) *)
   | Transpose d0 d1 => fun i => t0 (swap d0 d1 i)               (* torch.transpose *)
-  | AllReduce _ | AllGather _ => t0                             (* see [step] *)
+  | AllReduce _ | AllGather _ => t0                             (* never checked: see [Syntax.op] *)
   end).
-
-(** One op on every rank; collectives combine the ranks of the mesh axis. *)
-Definition step (p : nat) (o : op) (ss : seq shape) (fs : seq family) : family :=
-  let s0 := nth [::] ss 0 in
-  let f0 := nth (fun _ => zero_t) fs 0 in
-  match o with
-  | AllReduce RSum => fun _ => mask s0 (fun i => sumR p (fun k => f0 k i))
-  | AllReduce RAvg => fun _ => mask s0 (fun i => p%:R^-1 * sumR p (fun k => f0 k i))
-  | AllReduce RMax => fun _ => mask s0 (fun i => foldr (fun k m => Num.max (f0 k i) m) (f0 0%N i) (iota 0 p))
-  | AllGather d =>   (* rank k's block is rows k*m .. k*m+m-1 of dim d *)
-      let m := nth 0%N s0 d in
-      fun _ => mask (op_shape p o ss)
-                 (fun i => f0 (nth 0%N i d %/ m)%N (set_nth 0%N i d (nth 0%N i d %% m)%N))
-  | _ => fun r => op_val o ss (map (fun f => f r) fs)
-  end.
-
-Definition entry := (shape * family)%type.
-Definition dflt : entry := ([::], fun _ => zero_t).
-
-Definition run_node (p : nat) (env : seq entry) (n : node) : entry :=
-  let args := map (fun a => nth dflt env a) (n_args n) in
-  (op_shape p (n_op n) (map fst args), step p (n_op n) (map fst args) (map snd args)).
-
-Fixpoint run (p : nat) (env : seq entry) (ns : seq node) : seq entry :=
-  match ns with
-  | [::] => env
-  | n :: ns' => run p (rcons env (run_node p env n)) ns'
-  end.
 
 (** ** Placements: a logical tensor [T] of shape [s] and the ranks' tensors [L]. *)
 Definition placed (p : nat) (s : shape) (pl : placement) (T : tensor) (L : family) : Prop :=
@@ -176,36 +145,6 @@ Definition placed (p : nat) (s : shape) (pl : placement) (T : tensor) (L : famil
       (forall r, (r < p)%N -> L r i <= T i) /\ exists2 r, (r < p)%N & L r i = T i
   end.
 
-(** ** The plan's meaning *)
-Definition l_init (P : plan) (X : seq tensor) : seq entry :=
-  mkseq (fun j => let s := nth [::] (l_inputs P) j in
-                  (s, fun _ => mask s (nth zero_t X j))) (size (l_inputs P)).
-
-Definition p_init (P : plan) (L : seq family) : seq entry :=
-  mkseq (fun j => let b := nth (0%N, Replicate) (p_inputs P) j in
-                  let s := local_shape (mesh_size P) (nth [::] (l_inputs P) b.1) b.2 in
-                  (s, fun r => mask s (nth (fun _ => zero_t) L j r))) (size (p_inputs P)).
-
-(** For all logical inputs [X] and all local inputs [L] placed as declared, every
-    declared output of the parallel program has the local shape of its logical
-    output under its placement and holds it under that placement. *)
-Definition equiv_at (P : plan) : Prop :=
-  forall (X : seq tensor) (L : seq family),
-  (forall j, (j < size (p_inputs P))%N ->
-     let b := nth (0%N, Replicate) (p_inputs P) j in
-     placed (mesh_size P) (nth [::] (l_inputs P) b.1) b.2
-            (nth zero_t X b.1) (nth (fun _ => zero_t) L j)) ->
-  let le := run 1 (l_init P X) (l_nodes P) in
-  let pe := run (mesh_size P) (p_init P L) (p_nodes P) in
-  forall lo po pl, List.In (lo, po, pl) (p_outputs P) ->
-    (nth dflt pe po).1 = local_shape (mesh_size P) (nth dflt le lo).1 pl /\
-    placed (mesh_size P) (nth dflt le lo).1 pl ((nth dflt le lo).2 0%N) (nth dflt pe po).2.
-
 End Values.
-
-(** The parallel plan computes the logical graph: over every real field and every
-    interpretation of the pointwise functions. *)
-Definition plan_equiv (P : plan) : Prop :=
-  forall (R : realFieldType) (fn : nat -> R -> R), equiv_at fn P.
 
 End JDenote.

@@ -1,12 +1,12 @@
 (** * Soundness of the mesh checker: [mcheck P c = true -> mplan_equiv P]. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From Coq Require Import FunctionalExtensionality.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.Sound IR.LayoutOps IR.LayoutRule IR.Mesh IR.MeshCheck.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutRule IR.Mesh IR.MeshCheck.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
-Import JSyntax JDenote JCheck JLists JSoundOps JSound JLayout JLayoutRule JMesh JMeshCheck.
+Import JSyntax JDenote JCheck JLists JSoundOps JLayout JLayoutRule JMesh JMeshCheck.
 
 Module JMeshSound.
 Local Open Scope ring_scope.
@@ -595,8 +595,6 @@ elim: k ms s pls T L => [|k IH] [|p ms] s [|pl pls] T L //.
 Qed.
 
 (** ** The invariant: every fact of the checker holds *)
-Local Notation entry := (entry R).
-Local Notation dflt := (dflt R).
 Local Notation mentry := (mentry R).
 Local Notation mdflt := (mdflt R).
 

@@ -493,6 +493,23 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
       rewrite ha hb hpl in A0 A1 *; exact: mm_partial_r.
 Qed.
 
+(** The placement relation only reads in-bounds entries (the evaluators mask every tensor). *)
+Lemma placed_mask q s pl T (L : family) : pl_ok q s pl -> placed q s pl T L ->
+  placed q s pl (mask s T) (fun r => mask (local_shape q s pl) (L r)).
+Proof.
+case: pl => [|d|[]] /=.
+- by move=> _ H r i rp ii; rewrite /mask /local_shape ii H.
+- move=> _ [ds dv H]; split=> // r i rp ii.
+  have si := @inb_shift q s d _ r i ds dv rp ii.
+  by rewrite /mask /local_shape ii si H.
+- by move=> _ H i ii; rewrite /mask ii -(H i ii); apply: eq_bigr => r _.
+- by move=> _ H i ii; rewrite /mask ii -(H i ii); congr (_ * _); apply: eq_bigr => r _.
+- by move=> _ H i ii; rewrite /mask /local_shape ii; exact: H.
+Qed.
+
 End Ops.
+
+Lemma all_In {T : Type} (a : pred T) s x : all a s -> List.In x s -> a x.
+Proof. by elim: s => //= y s IH /andP [ay As] [<-|]; last exact: IH. Qed.
 
 End JSoundOps.

@@ -1,15 +1,10 @@
-(** * tvcert IR, stage 1: a plan as plain data.
+(** * tvcert IR: the stage-1 ops and the placements as plain data.
 
-    This file and [Denote.v] are the trusted definitions of the Coq judge: a
-    reader who accepts them (and Coq) can accept every [plan_verified] theorem
-    the emitter writes.  Sizes are concrete naturals: a theorem is about the
-    plan at its declared dims.
-
-    Node ids: in a graph with [k] inputs, ids [0 .. k-1] are the inputs and id
-    [k + j] is the output of the [j]-th node; a node may only read smaller ids.
-
-    Stage 1 covers one mesh axis (its size is [mesh_size]); every collective runs
-    over that axis. *)
+    This file, [Denote.v], [LayoutOps.v] and [Mesh.v] are the trusted definitions
+    of the Coq judge: a reader who accepts them (and Coq) can accept every
+    [plan_verified] theorem the emitter writes.  Sizes are concrete naturals: a
+    theorem is about the plan at its declared dims.  Plans themselves are
+    [Mesh.mplan]. *)
 From mathcomp Require Import all_ssreflect.
 
 Module JSyntax.
@@ -37,21 +32,8 @@ Inductive op :=
 | MM                           (* torch.mm: [m,k] @ [k,n] *)
 | Sum (ds : seq nat)           (* torch.sum(x, ds), keepdim=False *)
 | Transpose (d0 d1 : nat)      (* torch.transpose(x, d0, d1) *)
-| AllReduce (r : reduce_op)    (* torch.distributed.all_reduce over the mesh axis *)
-| AllGather (d : nat).         (* all_gather_into_tensor along dim d, rank order *)
-
-Record node := Node { n_op : op; n_args : seq nat }.
-
-Record plan := Plan {
-  mesh_size : nat;                       (* size of the (single) mesh axis *)
-  l_inputs : seq (seq nat);              (* shapes of the logical inputs *)
-  l_nodes : seq node;                    (* the single-device graph *)
-  p_inputs : seq (nat * placement);      (* local input j: piece of logical input (fst) under (snd) *)
-  p_nodes : seq node;                    (* the SPMD program every rank runs *)
-  p_outputs : seq (nat * nat * placement)
-    (* (logical id, parallel id, placement): the logical value is read back from
-       the parallel one under the placement *)
-}.
+| AllReduce (r : reduce_op)    (* collectives of stage 1; on a mesh they are [Mesh.PColl] *)
+| AllGather (d : nat).         (* nodes, and the checker refuses these two in a [PLocal] *)
 
 (** ** Decidable equality (used by the checker) *)
 Definition reduce_op_eqb (a b : reduce_op) : bool :=

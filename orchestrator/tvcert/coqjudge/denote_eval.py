@@ -1,4 +1,4 @@
-"""Evaluate the Coq denotation (``Rules/IR/Denote.v``, ``Rules/IR/LayoutOps.v``) on concrete rationals.
+"""Evaluate the Coq denotation (``Rules/IR/Denote.v``, ``LayoutOps.v``, ``Mesh.v``) on concrete rationals.
 
 The denotation is the trusted specification; this module is how a test ties it to the exact interpreter.
 :class:`CoqEval` writes one Coq file in which every tensor is a finite table of rationals
@@ -115,8 +115,8 @@ class CoqEval:
         rows = "; ".join(f"({k}%N, {frac(v)}, {frac(y)})" for (k, v), y in sorted(self.table.items()))
         return "\n".join([
             "From mathcomp Require Import all_ssreflect all_algebra.", "From Coq Require Import BinPosDef.",
-            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps.",
-            "Import JSyntax JDenote JLayout.",
+            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Mesh.",
+            "Import JSyntax JDenote JLayout JMesh.",
             "Notation Q := rat_realFieldType.",
             "Definition tab (xs : seq (seq nat * Q)) : tensor Q :=",
             "  fun i => nth 0%R (map snd xs) (seq.index i (map fst xs)).",
