@@ -25,6 +25,11 @@ def render_text(res: Result) -> str:
         lines.append(f"VERIFIED: plan {res.plan.name!r} computes its logical graph")
         lines.append(f"  {len(res.matches)} outputs proved; {st['rules_applied']} rule applications, "
                      f"{st['obligations']} SMT obligations, {st['wall_seconds']:.3f} s")
+        sized = st.get("size_check") or {}
+        if sized.get("dims"):
+            lines.append(f"  re-proved at dims {sized['dims']} (engine/sizes.py)")
+        elif sized:
+            lines.append("  proved at the declared dims only: no second instantiation of the dims loads")
         for m in res.matches:
             lines.append(f"  ok  {m.name}")
         return "\n".join(lines)
