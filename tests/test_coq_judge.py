@@ -79,6 +79,8 @@ def test_outside_fragment_is_python_checked(tmp_path):
     assert r.exit_code == 0, r.output
     assert "VERIFIED (Python-checked)" in r.output and "VERIFIED (Coq-checked)" not in r.output
     assert "iota" in r.output and "ring_loop" in r.output
+    # the steps behind the first blockers are named too (a probe translation), and how much has a Coq term
+    assert "behind them:" in r.output and "(gt)" in r.output and "1 of 11 logical" in r.output
     assert not out.exists()
 
 

@@ -103,9 +103,10 @@ class Uncovered:
 
 
 class NotCovered(Exception):
-    def __init__(self, items: list[Uncovered]):
+    def __init__(self, items: list[Uncovered], coverage: str = ""):
         super().__init__("; ".join(map(str, items)))
         self.items = items
+        self.coverage = coverage  # how much of the plan has a Coq term (translation only)
 
 
 # ----------------------------------------------------------------- shapes (mirror of Denote.op_shape)
@@ -250,19 +251,30 @@ def _slice_rank(n, env: dict, axes: list[str], sizes: list[int], in_shapes) -> t
     return ("SliceRank", d, m, k)
 
 
+def _hole(probe: bool, name: str, ids: dict, shapes: list, inferred: dict) -> None:
+    """Probe mode (diagnostics only, never emitted): an uncovered value gets an id and the IR's shape, so
+    the steps that read it are examined too."""
+    if probe and name in inferred:
+        ids[name] = len(shapes)
+        shapes.append(tuple(inferred[name][0]))
+
+
 def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], fns: list[str],
-           ids: dict[str, int], shapes: list, inferred: dict, unc: list[Uncovered]) -> list[CNode]:
+           ids: dict[str, int], shapes: list, inferred: dict, unc: list[Uncovered], probe: bool = False) -> list[CNode]:
     out = []
     for n in g.nodes:
         name = n.outputs[0] if n.outputs else n.path
         if len(n.outputs) != 1:
             unc.append(Uncovered(where, name, n.op, "ops with several outputs are not covered"))
+            for x in n.outputs:
+                _hole(probe, x, ids, shapes, inferred)
             continue
         if any(x not in ids for x in n.inputs):
             continue  # follows from an uncovered step already listed
         in_shapes = [shapes[ids[x]] for x in n.inputs]
         if _mentions_rank(n.attrs) and (n.op != "slice" or where == "logical"):
             unc.append(Uncovered(where, name, n.op, "rank-dependent attributes are not covered"))
+            _hole(probe, name, ids, shapes, inferred)
             continue
         spec = REGISTRY[n.op]
         try:
@@ -272,18 +284,22 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
                 op = _op(n, dict(resolve_attrs(spec, n.attrs, env)), in_shapes, axes, fns)
         except ValueError as exc:
             unc.append(Uncovered(where, name, n.op, str(exc)))
+            _hole(probe, name, ids, shapes, inferred)
             continue
         if where == "logical" and op[0] in COLLS:
             unc.append(Uncovered(where, name, n.op, "a collective in the logical graph"))
+            _hole(probe, name, ids, shapes, inferred)
             continue
         dt = inferred.get(name, ((), "float"))[1]
         if dt != "float" or any(inferred.get(x, ((), "float"))[1] != "float" for x in n.inputs):
             unc.append(Uncovered(where, name, n.op, "integer tensors are not covered"))
+            _hole(probe, name, ids, shapes, inferred)
             continue
         s = _shape(op, in_shapes, sizes)
         if name in inferred and tuple(inferred[name][0]) != s:
             unc.append(Uncovered(where, name, n.op, f"Coq shape {list(s)} differs from the IR's "
                                                   f"{list(inferred[name][0])}"))
+            _hole(probe, name, ids, shapes, inferred)
             continue
         ids[name] = len(shapes)
         shapes.append(s)
@@ -308,8 +324,11 @@ def _placement(b, axes: list[str], shape: tuple[int, ...]) -> Pls:
     return tuple(out)
 
 
-def translate(plan: Plan) -> CoqPlan:
-    """The plan as a Coq IR term (raises NotCovered with every step outside the fragment)."""
+def translate(plan: Plan, probe: bool = False) -> CoqPlan:
+    """The plan as a Coq IR term (raises NotCovered with every step outside the fragment).
+
+    ``probe``: also examine the steps that read an uncovered value (for the diagnostics of
+    ``probe_uncovered``; a probe translation is never printed)."""
     unc: list[Uncovered] = []
     mesh = plan.mesh()
     axes, sizes = list(mesh), list(mesh.values())
@@ -336,11 +355,12 @@ def translate(plan: Plan) -> CoqPlan:
         s, dt = linf[t.name]
         if dt != "float":
             unc.append(Uncovered("logical", t.name, "input", "integer tensors are not covered"))
+            _hole(probe, t.name, l_ids, l_shapes, linf)
             continue
         l_ids[t.name] = len(l_shapes)
         l_shapes.append(tuple(s))
         l_inputs.append((t.name, tuple(s)))
-    l_nodes = _graph(plan.logical, "logical", env, axes, sizes, fns, l_ids, l_shapes, linf, unc)
+    l_nodes = _graph(plan.logical, "logical", env, axes, sizes, fns, l_ids, l_shapes, linf, unc, probe)
 
     p_ids: dict[str, int] = {}
     p_shapes: list = []
@@ -350,21 +370,24 @@ def translate(plan: Plan) -> CoqPlan:
         b = by_local.get(t.name)
         if b is None or b.logical not in l_ids:
             unc.append(Uncovered(pname, t.name, "input", "not bound to a covered logical input"))
+            _hole(probe, t.name, p_ids, p_shapes, pinf)
             continue
         try:
             pls = _placement(b, axes, l_shapes[l_ids[b.logical]])
         except ValueError as exc:
             unc.append(Uncovered(pname, t.name, "input", str(exc)))
+            _hole(probe, t.name, p_ids, p_shapes, pinf)
             continue
         ls = _mlocal_shape(l_shapes[l_ids[b.logical]], pls, sizes)
         if tuple(pinf[t.name][0]) != ls:
             unc.append(Uncovered(pname, t.name, "input", f"declared local shape {list(pinf[t.name][0])} is not "
                                                        f"the placements' {list(ls)}"))
+            _hole(probe, t.name, p_ids, p_shapes, pinf)
             continue
         p_ids[t.name] = len(p_shapes)
         p_shapes.append(ls)
         p_inputs.append((t.name, l_ids[b.logical], pls))
-    p_nodes = _graph(prog, pname, penv, axes, sizes, fns, p_ids, p_shapes, pinf, unc)
+    p_nodes = _graph(prog, pname, penv, axes, sizes, fns, p_ids, p_shapes, pinf, unc, probe)
 
     p_outputs = []
     for lname in plan.logical.outputs:
@@ -381,8 +404,10 @@ def translate(plan: Plan) -> CoqPlan:
             unc.append(Uncovered(pname, b.local, "output", str(exc)))
             continue
         p_outputs.append((lname, l_ids[lname], p_ids[b.local], pls))
-    if unc:
-        raise NotCovered(unc)
+    if unc or probe:
+        nl, np_ = len(plan.logical.nodes), len(prog.nodes)
+        raise NotCovered(unc, f"{len(l_nodes)} of {nl} logical and {len(p_nodes)} of {np_} program nodes have a "
+                              "Coq term; the others are listed or read a listed step")
     return CoqPlan(plan.name, list(mesh.items()), l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns,
                    l_shapes, p_shapes)
 
@@ -633,6 +658,15 @@ Proof. vm_compute. reflexivity. Qed.
 Theorem plan_verified : mplan_equiv the_plan.
 Proof. exact: (mcheck_sound the_check). Qed.
 """
+
+
+def probe_uncovered(plan: Plan) -> list[Uncovered]:
+    """Every step outside the fragment, including those behind an uncovered step (diagnostics)."""
+    try:
+        translate(plan, probe=True)
+    except NotCovered as exc:
+        return exc.items
+    return []
 
 
 def emit(plan: Plan) -> tuple[str, CoqPlan, list]:

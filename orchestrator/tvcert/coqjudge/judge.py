@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .coq import check_text, coqc_available
-from .emit import NotCovered, emit
+from .emit import NotCovered, emit, probe_uncovered
 
 COQ_CHECKED = "VERIFIED (Coq-checked)"
 PY_CHECKED = "VERIFIED (Python-checked)"
@@ -62,8 +62,12 @@ def judge(plan, out_path: str | Path | None = None) -> Judgement:
         text, _, _ = emit(plan)
     except NotCovered as exc:
         items = [str(u) for u in exc.items]
+        cov = f" ({exc.coverage})" if exc.coverage else ""
+        seen = {(u.op, u.why) for u in exc.items}
+        behind = [u for u in probe_uncovered(plan) if (u.op, u.why) not in seen]
+        more = f"; behind them: {_summary(behind)}" if behind else ""
         return Judgement("outside", f"{PY_CHECKED}: {len(items)} step(s) outside the Coq fragment, no Coq theorem "
-                                    "emitted: " + _summary(exc.items), items)
+                                    "emitted: " + _summary(exc.items) + cov + more, items)
     if not coqc_available():
         if out_path is not None:
             _write_atomic(Path(out_path), text)
