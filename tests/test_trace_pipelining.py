@@ -265,3 +265,39 @@ def test_send_within_a_stage_is_unknown():
     with pytest.raises(TraceError) as ei:
         trace_pipeline_plan(_make, stage_pp, _sched(4), _mse, data=_DATA, mesh={"pp": 2, "tp": 2}, step=step)
     assert ei.value.kind == "unsupported" and "same pipeline stage" in str(ei.value)
+
+
+def test_torchtitan_job_pp2_verified(tmp_path):
+    """`tvcert trace --torchtitan llama3-debug --config` with pipeline_parallel_degree = 2: torchtitan's own
+    pipeline_llm (1F1B, scale_grads=False, the loss over the batch's token count) VERIFIED."""
+    pytest.importorskip("torchtitan")
+    from tvcert.frontends.titan_config import load_job
+    from tvcert.frontends.torchtitan import trace_titan_job
+
+    src = (Path(__file__).resolve().parents[1] / "examples" / "torchtitan" / "llama3_debug_pp2.toml").read_text()
+    job = tmp_path / "pp2.toml"
+    job.write_text(src.replace("local_batch_size = 4", "local_batch_size = 2").replace("seq_len = 8", "seq_len = 4"))
+    raw = trace_titan_job(load_job(str(job), "llama3-debug"), layers=2)
+    res = verify(load_plan(raw))
+    assert res.verdict == "VERIFIED", res.reasons
+    assert "Schedule1F1B" in raw["description"] and "sum of the losses of the same 2 micro-batches" in raw["description"]
+    assert raw["inputs"]["tok_embeddings__weight"]["program"] == "stage0"
+    assert raw["inputs"]["lm_head__weight"]["program"] == "stage1"
+    assert raw["inputs"]["layers__1__attention__rope__cache"]["program"] == "stage1"  # a buffer, on its stage
+    assert not any(n["op"] == "div" and n.get("name", "").startswith("grad_") for p in raw["parallel"]
+                   for n in p["nodes"])  # torchtitan's scale_grads=False: the loss is normalised instead
+
+
+def test_pipeline_split_point_verified():
+    """pipeline() / SplitPoint: the stages PyTorch builds from the exported model (_PipelineStage)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    def stage(model, ctx):
+        pipe = pipeline(model, mb_args=(torch.empty(2, H),), split_spec={"layers.2": SplitPoint.BEGINNING})
+        return pipe.build_stage(ctx.coord("pp"), torch.device("cpu"), group=ctx.group("pp"))
+
+    raw = trace_pipeline_plan(_make, stage, _sched(4), _mse, data=_DATA, mesh={"pp": 2})
+    assert verify(load_plan(raw)).verdict == "VERIFIED"
+    assert raw["inputs"]["layers__1__lin__weight"]["program"] == "stage0"
+    assert raw["inputs"]["layers__2__lin__weight"]["program"] == "stage1"
+    assert len(p2p(raw, "stage1")) == 8  # no warm-up messages: 4 activations in, 4 gradients out

@@ -236,7 +236,8 @@ def _stage_metadata(by_index: Mapping[int, Any], first, first_shape) -> dict[int
     from torch.distributed.pipelining._utils import InferenceMode, extract_tensor_metas
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if not any(InferenceMode.needs_dynamic(sg._user_meta, True) for sg, _ in by_index.values()):
+    if not any(InferenceMode.needs_dynamic(sg._user_meta, True) for sg, _ in by_index.values()
+               if hasattr(sg, "_user_meta")):
         return {}
     import torch
     from torch.distributed.tensor import DTensor
@@ -270,22 +271,28 @@ def _stage_metadata(by_index: Mapping[int, Any], first, first_shape) -> dict[int
 def _give_metadata(sg, metas: Mapping[int, tuple]) -> None:
     from torch.distributed.pipelining._utils import InferenceMode, _StageMeta
 
-    if sg.stage_index in metas and InferenceMode.needs_dynamic(sg._user_meta, True):
+    if sg.stage_index in metas and hasattr(sg, "_user_meta") and InferenceMode.needs_dynamic(sg._user_meta, True):
         ins, outs = metas[sg.stage_index]
         sg._user_meta = _StageMeta(inputs=ins, outputs=outs, input_grads=None, output_grads=None)
 
 
-def _static_warmup(self, stages, has_backward, p2p_done):  # noqa: ARG001
+def _static_warmup(self, stages, has_backward, p2p_done):
+    """``PipelineStage``s: the vote settled (module docstring).  ``pipeline()``'s stages (``_PipelineStage``, shapes
+    from the exported graph): PyTorch's legacy warm-up (``_get_init_p2p_neighbors_ops``) only opens the
+    communicators -- a 0-d stage index sent into a 1-element buffer that is discarded -- so it is not traced, on any
+    rank (the messages after it keep their order on both ends)."""
     from torch.distributed.pipelining._utils import InferenceMode
     from torch.distributed.pipelining.stage import PipelineStage
 
+    plain = [isinstance(st, PipelineStage) for st in stages]
+    if not any(plain):
+        return None
+    if not all(plain):
+        raise TraceError("a rank mixes PipelineStage and pipeline()-built stages: their warm-up is not traced",
+                         "unsupported", "PipelineStage")
     for st in stages:
-        if not isinstance(st, PipelineStage):
-            raise TraceError(f"stage {getattr(st, 'stage_index', '?')} is a {type(st).__name__}, not a PipelineStage: "
-                             f"its p2p warm-up is not traced", "unsupported", type(st).__name__)
         if InferenceMode.needs_dynamic(st._user_meta, has_backward):
-            raise TraceError(f"PipelineStage {st.stage_index} infers its shapes at the first step (dynamic metadata: "
-                             f"input_args / output_args not given, or DTensors without input_grads / output_grads), "
+            raise TraceError(f"PipelineStage {st.stage_index} infers its shapes at the first step (dynamic metadata), "
                              f"which exchanges pickled objects between ranks that the trace cannot run; give the "
                              f"stage its example input_args and output_args", "unsupported", "PipelineStage")
         st._inference_mode = InferenceMode.STATIC
