@@ -58,7 +58,7 @@ def test_why_not_spmd_lines_are_torch_source():
 
     src = inspect.getsourcefile(A._templated_ring_attention)
     lines = Path(src).read_text().splitlines()
-    text = why_not_spmd(True, "allgather")
+    text = why_not_spmd(True, "allgather", True, 4)
     import re
 
     got = [int(n) for n in re.findall(r"_attention\.py:(\d+)", text)]
@@ -66,6 +66,9 @@ def test_why_not_spmd_lines_are_torch_source():
     assert "_is_causal_behavior(" in lines[got[0] - 1] and "_is_causal_behavior(" in lines[got[1] - 1]
     assert ".chunk(" in lines[got[2] - 1]
     assert "all-gather rotater" not in why_not_spmd(False, "alltoall")
+    noncausal = why_not_spmd(False, "allgather", False, 4)  # every block attended in full: only the rotater differs
+    assert "_is_causal_behavior" not in noncausal and "all-gather rotater" in noncausal, noncausal
+    assert "all-gather rotater" not in why_not_spmd(True, "allgather", True, 2)  # block offsets affine at cp 2
 
 
 # Non-causal attention without load balancing on the all-to-all rotater: the one configuration in which torch's ring

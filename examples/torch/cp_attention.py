@@ -148,7 +148,7 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
     with injected(bug):  # the whole trace: the backward ring runs after the parallel function returns
         with_rope = rope or bug == "positions_not_offset"
         caches = {"cos": {"shape": [s, HD]}, "sin": {"shape": [s, HD]}} if with_rope else {}
-        return trace_cp(load_balance=lb, rotate=rotate, logical=make_logical(causal, with_rope),
+        return trace_cp(logical=make_logical(causal, with_rope),
                         parallel=make_parallel(lb, causal, rotate, with_rope, bug), mesh=mesh, output_placements=out_pl,
                         inputs={"x": {"shape": [s, H], "placement": seq_pl(0)}, "wq": w, "wk": w, "wv": w,
                                 "target": {"shape": [1, NH, s, HD], "placement": {**seq_pl(2), **heads_pl}}, **caches},

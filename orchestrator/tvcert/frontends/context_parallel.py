@@ -70,7 +70,7 @@ def flash_block_backward(grad_out, query, key, value, out, logsumexp, *_, is_cau
             torch.matmul(p.transpose(-2, -1), grad_out))
 
 
-_CALLS: set[str] = set()  # file:line of the ring_sdpa calls seen while tracing
+_CALLS: dict[str, tuple] = {}  # file:line of the ring_sdpa calls traced -> (load_balance, rotate, causal, cp)
 
 
 def _torch_line(fn, needle: str) -> str:
@@ -83,23 +83,25 @@ def _torch_line(fn, needle: str) -> str:
     return f"{os.path.basename(inspect.getsourcefile(fn))}:{n}"
 
 
-def why_not_spmd(load_balance: bool, rotate: str) -> str:
-    """Why torch's ring attention has no SPMD form: the program each cp rank runs depends on its rank."""
+def why_not_spmd(load_balance: bool, rotate: str, is_causal: bool = True, cp: int | None = None) -> str:
+    """Why torch's ring attention has no SPMD form on ``cp`` ranks: the program each rank runs depends on its rank."""
     from torch.distributed.tensor.experimental._context_parallel import _attention as A
 
-    branch = _torch_line(A._templated_ring_attention, "_is_causal_behavior(")
-    how = ("with load balancing, KV block i > 0 is attended as all queries against its first chunk (i <= rank) "
-           "or the second query chunk against the whole block (i > rank)") if load_balance else \
-        "without load balancing, KV block i > 0 is attended in full (i <= rank) or skipped (i > rank)"
-    text = (f"torch's ring attention runs a different program on each cp rank: at {branch} "
-            f"(_is_causal_behavior and the branches after it) {how}, in forward and backward "
-            f"({_torch_line(A._templated_ring_attention_backward, '_is_causal_behavior(')})")
-    if rotate == "allgather":
-        text += (f"; the all-gather rotater picks KV block (rank - i) mod cp at "
-                 f"{_torch_line(A._AllGatherRotater.next_buffer, '.chunk(')}, an offset that wraps around the ring "
-                 f"(not affine in the rank)")
-    return text + ("; tvcert's ring-attention rules (kernel/ring.py) need one program for every rank (a ring_loop "
-                   "over cp passing K / V with ppermute), so there is no verdict")
+    parts = []
+    if is_causal:
+        how = ("with load balancing, KV block i > 0 is attended as all queries against its first chunk (i <= rank) "
+               "or the second query chunk against the whole block (i > rank)") if load_balance else \
+            "without load balancing, KV block i > 0 is attended in full (i <= rank) or skipped (i > rank)"
+        parts.append(f"at {_torch_line(A._templated_ring_attention, '_is_causal_behavior(')} (_is_causal_behavior and "
+                     f"the branches after it) {how}, in forward and backward "
+                     f"({_torch_line(A._templated_ring_attention_backward, '_is_causal_behavior(')})")
+    if rotate == "allgather" and (cp is None or cp > 2):  # at cp 2 the block offsets are affine in the rank
+        parts.append(f"the all-gather rotater picks KV block (rank - i) mod cp at "
+                     f"{_torch_line(A._AllGatherRotater.next_buffer, '.chunk(')}, an offset that wraps around the ring "
+                     f"(not affine in the rank)")
+    return ("torch's ring attention runs a different program on each cp rank: " + "; ".join(parts) +
+            "; tvcert's ring-attention rules (kernel/ring.py) need one program for every rank (a ring_loop over cp "
+            "passing K / V with ppermute), so there is no verdict")
 
 
 def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",
@@ -110,7 +112,8 @@ def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = Tr
     import torch
 
     fr = sys._getframe(1)
-    _CALLS.add(f"{fr.f_code.co_filename.rsplit('/', 1)[-1]}:{fr.f_lineno}")
+    _CALLS[f"{fr.f_code.co_filename.rsplit('/', 1)[-1]}:{fr.f_lineno}"] = (load_balance, rotate, is_causal,
+                                                                          torch.distributed.get_world_size(group))
 
     class Ring(torch.autograd.Function):
         @staticmethod
@@ -151,16 +154,20 @@ def functional_trace():
         trace.joint_transform = old
 
 
-def trace_cp(*, load_balance: bool = True, rotate: str = "allgather", **kw) -> dict:
-    """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa` (with these options).  Ranks
-    that differ first at a ``ring_sdpa`` call are UNKNOWN naming the torch lines that make them differ."""
+def trace_cp(**kw) -> dict:
+    """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa`.  Ranks that differ first at a
+    ``ring_sdpa`` call are UNKNOWN naming the torch lines that make them differ (for that call's options)."""
+    from . import trace
     from .trace import TraceError, trace_plan
 
     _CALLS.clear()
+    jobs, trace.rank_jobs = trace.rank_jobs, 1  # ranks in this process: _CALLS sees where ring_sdpa was called
     try:
         with functional_trace():
             return trace_plan(**kw)
     except TraceError as exc:
         if exc.kind != "spmd" or exc.src not in _CALLS:
             raise
-        raise TraceError(f"{exc}: {why_not_spmd(load_balance, rotate)}", "spmd", exc.op, exc.src) from None
+        raise TraceError(f"{exc}: {why_not_spmd(*_CALLS[exc.src])}", "spmd", exc.op, exc.src) from None
+    finally:
+        trace.rank_jobs = jobs

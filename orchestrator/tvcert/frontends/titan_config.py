@@ -155,7 +155,8 @@ def check_supported(job: TitanJob) -> None:
         raise TraceError(f"{job.path}: parallelism.context_parallel_degree = {p.context_parallel_degree}: "
                          f"torchtitan's SDPA context parallelism (apply_cp_to_forward) runs torch's ring attention "
                          f"(_templated_ring_attention, traced in examples/torch/cp_attention.py), and "
-                         f"{why_not_spmd(lb, 'allgather')}", "unsupported", "context_parallel_degree")
+                         f"{why_not_spmd(lb, 'allgather', True, p.context_parallel_degree)}", "unsupported",
+                         "context_parallel_degree")
     if p.spmd_backend != "spmd_types":
         raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
                          f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor)", "unsupported",
