@@ -301,3 +301,38 @@ def test_pipeline_split_point_verified():
     assert raw["inputs"]["layers__1__lin__weight"]["program"] == "stage0"
     assert raw["inputs"]["layers__2__lin__weight"]["program"] == "stage1"
     assert len(p2p(raw, "stage1")) == 8  # no warm-up messages: 4 activations in, 4 gradients out
+
+
+def test_stage_gradient_hooks_fire_and_foreign_writes_are_unknown():
+    """A gradient hook on a stage's parameter runs in the trace (here a wrong one: REFUTED); an optimizer built on
+    the module's own parameters writes outside the traced program: UNKNOWN, never a silent VERIFIED."""
+    def hooked(model, ctx):
+        st = _stage_builder(4)(model, ctx)
+        if ctx.coord("pp") == 1:
+            st.submod[0].lin.weight.register_hook(lambda g: 2 * g)  # a hook doubling one gradient
+        return st
+
+    raw = trace_pipeline_plan(_make, hooked, _sched(4), _mse, data=_DATA, mesh={"pp": 2})
+    plan = load_plan(raw)
+    assert not run_plan(plan).equal and verify(plan, seeds=1).verdict == "REFUTED"
+
+    def sched_and_opt(st, ctx):
+        s = _sched(4)(st, ctx)
+        s._tvcert_opt = torch.optim.SGD(list(st.submod.parameters()), lr=0.1)  # on the real parameters
+        return s
+
+    def step(sch, ctx, x, target):
+        loss = _default(sch, ctx, x, target)
+        for p in sch._tvcert_opt.param_groups[0]["params"]:
+            p.grad = torch.zeros_like(p)  # what opt.zero_grad(set_to_none=False) does to the real parameters
+        return loss
+
+    with pytest.raises(TraceError) as ei:
+        trace_pipeline_plan(_make, _stage_builder(4), sched_and_opt, _mse, data=_DATA, mesh={"pp": 2}, step=step)
+    assert ei.value.kind == "unsupported" and "outside the traced" in str(ei.value)
+
+
+def _default(sch, ctx, x, target):
+    from tvcert.frontends.pipelining import _default_step
+
+    return _default_step(sch, ctx, "pp", x, target)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 
 from . import trace as T
 from .aten import reg
+from .dataparallel import _transplant_hooks, check_fully_shard
 from .trace import TraceError
 
 _OPS_DEFINED = False
@@ -332,6 +333,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
     from torch.nn.utils.stateless import _reparametrize_module
 
     mesh = {str(a): int(s) for a, s in mesh.items()}
@@ -372,6 +374,12 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             raise TraceError(f"building the pipeline stage / schedule fails on rank {r}{' at ' + src if src else ''}: "
                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}", "input", None, src) from exc
         stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]  # several: a looped / interleaved schedule
+        for sg in stages:  # gradient sync in DDP's C++ reducer / FSDP2's hooks is not traced
+            check_fully_shard(sg.submod)
+            if isinstance(sg.submod, DistributedDataParallel):
+                raise TraceError(f"stage {sg.stage_index}'s module is DistributedDataParallel, whose gradient "
+                                 f"all-reduce (run by the schedule's last backward) is not traced", "unsupported",
+                                 "DistributedDataParallel")
         held = {}
         for i, sg in enumerate(stages):
             held.update({(i, sn): v for sn, v in _held_params(model, sg.submod, c[pi]).items()})
@@ -438,12 +446,20 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         continue
                     # a DTensor parameter is a leaf DTensor over the traced local shard (as the stage holds it)
                     leaves[sn] = t if dt is None else DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
+                real = {(i, n): p for i, sg in enumerate(stages) for n, p in sg.submod.named_parameters()}
+                for key, p in real.items():  # the stage's gradient hooks fire on the traced leaves, as on its own
+                    _transplant_hooks(p, leaves[key])
+                before = {key: p._version for key, p in real.items()}
                 with contextlib.ExitStack() as es:
                     for i, sg in enumerate(stages):
                         es.enter_context(_reparametrize_module(sg.submod, {n: v for (j, n), v in leaves.items()
                                                                            if j == i}))
                     es.enter_context(_captured_p2p(ctx_, resolve, pp_axis, logs[r]))
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
+                touched = [held[key][0] for key, p in real.items() if p.grad is not None or p._version != before[key]]
+                if touched:  # e.g. an optimizer built on the module's own parameters: not the traced program
+                    raise TraceError(f"the step writes to parameters {touched} (or their .grad) outside the traced "
+                                     f"stage modules' parameters", "unsupported", "parameter write")
                 out = {} if loss is None else {"loss": loss.full_tensor() if isinstance(loss, DTensor) else loss}
                 for sn, (ln, dt) in held.items():
                     if ln in bufs:
