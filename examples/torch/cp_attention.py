@@ -135,6 +135,8 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
 
     if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset"):
         raise ValueError(f"unknown bug {bug!r}")
+    if lb and bug in ("lse_not_updated", "plain_average"):
+        raise ValueError(f"bug={bug} patches torch's merger for the ring without load balancing (lb=false)")
     s = seq or 4 * cp
     zig = lb and bug != "lb_order"  # how the data is sharded
     seq_pl = lambda d: {"cp": f"ZigzagShard({d})" if zig else f"Shard({d})"}  # noqa: E731
