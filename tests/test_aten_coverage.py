@@ -542,3 +542,51 @@ def test_the_per_op_check_catches_a_wrong_conversion(monkeypatch, op):
         check(fns[op], dict(x=x, R=R), ("x",))
     monkeypatch.setitem(A.TABLE, op, right)
     check(fns[op], dict(x=x, R=R), ("x",))
+
+
+# ---------------------------------------------------------------- nll_loss / cross_entropy with ignore_index
+def _ce_masked(reduction):
+    def fn(x, t, pad):
+        lab = torch.where(pad > 0, torch.full_like(t, -100), t)  # padding masked to ignore_index
+        return F.cross_entropy(x, lab, reduction=reduction).sum()
+    return fn
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_of_a_computed_target_drops_the_ignored_rows(reduction):
+    """A target the program computes may equal ignore_index: torch drops those rows (a mean divides by the rows
+    kept).  Converting it as a mean over every row made a per-rank mean of means with unequal padding VERIFIED."""
+    ins = dict(x=rnd(6, 5), t=torch.randint(0, 5, (6,), generator=g), pad=torch.tensor([1, 0, 1, 0, 0, 0]))
+    assert "ne" in check(_ce_masked(reduction), ins, ["x"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_ignore_index_inside_the_classes(reduction):
+    """ignore_index = 0 (a padding label that is also a class index): rows with target 0 are dropped."""
+    def fn(x, t):
+        return F.cross_entropy(x, t, reduction=reduction, ignore_index=0)
+
+    ins = dict(x=rnd(6, 5), t=torch.tensor([0, 3, 0, 1, 4, 2]))
+    assert "ne" in check(fn, ins, ["x"])
+
+
+def test_cross_entropy_of_an_input_target_keeps_the_plain_form():
+    """Targets read from an int input lie in [0, R): a negative ignore_index is never hit, no mask is emitted."""
+    ins = dict(x=rnd(6, 5), t=torch.randint(0, 5, (2, 3), generator=g))
+    assert "ne" not in check(lambda x, t: F.cross_entropy(x, t.flatten()), ins, ["x"])
+
+
+def test_dp_mean_of_means_with_masked_padding_is_not_verified():
+    import torch.distributed._functional_collectives as funcol
+
+    def logical(x, t, pad):
+        return F.cross_entropy(x, torch.where(pad > 0, torch.full_like(t, -100), t))
+
+    def parallel(ctx, x, t, pad):  # each rank's mean over its own kept rows, averaged: wrong when counts differ
+        return funcol.all_reduce(logical(x, t, pad), "avg", ctx.group("dp"))
+
+    ins = {"x": {"shape": [8, 4], "placement": {"dp": "Shard(0)"}},
+           "t": {"shape": [8], "dtype": "int", "range": 4, "placement": {"dp": "Shard(0)"}},
+           "pad": {"shape": [8], "dtype": "int", "range": 2, "placement": {"dp": "Shard(0)"}}}
+    res = verify(load_plan(trace_plan(logical, parallel, inputs=ins, mesh={"dp": 2})))
+    assert res.verdict == "REFUTED"

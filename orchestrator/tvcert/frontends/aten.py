@@ -683,6 +683,19 @@ def _log_softmax_bwd(c, n, g, out, dim, dtype=None):
     return c.emit("log_softmax_backward", [c.ir(g), c.ir(out)], {"dim": int(dim)})
 
 
+# ops that only move or copy elements: a tensor they make of an int input holds only the input's values
+_ELEMENT_MOVES = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.clone", "aten.alias", "aten.detach",
+                  "aten.slice", "aten.select", "aten.permute", "aten.t", "aten.transpose", "aten.expand",
+                  "aten.squeeze", "aten.unsqueeze", "aten.flatten", "aten.lift_fresh_copy"}
+
+
+def _of_int_input(t) -> bool:
+    """``t`` is (a rearrangement of) a traced int input, whose values lie in its range [0, R)."""
+    while isinstance(t, torch.fx.Node) and t.op == "call_function" and _pk(t) in _ELEMENT_MOVES and t.args:
+        t = t.args[0]
+    return isinstance(t, torch.fx.Node) and t.op == "placeholder"
+
+
 def _nll_common(c, n, x, target, weight, reduction, ignore_index):
     if weight is not None:
         c.fail("nll_loss with class weights")
@@ -692,34 +705,62 @@ def _nll_common(c, n, x, target, weight, reduction, ignore_index):
     return int(xv.shape[0]), int(xv.shape[1])
 
 
+def _nll_keep(c, n, target, ignore_index):
+    """None when no target can equal ``ignore_index``: a negative index, targets taken from an int input (whose
+    values lie in [0, R)).  Otherwise torch drops the rows whose target is the index (a mean then divides by
+    the rows kept): (keep mask ``t != ig``, safe target ``where(keep, t, 0)``) for the exact form."""
+    if int(ignore_index) < 0 and _of_int_input(target):
+        return None
+    t = c.ir(target, "int")
+    keep = c.emit("ne", [t, c.const(int(ignore_index), dtype="int")], base=f"{n.name}_keep")
+    return keep, c.emit("where", [keep, t, c.const(0, dtype="int")], base=f"{n.name}_safe")
+
+
 @reg("aten.nll_loss_forward")
 def _nll_fwd(c, n, x, target, weight, reduction, ignore_index):
     N, C = _nll_common(c, n, x, target, weight, reduction, ignore_index)
-    oh = c.emit("one_hot", [c.ir(target, "int")], {"num_classes": C}, base=f"{n.name}_oh")
+    kept = _nll_keep(c, n, target, ignore_index)
+    t = c.ir(target, "int") if kept is None else kept[1]
+    oh = c.emit("one_hot", [t], {"num_classes": C}, base=f"{n.name}_oh")
     picked = c.emit("mul", [c.ir(x), oh], base=f"{n.name}_picked")
     row = c.emit("sum", [picked], {"dims": [1]}, base=f"{n.name}_row")
     neg = c.emit("neg", [row], base=f"{n.name}_neg")
+    if kept is None:
+        total = c.const(float(N))
+        if reduction == 0:
+            loss = neg
+        elif reduction == 1:
+            loss = c.emit("mean", [neg], {"dims": [0]}, base=f"{n.name}_loss")
+        else:
+            loss = c.emit("sum", [neg], {"dims": [0]}, base=f"{n.name}_loss")
+        return (loss, total)
+    neg = c.emit("where", [kept[0], neg, c.const(0.0)], base=f"{n.name}_kept")
+    total = c.emit("cast", [c.emit("sum", [kept[0]], {"dims": [0]}, base=f"{n.name}_count")], {"dtype": "float"},
+                   base=f"{n.name}_total")
     if reduction == 0:
-        loss = neg
-    elif reduction == 1:
-        loss = c.emit("mean", [neg], {"dims": [0]}, base=f"{n.name}_loss")
-    else:
-        loss = c.emit("sum", [neg], {"dims": [0]}, base=f"{n.name}_loss")
-    total = c.const(float(N) if reduction == 1 else float(N))
+        return (neg, total)
+    loss = c.emit("sum", [neg], {"dims": [0]}, base=f"{n.name}_loss")
+    if reduction == 1:
+        loss = c.emit("div", [loss, total], base=f"{n.name}_mean")
     return (loss, total)
 
 
 @reg("aten.nll_loss_backward")
 def _nll_bwd(c, n, g, x, target, weight, reduction, ignore_index, total_weight):
     N, C = _nll_common(c, n, x, target, weight, reduction, ignore_index)
-    oh = c.emit("one_hot", [c.ir(target, "int")], {"num_classes": C}, base=f"{n.name}_oh")
+    kept = _nll_keep(c, n, target, ignore_index)
+    t = c.ir(target, "int") if kept is None else kept[1]
+    oh = c.emit("one_hot", [t], {"num_classes": C}, base=f"{n.name}_oh")
     noh = c.emit("neg", [oh], base=f"{n.name}_noh")
     gi = c.ir(g)
     if reduction == 0:
         gi = c.emit("unsqueeze", [gi], {"dim": 1}, base=f"{n.name}_g")
+    if kept is not None:  # ignored rows get no gradient; a mean divides by the rows kept (total_weight)
+        gi = c.emit("where", [c.emit("unsqueeze", [kept[0]], {"dim": 1}, base=f"{n.name}_ku"), gi, c.const(0.0)],
+                    base=f"{n.name}_gk")
     out = c.emit("mul", [noh, gi], base=f"{n.name}_m" if reduction == 1 else None)
     if reduction == 1:
-        out = c.emit("div", [out, c.const(N)])
+        out = c.emit("div", [out, c.const(N) if kept is None else c.ir(total_weight)])
     return out
 
 
