@@ -231,8 +231,9 @@ def run_hf(model: str, tp: int, plan):
     fd = ce.get("first_divergence")
     if res.verdict == "REFUTED" and fd:
         m = re.search(r"nodes\[(\d+)\]", fd.get("node", ""))
-        node = raw["parallel"][0]["nodes"][int(m.group(1))] if m else {}
-        ins = {n.get("name") or (n.get("outputs") or [None])[0]: n for n in raw["parallel"][0]["nodes"]}
+        prog = next((p for p in raw["parallel"] if p["name"] == fd.get("program")), raw["parallel"][0])  # a stage's
+        node = prog["nodes"][int(m.group(1))] if m else {}
+        ins = {n.get("name") or (n.get("outputs") or [None])[0]: n for n in prog["nodes"]}
         feeders = sorted({ins[i]["module"] for i in node.get("inputs", []) if i in ins and ins[i].get("module")
                           and ins[i].get("module") != node.get("module")})
         why = (f"first divergence: {fd.get('op')} at {fd.get('src')} in module {node.get('module')}"
@@ -249,6 +250,7 @@ TITAN_JOBS = [  # (examples/torchtitan job config, trace_titan_job kwargs, expec
     ("llama3_debug_hsdp", {}, "VERIFIED"),
     ("llama3_debug_fsdp2_tp2", {}, "VERIFIED"),
     ("llama3_debug_hsdp_tp2", {}, "VERIFIED"),
+    ("llama3_debug_pp2", {}, "VERIFIED"),  # torchtitan's pipeline_llm, 1F1B (tvcert.frontends.pipelining)
 ]
 
 
