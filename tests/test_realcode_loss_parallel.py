@@ -5,6 +5,7 @@ ignore_index (-100), which DTensor divides by the count of, so it is UNKNOWN -- 
 tp is REFUTED (confirmed by the interpreter)."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -38,11 +39,32 @@ def test_loss_parallel_with_backward_inside_traces_and_is_never_refuted():
     assert res.verdict == "VERIFIED" or "output 'loss'" in res.reasons[0]
 
 
-def test_loss_parallel_sum_reduction_verifies_through_the_dtensor_spelling():
-    res = verify(load_plan(_spec().tvcert_trace(reduction="sum")))
+@pytest.fixture(scope="module")
+def summed():
+    return _spec().tvcert_trace(reduction="sum")
+
+
+def test_loss_parallel_sum_reduction_verifies_through_the_dtensor_spelling(summed):
+    res = verify(load_plan(copy.deepcopy(summed)))
     assert res.verdict == "VERIFIED", res.reasons
     used = {r for s in res.prop.steps for r in s.rules}
     assert {"vocab_parallel_nll_loss", "vocab_parallel_nll_backward", "vocab_parallel_log_softmax"} <= used
+
+
+def test_backward_safe_target_built_from_other_ids_is_not_verified(summed):
+    """The backward's where(l[:, None] != ig, l[:, None], 0) rebuilt from the token ids (same shape, int) while its
+    gradient filter still tests the labels: wrong, and the matcher must see that the two labels differ."""
+    d = copy.deepcopy(summed)
+    nodes = d["parallel"][0]["nodes"]
+    sq = next(n for n in nodes if n["op"] == "squeeze" and n["inputs"][0].startswith("where"))
+    w = next(n for n in nodes if (n.get("name") or n["outputs"][0]) == sq["inputs"][0])
+    ne = next(n for n in nodes if (n.get("name") or n["outputs"][0]) == w["inputs"][0])
+    nodes[:0] = [{"op": "reshape", "name": "ids_flat", "inputs": ["ids"], "attrs": {"shape": [6]}},
+                 {"op": "unsqueeze", "name": "ids_unit", "inputs": ["ids_flat"], "attrs": {"dim": 1}}]
+    w["inputs"][1] = ne["inputs"][0] = "ids_unit"
+    plan = load_plan(d)
+    assert not run_plan(plan).equal
+    assert verify(plan).verdict == "REFUTED"
 
 
 def test_loss_parallel_loss_divided_by_tp_is_refuted():
