@@ -329,7 +329,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     ctx)`` builds the schedule; ``step(schedule, ctx, **data)`` runs one training step and returns the loss on the
     last stage and None elsewhere (default: torchtitan's step, the mean of the micro-batch losses).  ``data``:
     name -> input spec (:func:`.trace.trace_plan`), the whole batch on every rank of the stage that reads it.
-    Parameters are read by identity: every parameter of the stage's module is a parameter of the model."""
+    The stage modules' parameters and buffers are the model's, found by module identity, else by name
+    (:func:`_held_params`)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -398,6 +399,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                 if holder.setdefault(ln, st) != st:
                     raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
                                      f"not traced", "unsupported", "tied parameter")
+                if ln in bufs and dt is not None:
+                    raise TraceError(f"buffer {ln!r} is a DTensor: not traced", "unsupported", "buffer")
                 placement[ln] = _placement_text(dt, axes)
     missing = [n for n in [*pnames, *bufs] if n not in holder]
     if missing:
@@ -432,9 +435,9 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             for sg in stages:
                 _give_metadata(sg, metas)
             for sn, (ln, dt) in held.items():
-                if holder[ln] != st or placement[ln] != _placement_text(dt, axes):
-                    raise TraceError(f"rank {r} holds parameter {ln!r} differently from the first rank of stage "
-                                     f"{holder[ln]}", "spmd")
+                if holder.get(ln) != st or placement[ln] != _placement_text(dt, axes):
+                    raise TraceError(f"rank {r} (stage coordinate {st}) holds parameter {ln!r} differently from the "
+                                     f"first rank of its stage", "spmd")
             resolve = T._axis_resolver(axes, sizes, r)
 
             def parallel(ctx_, **kw):
