@@ -79,3 +79,15 @@ def test_a_missing_input_gradient_reduction_names_the_partial_output_and_its_lin
     fd = res.counterexample["first_divergence"]
     assert fd["src"] == "tp_ln_gelu_mlp.py:46" and fd["tensor"] in ("grad_ln_w", "grad_ln_b", "grad_x")
     assert "Partial(sum)" in fd["text"] and "reduction missing" in fd["text"]
+
+
+def _keyword_grad(ctx, x, w1, w2):
+    """torch.autograd.grad called with keywords (outputs=, inputs=), as some training loops do."""
+    loss = (torch.tanh(x @ w1) @ w2).pow(2).sum()
+    g1, g2 = torch.autograd.grad(outputs=loss, inputs=[w1, w2])
+    return loss.detach(), {"w1": g1, "w2": g2}
+
+
+def test_keyword_autograd_grad_still_traces():
+    raw = trace_plan(_logical, _keyword_grad, inputs=INPUTS, mesh={"tp": 1})
+    assert set(raw["outputs"]) == {"loss", "grad_w1", "grad_w2"}

@@ -68,9 +68,10 @@ def backward_origins(sites: set):
 
     stack: list = []
 
-    def wrap(fn):
-        def run(tensors, *a, **k):
-            ts = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    def wrap(fn, key: str):
+        def run(*a, **k):
+            tensors = a[0] if a else k.get(key, ())  # grad(outputs=...), backward(tensors=...) by keyword too
+            ts = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             handles = []
             for n in _nodes([t.grad_fn for t in ts if isinstance(t, torch.Tensor)]):
                 pre, post = mark(n._sequence_nr())
@@ -79,14 +80,14 @@ def backward_origins(sites: set):
             if site:
                 sites.add(site)
             try:
-                return fn(tensors, *a, **k)
+                return fn(*a, **k)
             finally:
                 for h in handles:
                     h.remove()
         return run
 
     saved = (torch.autograd.grad, torch.autograd.backward)
-    torch.autograd.grad, torch.autograd.backward = wrap(saved[0]), wrap(saved[1])
+    torch.autograd.grad, torch.autograd.backward = wrap(saved[0], "outputs"), wrap(saved[1], "tensors")
     try:
         yield
     finally:
