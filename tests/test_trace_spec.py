@@ -133,6 +133,8 @@ def lazy_hook(ctx, x, w1, w2, hook="sync"):
     g = ctx.group("tp")
     if hook == "sync":
         w1.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad, group=g))
+    elif hook in ("SUM", "AVG"):  # the op spelled as dist.ReduceOp, positionally
+        w1.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad, getattr(dist.ReduceOp, hook), g))
     elif hook == "async":  # an async collective cannot be traced: UNKNOWN naming the parameter
         def sync_async(p):
             dist.all_reduce(p.grad, group=g, async_op=True).wait()
@@ -159,6 +161,18 @@ def test_lazily_registered_hook_is_traced():
     raw = trace_plan(lazy_logical, lambda ctx, **kw: lazy_hook(ctx, hook=None, **kw), inputs=LAZY_INPUTS,
                      mesh={"tp": 2}, grad_sync=sync_w2)
     assert verdict(raw) == "REFUTED"  # without the hook w1's gradient is this rank's half
+
+
+def test_classic_all_reduce_with_a_reduce_op_is_traced():
+    """dist.ReduceOp.SUM / AVG reach the functional remap as names (it called .lower() on the enum: a crash in
+    the trace, which was reported as REFUTED)."""
+    sync_w2 = lambda ctx, g: {"w1": g["w1"], "w2": funcol.all_reduce(g["w2"], "sum", ctx.group("tp"))}  # noqa: E731
+    raw = trace_plan(lazy_logical, lambda ctx, **kw: lazy_hook(ctx, hook="SUM", **kw), inputs=LAZY_INPUTS,
+                     mesh={"tp": 2}, grad_sync=sync_w2)
+    assert verdict(raw) == "VERIFIED"
+    raw = trace_plan(lazy_logical, lambda ctx, **kw: lazy_hook(ctx, hook="AVG", **kw), inputs=LAZY_INPUTS,
+                     mesh={"tp": 2}, grad_sync=sync_w2)
+    assert verdict(raw) == "REFUTED"  # w1's gradient is the sum of the two halves' gradients, not their mean
 
 
 def test_untraceable_lazy_hook_is_unknown_naming_the_parameter():

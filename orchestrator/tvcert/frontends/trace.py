@@ -825,6 +825,13 @@ def _dtensor_sdpa():
         yield
 
 
+def _op_name(x):
+    """``dist.ReduceOp.X`` as the functional collectives spell it (``"x"``); anything else unchanged."""
+    import torch.distributed as dist
+
+    return x.name.lower() if isinstance(x, dist.ReduceOp.RedOpType) else x
+
+
 @contextlib.contextmanager
 def _traceable_collectives():
     """``torch.distributed``'s classic collectives (``dist.all_reduce(t, group=g)``, what gradient hooks call)
@@ -841,7 +848,10 @@ def _traceable_collectives():
             continue
 
         def wrap(*a, _orig=orig, _new=new, **k):
-            return _orig(*a, **k) if k.get("async_op") else _new(*a, **k)
+            if k.get("async_op"):
+                return _orig(*a, **k)
+            # the remaps take the functional form's op names ("avg"); a classic call passes dist.ReduceOp.AVG
+            return _new(*(_op_name(x) for x in a), **{n: _op_name(x) for n, x in k.items()})
 
         for mod in (dist, c10d):
             if getattr(mod, orig.__name__, None) is orig:
