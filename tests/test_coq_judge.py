@@ -202,6 +202,8 @@ def _layouts() -> dict:
         N("mx1", "amax", ["cf"], dims=[2], keepdim=True),          # reduce_other_dim (keepdim)
         N("ssk", "sum", ["cf"], dims=[1], keepdim=True),           # reduce_sum_sharded_dim (dp)
         N("zc", "cast", ["z"], dtype="float"),
+        N("mn", "minimum", ["sm", "ls"]),                          # pointwise op of shards
+        N("mx2", "maximum", ["xp", "w"]),                          # broadcasting: w [a, c] is Shard(0) over dp
     ]
     logical = common + [
         N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
@@ -220,9 +222,9 @@ def _layouts() -> dict:
         N("zs1", "slice", ["zc"], dim=0, start="rank.tp*2", end="rank.tp*2+2"),   # slice_block_to_shard (tp)
         N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
     ]
-    outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc"]
+    outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
-    place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1"]}
+    place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
     place.update(ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
                  zc={"dp": "Shard(1)", "tp": "Shard(0)"})
     local = {o: o for o in outs}
@@ -230,13 +232,15 @@ def _layouts() -> dict:
     return {
         "tvcert_plan": 1, "name": "layouts_dp2_tp2", "dims": {"a": 4, "b": 4, "c": 6, "dp": 2, "tp": 2},
         "mesh": {"dp": "dp", "tp": "tp"},
-        "logical": {"inputs": [f("x", ["a", "b", "c"]), f("y", [4, 4]), f("z", [4, 6])], "nodes": logical,
+        "logical": {"inputs": [f("x", ["a", "b", "c"]), f("y", [4, 4]), f("z", [4, 6]), f("w", ["a", "c"])],
+                    "nodes": logical,
                     "outputs": outs},
-        "parallel": [{"name": "spmd", "inputs": [f("x", ["a/dp", "b/tp", "c"]), f("y", [4, 4]), f("z", [4, 6])],
+        "parallel": [{"name": "spmd", "inputs": [f("x", ["a/dp", "b/tp", "c"]), f("y", [4, 4]), f("z", [4, 6]),
+                                                 f("w", ["a/dp", "c"])],
                       "nodes": par, "outputs": [local[o] for o in outs]}],
         "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
                    "y": {"local": "y", "placement": {"tp": "Partial(sum)"}},
-                   "z": {"local": "z", "placement": {}}},
+                   "z": {"local": "z", "placement": {}}, "w": {"local": "w", "placement": {"dp": "Shard(0)"}}},
         "outputs": {o: {"local": local[o], "placement": place[o]} for o in outs},
     }
 
@@ -254,7 +258,7 @@ def test_layout_plans_coq_checked(tmp_path):
     assert "VERIFIED (Coq-checked)" in r.output and out.exists()
     text = out.read_text()
     for c in ("(GL (Permute [:: 1; 0; 2]))", "(GL (Slice 2 1 5))", "(GL (Softmax 2 0))", "(GL (LogSoftmax 2 0 1))",
-              "(GL (SoftmaxBwd 2))", "(GL (LogSoftmaxBwd 2 0))", "(GL (Concat 2))", "(GL (Reduce RdMean [:: 0] false))",
+              "(GL (SoftmaxBwd 2))", "(GL Minimum)", "(GL Maximum)", "(GL (LogSoftmaxBwd 2 0))", "(GL (Concat 2))", "(GL (Reduce RdMean [:: 0] false))",
               "(GL (Reduce RdMax [:: 1] false))", "(GL (Reduce RdSum [:: 1] true))", "(GL (Reshape [:: 2; 8]))",
               "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
               "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]"):
@@ -388,6 +392,8 @@ def _layout_mutations(v) -> None:
       lambda d: _nodes(d)["sb"].update(inputs=["sm", "xs"]))
     v("layout: rank slice over dp, read as a tp shard", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="rank.dp*2", end="rank.dp*2+2"))
+    v("layout: maximum's broadcast operand sharded over tp, not dp", lay,
+      lambda d: d["inputs"]["w"].update(placement={"tp": "Shard(0)"}))
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

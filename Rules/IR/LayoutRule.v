@@ -54,14 +54,9 @@ Qed.
 (** ** The rules *)
 Definition is_some {A : Type} (x : option A) : bool := if x is Some _ then true else false.
 
-Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
+(** One-operand ops and the softmax backward pair (every line but concat and min / max). *)
+Definition lrule_one (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
   let s0 := nth [::] ss 0 in
-  if all is_rep pls then is_rep pl else                       (* congruence on every rank *)
-  if o is Concat e then                                       (* concat_other_dim *)
-    if sh (head Replicate pls) is Some d then
-      (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
-    else false
-  else
   match pls with
   | [:: Shard d] =>
       match o with
@@ -89,6 +84,22 @@ Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl 
       | _ => false
       end
   | _ => false
+  end.
+
+Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
+  if all is_rep pls then is_rep pl else                       (* congruence on every rank *)
+  match o with
+  | Concat e =>                                               (* concat_other_dim *)
+      if sh (head Replicate pls) is Some d then
+        (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
+      else false
+  | Minimum | Maximum =>                                      (* pointwise op of shards, broadcasting *)
+      match pls, sh pl with
+      | [:: a; b], Some d =>
+          bin_shard (lop_shape o ss) (nth [::] ss 0) a d && bin_shard (lop_shape o ss) (nth [::] ss 1) b d
+      | _, _ => false
+      end
+  | _ => lrule_one p o ss pls pl
   end.
 
 Section Sound.
@@ -124,98 +135,24 @@ Qed.
 Lemma shP' a d : (sh a == Some d) -> a = Shard d.
 Proof. by case: a => //= ? /eqP [->]. Qed.
 
-Lemma lrule_sound p o ss pls pl Ts pss Ls :
+Lemma lrule_one_sound p o ss pls pl Ts pss Ls :
   size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
      arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
             (nth (fun _ => zero_t) Ls k)) ->
-  lrule p o ss pls pl -> pl_ok p (lop_shape o ss) pl ->
+  all is_rep pls = false -> lrule_one p o ss pls pl ->
+  pl_ok p (lop_shape o ss) pl ->
   lop_shape o pss = local_shape p (lop_shape o ss) pl /\
   placed p (lop_shape o ss) pl (lop_val fn o ss Ts) (fun r => lop_val fn o pss (map (fun L => L r) Ls)).
 Proof.
-move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
-  by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
-case Hcat: (if o is Concat _ then true else false).
-  case: o Hcat => // e _.
-  case Hh: (sh (head Replicate pls)) => [d|] //.
-  move=> /andP [/andP [/andP [/eqP szs allS] ok] /shP' ->] _.
-  have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Shard d.
-    by move=> k kp; apply: shP'; exact: (all_nthP Replicate allS k kp).
-  have ep : pss = map (fun s => local_shape p s (Shard d)) ss.
-    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite size_map hss hps.
-    rewrite hps => kp; rewrite (nth_map [::]) ?hss //.
-    by have [_ -> _ _ _] := A k kp; rewrite rk.
-  have Pl : forall k, (k < size ss)%N ->
-      placed p (nth [::] ss k) (Shard d) (nth zero_t Ts k) (nth (fun _ => zero_t) Ls k).
-    by move=> k; rewrite hss => kp; have [H _ _ _ _] := A k kp; rewrite rk in H.
-  have hT : size Ts = size ss by rewrite hTs hss.
-  have hL : size Ls = size ss by rewrite hLs hss.
-  by rewrite ep; exact: (concat_other_dim fn ok hT hL Pl).
-have -> : (if o is Concat e then
-    if sh (head Replicate pls) is Some d then
-      (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
-    else false
-  else
-  match pls with
-  | [:: Shard d] =>
-      match o with
-      | Permute ds => perm_ok ds (nth [::] ss 0) && (sh pl == Some (seq.index d ds))
-      | Slice e a b => slice_ok (nth [::] ss 0) e a b && (d != e) && (sh pl == Some d)
-      | Softmax e _ | LogSoftmax e _ _ => rowwise_ok (nth [::] ss 0) e d && (sh pl == Some d)
-      | Reduce r [:: e] keep =>
-          if e == d then
-            match r with
-            | RdSum => placement_eqb pl (Partial RSum)
-            | RdMean => placement_eqb pl (Partial RAvg) && (0 < p)
-            | RdMax => placement_eqb pl (Partial RMax) && (0 < nth 0 (nth [::] ss 0) d %/ p)
-            | RdMin => false
-            end
-          else reduce_ok (nth [::] ss 0) e d && (sh pl == Some (rdim keep e d))
-      | AddScalar _ | CastF => sh pl == Some d
-      | _ => false
-      end
-  | [:: Partial rd] => is_some (reindex_op o) && sum_like rd && placement_eqb pl (Partial rd)
-  | [:: Shard d; Shard d'] =>
-      match o with
-      | SoftmaxBwd e | LogSoftmaxBwd e _ =>
-          (d == d') && rowwise_ok (nth [::] ss 0) e d && (nth [::] ss 1 == (nth [::] ss 0)) && (sh pl == Some d)
-      | _ => false
-      end
-  | _ => false
-  end) = (match pls with
-  | [:: Shard d] =>
-      match o with
-      | Permute ds => perm_ok ds (nth [::] ss 0) && (sh pl == Some (seq.index d ds))
-      | Slice e a b => slice_ok (nth [::] ss 0) e a b && (d != e) && (sh pl == Some d)
-      | Softmax e _ | LogSoftmax e _ _ => rowwise_ok (nth [::] ss 0) e d && (sh pl == Some d)
-      | Reduce r [:: e] keep =>
-          if e == d then
-            match r with
-            | RdSum => placement_eqb pl (Partial RSum)
-            | RdMean => placement_eqb pl (Partial RAvg) && (0 < p)
-            | RdMax => placement_eqb pl (Partial RMax) && (0 < nth 0 (nth [::] ss 0) d %/ p)
-            | RdMin => false
-            end
-          else reduce_ok (nth [::] ss 0) e d && (sh pl == Some (rdim keep e d))
-      | AddScalar _ | CastF => sh pl == Some d
-      | _ => false
-      end
-  | [:: Partial rd] => is_some (reindex_op o) && sum_like rd && placement_eqb pl (Partial rd)
-  | [:: Shard d; Shard d'] =>
-      match o with
-      | SoftmaxBwd e | LogSoftmaxBwd e _ =>
-          (d == d') && rowwise_ok (nth [::] ss 0) e d && (nth [::] ss 1 == (nth [::] ss 0)) && (sh pl == Some d)
-      | _ => false
-      end
-  | _ => false
-  end) by case: o Hcat.
+move=> hss hTs hps hLs A nallr; rewrite /lrule_one.
 case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr //.
 - case: ss hss A => [|s0 [|]] // _ A; case: Ts hTs A => [|T0 [|]] // _ A.
   case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A.
   have A0 := A 0%N isT; rewrite /= in A0 *; clear A.
   have [H e0 okp mT mL] := A0; rewrite e0 in mL *.
   case: a A0 H e0 okp mL nallr => [|d|rd] A0 H e0 okp mL nallr //.
-  + case: o Hcat => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] // _.
+  + case: o => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] //.
     * by move=> /andP [ok /shP' ->] _; exact: (permute_shard fn ok H).
     * by move=> /andP [/andP [ok de] /shP' ->] _; exact: (slice_other_dim fn ok de H).
     * case: ds => [|e [|? ?]] //; case: (e =P d) => [->|/eqP ed].
@@ -238,12 +175,53 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *; clear A.
   have [H0 e0 _ _ _] := A0; have [H1 e1 _ _ _] := A1; clear A0 A1.
   case: a b H0 H1 e0 e1 nallr => [|d|rd] [|d'|rd'] H0 H1 e0 e1 nallr //.
-  case: o Hcat => [s'|ds|d''|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] // _.
+  case: o => [s'|ds|d''|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] //.
   + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
     exact: (softmax_bwd_other_dim fn ok H0 H1).
   + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
     exact: (log_softmax_bwd_other_dim fn ex ok H0 H1).
 - by case: a {A nallr hss hTs hps hLs} => // ?; case: b.
+Qed.
+
+
+Lemma lrule_sound p o ss pls pl Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  lrule p o ss pls pl ->
+  pl_ok p (lop_shape o ss) pl ->
+  lop_shape o pss = local_shape p (lop_shape o ss) pl /\
+  placed p (lop_shape o ss) pl (lop_val fn o ss Ts) (fun r => lop_val fn o pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
+  by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
+case Eo: o => [s'|ds|d|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c];
+  try (by rewrite -Eo; apply: lrule_one_sound; rewrite ?Eo).
+- (* concat_other_dim *)
+  case Hh: (sh (head Replicate pls)) => [d|] //.
+  move=> /andP [/andP [/andP [/eqP szs allS] ok] /shP' ->] _.
+  have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Shard d.
+    by move=> k kp; apply: shP'; exact: (all_nthP Replicate allS k kp).
+  have ep : pss = map (fun s => local_shape p s (Shard d)) ss.
+    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite size_map hss hps.
+    rewrite hps => kp; rewrite (nth_map [::]) ?hss //.
+    by have [_ -> _ _ _] := A k kp; rewrite rk.
+  have Pl : forall k, (k < size ss)%N ->
+      placed p (nth [::] ss k) (Shard d) (nth zero_t Ts k) (nth (fun _ => zero_t) Ls k).
+    by move=> k; rewrite hss => kp; have [H _ _ _ _] := A k kp; rewrite rk in H.
+  have hT : size Ts = size ss by rewrite hTs hss.
+  have hL : size Ls = size ss by rewrite hLs hss.
+  by rewrite ep; exact: (concat_other_dim fn ok hT hL Pl).
+all: case: pls A hss hTs hps hLs nallr => [|a [|b [|? ?]]] A hss hTs hps hLs nallr //;
+  case hpl: (sh pl) => [d|] //; move=> /andP [b0 b1] ok; rewrite (shP hpl) in ok *;
+  case: ss hss A b0 b1 ok => [|s0 [|s1 [|]]] // _ A b0 b1 ok; case: Ts hTs A => [|T0 [|T1 [|]]] // _ A;
+  case: pss hps A => [|ps0 [|ps1 [|]]] // _ A; case: Ls hLs A => [|L0 [|L1 [|]]] // _ A;
+  have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *.
+- (* minimum of shards: SoundOps.binary_shard *)
+  exact: (@binary_shard R p (fun x y => Num.min x y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+- (* maximum *)
+  exact: (@binary_shard R p (fun x y => Num.max x y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
 Qed.
 
 End Sound.

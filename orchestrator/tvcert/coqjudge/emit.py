@@ -26,7 +26,7 @@ from typing import Any
 from ..graph import Graph
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Plan
-from .lops import LOPS, coq_lop, lop_of, lop_shape, lrule
+from .lops import LOPS, _bin_shard, coq_lop, lop_of, lop_shape, lrule
 from .terms import _nat, _num, _rat, _seq
 
 # pointwise unary ops denoted by an uninterpreted function [Fn k]
@@ -413,15 +413,6 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
 
 
 # ----------------------------------------------------------------- fact search (mirror of Check.rule)
-def _bin_shard(so, s, a: Pl, d: int) -> bool:
-    off = len(so) - len(s)
-    if off < 0 or tuple(s) != tuple(so[off:]):
-        return False
-    if a.kind == "R":
-        return d < off
-    return a.kind == "S" and off <= d and a.dim == d - off
-
-
 def _shard_ok(p, s, d) -> bool:
     return d < len(s) and (s[d] // p) * p == s[d]
 

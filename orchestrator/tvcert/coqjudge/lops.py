@@ -135,6 +135,16 @@ def lop_shape(t: tuple, ss: list) -> tuple[int, ...]:
     return tuple(s0)
 
 
+def _bin_shard(so, s, a, d: int) -> bool:
+    """Mirror of ``Check.bin_shard``: operand of shape s of a broadcasting op with output so sharded on d."""
+    off = len(so) - len(s)
+    if off < 0 or tuple(s) != tuple(so[off:]):
+        return False
+    if a.kind == "R":
+        return d < off
+    return a.kind == "S" and off <= d and a.dim == d - off
+
+
 def _shard_ok(p, s, d) -> bool:
     return d < len(s) and (s[d] // p) * p == s[d]
 
@@ -157,6 +167,14 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
         if any(len(s) != len(s0) or any(s[j] != s0[j] for j in range(len(s0)) if j != e) for s in ss):
             return None
         return Pl("S", d)
+    if k in ("Minimum", "Maximum"):
+        so = lop_shape(t, ss)
+        for x, s in zip(pls, ss):
+            if len(pls) == 2 and x.kind == "S":
+                d = x.dim + len(so) - len(s)
+                if _bin_shard(so, ss[0], pls[0], d) and _bin_shard(so, ss[1], pls[1], d):
+                    return Pl("S", d)
+        return None
     if len(pls) == 1 and pls[0].kind == "S":
         d = pls[0].dim
         if k == "Permute":
