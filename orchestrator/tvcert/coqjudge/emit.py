@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from ..graph import Graph
@@ -66,8 +65,8 @@ def pls_str(pls: Pls) -> str:
 @dataclass
 class CNode:
     op: tuple           # ("Add",) ("Scale", Fraction) ("Fn", k) ("Const", Fraction, shape) ("MM",) ("Sum", dims)
-                        # ("Transpose", d0, d1); collectives: ("AllReduce", reduce, axis) ("AllGather", dim, axis)
-                        # ("ReduceScatter", dim, axis)
+                        # ("Transpose", d0, d1), a lops.LOPS tuple; collectives: ("AllReduce", reduce, axis)
+                        # ("AllGather", dim, axis) ("ReduceScatter", dim, axis) ("SliceRank", dim, block, axis)
     args: list[int]
     name: str
 
