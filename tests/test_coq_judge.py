@@ -269,6 +269,25 @@ def test_layout_plans_coq_checked(tmp_path):
     assert res.ok, res.message
 
 
+def test_rank_slice_printer_refuses_other_bounds():
+    """The trusted printer writes CSliceRank d m only when, at every rank r of one axis, the slice is
+    x[r*m : r*m+m] along one dim; anything else is outside the fragment (no Coq term)."""
+    base = _layouts()
+    bad = {
+        "bounds naming two axes": dict(start="rank.tp*2+rank.dp*0", end="rank.tp*2+2+rank.dp*0"),
+        "overlapping blocks (start r, not 2r)": dict(start="rank.tp", end="rank.tp+2"),
+    }
+    for what, attrs in bad.items():
+        d = copy.deepcopy(base)
+        _nodes(d)["zs1"]["attrs"].update(attrs)
+        plan = load_plan(d)
+        if "overlapping" in what:
+            assert not run_plan(plan, plan.dims, seed=0, exact=False).equal
+        with pytest.raises(NotCovered) as ei:
+            translate(plan)
+        assert any(u.node == "zs1" for u in ei.value.items), (what, ei.value.items)
+
+
 def test_mesh_plans_coq_checked(tmp_path):
     """Both 2-axis plans verify in Python, run equal, and are Coq-checked (the CLI route for one of them)."""
     p2 = tmp_path / "mlp_dp2_tp2.json"
