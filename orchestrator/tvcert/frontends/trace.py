@@ -591,16 +591,77 @@ def _sdpa_flash_cpu():
     Forward: ``P = softmax(scale * q @ k^T + mask)`` (a boolean mask / ``is_causal`` as a ``-inf`` fill,
     handled exactly by the converter's extended-real rules), ``out = P @ v``; with ``enable_gqa`` semantics
     when k / v have fewer heads (each k/v head repeated for its group of q heads).  The logsumexp output is
-    ``log(sum exp(S))`` row-wise, written with the finite shift of ``logsumexp``'s own decomposition only
-    when read (it is uninitialised memory otherwise: reading it is UNKNOWN).  Backward: the gradient of that
-    forward, ``dV = P^T dO``, ``dS = softmax_backward(dO V^T, P)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``
-    (summed over each k/v head's group); the kernel's saved logsumexp is not read (P is recomputed, equal over
-    the reals).  Dropout must be 0."""
+    uninitialised memory (``torch.empty``): the converter makes any read of it UNKNOWN.  Backward: the gradient
+    of that forward, ``dV = P^T dO``, ``dS = softmax_backward(dO V^T, P)``, ``dQ = scale dS K``,
+    ``dK = scale dS^T Q`` (summed over each k/v head's group), P recomputed from q and k.  The kernel computes its
+    backward from the out and logsumexp it is given (``P = exp(S - lse)``, ``D = rowsum(dO * out)``), so the
+    recomputed form equals it only for the forward's own outputs on the same inputs: each forward records its
+    (q, k, v, mask, scale, causal, out, logsumexp) by fx node and version counter (a view's in-place write bumps
+    it), and a backward given anything else (a custom autograd.Function passing a wrong logsumexp or a scaled
+    out, a ring merging blocks) is UNKNOWN naming the op and the user's line.  Dropout must be 0."""
     import math as _m
+    import os as _os
+    import sys as _sys
 
     import torch
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 
     aten = torch.ops.aten
+    torch_dir = _os.path.dirname(_os.path.abspath(torch.__file__))
+    fields = ("query", "key", "value", "mask", "out", "logsumexp")
+
+    def user_line():
+        f = _sys._getframe(2)
+        while f is not None:
+            fn = _os.path.abspath(f.f_code.co_filename)
+            if not (fn.startswith(torch_dir) or fn.startswith(_FRONTEND_DIR) or "/site-packages/" in fn):
+                return f"{_os.path.basename(fn)}:{f.f_lineno}"
+            f = f.f_back
+        return None
+
+    def unknown(op, why):
+        src = user_line()
+        raise TraceError(f"{op}{' at ' + src if src else ''}: {why}", "unsupported", op, src)
+
+    def state(op, tensors):
+        """(fx node through detach / alias, version) of each tensor (None for an absent mask; a constant the
+        trace did not make: its identity, kept alive), and this trace's forward records."""
+        mode = get_proxy_mode()
+        if mode is None:
+            unknown(op, "called outside make_fx tracing")
+        recs, consts = mode.tracer.__dict__.setdefault("_tvcert_sdpa_forwards", ({}, []))
+        out = []
+        for t in tensors:
+            px = None if t is None else get_proxy_slot(t, mode.tracer, None)
+            if px is None:
+                out.append(None if t is None else ("untraced", id(t), t._version))
+                consts.append(t)
+                continue
+            n = px.proxy.node
+            while n.op == "call_function" and n.target in (aten.detach.default, aten.alias.default):
+                n = n.args[0]
+            out.append((n, t._version))
+        return tuple(out), recs
+
+    def remember(kind, op, q, k, v, mask, causal, s, out, lse):
+        st, recs = state(op, (q, k, v, mask, out, lse))
+        recs[st[4]] = (kind, bool(causal), s) + st
+
+    def require(kind, op, q, k, v, mask, causal, s, out, lse):
+        """The backward's out / logsumexp are its forward's own outputs on the same inputs, else UNKNOWN."""
+        st, recs = state(op, (q, k, v, mask, out, lse))
+        mine = (kind, bool(causal), s) + st
+        rec = recs.get(st[4])
+        if rec == mine:
+            return
+        model = ("tvcert models this backward by recomputing the attention probabilities from query and key, "
+                 "which equals the kernel (P = exp(scale q k^T + mask - logsumexp), D = rowsum(grad_out * out)) "
+                 "only for its forward's own out and logsumexp on the same inputs")
+        if rec is None:
+            unknown(op, f"its out is not an unmodified output of a traced {kind} attention forward; {model}")
+        diff = [nm for nm, a, b in zip(("kernel", "is_causal", "scale") + fields, rec, mine) if a != b]
+        unknown(op, f"its {', '.join(diff)} {'is' if len(diff) == 1 else 'are'} not those of the forward that "
+                    f"produced its out (other values, or written in place since); {model}")
 
     def probs(q, k, v, is_causal, attn_mask, scale):
         E = q.shape[-1]
@@ -619,18 +680,26 @@ def _sdpa_flash_cpu():
         P = aten._safe_softmax.default(S, -1)
         return P, kr, vr, s, g
 
-    def fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    def forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
         if dropout_p != 0.0:
             raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
         P, kr, vr, s, g = probs(query, key, value, is_causal, attn_mask, scale)
         out = torch.matmul(P, vr)
         lse = torch.empty(query.shape[:-1], dtype=torch.float32)
+        return out, lse, s
+
+    def fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        out, lse, s = forward(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        remember("fused CPU", "aten._scaled_dot_product_flash_attention_for_cpu", query, key, value, attn_mask,
+                 is_causal, s, out, lse)
         return out, lse
 
-    def bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    def bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None,
+            kind="fused CPU", op="aten._scaled_dot_product_flash_attention_for_cpu_backward"):
         if dropout_p != 0.0:
             raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
         P, kr, vr, s, g = probs(query, key, value, is_causal, attn_mask, scale)
+        require(kind, op, query, key, value, attn_mask, is_causal, s, out, logsumexp)
         dV = torch.matmul(P.transpose(-2, -1), grad_out)
         dP = torch.matmul(grad_out, vr.transpose(-2, -1))
         dS = aten._softmax_backward_data.default(dP, P, -1, P.dtype)
@@ -645,7 +714,9 @@ def _sdpa_flash_cpu():
     def efwd(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
         """The memory-efficient kernel (an additive ``attn_bias``): the same math form; its logsumexp and
         dropout seeds are uninitialised (reading them is UNKNOWN)."""
-        out, lse = fwd(query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+        out, lse, s = forward(query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+        remember("memory-efficient", "aten._scaled_dot_product_efficient_attention", query, key, value, attn_bias,
+                 is_causal, s, out, lse)
         return out, lse, torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)
 
     def ebwd(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p,
@@ -653,6 +724,8 @@ def _sdpa_flash_cpu():
         if dropout_p != 0.0:
             raise RuntimeError("tvcert: attention dropout is random; trace with dropout_p=0")
         P, kr, vr, s, g = probs(query, key, value, is_causal, attn_bias, scale)
+        require("memory-efficient", "aten._scaled_dot_product_efficient_attention_backward", query, key, value,
+                attn_bias, is_causal, s, out, logsumexp)
         if g != 1:
             raise RuntimeError("tvcert: the memory-efficient attention kernel takes as many k/v heads as q heads")
         dV = torch.matmul(P.transpose(-2, -1), grad_out)
@@ -674,8 +747,10 @@ def _sdpa_flash_cpu():
         uninitialised (reading them is UNKNOWN); max_q / max_k are the sequence lengths."""
         if return_debug_mask:
             raise RuntimeError("tvcert: flash attention's debug mask is not traced")
-        out, lse = fwd(query, key, value, dropout_p, is_causal, scale=scale)
+        out, lse, s = forward(query, key, value, dropout_p, is_causal, scale=scale)
         out = torch.empty_like(query).copy_(out)  # the kernel's strides (its meta function's), which DTensor relies on
+        remember("CUDA flash", "aten._scaled_dot_product_flash_attention", query, key, value, None, is_causal, s,
+                 out, lse)
         e = torch.empty((), dtype=torch.int64)
         # cum_seq_q / cum_seq_k are undefined for dense inputs (None, as the kernel's meta function gives; DTensor
         # wraps them as scalars-or-nothing)
@@ -684,7 +759,8 @@ def _sdpa_flash_cpu():
 
     def fbwd(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
              is_causal, philox_seed, philox_offset, *, scale=None):
-        dq, dk, dv = bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
+        dq, dk, dv = bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale,
+                         kind="CUDA flash", op="aten._scaled_dot_product_flash_attention_backward")
         return tuple(torch.empty_like(t).copy_(g) for t, g in ((query, dq), (key, dk), (value, dv)))  # its strides
 
     return fwd, bwd, efwd, ebwd, ffwd, fbwd
