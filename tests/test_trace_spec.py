@@ -175,6 +175,27 @@ def test_classic_all_reduce_with_a_reduce_op_is_traced():
     assert verdict(raw) == "REFUTED"  # w1's gradient is the sum of the two halves' gradients, not their mean
 
 
+def test_a_failure_inside_our_own_code_is_unknown_not_refuted():
+    """A crash is REFUTED only when no tvcert frame stands between the user's code and the error; one raised in
+    our code (here a helper of ours the program calls, as a collective remap or a kernel's math form would be)
+    is our limitation: UNKNOWN, naming our frame."""
+    from tvcert.frontends.trace import coords_of
+
+    def ours_fails(ctx, x, w1, w2):
+        coords_of(ctx.rank, [0])  # ZeroDivisionError inside tvcert
+        return manual_tp(ctx, x, w1, w2)[0]
+
+    def users_fails(ctx, x, w1, w2):
+        raise ValueError("the user's own error")
+
+    with pytest.raises(TraceError) as ei:
+        trace_plan(logical, ours_fails, inputs=INPUTS, mesh={"tp": 2})
+    assert ei.value.kind == "unsupported" and "tvcert/frontends/trace.py:" in str(ei.value)
+    with pytest.raises(TraceError) as ei:
+        trace_plan(logical, users_fails, inputs=INPUTS, mesh={"tp": 2})
+    assert ei.value.kind == "crash" and ei.value.src.startswith("test_trace_spec.py:")
+
+
 def test_untraceable_lazy_hook_is_unknown_naming_the_parameter():
     with pytest.raises(TraceError) as ei:
         trace_plan(lazy_logical, lambda ctx, **kw: lazy_hook(ctx, hook="async", **kw), inputs=LAZY_INPUTS,

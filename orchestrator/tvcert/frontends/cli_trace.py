@@ -285,8 +285,9 @@ def _check_titan_config_options(titan: str | None) -> None:
 
 def exit_trace_error(exc, as_json: bool):
     """Report a failed trace and exit.  A crash (the parallel program raises at trace time: a shape or
-    sharding-propagation error no input avoids) cannot compute the logical function: REFUTED, the error is
-    the witness (exit 1); an op with no conversion: UNKNOWN (2); bad input: 3."""
+    sharding-propagation error no input avoids, with no code of ours between the user's call and the error)
+    cannot compute the logical function: REFUTED, the error is the witness (exit 1); an op with no conversion
+    or a failure inside our own models of ops: UNKNOWN (2); bad input: 3."""
     code = {"input": 3, "crash": 1}.get(exc.kind, 2)
     verdict = {3: "BAD_INPUT", 1: "REFUTED", 2: "UNKNOWN"}[code]
     obj = {"verdict": verdict, "reason": str(exc), "kind": exc.kind, "op": exc.op, "src": exc.src}

@@ -209,6 +209,7 @@ def _axis_resolver(axes, sizes, rank) -> Callable[[str], Any]:
 
 # ====================================================================== source locations
 _FRONTEND_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(_FRONTEND_DIR)  # orchestrator/tvcert: frames of ours
 # Directories of libraries whose frames are never the "user" location of an op (a front end adds the
 # SPMD runtime that wraps every op, e.g. ``spmd_types``, so the location names the model's line).
 SKIP_FRAME_DIRS: list[str] = []
@@ -400,10 +401,34 @@ def _exc_src(exc: BaseException) -> Optional[str]:
     best = None
     for fr in traceback.extract_tb(exc.__traceback__):
         f = os.path.abspath(fr.filename)
-        if f.startswith(torch_dir) or f.startswith(_FRONTEND_DIR) or "/site-packages/" in f:
+        if fr.filename.startswith("<") or f.startswith(torch_dir) or f.startswith(_FRONTEND_DIR) or "/site-packages/" in f:
             continue
         best = f"{os.path.basename(f)}:{fr.lineno}"
     return best
+
+
+def _tool_frame_in_failure(exc: BaseException) -> Optional[str]:
+    """The first tvcert frame (``file:line``) between the user's code and the failing op, or None.
+
+    A failure is the parallel program's own (REFUTED: no input avoids it) only when no code of ours stands
+    between the user's call and the error: a crash inside one of our replacements (a collective remap, a
+    kernel's math form, a hook guard) is our limitation, UNKNOWN."""
+    import torch
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    entered = False
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if fr.filename.startswith("<"):  # generated code (fx's "<string>", "<eval_with_key>"): no one's
+            continue
+        if fr.name in ("__torch_function__", "__torch_dispatch__"):  # our modes pass every op through; an op
+            continue                                                   # they replace runs in a frame of its own
+        f = os.path.abspath(fr.filename)
+        ours = f.startswith(_PACKAGE_DIR)
+        if not entered:
+            entered = not ours and not f.startswith(torch_dir)
+        elif ours:
+            return f"{os.path.relpath(f, os.path.dirname(_PACKAGE_DIR))}:{fr.lineno}"
+    return None
 
 
 # ====================================================================== tracing one program
@@ -1205,8 +1230,13 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 src = _exc_src(exc)
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])
                 mod = getattr(exc, "_tvcert_module", None)
-                raise TraceError(f"the parallel program fails on rank {r} (coordinates {dict(zip(axes, c))})"
-                                 f"{' in module ' + mod if mod else ''}{' at ' + src if src else ''}: "
+                tool = _tool_frame_in_failure(exc)
+                where = (f"on rank {r} (coordinates {dict(zip(axes, c))})"
+                         f"{' in module ' + mod if mod else ''}{' at ' + src if src else ''}")
+                if tool is not None:  # our own model of an op / collective / hook failed: not a witness
+                    raise TraceError(f"the trace's own model failed at {tool} {where}: "
+                                     f"{type(exc).__name__}: {' '.join(first)[:800]}", "unsupported", None, src) from exc
+                raise TraceError(f"the parallel program fails {where}: "
                                  f"{type(exc).__name__}: {' '.join(first)[:800]}", "crash", None, src) from exc
             t2 = time.process_time()
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
