@@ -4,7 +4,7 @@
         [--budget 120] [--verify] [--jobs N] [--src DIR]
 
 Each cell traces torchtitan's Llama 3 (the debug flavour's structure: fused QKV, complex RoPE, SwiGLU, untied
-head; dim 64, 8 heads) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
+head; dim 64, 8 heads; local batch 2, seq 8) from a job config -- FSDP2 (SimpleFSDP) x TP + SP, ``ranks = dp x tp`` with tp = 2 up
 to 16 ranks and dp 8 x tp 8 at 64 (dp 1 x tp 2 is torchtitan's TP route) -- in a fresh subprocess, and prints
 where ``trace_plan``'s time goes (``tvcert.frontends.trace.stats_hook``): the CPU seconds of the logical model's
 trace, then summed over the ranks the CPU seconds of their setup (the framework building and parallelizing the model), make_fx of the joint forward +
@@ -62,7 +62,7 @@ name = "llama3"
 flavor = "debugmodel"
 
 [training]
-local_batch_size = 1
+local_batch_size = 2
 seq_len = 8
 mixed_precision_param = "float32"
 
