@@ -630,6 +630,7 @@ def _sdpa_flash_cpu():
 
     import torch
     from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     aten = torch.ops.aten
     torch_dir = _os.path.dirname(_os.path.abspath(torch.__file__))
@@ -666,19 +667,46 @@ def _sdpa_flash_cpu():
             while n.op == "call_function" and n.target in (aten.detach.default, aten.alias.default):
                 n = n.args[0]
             out.append((n, t._version))
-        return tuple(out), recs
+        return tuple(out), recs, mode.tracer.graph
+
+    def storage(t):
+        return StorageWeakRef(t.untyped_storage())
 
     def remember(kind, op, q, k, v, mask, causal, s, out, lse):
-        st, recs = state(op, (q, k, v, mask, out, lse))
-        recs[st[4]] = (kind, bool(causal), s) + st
+        tensors = (q, k, v, mask, out, lse)
+        st, recs, graph = state(op, tensors)
+        stores = {storage(t): nm for nm, t in zip(fields, tensors) if t is not None}
+        recs[st[4]] = ((kind, bool(causal), s) + st, stores, next(iter(reversed(graph.nodes))))
+
+    def written(storages, since):
+        """(field, node) of the first in-place write into the storage of a forward's tensor after ``since`` (through
+        an alias with its own version counter, ``.data``), else None."""
+        n = since.next
+        while n.op != "root":
+            sch = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+            for i, a in enumerate(sch.arguments if sch is not None else ()):
+                if a.alias_info is None or not a.alias_info.is_write:
+                    continue
+                x = n.kwargs.get(a.name, n.args[i] if i < len(n.args) and not a.kwarg_only else None)
+                for y in (x if isinstance(x, (list, tuple)) else [x]):
+                    val = y.meta.get("val") if isinstance(y, torch.fx.Node) else None
+                    if isinstance(val, torch.Tensor) and storage(val) in storages:
+                        return storages[storage(val)], n
+            n = n.next
+        return None
 
     def require(kind, op, q, k, v, mask, causal, s, out, lse):
-        """The backward's out / logsumexp are its forward's own outputs on the same inputs, else UNKNOWN."""
-        st, recs = state(op, (q, k, v, mask, out, lse))
+        """The backward's out / logsumexp are its forward's own outputs on the same inputs, unwritten since, else
+        UNKNOWN."""
+        st, recs, _ = state(op, (q, k, v, mask, out, lse))
         mine = (kind, bool(causal), s) + st
-        rec = recs.get(st[4])
+        rec, storages, since = recs.get(st[4], (None, None, None))
         if rec == mine:
-            return
+            w = written(storages, since)
+            if w is None:
+                return
+            unknown(op, f"its {w[0]} is written in place after its forward ({w[1].target} at {src_of(w[1])}); the "
+                        f"recomputed backward would not see the write")
         model = ("tvcert models this backward by recomputing the attention probabilities from query and key, "
                  "which equals the kernel (P = exp(scale q k^T + mask - logsumexp), D = rowsum(grad_out * out)) "
                  "only for its forward's own out and logsumexp on the same inputs")
@@ -1303,8 +1331,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
     if stats_hook is not None:  # where the time went (bench/trace_cost.py): wall seconds, the ranks' CPU seconds
         stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world),
-                    "logical_s": t_ranks - t_start, "logical_cpu_s": c_ranks - c_start, "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0],
-                    "rank_trace_s": secs[1], "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
+                    "logical_s": t_ranks - t_start, "logical_cpu_s": c_ranks - c_start,
+                    "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0], "rank_trace_s": secs[1],
+                    "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
                     "validate_s": time.perf_counter() - t_done})
     return plan
 
