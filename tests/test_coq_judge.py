@@ -203,6 +203,7 @@ def _layouts() -> dict:
         N("ssk", "sum", ["cf"], dims=[1], keepdim=True),           # reduce_sum_sharded_dim (dp)
         N("zc", "cast", ["z"], dtype="float"),
         N("mn", "minimum", ["sm", "ls"]),                          # pointwise op of shards
+        N("xu", "unsqueeze", ["xs"], dim=0),                       # unsqueeze_shard: [1, b, a, 4]
         N("mx2", "maximum", ["xp", "w"]),                          # broadcasting: w [a, c] is Shard(0) over dp
     ]
     logical = common + [
@@ -222,10 +223,10 @@ def _layouts() -> dict:
         N("zs1", "slice", ["zc"], dim=0, start="rank.tp*2", end="rank.tp*2+2"),   # slice_block_to_shard (tp)
         N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
     ]
-    outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2"]
+    outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
-    place.update(ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
+    place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
                  zc={"dp": "Shard(1)", "tp": "Shard(0)"})
     local = {o: o for o in outs}
     local.update(zc="zs2", ssk="sskr")
@@ -258,7 +259,7 @@ def test_layout_plans_coq_checked(tmp_path):
     assert "VERIFIED (Coq-checked)" in r.output and out.exists()
     text = out.read_text()
     for c in ("(GL (Permute [:: 1; 0; 2]))", "(GL (Slice 2 1 5))", "(GL (Softmax 2 0))", "(GL (LogSoftmax 2 0 1))",
-              "(GL (SoftmaxBwd 2))", "(GL Minimum)", "(GL Maximum)", "(GL (LogSoftmaxBwd 2 0))", "(GL (Concat 2))", "(GL (Reduce RdMean [:: 0] false))",
+              "(GL (SoftmaxBwd 2))", "(GL Minimum)", "(GL Maximum)", "(GL (Unsqueeze 0))", "(GL (LogSoftmaxBwd 2 0))", "(GL (Concat 2))", "(GL (Reduce RdMean [:: 0] false))",
               "(GL (Reduce RdMax [:: 1] false))", "(GL (Reduce RdSum [:: 1] true))", "(GL (Reshape [:: 2; 8]))",
               "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
               "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]"):
@@ -413,6 +414,8 @@ def _layout_mutations(v) -> None:
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="rank.dp*2", end="rank.dp*2+2"))
     v("layout: maximum's broadcast operand sharded over tp, not dp", lay,
       lambda d: d["inputs"]["w"].update(placement={"tp": "Shard(0)"}))
+    v("layout: unsqueezed shard read with the dims swapped", lay,
+      lambda d: d["outputs"]["xu"].update(placement={"dp": "Shard(1)", "tp": "Shard(2)"}))
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

@@ -51,6 +51,47 @@ by case: a => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?];
    case: b => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?] //=; eqb_intro.
 Qed.
 
+(** ** Index lists under unsqueeze *)
+Lemma size_ins_at d x (s : seq nat) : d <= size s -> size (ins_at d x s) = (size s).+1.
+Proof. by move=> ds; rewrite /ins_at size_cat /= size_take size_drop; case: ltngtP ds => // h _; rewrite ?addnS ?subnKC // ?h ?subnn ?addn0 // ltnW. Qed.
+
+Lemma nth_ins_at d x (s : seq nat) k : d <= size s ->
+  nth 0 (ins_at d x s) k = if k < d then nth 0 s k else if k == d then x else nth 0 s k.-1.
+Proof.
+move=> ds; rewrite /ins_at nth_cat size_take.
+have -> : (if d < size s then d else size s) = d by case: ltngtP ds => // -> .
+case: ltnP => kd; first by rewrite nth_take.
+rewrite -[k - d]/(k - d); case: (k =P d) => [->|kd']; first by rewrite subnn.
+have : d < k by rewrite ltn_neqAle eq_sym; apply/andP; split=> //; apply/eqP.
+move=> dk; rewrite (_ : k - d = (k.-1 - d).+1) /=; last by rewrite -subSn; [rewrite prednK // (leq_ltn_trans _ dk) | rewrite -ltnS prednK // (leq_ltn_trans _ dk)].
+by rewrite nth_drop subnKC // -ltnS prednK // (leq_ltn_trans _ dk).
+Qed.
+
+Lemma size_rem_at d (i : seq nat) : d < size i -> size (rem_at d i) = (size i).-1.
+Proof. move=> di; rewrite /rem_at size_cat size_take size_drop di; nat_lia. Qed.
+
+Lemma nth_rem_at d (i : seq nat) k : d < size i ->
+  nth 0 (rem_at d i) k = if k < d then nth 0 i k else nth 0 i k.+1.
+Proof.
+move=> di; rewrite /rem_at nth_cat size_take di; case: ltnP => kd; first by rewrite nth_take.
+by rewrite nth_drop; congr nth; nat_lia.
+Qed.
+
+Lemma inb_rem_ins d (s i : seq nat) : d <= size s -> inb (ins_at d 1 s) i -> inb s (rem_at d i).
+Proof.
+move=> ds /inbP [sz H]; rewrite size_ins_at // in sz H; apply/inbP.
+have di : d < size i by rewrite sz ltnS.
+rewrite size_rem_at // sz /=; split=> // k ks.
+rewrite nth_rem_at //; case: ifP => kd.
+  by have := H k (ltn_trans ks (ltnSn _)); rewrite nth_ins_at // kd.
+have h1 : (k.+1 < d) = false by apply/negbTE; rewrite -leqNgt; nat_lia.
+have h2 : (k.+1 == d) = false by apply/negbTE; apply/eqP; nat_lia.
+by have := H k.+1 ks; rewrite nth_ins_at // h1 h2.
+Qed.
+
+(** Where a shard on dim [e] goes when a dim is inserted at [d]. *)
+Definition unsq_dim (d e : nat) : nat := if e < d then e else e.+1.
+
 (** ** The rules *)
 Definition is_some {A : Type} (x : option A) : bool := if x is Some _ then true else false.
 
@@ -61,6 +102,7 @@ Definition lrule_one (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) 
   | [:: Shard d] =>
       match o with
       | Permute ds => perm_ok ds s0 && (sh pl == Some (seq.index d ds))        (* permute_shard *)
+      | Unsqueeze u => (u <= size s0) && (sh pl == Some (unsq_dim u d))        (* unsqueeze_shard *)
       | Slice e a b => slice_ok s0 e a b && (d != e) && (sh pl == Some d)       (* slice_other_dim *)
       | Softmax e _ | LogSoftmax e _ _ => rowwise_ok s0 e d && (sh pl == Some d) (* softmax_other_dim *)
       | Reduce r [:: e] keep =>
@@ -135,6 +177,64 @@ Qed.
 Lemma shP' a d : (sh a == Some d) -> a = Shard d.
 Proof. by case: a => //= ? /eqP [->]. Qed.
 
+(** unsqueeze of a shard: the shard follows its dim ([reindex_shard]). *)
+
+Lemma unsq_shape d e (s : seq nat) v : d <= size s -> e < size s ->
+  ins_at d 1 (set_nth 0 s e v) = set_nth 0 (ins_at d 1 s) (unsq_dim d e) v.
+Proof.
+move=> ds es; apply: (@eq_from_nth _ 0).
+  by rewrite size_ins_at ?size_set_nth_lt ?size_ins_at //; rewrite /unsq_dim; case: ifP => _; nat_lia.
+move=> k _; rewrite nth_ins_at ?size_set_nth_lt // !nth_set_nth_lt nth_ins_at // /unsq_dim.
+by repeat case: ifP => //; move=> *; exfalso; nat_lia.
+Qed.
+
+Lemma unsq_nth d e (s : seq nat) : d <= size s -> nth 0 (ins_at d 1 s) (unsq_dim d e) = nth 0 s e.
+Proof.
+move=> ds; rewrite /unsq_dim; case: ifP => ed; rewrite nth_ins_at // ?ed //.
+have -> : (e.+1 < d) = false by apply/negbTE; rewrite -leqNgt; nat_lia.
+by have -> : (e.+1 == d) = false by apply/negbTE; apply/eqP; nat_lia.
+Qed.
+
+Lemma unsq_shift d e off (i : seq nat) : d < size i -> unsq_dim d e < size i ->
+  shift e off (rem_at d i) = rem_at d (shift (unsq_dim d e) off i).
+Proof.
+move=> di ei; rewrite /shift.
+have sz : size (set_nth 0 i (unsq_dim d e) (off + nth 0 i (unsq_dim d e))) = size i by rewrite size_set_nth_lt.
+have er : nth 0 (rem_at d i) e = nth 0 i (unsq_dim d e).
+  by rewrite nth_rem_at // /unsq_dim; case: ifP.
+have erl : e < size (rem_at d i) by rewrite size_rem_at //; move: ei; rewrite /unsq_dim; case: ifP => ed h; nat_lia.
+apply: (@eq_from_nth _ 0).
+  by rewrite size_set_nth_lt // size_rem_at // size_rem_at sz.
+move=> k _; rewrite er nth_set_nth_lt !nth_rem_at ?sz // !nth_set_nth_lt /unsq_dim.
+by repeat case: ifP => //; move=> *; exfalso; nat_lia.
+Qed.
+
+Lemma unsqueeze_shard p d s e T (L : family) :
+  d <= size s -> placed p s (Shard e) T L ->
+  lop_shape (Unsqueeze d) [:: local_shape p s (Shard e)] = local_shape p (ins_at d 1 s) (Shard (unsq_dim d e)) /\
+  placed p (ins_at d 1 s) (Shard (unsq_dim d e)) (lop_val fn (Unsqueeze d) [:: s] [:: T])
+    (fun r => lop_val fn (Unsqueeze d) [:: local_shape p s (Shard e)] [:: L r]).
+Proof.
+move=> ds H; have [es _ _] := H.
+have shp : lop_shape (Unsqueeze d) [:: local_shape p s (Shard e)] = local_shape p (ins_at d 1 s) (Shard (unsq_dim d e)).
+  by rewrite /= unsq_nth // unsq_shape.
+split => //.
+have -> : lop_val fn (Unsqueeze d) [:: s] [:: T] = reindex (ins_at d 1 s) (rem_at d) T by [].
+have -> : (fun r => lop_val fn (Unsqueeze d) [:: local_shape p s (Shard e)] [:: L r]) =
+          (fun r => reindex (local_shape p (ins_at d 1 s) (Shard (unsq_dim d e))) (rem_at d) (L r)).
+  by apply: functional_extensionality => r; rewrite -shp.
+have szs : size (ins_at d 1 s) = (size s).+1 by rewrite size_ins_at.
+apply: (reindex_shard H); first by rewrite szs /unsq_dim; case: ifP => _; nat_lia.
+  exact: unsq_nth.
+move=> r i rp ii.
+have szi : size i = (size s).+1 by rewrite (inb_size ii) /local_shape size_set_nth_lt ?szs; [|rewrite /unsq_dim; case: ifP => _; nat_lia].
+split.
+  apply: inb_rem_ins; first by rewrite /local_shape size_set_nth_lt.
+  by move: ii; rewrite /local_shape unsq_nth // -unsq_shape.
+apply: unsq_shift; first by rewrite szi ltnS.
+by rewrite szi /unsq_dim; case: ifP => ed; nat_lia.
+Qed.
+
 Lemma lrule_one_sound p o ss pls pl Ts pss Ls :
   size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
@@ -154,6 +254,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   case: a A0 H e0 okp mL nallr => [|d|rd] A0 H e0 okp mL nallr //.
   + case: o => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] //.
     * by move=> /andP [ok /shP' ->] _; exact: (permute_shard fn ok H).
+    * by move=> /andP [ok /shP' ->] _; exact: (unsqueeze_shard ok H).
     * by move=> /andP [/andP [ok de] /shP' ->] _; exact: (slice_other_dim fn ok de H).
     * case: ds => [|e [|? ?]] //; case: (e =P d) => [->|/eqP ed].
         case: r => //.

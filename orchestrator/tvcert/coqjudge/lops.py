@@ -180,6 +180,8 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
         if k == "Permute":
             ds = t[1]
             return Pl("S", ds.index(d)) if sorted(ds) == list(range(len(s0))) and len(ds) == len(s0) else None
+        if k == "Unsqueeze":
+            return Pl("S", d if d < t[1] else d + 1) if t[1] <= len(s0) else None
         if k == "Slice":
             e, a, b = t[1:]
             return Pl("S", d) if e < len(s0) and a <= b <= s0[e] and d != e else None
