@@ -713,8 +713,8 @@ def _sdpa_flash_cpu():
         if rec is None:
             unknown(op, f"its out is not an unmodified output of a traced {kind} attention forward; {model}")
         diff = [nm for nm, a, b in zip(("kernel", "is_causal", "scale") + fields, rec, mine) if a != b]
-        unknown(op, f"its {', '.join(diff)} {'is' if len(diff) == 1 else 'are'} not those of the forward that "
-                    f"produced its out (other values, or written in place since); {model}")
+        unknown(op, f"its {', '.join(diff)} differ{'s' if len(diff) == 1 else ''} from the forward that produced its "
+                    f"out (other values, or written in place since); {model}")
 
     def probs(q, k, v, is_causal, attn_mask, scale):
         E = q.shape[-1]
