@@ -52,7 +52,8 @@ def flash(bug: str):
     return Flash
 
 
-BWD_LINE = f"{Path(__file__).name}:{next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith('# BWD'))}"
+_SRC = Path(__file__).read_text().splitlines()
+BWD_LINE = f"{Path(__file__).name}:{next(i for i, t in enumerate(_SRC, 1) if t.endswith('# BWD'))}"  # the user's line
 
 
 def plan(bug: str = ""):
