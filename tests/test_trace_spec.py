@@ -272,3 +272,18 @@ def test_fused_qkv_input_as_a_layout_of_the_logical_weight():
     assert verdict(raw) == "REFUTED"
     no_layout = dict(xin, wqkv={k: v for k, v in xin["wqkv"].items() if k != "layout"})  # plain Shard(0): rows of Q, K
     assert verdict(trace_plan(lg, par, inputs=no_layout, mesh={"tp": tp})) == "REFUTED"
+
+
+def test_a_literal_attribute_that_differs_by_rank_is_unknown_naming_it():
+    """permute_tensor swapping the cp pair on dp = 0 only: each rank converts to a valid ppermute, but the shift
+    differs between ranks and ppermute takes a literal shift (there is no SPMD form): UNKNOWN naming the attribute
+    and the line (it was an unclear "does not validate" internal error)."""
+    def parallel(ctx, x):
+        perm = [1, 0] if ctx.coords["dp"] == 0 else [0, 1]
+        return {"loss": x.sum(), "y": funcol.permute_tensor(2 * x, perm, ctx.group("cp"))}
+
+    with pytest.raises(TraceError) as ei:
+        trace_plan(lambda x: {"loss": x.sum(), "y": 2 * x}, parallel, mesh={"dp": 2, "cp": 2},
+                   inputs={"x": {"shape": [8], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
+                   output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+    assert ei.value.kind == "spmd" and "attribute shift" in str(ei.value) and "test_trace_spec.py:" in str(ei.value)

@@ -70,6 +70,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ..ops import get_op
 from ..plan import PlanError, load_plan, parse_placement
 from .aten import Converter, IRNode, Unconverted, fuse_collectives
 from .rank_workers import default_jobs, map_ranks
@@ -1161,6 +1162,12 @@ def spmd_compress(per_rank: dict[tuple[int, ...], list[dict]], axes, sizes) -> t
             if len(set(map(repr, vals.values()))) == 1:
                 continue
             expr = _affine(vals, axes, sizes)
+            kind = getattr(get_op(n["op"]).attrs.get(path[0]), "kind", None)
+            if expr is not None and kind in ("int", "ints"):  # a literal-only attribute: no rank expression
+                raise TraceError(f"attribute {'.'.join(map(str, path))} of op {i} ({n['op']} at {n.get('src')}) takes "
+                                 f"rank-dependent values {sorted(set(vals.values()), key=repr)} ({expr}), but "
+                                 f"{n['op']} needs the same {path[0]} on every rank: the ranks run different programs "
+                                 f"(no SPMD form)", "spmd", n["op"], n.get("src"))
             if expr is None:
                 raise TraceError(f"attribute {'.'.join(map(str, path))} of op {i} ({n['op']} at {n.get('src')}) takes "
                                  f"rank-dependent values {sorted(set(vals.values()), key=repr)} that are not affine in "
