@@ -248,7 +248,8 @@ def _paths(obj, prefix=()):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_single_field_mutations_are_rejected(mlp_cert, data):
-    paths = [p for p in _paths(mlp_cert) if p[0] not in ("tool",)]
+    # "tool" (the writer's version) is informational, at the top and in each nested size_checks certificate
+    paths = [p for p in _paths(mlp_cert) if p[0] != "tool" and not (p[0] == "size_checks" and p[2] == "tool")]
     path = data.draw(st.sampled_from(paths))
     c = copy.deepcopy(mlp_cert)
     node = c

@@ -33,8 +33,7 @@ of the mesh on the fake process group, unmodified:
   rule for (a sum over unrolled micro-batch slices): ``reference="full"`` compares with the full batch and is
   UNKNOWN with more than one micro-batch.  Every parameter and buffer is an input of the stage holding it (held
   by no stage: bad input; by two, a tied weight: UNKNOWN).
-* **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's,
-  e.g. zero-bubble schedules' split backward), never REFUTED; building the stage or schedule failing is bad input.
+* **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's), never REFUTED; building the stage or schedule failing is bad input.
 """
 from __future__ import annotations
 
