@@ -38,6 +38,10 @@ def mutate(fn):
 
 
 CASES = {
+    "rank_in_input_shape": (lambda p: p["parallel"][0]["inputs"][1].update(shape=["h", "f/tp + rank.tp*(tp-1-rank.tp)"]),
+                            "$.parallel[0].inputs[1].shape", "mentions a rank coordinate"),
+    "rank_in_input_shape_disguised": (lambda p: p["parallel"][0]["inputs"][1].update(shape=["h", "f/tp + (rank).tp*0"]),
+                                      "$.parallel[0].inputs[1].shape", "mentions a rank coordinate"),
     "unknown_op": (lambda p: lnode(p, "hid").update(op="tanhh"), "$.logical.nodes[2].op", "unknown op 'tanhh'"),
     "unknown_attr": (lambda p: lnode(p, "ssum")["attrs"].update(axis=1), "$.logical.nodes[7].attrs",
                      "unknown attribute 'axis'"),

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from .ops import REGISTRY, AttrError, ShapeError, resolve_attrs
 from .ops.collectives import axes_of
-from .shapes import DimEnv, DimError, dim_value
+from .shapes import DimEnv, DimError, dim_value, rank_axes_in
 
 
 class GraphError(ValueError):
@@ -146,6 +146,9 @@ class Graph:
         types: dict[str, tuple[tuple[int, ...], str]] = {}
         for i, t in enumerate(self.inputs):
             p = f"{self.path}.inputs[{i}].shape"
+            if rank_axes_in(t.shape):  # (the loader would read it at rank 0 on every rank)
+                raise GraphError(p, f"input {t.name!r} has a shape that mentions a rank coordinate; an SPMD program's "
+                                    f"inputs have one shape on every rank")
             types[t.name] = (bind_shape(t.shape, env, p), t.dtype)
         for n in self.nodes:
             spec = REGISTRY[n.op]
