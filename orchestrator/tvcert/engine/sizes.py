@@ -27,7 +27,7 @@ def check_other_sizes(res, verify_again: Callable) -> None:
     used = size_reasons(res.plan.raw, res.used_rules_cache)
     if not used:
         return
-    second = second_instantiation(res.plan.raw)
+    second = second_instantiation(res.plan.raw, probe=res.plan)
     if second is None:
         res.stats["size_check"] = {"rules": used, "dims": None,
                                    "note": "no second instantiation of the dims loads: proved at the declared dims only"}

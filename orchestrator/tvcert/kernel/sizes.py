@@ -150,11 +150,20 @@ def candidates(raw: dict) -> list[dict]:
     return uniq
 
 
-def second_instantiation(raw: dict):
-    """``(dims, raw, plan)`` of the first candidate that loads, or None (the claim is then at ``dims`` only)."""
-    from ..plan import PlanError, load_plan
+def second_instantiation(raw: dict, probe=None):
+    """``(dims, raw, plan)`` of the first candidate that loads, or None (the claim is then at ``dims`` only).
+
+    ``probe``: the plan already loaded from ``raw``.  A candidate whose shapes do not check there is skipped
+    without a full load: the shape check is the only part of loading that depends on the dims, and loading
+    runs the same check, so the candidate chosen is the same (a failed full load of a 405B plan took seconds)."""
+    from ..plan import PlanError, check_shapes, load_plan
 
     for alt in candidates(raw):
+        if probe is not None:
+            try:
+                check_shapes(probe, alt, "second-instantiation probe")
+            except PlanError:
+                continue
         # a top-level copy: nothing mutates a loaded plan's raw dict, and deep copies of a 405B plan took
         # most of the second verification's time
         other = {k: v for k, v in raw.items() if k != "run_dims"}
