@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,9 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "torch"))
+from megatron_mlp import CopyToTP, ReduceFromTP  # noqa: E402 (Megatron's f and g)
 
 from tvcert.engine.verify import verify  # noqa: E402
 from tvcert.frontends import trace as T  # noqa: E402
@@ -29,34 +34,13 @@ def logical(x, w1, w2):
     return (torch.tanh(x @ w1) @ w2).pow(2).sum()
 
 
-class Copy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return funcol.all_reduce(g, "sum", ctx.group), None
-
-
-class Reduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        return funcol.all_reduce(x, "sum", group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
 def mlp(ctx, x, w1, w2, bug=None):
     g = ctx.group("tp")
-    h = Copy.apply(x, g) @ w1  # LINE_MATMUL
+    h = CopyToTP.apply(x, g) @ w1  # LINE_MATMUL
     if bug == "extra_op" and ctx.rank == 5:
         h = h * 1.0
     scale = 2.0 if bug == "scale" and ctx.rank == 5 else 1.0
-    y = Reduce.apply(torch.tanh(h) @ w2, g) * scale
+    y = ReduceFromTP.apply(torch.tanh(h) @ w2, g) * scale
     if bug == "crash" and ctx.rank in (5, 6):
         raise ValueError(f"rank {ctx.rank} fails")
     if bug == "print":
@@ -107,8 +91,10 @@ def test_source_lines_are_the_users(sequential):
                 if "# LINE_MATMUL" in text)
     mms = [n for n in plan["parallel"][0]["nodes"] if n["op"] == "matmul"]
     assert mms and mms[0].get("src") == f"test_trace_cost.py:{line}"
-    assert all(n.get("src", "").startswith("test_trace_cost.py:") for n in plan["parallel"][0]["nodes"]
-               if n["op"] in ("matmul", "tanh", "all_reduce"))
+    nodes = plan["parallel"][0]["nodes"]
+    assert all(n.get("src", "").startswith("test_trace_cost.py:") for n in nodes if n["op"] in ("matmul", "tanh"))
+    assert all(n.get("src", "").startswith(("megatron_mlp.py:", "test_trace_cost.py:"))  # f / g, the dp sync
+               for n in nodes if n["op"] == "all_reduce")
 
 
 @pytest.mark.parametrize("bug", ["extra_op", "scale", "crash"])
@@ -195,8 +181,8 @@ def deep_logical(x, **w):
 def deep_tp(ctx, x, bad_layer=None, **w):
     g = ctx.group("tp")
     for i in range(DEPTH):
-        y = torch.tanh(Copy.apply(x, g) @ w[f"w{i}_a"]) @ w[f"w{i}_b"]
-        x = x + (y if i == bad_layer else Reduce.apply(y, g))  # layer 3 forgets its row-parallel all_reduce
+        y = torch.tanh(CopyToTP.apply(x, g) @ w[f"w{i}_a"]) @ w[f"w{i}_b"]
+        x = x + (y if i == bad_layer else ReduceFromTP.apply(y, g))  # layer 3 forgets its row-parallel all_reduce
     return x.pow(2).sum()
 
 
