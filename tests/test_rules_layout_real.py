@@ -98,7 +98,7 @@ def test_reshape_that_interleaves_ranks_is_refused(name, shape, pl, target, size
     assert res.status == "refused" and "does not lead its reshape group" in res.detail
 
 
-def _no_lead_check(logical_in, local_out, facs, intended=None):
+def _no_lead_check(logical_in, local_out, facs, intended=None, hints=frozenset()):
     """A broken kernel: any output dim that restores the element count carries the shard."""
     ds = sorted(facs)
     for es in itertools.product(range(len(local_out)), repeat=len(ds)):

@@ -1006,7 +1006,9 @@ def _rankify(gen: Callable[[Draw], OpCase], p: float = 0.08) -> Callable[[Draw],
 
 from .gens_layout import LAYOUT_GENERATORS  # noqa: E402  (layout rules real code needs; they import Draw, fit)
 
-for _k, _g in LAYOUT_GENERATORS.items():
+from .gens_unitdims import UNITDIM_GENERATORS  # noqa: E402  (size-1 dims beside a shard, logical-shape hints)
+
+for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items()]:
     SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
 
 SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}

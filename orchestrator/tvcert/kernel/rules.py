@@ -158,6 +158,9 @@ class KCtx:
     axes: tuple[str, ...]
     sizes: Mapping[str, int]
     dims: Mapping[str, int]
+    # shapes the logical program reshapes into (setup.reshape_hints): which of several true reshape facts to
+    # conclude, a completeness choice only (every candidate _reshape_targets admits is proved)
+    hints: frozenset = frozenset()
 
     def env0(self) -> dict[str, int]:
         """The dims with every rank coordinate at 0 (rank-independent attributes resolve the same anywhere)."""
@@ -775,7 +778,7 @@ def _layout(kc, op, ra, raw, facts):
             intended = None
     else:
         intended = _intended_shape(kc, raw, shape)
-    mapping = _reshape_targets(shape, local_out, facs, intended)
+    mapping = _reshape_targets(shape, local_out, facs, intended, kc.hints)
     out_logical = list(local_out)
     for d, e in mapping.items():
         out_logical[e] *= facs[d]
@@ -816,7 +819,7 @@ def _intended_shape(kc, raw, logical_in) -> list[int] | None:
     return vals
 
 
-def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None) -> dict[int, int]:
+def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None, hints=frozenset()) -> dict[int, int]:
     """Which output dim carries each sharded input dim (reshape_shard_block's side condition).
 
     A candidate assignment scales those output dims back by their shard factors; on the
@@ -826,10 +829,12 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None)
 
     Several assignments can qualify only when size-1 local dims precede the target in its
     group: local [.., 1, HD] from a shard holding one head is logical [.., p, HD] Shard on the
-    heads, or [.., 1, p*HD] Shard on the last dim.  Each is a true fact (the theorem holds for
-    every qualifying one), so the choice decides completeness, never soundness: the written
-    logical target when the attrs give one (``intended``), else the earliest output dims (a
-    size-1 local dim heading the group is the rank's 1/p of it: one head, one sample, one row).
+    heads, or [.., 1, p*HD] Shard on the last dim (and local [S, 1, 3H/p] from [S, 3H/p] is
+    [S, 1, 3H], batch 1, or [S, p, 3H/p]).  Each is a true fact (the theorem holds for every
+    qualifying one), so the choice decides completeness, never soundness: the written logical
+    target when the attrs give one (``intended``), else a shape the logical program reshapes
+    into (``hints``), else the earliest output dims (a size-1 local dim heading the group is
+    the rank's 1/p of it: one head, one sample, one row).
     """
     import itertools
 
@@ -856,6 +861,8 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None)
             found.append((dict(zip(ds, es)), cand))
     if len(found) > 1 and intended is not None and any(x[1] == list(intended) for x in found):
         found = [x for x in found if x[1] == list(intended)]
+    if len(found) > 1 and any(tuple(x[1]) in hints for x in found):
+        found = [x for x in found if tuple(x[1]) in hints]
     if found:
         found = [min(found, key=lambda x: tuple(x[0][d] for d in ds))]
     if len(found) != 1:

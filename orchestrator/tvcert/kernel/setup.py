@@ -42,7 +42,20 @@ def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
 
 
 def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
-    return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims)
+    return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims, reshape_hints(plan))
+
+
+def reshape_hints(plan: Plan) -> frozenset:
+    """The output shapes of the logical program's reshapes (KCtx.hints), computed once per plan and dims."""
+    key = tuple(sorted(plan.dims.items()))
+    got = plan.__dict__.get("_reshape_hints")
+    if got is None or got[0] != key:
+        from .expr import RESHAPE_LIKE
+
+        shapes = frozenset(tuple(s) for n in plan.logical.nodes if n.op in RESHAPE_LIKE
+                           for s, _ in (n.meta or {}).get("shape@dims", ()))
+        got = plan.__dict__["_reshape_hints"] = (key, shapes)
+    return got[1]
 
 
 def laid_out(plan: Plan, b: Binding, exprs: Exprs, e: int) -> int:
