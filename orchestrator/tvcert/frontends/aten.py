@@ -131,6 +131,8 @@ class Converter:
         self.cur_src: Optional[str] = None
         self.used_names: set[str] = set(input_names)
         self.replace: dict[torch.fx.Node, str] = {}  # fx nodes already computed by a fused pattern
+        self.producer: dict[str, IRNode] = {}  # IR name -> the node computing it
+        self._zo: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ emit helpers
     def fresh(self, base: str) -> str:
@@ -146,6 +148,8 @@ class Converter:
         b = base or (self.cur.name if self.cur is not None else op)
         outs = [self.fresh(b if n_out == 1 else f"{b}_{i}") for i in range(n_out)]
         self.nodes.append(IRNode(op, list(inputs), outs, dict(attrs or {}), self.cur_src))
+        for o in outs:
+            self.producer[o] = self.nodes[-1]
         return outs[0] if n_out == 1 else outs
 
     def const(self, value: Any, shape: list[int] | tuple = (), dtype: str = "float") -> str:
@@ -282,7 +286,53 @@ class Converter:
                 raise Unconverted(str(t), self.cur_src, "an op on complex tensors without a conversion (complex "
                                   "tensors are carried as their real view [..., 2]; see COMPLEX_TABLE)")
             raise Unconverted(str(t), self.cur_src, "add a handler in tvcert/frontends/aten.py")
-        return h(self, n, *n.args, **n.kwargs)
+        return self.bool01(n, h(self, n, *n.args, **n.kwargs))
+
+    def bool01(self, n: torch.fx.Node, r: Any) -> Any:
+        """A bool result holds 0 / 1.  The IR has no bool type (bools are ints), so an op whose torch result is
+        bool but whose IR result may hold another integer (bool + bool is ``or``; ``ids.bool()``; ``masked_fill``
+        of a bool tensor with 5) is normalised to ``r != 0``; in-place rebindings of ``r`` follow."""
+        v = n.meta.get("val")
+        if not (isinstance(r, str) and isinstance(v, torch.Tensor) and v.dtype == torch.bool) or self.zero_one(r):
+            return r
+        out = self.emit("ne", [r, self.const(0, (), "int")], base=f"{n.name}_bool")
+        self._zo[out] = True
+        for k, x in list(self.env.items()):
+            if x == r:
+                self.env[k] = out
+        return out
+
+    def zero_one(self, name: str) -> bool:
+        """The IR value ``name`` holds only 0 and 1, by its producer (comparisons, logical ops, 0 / 1 constants and
+        element moves of those)."""
+        if name not in self._zo:
+            self._zo[name] = False  # (cycle guard)
+            nd = self.producer.get(name)
+            ok = False
+            if nd is not None and nd.outputs == [name]:
+                op, ins, at = nd.op, nd.inputs, nd.attrs
+                if op in _ZO_OPS:
+                    ok = True
+                elif op == "const":
+                    ok = at.get("value") in (0, 1)
+                elif op in _ZO_MOVES and ins:
+                    ok = self.zero_one(ins[0]) and (op not in ("masked_fill", "pad") or at.get("value", 0) in (0, 1))
+                elif op == "concat":
+                    ok = all(self.zero_one(i) for i in ins)
+                elif op == "where":
+                    ok = self.zero_one(ins[1]) and self.zero_one(ins[2])
+            self._zo[name] = ok
+        return self._zo[name]
+
+
+_ZO_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "one_hot"}
+_ZO_MOVES = {"reshape", "transpose", "permute", "expand", "squeeze", "unsqueeze", "slice", "flip", "triu", "tril",
+             "gather", "index_select", "embedding", "amax", "amin", "masked_fill", "pad"}
+
+
+# Ops kept though nothing reads their result: messages, and (set by ``context_parallel.trace_cp``, whose ranks may
+# run different programs) collectives: a rank that ignores its all_gather's result still sends its data to the rest.
+LIVE_OPS = {"send", "recv"}
 
 
 def dce(nodes: list[IRNode], outputs: list[Any]) -> list[IRNode]:
@@ -290,7 +340,7 @@ def dce(nodes: list[IRNode], outputs: list[Any]) -> list[IRNode]:
     live = {o for o in outputs if isinstance(o, str)}
     keep = []
     for nd in reversed(nodes):
-        if any(o in live for o in nd.outputs) or nd.op in ("send", "recv"):
+        if any(o in live for o in nd.outputs) or nd.op in LIVE_OPS:
             keep.append(nd)
             live.update(nd.inputs)
     return list(reversed(keep))
@@ -366,12 +416,44 @@ def _profiler_range(c, n, *a, **k):
     return None
 
 
+_NARROW_INTS = {torch.int8, torch.uint8, torch.int16}
+
+
+def _cast_to(c, n, xi: str, src, dst, base: str | None = None) -> str:
+    """IR value ``xi`` of torch dtype ``src`` converted to ``dst`` as torch converts: into bool ``x != 0`` (not
+    the IR cast's truncation: bool(0.5) is True); into float the reals; into an integer type toward zero.  Into
+    a narrow integer type (8 / 16 bits) values wrap around, which no IR op computes."""
+    cls = {d: "float" if d.is_floating_point or d.is_complex else "int" for d in (src, dst)}
+    if dst == torch.bool:
+        if src == torch.bool:
+            return xi
+        return c.emit("ne", [xi, c.const(0, (), cls[src])], base=base)
+    if dst in _NARROW_INTS and src != torch.bool and src != dst:
+        c.fail(f"a cast from {src} into {dst} (values wrap around)")
+    if cls[src] == cls[dst]:
+        return xi
+    return c.emit("cast", [xi], {"dtype": cls[dst]}, base=base)
+
+
+def _number_as(c, value, dst):
+    """A python number written into a tensor of torch dtype ``dst``, converted as torch converts it (into bool
+    ``value != 0``, into an integer type toward zero; out of a narrow type's range: UNKNOWN)."""
+    if not isinstance(value, (int, float)) or dst is None or dst.is_floating_point or dst.is_complex:
+        return value
+    if dst == torch.bool:
+        return int(bool(value))
+    if _nonfinite(value):
+        return value
+    v = int(value)
+    info = torch.iinfo(dst)
+    if not info.min <= v <= info.max:
+        c.fail(f"the number {value!r} written into a {dst} tensor (out of its range)")
+    return v
+
+
 @reg("aten._to_copy", "aten.to", "aten._to_copy.default")
 def _to_copy(c, n, x, *a, **k):
-    src, dst = ir_dtype(c.val(x)), ir_dtype(_out(c, n))
-    if src == dst:
-        return c.ir(x)
-    return c.emit("cast", [c.ir(x)], {"dtype": dst})
+    return _cast_to(c, n, c.ir(x), c.val(x).dtype, _out(c, n).dtype)
 
 
 # -------------------------------------------------------------- linear algebra
@@ -453,6 +535,8 @@ def _einsum(c, n, eq, ops):
 # -------------------------------------------------------------- elementwise
 def _binary(op: str, scalar_op: Callable | None = None):
     def h(c, n, a, b, alpha=1, **k):
+        if k:  # (div's rounding_mode is read by _div; nothing else may be dropped)
+            c.fail(f"argument(s) {sorted(k)} of {_pk(n)} are not converted")
         if alpha != 1:
             if op not in ("add", "sub") or isinstance(b, (int, float)):
                 c.fail(f"alpha={alpha}")
@@ -493,7 +577,23 @@ def _scalar_div(c, n, x, s):
 reg("aten.add")(_binary("add", _scalar_add(1)))
 reg("aten.sub")(_binary("sub", _scalar_add(-1)))
 reg("aten.mul")(_binary("mul", _scalar_mul))
-reg("aten.div")(_binary("div", _scalar_div))
+_true_div = _binary("div", _scalar_div)
+
+
+@reg("aten.div")
+def _div(c, n, a, b, rounding_mode=None):
+    """a / b; ``rounding_mode`` "trunc" rounds the quotient toward zero (the IR's cast into int), "floor"
+    down: t - [q < t] for t = trunc(q).  The result has the output's dtype class."""
+    if rounding_mode is None:
+        return _true_div(c, n, a, b)
+    if rounding_mode not in ("trunc", "floor"):
+        c.fail(f"div with rounding_mode={rounding_mode!r}")
+    q = c.emit("div", [c.ir(a), c.ir(b)], base=f"{n.name}_q")
+    t = c.emit("cast", [q], {"dtype": "int"}, base=f"{n.name}_t")
+    if rounding_mode == "floor":
+        below = c.emit("lt", [q, c.emit("cast", [t], {"dtype": "float"}, base=f"{n.name}_tf")], base=f"{n.name}_lt")
+        t = c.emit("sub", [t, below], base=f"{n.name}_fl")
+    return c.emit("cast", [t], {"dtype": "float"}) if ir_dtype(_out(c, n)) == "float" else t
 reg("aten.maximum")(_binary("maximum"))
 reg("aten.minimum")(_binary("minimum"))
 _CMP_INF = {  # x op +inf, x op -inf, for every real x
@@ -519,8 +619,24 @@ for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
     reg(f"aten.{_cmp}")(_compare(_cmp))
 reg("aten.logical_and")(_binary("logical_and"))
 reg("aten.logical_or")(_binary("logical_or"))
-reg("aten.bitwise_and")(_binary("logical_and"))
-reg("aten.bitwise_or")(_binary("logical_or"))
+
+
+def _bitwise(op: str):
+    """``&`` / ``|`` / ``~`` are the logical ops on bools only; on other integers they act on the bits
+    (6 & 3 = 2, ~5 = -6), which no IR op computes."""
+    base = _binary(op) if op != "logical_not" else (lambda c, n, x: c.emit(op, [c.ir(x)]))
+
+    def h(c, n, *a, **k):
+        vals = [c.val(x) for x in a] + [_out(c, n)]
+        if any(v.dtype != torch.bool if isinstance(v, torch.Tensor) else not isinstance(v, bool) for v in vals):
+            c.fail(f"{_pk(n)} of an integer (not bool) tensor: it acts on the bits; no IR op computes it")
+        return base(c, n, *a, **k)
+    return h
+
+
+reg("aten.bitwise_and")(_bitwise("logical_and"))
+reg("aten.bitwise_or")(_bitwise("logical_or"))
+reg("aten.bitwise_not")(_bitwise("logical_not"))
 
 
 @reg("aten.clamp")
@@ -560,7 +676,7 @@ def _rsub(c, n, a, b, alpha=1):
 for _u, _ir in (("neg", "neg"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"),
                 ("tanh", "tanh"), ("sigmoid", "sigmoid"), ("silu", "silu"), ("relu", "relu"),
                 ("abs", "abs"), ("reciprocal", "reciprocal"), ("sin", "sin"), ("cos", "cos"),
-                ("logical_not", "logical_not"), ("bitwise_not", "logical_not")):
+                ("logical_not", "logical_not")):
     reg(f"aten.{_u}")(lambda c, n, x, _ir=_ir: c.emit(_ir, [c.ir(x)]))
 
 
@@ -623,6 +739,7 @@ def _masked_fill(c, n, x, mask, value):
         c.fail("masked_fill with a tensor value")
     if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
         c.fail(f"masked_fill value {value} is not a finite real; use a large finite negative number")
+    value = _number_as(c, value, _out(c, n).dtype)
     return c.emit("masked_fill", [c.ir(x), c.ir(mask, "int")], {"value": value})
 
 
@@ -981,7 +1098,7 @@ def _tril(c, n, x, diagonal=0):
 def _fill(value_of):
     def h(c, n, *a, **k):
         out = _out(c, n)
-        v = value_of(a, k)
+        v = _number_as(c, value_of(a, k), out.dtype)
         dt = ir_dtype(out)
         if dt == "int":
             v = int(v)
@@ -1086,6 +1203,7 @@ def _index_put(c, n, x, indices, values, accumulate=False):
     The in-place form rebinds ``x`` to the result for the nodes after it; that is only sound when
     nothing aliases ``x``: ``x`` must be produced by a non-view op and have no users before this node."""
     idx = list(indices)
+    values = _number_as(c, values, c.val(x).dtype)
     is_mask = len(idx) == 1 and isinstance(idx[0], torch.fx.Node) and c.val(idx[0]).dtype == torch.bool
     rows = (len(idx) == 2 and all(isinstance(i, torch.fx.Node) for i in idx) and _pk(idx[0]) == "aten.arange"
             and not accumulate)
@@ -1199,10 +1317,9 @@ def _copy_(c, n, dst, src, non_blocking=False):
     ``src`` broadcast to ``dst``'s shape and cast to its dtype class."""
     _check_unaliased(c, n, dst, "copy_")
     dv, sv = c.val(dst), c.val(src)
-    out = c.ir(src, ir_dtype(dv))
+    out = c.ir(_number_as(c, src, dv.dtype), ir_dtype(dv))
     if isinstance(src, torch.fx.Node):
-        if ir_dtype(sv) != ir_dtype(dv):
-            out = c.emit("cast", [out], {"dtype": ir_dtype(dv)}, base=f"{n.name}_cast")
+        out = _cast_to(c, n, out, sv.dtype, dv.dtype, base=f"{n.name}_cast")
         if _shape(sv) != _shape(dv):
             out = c.emit("expand", [out], {"shape": _shape(dv)})
     elif _shape(dv):
@@ -1216,10 +1333,9 @@ def _copy(c, n, dst, src, non_blocking=False):
     """Functional ``copy(dst, src)`` (what functionalization makes of ``dst.copy_(src)``): ``src`` broadcast to
     ``dst``'s shape and cast to its dtype class; ``dst``'s values are not read."""
     dv, sv = c.val(dst), c.val(src)
-    out = c.ir(src, ir_dtype(dv))
+    out = c.ir(_number_as(c, src, dv.dtype), ir_dtype(dv))
     if isinstance(src, torch.fx.Node):
-        if ir_dtype(sv) != ir_dtype(dv):
-            out = c.emit("cast", [out], {"dtype": ir_dtype(dv)}, base=f"{n.name}_cast")
+        out = _cast_to(c, n, out, sv.dtype, dv.dtype, base=f"{n.name}_cast")
         if _shape(sv) != _shape(dv):
             out = c.emit("expand", [out], {"shape": _shape(dv)})
     elif _shape(dv):
@@ -2086,6 +2202,7 @@ def _scatter_value(c, n, x, dim, index, value):
     dt = ir_dtype(_out(c, n))
     if _nonfinite(value):
         c.fail(f"scatter value {value} (the IR has no infinities)")
+    value = _number_as(c, value, _out(c, n).dtype)
     d = int(dim) % len(_shape(c.val(x)))
     ones = c.const(1, _shape(c.val(index)), "int")
     cnt = c.emit("scatter_add", [c.const(0, _shape(c.val(x)), "int"), c.ir(index, "int"), ones], {"dim": d},
@@ -2302,6 +2419,7 @@ def _constant_pad_nd(c, n, x, pad, value=0):
         c.fail(f"pad {pad} for a tensor of rank {len(shp)}")
     if _nonfinite(value) or not isinstance(value, (int, float)):
         c.fail(f"pad value {value!r} (the IR has no infinities)")
+    value = _number_as(c, value, c.val(x).dtype)
     per = [[0, 0] for _ in shp]
     for k in range(len(pad) // 2):
         per[len(shp) - 1 - k] = [pad[2 * k], pad[2 * k + 1]]

@@ -1,0 +1,122 @@
+"""Red team round 3 (H17): real PyTorch programs through the torch front end.
+
+Each class here was a false VERIFIED on main: a conversion dropped or misread an argument or a dtype rule, so a
+parallel program computing other numbers than the logical one (checked in eager float64 below) traced to the same
+IR.  Per class: the conversion now equals torch (or is UNKNOWN naming the op), and an end-to-end plan whose two
+sides differ only there is not VERIFIED, with its correct control still VERIFIED.
+
+* ``div(rounding_mode=...)``: the mode was swallowed (true division).  Now trunc / floor exactly.
+* bitwise ``&`` / ``|`` / ``~`` on integers were the logical ops (6 & 3 = 2, not 1).  Now UNKNOWN (bools: logical).
+* bools: the IR has no bool type, so ``ids.bool()`` was the ids, ``float.bool()`` truncated (bool(0.5) is True),
+  ``bool + bool`` was 2 (torch: or), ``masked_fill`` of a bool tensor with 5 held 5.  Every bool result is now
+  0 / 1 (``!= 0`` unless its producer guarantees it).
+* a python number written into an integer or bool tensor (``masked_fill``, ``full``, ``scatter``, ``pad``,
+  ``index_put``, ``copy_``) kept its float value; torch converts it (toward zero; != 0).
+* casts into 8 / 16-bit integers wrap around in torch: UNKNOWN.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from tvcert.engine.verify import verify  # noqa: E402
+from tvcert.frontends.trace import TraceError, trace_plan  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_aten_coverage import ir_run, torch_run  # noqa: E402
+
+D = torch.float64
+_g = torch.Generator().manual_seed(3)
+X, W = (torch.randn(4, 6, dtype=D, generator=_g) for _ in range(2))
+IDS = torch.randint(0, 7, (4, 6), generator=_g)
+
+
+# (name, program(x, w, ids) -> loss): each reads an argument or dtype rule the converter used to get wrong
+PROGRAMS = {
+    "div_floor": lambda x, w, ids: (x * torch.div(w, 0.3, rounding_mode="floor")).sum(),
+    "div_trunc": lambda x, w, ids: (x * torch.div(w * 3, w.abs() + 0.5, rounding_mode="trunc")).sum(),
+    "int_floordiv": lambda x, w, ids: (x * (ids // 3)).sum(),
+    "int_floordiv_neg": lambda x, w, ids: (x * torch.div(ids - 3, 2, rounding_mode="floor")).sum(),
+    "int_to_bool": lambda x, w, ids: (x * ids.bool()).sum(),
+    "float_to_bool": lambda x, w, ids: (x * (w * 0.3).bool()).sum(),
+    "bool_add": lambda x, w, ids: (x * ((w > 0) + (w > 0.5))).sum(),
+    "bool_masked_fill_5": lambda x, w, ids: (x * (w > 0).masked_fill(w < -1, 5)).sum(),
+    "int_masked_fill_float": lambda x, w, ids: (x * ids.masked_fill(ids > 3, 2.7)).sum(),
+    "int_masked_fill_neg": lambda x, w, ids: (x * ids.masked_fill(ids > 3, -2.7)).sum(),
+    "int_full_like_bool": lambda x, w, ids: (x * torch.full_like(ids, 2, dtype=torch.bool)).sum(),
+    "int_scatter_float": lambda x, w, ids: (x * ids.scatter(1, ids[:, :1] * 0, 2.7)).sum(),
+    "int_pad_float": lambda x, w, ids: (x * F.pad(ids[:, 1:], (1, 0), value=2.7)).sum(),
+    "copy_float_into_bool": lambda x, w, ids: (x * torch.zeros(4, 6, dtype=torch.bool).copy_(w * 0.3)).sum(),
+}
+UNKNOWN = {  # no exact conversion: must be UNKNOWN naming the op
+    "bitand_int": (lambda x, w, ids: (x * ((ids & 2) != 0)).sum(), "aten.bitwise_and"),
+    "bitor_int": (lambda x, w, ids: (x * (ids | 1)).sum(), "aten.bitwise_or"),
+    "bitnot_int": (lambda x, w, ids: (x * ~ids).sum(), "aten.bitwise_not"),
+    "to_uint8": (lambda x, w, ids: (x * (w * 300).to(torch.uint8)).sum(), "aten._to_copy"),
+    "to_int8": (lambda x, w, ids: (x * (ids * 40).to(torch.int8)).sum(), "aten._to_copy"),
+}
+ARGS = dict(x=X, w=W, ids=IDS)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_conversion_equals_torch(name):
+    got, _ = ir_run(PROGRAMS[name], ARGS, ("x",))
+    want = torch_run(PROGRAMS[name], ARGS, ("x",))
+    for a, b in zip(got, want):
+        assert np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=1e-9), name
+
+
+@pytest.mark.parametrize("name", sorted(UNKNOWN))
+def test_no_exact_conversion_is_unknown(name):
+    fn, op = UNKNOWN[name]
+    with pytest.raises(TraceError) as ei:
+        ir_run(fn, ARGS, ("x",))
+    assert ei.value.kind == "unsupported" and op in str(ei.value), str(ei.value)
+
+
+def test_bitwise_on_bools_is_still_logical():
+    fn = lambda x, w, ids: (x * ((w > 0) & (ids > 2) | ~(w > 1))).sum()  # noqa: E731
+    got, _ = ir_run(fn, ARGS, ("x",))
+    assert np.allclose(got[0], torch_run(fn, ARGS, ("x",))[0])
+
+
+# ---------------------------------------------------------------- end to end: the two sides differ only there
+INPUTS = {"x": {"shape": [4, 6], "dtype": "float64", "param": True}, "w": {"shape": [4, 6], "dtype": "float64"},
+          "ids": {"shape": [4, 6], "dtype": "int", "range": 7}}
+PAIRS = {  # logical, wrong parallel (as it was converted before)
+    "div_floor": (lambda x, w, ids: (x * torch.div(w, 0.3)).sum(), PROGRAMS["div_floor"]),
+    "int_to_bool": (lambda x, w, ids: (x * ids).sum(), PROGRAMS["int_to_bool"]),
+    "bool_add": (lambda x, w, ids: (x * ((w > 0).long() + (w > 0.5).long())).sum(), PROGRAMS["bool_add"]),
+    "int_masked_fill_float": (lambda x, w, ids: (x * torch.where(ids > 3, 2.7, ids.double())).sum(),
+                              PROGRAMS["int_masked_fill_float"]),
+    "bitand_int": (lambda x, w, ids: (x * ((ids & 1) != 0)).sum(), UNKNOWN["bitand_int"][0]),
+}
+
+
+def _verdict(logical, parallel):
+    try:
+        return verify(load_plan(trace_plan(logical, lambda ctx, **k: parallel(**k), inputs=INPUTS,
+                                           mesh={"tp": 2}))).verdict
+    except TraceError as e:
+        assert e.kind == "unsupported", str(e)
+        return "UNKNOWN"
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_wrong_program_is_not_verified(name):
+    logical, parallel = PAIRS[name]
+    a, b = torch_run(logical, ARGS, ("x",)), torch_run(parallel, ARGS, ("x",))
+    assert max(np.abs(u - v).max() for u, v in zip(a, b)) > 0.1  # torch itself differs
+    assert _verdict(logical, parallel) != "VERIFIED"
+
+
+def test_correct_control_verifies():
+    assert _verdict(PROGRAMS["bool_add"], PROGRAMS["bool_add"]) == "VERIFIED"
+    assert _verdict(PROGRAMS["div_floor"], PROGRAMS["div_floor"]) == "VERIFIED"
