@@ -33,23 +33,44 @@ SPEC = str(ROOT / "examples" / "torch" / "cp_attention.py")
 
 
 @pytest.fixture(scope="module")
-def cp2_tp2_contiguous():
-    """TP + CP on a cp 2 x tp 2 mesh (heads column-parallel), contiguous sequence blocks."""
+def cp2_tp2_causal():
+    """TP + CP on a cp 2 x tp 2 mesh (heads column-parallel), causal, load-balanced (head-tail chunks), RoPE at each
+    rank's positions: the cp ranks run different programs, merged into one in which every rank runs its own."""
     import cp_attention
 
-    with pytest.raises(TraceError) as ei:
-        cp_attention.tvcert_trace(cp=2, lb=False, tp=2)
-    return ei.value
+    return cp_attention.tvcert_trace(cp=2, tp=2, rope=True)
 
 
-def test_ring_ranks_differ_unknown_naming_torch_lines(cp2_tp2_contiguous):
-    e = cp2_tp2_contiguous
-    assert e.kind == "spmd", e  # the CLI reports UNKNOWN (exit 2)
-    assert e.src and e.src.startswith("cp_attention.py:"), e.src
-    text = str(e)
-    assert "rank (1, 0)" in text, text  # the tp ranks agree; the cp ranks differ
-    assert "different program on each cp rank" in text and "without load balancing" in text, text
-    assert "_is_causal_behavior" in text and "_attention.py:" in text and "no verdict" in text, text
+def test_causal_ranks_differ_each_runs_its_own_program(cp2_tp2_causal):
+    """The cp ranks' programs differ (``_is_causal_behavior``); the tp ranks of one cp coordinate are one program:
+    two classes, picked by the cp coordinate; the interpreter runs each rank's own program and agrees with SDPA."""
+    plan = cp2_tp2_causal
+    assert "2 classes over ['cp']" in plan["description"], plan["description"]
+    nodes = plan["parallel"][0]["nodes"]
+    picked = {n["name"] for n in nodes if n["op"] == "squeeze" and n["name"].startswith("mpmd_sel")}
+    colls = [n for n in nodes if n["op"] in ("all_gather", "ppermute", "all_to_all")]
+    assert sum(n["inputs"][0] in picked for n in colls) >= 2, colls  # shared collectives fed by each rank's own
+    assert {"loss", "grad_wq"} <= {o for o in plan["outputs"]}
+    pl = load_plan(plan)
+    assert run_plan(pl, seed=0).equal and run_plan(pl, seed=1).equal
+    from tvcert.engine.verify import verify
+
+    res = verify(pl)
+    assert res.verdict == "UNKNOWN", res.reasons  # no rule for torch's per-block kernels and log-sum-exp merge
+
+
+def test_causal_tp_cp_positions_not_offset_refuted_at_the_rope():
+    """TP + CP, causal, load-balanced: RoPE at arange(local length) on every cp rank is REFUTED, first divergence
+    in the rotary embedding (the merged program's prefix, before the ranks differ)."""
+    import cp_attention
+    from tvcert.engine.verify import verify
+
+    res = verify(load_plan(cp_attention.tvcert_trace(cp=2, tp=2, bug="positions_not_offset")))
+    assert res.verdict == "REFUTED", res.reasons
+    fd = res.counterexample["first_divergence"]
+    line = inspect.getsourcelines(cp_attention.rope)
+    assert fd["src"] == f"cp_attention.py:{line[1] + len(line[0]) - 1}", fd
+    assert "60-digit" in res.counterexample["confirmed"], res.counterexample
 
 
 def test_why_not_spmd_lines_are_torch_source():
@@ -178,3 +199,40 @@ def test_permute_tensor_not_a_shift_is_unknown():
                    inputs={"x": {"shape": [8], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
                    output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
     assert ei.value.kind == "unsupported" and "uneven splits" in str(ei.value), ei.value
+
+
+def _branch_plan(rank1):
+    """cp 2: rank 0 doubles its block, rank 1 runs ``rank1``; then the blocks swap (``permute_tensor``)."""
+    from tvcert.frontends.mpmd import per_rank_programs
+
+    def logical(x):
+        return {"loss": x.sum(), "y": (2 * x).roll(2, 0)}
+
+    def parallel(ctx, x):
+        y = 2 * x if ctx.coord("cp") == 0 else rank1(x, ctx)
+        return {"loss": x.sum(), "y": ft_c.permute_tensor(y, [1, 0], ctx.group("cp"))}
+
+    with per_rank_programs():
+        return trace_plan(logical, parallel, mesh={"cp": 2},
+                          inputs={"x": {"shape": [4], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
+                          output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+
+
+def test_merged_ranks_each_run_their_own_program():
+    """Per-rank programs merged (tvcert.frontends.mpmd): the collective's input on each rank is its own program's.
+    Rank 1 computing x + x (= 2x) agrees; x + x + x is REFUTED; rank 0's 2x standing for both would verify it."""
+    from tvcert.engine.verify import verify
+
+    good = _branch_plan(lambda x, ctx: x + x)
+    assert "2 classes over ['cp']" in good["description"], good["description"]
+    assert run_plan(load_plan(good)).equal
+    res = verify(load_plan(_branch_plan(lambda x, ctx: x + x + x)))
+    assert res.verdict == "REFUTED", res.reasons
+    assert [o["name"] for o in res.counterexample["outputs"] if not o["equal"]] == ["y"], res.counterexample
+
+
+def test_ranks_with_different_collectives_not_merged():
+    """A rank whose collectives differ (an all_reduce where the others run none) has no merged form: UNKNOWN."""
+    with pytest.raises(TraceError) as ei:
+        _branch_plan(lambda x, ctx: ft_c.all_reduce(x, "sum", ctx.group("cp")))
+    assert ei.value.kind == "spmd" and "collectives differ" in str(ei.value), ei.value

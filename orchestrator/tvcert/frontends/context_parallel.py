@@ -100,8 +100,9 @@ def why_not_spmd(load_balance: bool, rotate: str, is_causal: bool = True, cp: in
                      f"{_torch_line(A._AllGatherRotater.next_buffer, '.chunk(')}, an offset that wraps around the ring "
                      f"(not affine in the rank)")
     return ("torch's ring attention runs a different program on each cp rank: " + "; ".join(parts) +
-            "; tvcert's ring-attention rules (kernel/ring.py) need one program for every rank (a ring_loop over cp "
-            "passing K / V with ppermute), so there is no verdict")
+            "; tvcert's ring-attention rules (kernel/ring.py) match one program for every rank (a ring_loop over cp "
+            "passing K / V with ppermute), so there is no verdict (the per-rank programs, merged by tvcert.frontends."
+            "mpmd, are run by the interpreter, which can refute them)")
 
 
 def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",
@@ -155,19 +156,17 @@ def functional_trace():
 
 
 def trace_cp(**kw) -> dict:
-    """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa`.  Ranks that differ first at a
-    ``ring_sdpa`` call are UNKNOWN naming the torch lines that make them differ (for that call's options)."""
-    from . import trace
+    """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa`.  Ranks that run different
+    programs (causal attention) are merged into one in which every rank runs its own (:mod:`.mpmd`); ranks that
+    cannot be merged are UNKNOWN naming the torch lines that make them differ (for that call's options)."""
+    from .mpmd import per_rank_programs
     from .trace import TraceError, trace_plan
 
-    _CALLS.clear()
-    jobs, trace.rank_jobs = trace.rank_jobs, 1  # ranks in this process: _CALLS sees where ring_sdpa was called
+    _CALLS.clear()  # ranks in this process (per_rank_programs): _CALLS sees where ring_sdpa was called
     try:
-        with functional_trace():
+        with functional_trace(), per_rank_programs():
             return trace_plan(**kw)
     except TraceError as exc:
         if exc.kind != "spmd" or exc.src not in _CALLS:
             raise
         raise TraceError(f"{exc}: {why_not_spmd(*_CALLS[exc.src])}", "spmd", exc.op, exc.src) from None
-    finally:
-        trace.rank_jobs = jobs

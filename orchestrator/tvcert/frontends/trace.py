@@ -288,6 +288,9 @@ _progress_where = ""  # "rank 2/4" while a rank is traced
 rank_jobs: Optional[int] = None
 # Called once per trace_plan with {"world", "traced_ranks", "jobs"} (bench/trace_cost.py); None: not called.
 stats_hook: Optional[Callable[[dict], None]] = None
+# Ranks with no SPMD form: (per-rank nodes, per-rank outputs, axes, sizes, the TraceError) -> (nodes, outputs, notes)
+# of one program in which every rank runs its own (``mpmd.merge_ranks``, set by ``context_parallel``); None: UNKNOWN.
+spmd_fallback: Optional[Callable] = None
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)$")
 
 
@@ -556,13 +559,16 @@ def local_shape(spec: InputSpec, mesh: Mapping[str, int]) -> list[int]:
     s = laid_out_shape(spec)
     for a, text in spec.placement.items():
         p = parse_placement(text)
-        if p.kind == "S":
+        if p.kind in ("S", "Z"):  # ZigzagShard: two chunks of 2p, as many elements as Shard's block
+            what = "Shard" if p.kind == "S" else "ZigzagShard"
             if not -len(s) <= p.dim < len(s):
-                raise TraceError(f"input {spec.name!r}: Shard({p.dim}) but the laid-out tensor has rank {len(s)}", "input")
+                raise TraceError(f"input {spec.name!r}: {what}({p.dim}) but the laid-out tensor has rank {len(s)}",
+                                 "input")
             d = p.dim % len(s)
-            if s[d] % mesh[a]:
-                raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by mesh axis "
-                                 f"{a!r} of size {mesh[a]}", "input")
+            parts = mesh[a] * (1 if p.kind == "S" else 2)
+            if s[d] % parts:
+                raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by "
+                                 f"{'' if p.kind == 'S' else '2 x '}mesh axis {a!r} of size {mesh[a]}", "input")
             s[d] //= mesh[a]
     return s
 
@@ -1237,6 +1243,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
 
     lshapes = [local_shape(s, mesh) for s in specs]
     per_rank: dict[tuple[int, ...], list[dict]] = {}
+    outs_by_rank: dict[tuple[int, ...], list[str]] = {}
     pouts_ref = None
 
     def one_rank(r: int):
@@ -1292,14 +1299,22 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         secs = [a + b for a, b in zip(secs, took)]
         if pouts_ref is None:
             pouts_ref = outs_j
-        elif outs_j != pouts_ref:
+        elif outs_j != pouts_ref and spmd_fallback is None:
             raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
         per_rank[coords_of(r, sizes)] = nodes_j
+        outs_by_rank[coords_of(r, sizes)] = outs_j
         if jobs > 1:
             _tick(f"traced {r + 1}/{world} ranks")
     _progress_where = ""
     t_compress = time.perf_counter()
-    pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
+    try:
+        if any(o != pouts_ref for o in outs_by_rank.values()):
+            raise TraceError("the ranks return different tensors", "spmd")
+        pnodes_j, notes = spmd_compress(per_rank, axes, sizes)
+    except TraceError as exc:
+        if exc.kind != "spmd" or spmd_fallback is None:
+            raise
+        pnodes_j, pouts_ref, notes = spmd_fallback(per_rank, outs_by_rank, axes, sizes, exc)
     t_done = time.perf_counter()
 
     # ---- placements
