@@ -32,11 +32,14 @@ def _scores(q, k, is_causal, scale):
     import torch
 
     c = (1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale)
-    s = torch.matmul(q, k.transpose(-2, -1)) * c
+    # q and k each scaled by sqrt(c), as torch's SDPA decomposition (the logical side) does: the same literal on both
+    # sides (0.7071067811865476 squared is not 0.5 in the plan's decimal semantics)
+    r = math.sqrt(c)
+    s = torch.matmul(q * r, (k * r).transpose(-2, -1))
     if is_causal:  # the kernel's causal mask: top-left aligned, on the block's local indices
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
         s = s.masked_fill(keep.logical_not(), float("-inf"))
-    return s, c
+    return s, r
 
 
 def flash_block(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
@@ -62,11 +65,11 @@ def flash_block_backward(grad_out, query, key, value, out, logsumexp, *_, is_cau
     logsumexp as the kernel computes it: P = exp(S - lse), D = rowsum(dO * out), dS = P (dO V^T - D)."""
     import torch
 
-    s, c = _scores(query, key, is_causal, scale)
+    s, r = _scores(query, key, is_causal, scale)
     p = torch.exp(s - logsumexp.unsqueeze(-1))
     d = (grad_out * out).sum(-1, keepdim=True)
     ds = p * (torch.matmul(grad_out, value.transpose(-2, -1)) - d)
-    return (torch.matmul(ds, key) * c, torch.matmul(ds.transpose(-2, -1), query) * c,
+    return (torch.matmul(ds, key * r) * r, torch.matmul(ds.transpose(-2, -1), query * r) * r,
             torch.matmul(p.transpose(-2, -1), grad_out))
 
 
