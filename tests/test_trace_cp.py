@@ -1,10 +1,11 @@
 """Context parallelism traced from torch's own ring attention (tvcert.frontends.context_parallel).
 
-torch's ``_templated_ring_attention`` runs a different program on each cp rank (causal attention), so the trace is
-UNKNOWN naming torch's lines, never a verdict; in the one rank-uniform configuration (non-causal, contiguous, all-to-all
-rotater) it is one program the interpreter runs, and a bug put into torch's merger is REFUTED; the per-block kernel semantics the trace uses are the CPU flash kernels' (float64,
-also with a merged out / logsumexp in the backward); ``funcol.permute_tensor`` converts to ``ppermute``, run by the
-interpreter as PyTorch defines it."""
+With causal attention torch's ``_templated_ring_attention`` runs a different program on each cp rank; the trace merges
+the per-rank programs into one in which every rank runs its own (tvcert.frontends.mpmd), which the interpreter runs
+(verify UNKNOWN: no rule for torch's unrolled ring); bugs are REFUTED (RoPE positions not offset, a stale merged
+logsumexp), also in the rank-uniform configuration (non-causal, contiguous, all-to-all rotater).  The per-block kernel
+semantics the trace uses are the CPU flash kernels' (float64, also with a merged out / logsumexp in the backward);
+``funcol.permute_tensor`` converts to ``ppermute``, run by the interpreter as PyTorch defines it."""
 from __future__ import annotations
 
 import inspect

@@ -7,17 +7,18 @@ Attention is ``torch.distributed.tensor.experimental._context_parallel._attentio
 SDPA dispatch runs (``_sdpa_handler`` -> ``_scaled_dot_product_ring_flash_attention``); the dispatch itself
 needs a CUDA flash kernel, so it is entered at the function it calls (``tvcert.frontends.context_parallel``).
 
-    tvcert trace examples/torch/cp_attention.py --set cp=2 --verify      # UNKNOWN: the ranks differ
+    tvcert trace examples/torch/cp_attention.py --set cp=2 --set rope=true --verify      # UNKNOWN (see below)
 
-Verdict today: UNKNOWN naming torch's lines: with causal attention its ring runs a different program on every cp
-rank (no SPMD form).  ``causal=false lb=false rotate=alltoall`` is rank-uniform: one program, which the interpreter
-runs (UNKNOWN: no rule yet for torch's packed K/V buffer and log-sum-exp merge), and the bugs below are REFUTED:
+Verdict today: with causal attention torch's ring runs a different program on every cp rank; the trace merges them
+into one program in which every rank runs its own (``tvcert.frontends.mpmd``), which the interpreter runs (it agrees
+with SDPA), and verify is UNKNOWN: no rule yet for torch's unrolled ring (packed K/V buffer, log-sum-exp merge).
+The bugs below are REFUTED (causal or not, cp 2 / 4, with ``tp=2`` too):
 
-    tvcert trace examples/torch/cp_attention.py --set causal=false --set lb=false --set rotate=alltoall \
-        --set bug=lse_not_updated --verify                                                  # REFUTED
+    tvcert trace examples/torch/cp_attention.py --set cp=2 --set tp=2 --set bug=positions_not_offset --verify
+    tvcert trace examples/torch/cp_attention.py --set lb=false --set bug=lse_not_updated --verify
 
 ``bug``: ``lse_not_updated`` (the merged log-sum-exp left at the first block's), ``plain_average`` (blocks averaged
-without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3: dK / dV sent to rank - 1 while K / V go to rank + 1),
+without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3, ``rotate=alltoall``: dK / dV sent to rank - 1 while K / V go to rank + 1),
 ``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order),
 ``positions_not_offset`` (RoPE at positions ``arange(local length)`` on every rank: REFUTED in the cache read).
 ``rope=true``: rotary embeddings of q / k at each rank's positions (its block, or its two head-tail chunks), from

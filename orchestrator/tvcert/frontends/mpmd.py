@@ -84,6 +84,8 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
     prefix, notes = spmd_compress({c: p[:start] for c, p in per_rank.items()}, axes, sizes)
     class_axes, class_sizes, classes = _classes(per_rank, outs, start, axes, sizes)
     used = {x for p in per_rank.values() for n in p for x in _names(n)}
+    taken = {x for n in prefix for x in _names(n)} | {x for p in per_rank.values() for n in p for x in n["inputs"]
+                                                     if x not in used}  # the prefix's tensors and the inputs
 
     def fresh(base: str) -> str:
         name, i = base, 1
@@ -163,7 +165,8 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
             final.append(per_class[0])
             continue
         want = o if all(c[2][j] == o for c in classes) else f"out{j}"
-        used.discard(want)
+        if want not in taken:  # the classes' own tensor of that name is renamed: the pick may take the name
+            used.discard(want)
         final.append(select(per_class, None, fresh(want)))
     first = next(iter(per_rank.values()))
     at = first[start].get("src") if start < len(first) else None
