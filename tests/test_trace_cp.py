@@ -237,3 +237,14 @@ def test_ranks_with_different_collectives_not_merged():
     with pytest.raises(TraceError) as ei:
         _branch_plan(lambda x, ctx: ft_c.all_reduce(x, "sum", ctx.group("cp")))
     assert ei.value.kind == "spmd" and "collectives differ" in str(ei.value), ei.value
+
+
+def test_causal_mask_dropped_on_the_last_rank_only_refuted():
+    """``_is_causal_behavior`` patched so that only the last cp rank attends its own block unmasked: rank 0's program
+    is right, so this is seen only because every rank's own program is run (REFUTED, 60-digit confirmed)."""
+    import cp_attention
+    from tvcert.engine.verify import verify
+
+    res = verify(load_plan(cp_attention.tvcert_trace(cp=2, bug="last_rank_unmasked")))
+    assert res.verdict == "REFUTED", res.reasons
+    assert "60-digit" in res.counterexample["confirmed"], res.counterexample

@@ -20,7 +20,9 @@ The bugs below are REFUTED (causal or not, cp 2 / 4, with ``tp=2`` too):
 ``bug``: ``lse_not_updated`` (the merged log-sum-exp left at the first block's), ``plain_average`` (blocks averaged
 without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3, ``rotate=alltoall``: dK / dV sent to rank - 1 while K / V go to rank + 1),
 ``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order),
-``positions_not_offset`` (RoPE at positions ``arange(local length)`` on every rank: REFUTED in the cache read).
+``positions_not_offset`` (RoPE at positions ``arange(local length)`` on every rank: REFUTED in the cache read),
+``last_rank_unmasked`` (``_is_causal_behavior`` patched: the last cp rank attends its own block without the causal
+mask; the other ranks' programs are right, so it is seen only if every rank's program is checked).
 ``rope=true``: rotary embeddings of q / k at each rank's positions (its block, or its two head-tail chunks), from
 cos / sin caches given as inputs.
 ``tp=2``: TP + CP on a cp x tp mesh, Wq / Wk / Wv column-parallel (each tp rank holds its heads).
@@ -86,6 +88,14 @@ def injected(bug: str):
             else:  # the output merged, the log-sum-exp the backward reads left at the first block's
                 self._out = self._out - F.sigmoid(block_lse - self._lse) * (self._out - block_out)
         patch(A._SDPAMerger, "_merge_one", merge_one)
+    elif bug == "last_rank_unmasked":  # the last cp rank attends its own block without the causal mask
+        orig_behavior = A._is_causal_behavior
+
+        def behavior(rank, world_size, i, is_causal):
+            if is_causal and i == 0 and rank == world_size - 1:
+                return A._CausalBehavior.NOT_IS_CAUSAL
+            return orig_behavior(rank=rank, world_size=world_size, i=i, is_causal=is_causal)
+        patch(A, "_is_causal_behavior", behavior)
     elif bug == "dkv_backwards":  # K/V gradients sent to rank - 1 while K/V travel to rank + 1
         orig = A._create_rotater
 
@@ -134,7 +144,8 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
                  rotate: str = "allgather", rope: bool = False):
     from tvcert.frontends.context_parallel import trace_cp
 
-    if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset"):
+    if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset",
+                   "last_rank_unmasked"):
         raise ValueError(f"unknown bug {bug!r}")
     if lb and bug in ("lse_not_updated", "plain_average"):
         raise ValueError(f"bug={bug} patches torch's merger for the ring without load balancing (lb=false)")
