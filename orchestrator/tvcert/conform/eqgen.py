@@ -310,3 +310,7 @@ EQUALITY: dict[str, Callable] = {
 from .gens_norm import NORM_GENERATORS  # noqa: E402  (reduction / broadcast rules; they reuse _check_pair)
 
 EQUALITY.update(NORM_GENERATORS)
+
+from .gens_slice_concat import SLICE_CONCAT_GENERATORS  # noqa: E402  (Megatron's coalesced gradient buffer)
+
+EQUALITY.update(SLICE_CONCAT_GENERATORS)

@@ -31,6 +31,7 @@ from .expr import RESHAPE_LIKE, ExprError, Exprs
 from .allreduce_mixed import RULE as _AR_MIXED_RULE, allreduce_mixed
 from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
+from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 
 R = Placement("R")
 
@@ -135,6 +136,7 @@ RULES: dict[str, str] = {
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
+    _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
