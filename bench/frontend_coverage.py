@@ -41,11 +41,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_vocab", {"head": "embedding"}, "VERIFIED"),
     ("mcore_vocab", {"head": "embedding", "bug": "off_by_one"}, "REFUTED"),
     ("mcore_vocab", {}, "VERIFIED"),  # UNKNOWN today: the flattened target-logit pick (cross_entropy.py:59)
-    ("mcore_layer", {}, "VERIFIED"),  # micro-batch 1
-    ("mcore_layer", {"sp": True}, "VERIFIED"),
+    ("mcore_layer", {}, "VERIFIED"),  # UNKNOWN today: batch x heads merge (dot_product_attention.py:184)
+    ("mcore_layer", {"sp": True}, "VERIFIED"),  # the same
     ("mcore_layer", {"sp": True, "bug": "ln_not_marked"}, "REFUTED"),
-    ("mcore_layer", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
-    ("mcore_layer", {"b": 2}, "VERIFIED"),  # UNKNOWN today: batch x heads merge at b > 1 (dot_product_attention.py:184)
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),
@@ -158,6 +156,16 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.layout_gather_stack", {"tp": 4}, "VERIFIED"),
     ("realcode.layout_gather_stack", {"bug": "stack_inner"}, "REFUTED"),
     ("realcode.layout_gather_stack", {"bug": "reversed"}, "REFUTED"),
+    # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
+    ("realcode.fused_qkv", {}, "VERIFIED"),
+    ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),
+    ("realcode.fused_qkv", {"part": "gate_up"}, "VERIFIED"),
+    ("realcode.fused_qkv", {"part": "gate_up", "tp": 4}, "VERIFIED"),
+    ("realcode.fused_qkv", {"bug": "swap_parts"}, "REFUTED"),
+    ("realcode.fused_qkv", {"bug": "head_major"}, "REFUTED"),
+    ("realcode.fused_qkv", {"bug": "plain_shard"}, "REFUTED"),
+    ("realcode.fused_qkv", {"bug": "no_allreduce"}, "REFUTED"),
+    ("realcode.fused_qkv", {"part": "gate_up", "bug": "swap_parts"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),

@@ -124,6 +124,10 @@ RULES: dict[str, str] = {
     "concat_other_dim": f"{_T}.Layout.concat_other_dim",
     "pad_block_to_partial": f"{_T}.LayoutReal.pad_block_to_partial",
     "allgather_other_dim": f"{_T}.LayoutReal.allgather_other_dim",
+    # fused tensors sharded per part (kernel/interleave.py)
+    "split_interleaved_shard": f"{_T}.Interleave.split_interleaved_shard",
+    "concat_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
+    "interleave_commutes": f"{_T}.Interleave.interleave_commutes",
     # ring attention (kernel/ring.py)
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",
@@ -158,7 +162,6 @@ RULES: dict[str, str] = {
     "allreduce_mixed_axes": f"{_T}.Normalise2.allreduce_mixed_axes",
     "layout_commutes_pointwise": f"{_T}.EqSteps.layout_commutes_pointwise",
     "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
-    "slice_concat_operand": f"{_T}.SliceConcat.slice_concat_operand",
 }
 
 #: theorems not tied to an engine rule.

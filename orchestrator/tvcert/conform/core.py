@@ -61,6 +61,9 @@ class TIn:
     hi: int = 4  # int tensors: values in [0, hi)
     const: Any = None  # a scalar: the input is the logical expression const(value), shape ()
     values: Any = None  # fixed logical values (np array), else random
+    # (X, leaf) -> expression: the input is this expression of the leaf (e.g. a fused tensor's interleave),
+    # distributed by ``pl`` as evaluated on the leaf's values
+    layout: Any = None
 
 
 @dataclass
@@ -298,6 +301,8 @@ def build_facts(case: OpCase, X: Exprs) -> list[Fact]:
             e = X.mk("const", {"value": t.const, "shape": (), "dtype": "float"}, [])
         else:
             e = X.leaf(f"x{k}", tuple(t.shape), t.dtype)
+            if t.layout is not None:
+                e = t.layout(X, e)
         facts.append(Fact(e, tuple(t.pl)))
     return facts
 
@@ -373,6 +378,9 @@ def _check(case, X, kc, facts, d, rng, ctx, exact) -> Result:
             v = rand_values(t.shape, t.dtype, rng, exact, t.hi)
         if X[f.expr].op == "input":
             leaves[f.expr] = v
+        elif t.layout is not None:  # the leaf holds v; the ranks hold pieces of its laid-out value
+            leaves[X.leaf(f"x{len(logical)}", tuple(t.shape), t.dtype)] = v
+            v = eval_expr(X, f.expr, leaves, ctx, {})
         logical.append(v)
         locals_.append(distribute(v, axes, sizes, f.pl, rng, exact))
     ranks = _ranks(axes, sizes)

@@ -311,6 +311,6 @@ from .gens_norm import NORM_GENERATORS  # noqa: E402  (reduction / broadcast rul
 
 EQUALITY.update(NORM_GENERATORS)
 
-from .gens_slice_concat import SLICE_CONCAT_GENERATORS  # noqa: E402  (Megatron's coalesced gradient buffer)
+from .gens_interleave import INTERLEAVE_EQ_GENERATORS  # noqa: E402  (interleave_commutes)
 
-EQUALITY.update(SLICE_CONCAT_GENERATORS)
+EQUALITY.update(INTERLEAVE_EQ_GENERATORS)

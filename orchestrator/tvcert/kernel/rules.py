@@ -30,8 +30,9 @@ from .broadcast import RULE as _BROADCAST_RULE, promote_broadcasts
 from .expr import RESHAPE_LIKE, ExprError, Exprs
 from .allreduce_mixed import RULE as _AR_MIXED_RULE, allreduce_mixed
 from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
+from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as derive_interleaved_concat
+from .interleave import derive_split as derive_interleaved_split
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
-from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 
 R = Placement("R")
 
@@ -133,10 +134,10 @@ RULES: dict[str, str] = {
     "concat_other_dim": "concatenating along an unsharded dim keeps the shard",
     _PAD_BLOCK_RULE: _PAD_BLOCK_STATEMENT,
     _AG_LAYOUT_RULE: _AG_LAYOUT_STATEMENT,
+    **_INTERLEAVE_STATEMENTS,
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
-    _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
@@ -913,6 +914,8 @@ def _slice(kc, op, ra, raw, facts):
         if rank_axes:
             return _slice_block(kc, ra, raw, f, dim, rank_axes)
     multi = op == "split"
+    if multi and any(q.kind == "S" and q.dim == dim for q in f.pl):  # a fused tensor's parts (kernel/interleave.py)
+        return derive_interleaved_split(kc, ra, f, dim, RuleFailure)
     exprs = X.mk_multi(op, ra, [f.expr]) if multi else [X.mk(op, ra, [f.expr])]
     per_axis = []
     for ai, a in enumerate(kc.axes):
@@ -974,6 +977,8 @@ def _concat(kc, op, ra, raw, facts):
     X = kc.exprs
     shape = X[facts[0].expr].shape
     dim = ra["dim"] % len(shape)
+    if any(q.kind == "S" and q.dim == dim for f in facts for q in f.pl):  # parts of a fused tensor (interleave.py)
+        return derive_interleaved_concat(kc, facts, dim, RuleFailure)
     expr = X.mk("concat", {"dim": dim}, [f.expr for f in facts])
     per_axis = []
     for ai, a in enumerate(kc.axes):
