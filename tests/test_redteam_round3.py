@@ -120,3 +120,51 @@ def test_wrong_program_is_not_verified(name):
 def test_correct_control_verifies():
     assert _verdict(PROGRAMS["bool_add"], PROGRAMS["bool_add"]) == "VERIFIED"
     assert _verdict(PROGRAMS["div_floor"], PROGRAMS["div_floor"]) == "VERIFIED"
+
+
+# ---------------------------------------------------------------- state left by tracing other ranks
+# Every rank of a real job is its own process.  The tracer ran the ranks one after another in one process, so a
+# program picking its block by a call counter (not its rank) was traced as reading blocks 0, 1 and VERIFIED, while
+# in the real job every rank reads block 0.  Now UNKNOWN (frontends/rank_probe.py), naming the op.
+from megatron_mlp import ReduceFromTP  # noqa: E402
+
+_CALLS = [0]
+_CACHE: dict = {}
+SHARDED = {"x": {"shape": [3, 4], "dtype": "float64"},
+           "w": {"shape": [4, 5], "dtype": "float64", "param": True, "placement": {"tp": "Shard(0)"}}}
+
+
+def _logical(x, w):
+    return ((x @ w) ** 2).sum()
+
+
+def _by_counter(ctx, x, w):
+    i = _CALLS[0]  # how often this ran in this process: 0 on every rank of a real job
+    _CALLS[0] += 1
+    return (ReduceFromTP.apply(x[:, 2 * i:2 * i + 2] @ w, ctx.group("tp")) ** 2).sum()
+
+
+def _by_rank_with_cache(ctx, x, w):
+    s = _CACHE.setdefault("scale", 1.0)  # rank-independent process state: harmless
+    i = ctx.coords["tp"]
+    return (ReduceFromTP.apply(x[:, 2 * i:2 * i + 2] @ (w * s), ctx.group("tp")) ** 2).sum()
+
+
+def test_rank_reading_state_left_by_other_ranks_is_unknown(monkeypatch):
+    x = torch.randn(3, 4, dtype=D, generator=_g)
+    w = torch.randn(4, 5, dtype=D, generator=_g)
+    real_job = sum(x[:, :2] @ w[2 * r:2 * r + 2] for r in range(2))  # every rank's counter starts at 0
+    assert ((real_job ** 2).sum() - _logical(x, w)).abs() > 0.1
+    for jobs in ("1", "2"):  # sequential, and forked workers (one rank each: REFUTED, as the real job is wrong)
+        monkeypatch.setenv("TVCERT_TRACE_JOBS", jobs)
+        _CALLS[0] = 0
+        try:
+            verdict = verify(load_plan(trace_plan(_logical, _by_counter, inputs=SHARDED, mesh={"tp": 2}))).verdict
+        except TraceError as e:
+            assert e.kind == "unsupported" and "rank 1's trace depends on Python state" in str(e), str(e)
+            assert "test_redteam_round3.py" in str(e)  # names the op's line
+            verdict = "UNKNOWN"
+        assert verdict != "VERIFIED", jobs
+    _CACHE.clear()
+    assert verify(load_plan(trace_plan(_logical, _by_rank_with_cache, inputs=SHARDED,
+                                       mesh={"tp": 2}))).verdict == "VERIFIED"

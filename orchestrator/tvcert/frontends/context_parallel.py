@@ -104,7 +104,8 @@ def why_not_spmd(load_balance: bool, rotate: str, is_causal: bool = True, cp: in
                      f"(not affine in the rank)")
     return ("torch's ring attention runs a different program on each cp rank: " + "; ".join(parts) +
             "; tvcert's ring-attention rules (kernel/ring.py) match one program for every rank (a ring_loop over cp "
-            "passing K / V with ppermute), so there is no verdict")
+            "passing K / V with ppermute), so there is no verdict (the per-rank programs, merged by tvcert.frontends."
+            "mpmd, are run by the interpreter, which can refute them)")
 
 
 def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",

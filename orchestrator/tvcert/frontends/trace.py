@@ -74,6 +74,7 @@ from ..ops import get_op
 from ..plan import PlanError, load_plan, parse_placement
 from .aten import Converter, IRNode, Unconverted, fuse_collectives
 from .rank_workers import default_jobs, map_ranks
+from . import rank_probe
 
 
 class TraceError(Exception):
@@ -1295,16 +1296,23 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         raise TraceError(str(exc), "input") from None
     t_ranks, c_ranks = time.perf_counter(), time.process_time()
     secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion CPU seconds (summed over ranks)
-    for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
-        secs = [a + b for a, b in zip(secs, took)]
-        if pouts_ref is None:
-            pouts_ref = outs_j
-        elif outs_j != pouts_ref and spmd_fallback is None:
-            raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
-        per_rank[coords_of(r, sizes)] = nodes_j
-        outs_by_rank[coords_of(r, sizes)] = outs_j
-        if jobs > 1:
-            _tick(f"traced {r + 1}/{world} ranks")
+    probe = rank_probe.start(one_rank, world)  # the last rank again, from the state every real rank starts in
+    try:
+        for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
+            secs = [a + b for a, b in zip(secs, took)]
+            if pouts_ref is None:
+                pouts_ref = outs_j
+            elif outs_j != pouts_ref and spmd_fallback is None:
+                raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
+            per_rank[coords_of(r, sizes)] = nodes_j
+            outs_by_rank[coords_of(r, sizes)] = outs_j
+            if jobs > 1:
+                _tick(f"traced {r + 1}/{world} ranks")
+        if probe is not None:
+            _check_probe(probe, per_rank[coords_of(world - 1, sizes)], outs_by_rank[coords_of(world - 1, sizes)])
+    finally:
+        if probe is not None:
+            probe.close()
     _progress_where = ""
     t_compress = time.perf_counter()
     try:
@@ -1358,6 +1366,16 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                     "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
                     "validate_s": time.perf_counter() - t_done})
     return plan
+
+
+def _check_probe(probe, nodes: list[dict], outs: list) -> None:
+    """The last rank's program traced in this process equals its trace in a fresh process (:mod:`.rank_probe`)."""
+    kind, got = probe.result()
+    why = (f"traced alone in a fresh process it fails ({got[:300]})" if kind != "ok" else
+           rank_probe.first_difference(nodes, got[0]) or (None if list(got[1]) == list(outs) else "its outputs differ"))
+    if why:
+        raise TraceError(f"rank {probe.rank}'s trace depends on Python state that tracing the other ranks in this process "
+                         f"left behind (a real job runs each rank in its own process): {why}", "unsupported")
 
 
 def _output_binding(out: str, specs: Sequence[InputSpec]) -> dict:
