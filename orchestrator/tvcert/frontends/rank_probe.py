@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import struct
 import sys
+import time
 from typing import Any, Callable, Optional
 
 _HDR = struct.Struct(">Q")
@@ -54,11 +56,16 @@ class Probe:
         os.close(wfd)
         self.pid, self.fd = pid, rfd
 
-    def result(self) -> tuple[str, Any]:
-        """("ok", fn(rank)) or ("err", message)."""
+    def result(self, timeout: float) -> tuple[str, Any]:
+        """("ok", fn(rank)) or ("err", message); ("err", ...) as well when the child gives no result within
+        ``timeout`` seconds (a child deadlocked after the fork must not hang the trace)."""
         buf = b""
+        deadline = time.monotonic() + timeout
         try:
             while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                    return ("err", f"the probe process gave no result within {timeout:.0f} s")
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:
                     break

@@ -1309,7 +1309,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             if jobs > 1:
                 _tick(f"traced {r + 1}/{world} ranks")
         if probe is not None:
-            _check_probe(probe, per_rank[coords_of(world - 1, sizes)], outs_by_rank[coords_of(world - 1, sizes)])
+            _check_probe(probe, per_rank[coords_of(world - 1, sizes)], outs_by_rank[coords_of(world - 1, sizes)],
+                         max(120.0, 2 * (time.perf_counter() - t_ranks)))
     finally:
         if probe is not None:
             probe.close()
@@ -1368,9 +1369,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     return plan
 
 
-def _check_probe(probe, nodes: list[dict], outs: list) -> None:
+def _check_probe(probe, nodes: list[dict], outs: list, timeout: float) -> None:
     """The last rank's program traced in this process equals its trace in a fresh process (:mod:`.rank_probe`)."""
-    kind, got = probe.result()
+    kind, got = probe.result(timeout)
     why = (f"traced alone in a fresh process it fails ({got[:300]})" if kind != "ok" else
            rank_probe.first_difference(nodes, got[0]) or (None if list(got[1]) == list(outs) else "its outputs differ"))
     if why:
