@@ -14,7 +14,11 @@ ranks of one cp coordinate); the merged program is
 
 On each rank the picked values are exactly what that rank's own program computes (the other classes' copies run on
 the rank's data, and are then discarded), so the interpreter runs every rank's program as it is; the engine sees
-plain ops (stack, rank-indexed slice), whose rules are the ordinary ones.
+plain ops (stack, rank-indexed slice), whose rules are the ordinary ones.  The merge is exact, not a rule: the
+merged program is what the ranks run.  One caveat for refutation: a discarded copy can leave an op's domain on a
+rank it does not belong to (a division by zero there); the refuter's 60-digit run would then see an undefined
+value in a program that is defined on every rank.  Ring attention divides only by sums of exponentials and takes
+logs of them, so it cannot; other users of the merge must keep that in mind.
 """
 from __future__ import annotations
 
