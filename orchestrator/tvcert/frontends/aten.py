@@ -670,7 +670,8 @@ def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
 def _rsub(c, n, a, b, alpha=1):
     if alpha != 1:
         c.fail("rsub with alpha")
-    return c.emit("sub", [c.ir(b), c.ir(a)])
+    dt = ir_dtype(_out(c, n))  # b - a in the result's dtype (3 - int arange is an int tensor, not a float one)
+    return c.emit("sub", [c.ir(b, dt), c.ir(a, dt)])
 
 
 for _u, _ir in (("neg", "neg"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"),
@@ -1176,6 +1177,14 @@ def _empty(c, n, *a, **k):
     if rnd_users:
         raise Unconverted(rnd_users[0], c.cur_src, "random numbers (dropout, noise, sampling) have no value over the "
                                                    "reals; trace with them off (eval mode or p=0)")
+    return Uninit(f"{_pk(n)} at {c.cur_src}" if c.cur_src else _pk(n))
+
+
+@reg("aten.resize")
+def _resize(c, n, x, size, *a, **k):
+    """``resize_`` (functionalized): its values are whatever the storage held, uninitialised where it grows, so
+    it is accepted as uninitialised memory, like ``empty`` -- only as the destination of a ``copy_`` that
+    overwrites it (``context_parallel()`` shards its buffers with ``resize_`` then ``copy_``)."""
     return Uninit(f"{_pk(n)} at {c.cur_src}" if c.cur_src else _pk(n))
 
 

@@ -104,20 +104,20 @@ def why_not_spmd(load_balance: bool, rotate: str, is_causal: bool = True, cp: in
                      f"(not affine in the rank)")
     return ("torch's ring attention runs a different program on each cp rank: " + "; ".join(parts) +
             "; tvcert's ring-attention rules (kernel/ring.py) match one program for every rank (a ring_loop over cp "
-            "passing K / V with ppermute), so there is no verdict (the per-rank programs, merged by tvcert.frontends."
-            "mpmd, are run by the interpreter, which can refute them)")
+            "passing K / V with ppermute), so there is no verdict")
 
 
 def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",
-              scale=None):
-    """Ring attention of local q / k / v ([b, h, s_local, d]) over the cp process group, as torch runs it."""
+              scale=None, src: str | None = None):
+    """Ring attention of local q / k / v ([b, h, s_local, d]) over the cp process group, as torch runs it
+    (``src``: the user's line, default the caller's)."""
     import sys
 
     import torch
 
     fr = sys._getframe(1)
-    _CALLS[f"{fr.f_code.co_filename.rsplit('/', 1)[-1]}:{fr.f_lineno}"] = (load_balance, rotate, is_causal,
-                                                                          torch.distributed.get_world_size(group))
+    _CALLS[src or f"{fr.f_code.co_filename.rsplit('/', 1)[-1]}:{fr.f_lineno}"] = (
+        load_balance, rotate, is_causal, torch.distributed.get_world_size(group))
 
     class Ring(torch.autograd.Function):
         @staticmethod
@@ -143,6 +143,60 @@ def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = Tr
     return Ring.apply(q, k, v)
 
 
+def _user_src() -> str:
+    """file:line of the innermost caller outside torch and tvcert (the user's SDPA call)."""
+    import os
+    import sys
+
+    import torch
+
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    f = sys._getframe(1)
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(skip):
+        f = f.f_back
+    return f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}" if f is not None else "?"
+
+
+@contextlib.contextmanager
+def dtensor_ring():
+    """``F.scaled_dot_product_attention`` of q / k / v DTensors sharded ``Shard(2)`` (the sequence) on a 1-D mesh --
+    what ``context_parallel()``'s patched SDPA and torchtitan's ``apply_cp_to_forward`` pass it -- runs torch's ring
+    under the options ``context_parallel()`` set (load balance, rotater), as its DTensor dispatch (``_sdpa_handler``
+    -> ``_scaled_dot_product_ring_flash_attention``) does for the CUDA kernels it maps; the CPU kernel it does not
+    map, so on CPU the call would fall through to SDPA's composite on DTensors and fail."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rotate = {A._RotateMethod.ALL_GATHER: "allgather", A._RotateMethod.ALL_TO_ALL: "alltoall"}
+
+    def ring(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        qkv = (query, key, value)
+        if not all(isinstance(t, DTensor) and t.placements == (Shard(2),) and t.device_mesh == query.device_mesh
+                   for t in qkv):
+            return None
+        if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+            raise RuntimeError("tvcert: context-parallel SDPA is traced without a mask, dropout or GQA")
+        mesh = query.device_mesh
+        out = ring_sdpa(*(t.to_local() for t in qkv), mesh.get_group(), is_causal=bool(is_causal),
+                        load_balance=A._cp_options.enable_load_balance, rotate=rotate[A._cp_options.rotate_method],
+                        scale=scale, src=_user_src())
+        return DTensor.from_local(out, mesh, [Shard(2)], run_check=False)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is sdpa:
+                out = ring(*args, **(kwargs or {}))
+                if out is not None:
+                    return out
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        yield
+
+
 @contextlib.contextmanager
 def functional_trace():
     """Trace with functionalization: the ring's gradient buffers are views written in place
@@ -162,14 +216,19 @@ def trace_cp(**kw) -> dict:
     """:func:`tvcert.frontends.trace.trace_plan` for code calling :func:`ring_sdpa`.  Ranks that run different
     programs (causal attention) are merged into one in which every rank runs its own (:mod:`.mpmd`); ranks that
     cannot be merged are UNKNOWN naming the torch lines that make them differ (for that call's options)."""
+    from . import trace
     from .mpmd import per_rank_programs
     from .trace import TraceError, trace_plan
 
     _CALLS.clear()  # ranks in this process (per_rank_programs): _CALLS sees where ring_sdpa was called
+    # context_parallel()'s buffer sharding runs in its __enter__: located at the user's `with` line, not contextlib's
+    trace.SKIP_FRAME_DIRS.append(contextlib.__file__)
     try:
-        with functional_trace(), per_rank_programs():
+        with functional_trace(), per_rank_programs(), dtensor_ring():
             return trace_plan(**kw)
     except TraceError as exc:
         if exc.kind != "spmd" or exc.src not in _CALLS:
             raise
         raise TraceError(f"{exc}: {why_not_spmd(*_CALLS[exc.src])}", "spmd", exc.op, exc.src) from None
+    finally:
+        trace.SKIP_FRAME_DIRS.remove(contextlib.__file__)
