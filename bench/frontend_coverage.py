@@ -41,9 +41,11 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_vocab", {"head": "embedding"}, "VERIFIED"),
     ("mcore_vocab", {"head": "embedding", "bug": "off_by_one"}, "REFUTED"),
     ("mcore_vocab", {}, "VERIFIED"),  # UNKNOWN today: the flattened target-logit pick (cross_entropy.py:59)
-    ("mcore_layer", {}, "VERIFIED"),  # UNKNOWN today: batch x heads merge (dot_product_attention.py:184)
-    ("mcore_layer", {"sp": True}, "VERIFIED"),  # the same
+    ("mcore_layer", {}, "VERIFIED"),  # micro-batch 1
+    ("mcore_layer", {"sp": True}, "VERIFIED"),
     ("mcore_layer", {"sp": True, "bug": "ln_not_marked"}, "REFUTED"),
+    ("mcore_layer", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
+    ("mcore_layer", {"b": 2}, "VERIFIED"),  # UNKNOWN today: batch x heads merge at b > 1 (dot_product_attention.py:184)
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvcert.frontends.aten import Converter, Unconverted  # noqa: E402
+from tvcert.engine.verify import verify  # noqa: E402
 from tvcert.interp import run_plan  # noqa: E402
 
 EX = Path(__file__).resolve().parents[1] / "examples" / "torch"
@@ -102,10 +103,91 @@ def test_aten_reading_uninitialised_memory_is_refused():
     assert "uninitialised" in str(ei.value)
 
 
+# ---------------------------------------------------------------- the QKV view at batch 1 (no megatron needed)
+def _view_plan(logical_shape, local_shape, out_pl):
+    """x [4, 24] Shard(1) on tp = 2; the logical program reshapes to ``logical_shape``, each rank views its
+    [4, 12] as ``local_shape`` (Megatron's ``_unsafe_view [S*b, 3H/tp] -> [S, b, 3H/tp]`` at b = 1)."""
+    from tvcert.plan import load_plan
+
+    x = [{"name": "x", "shape": [4, 24], "dtype": "float"}]
+    return load_plan({
+        "tvcert_plan": 1, "name": "unit_view", "dims": {"tp": 2}, "mesh": {"tp": "tp"},
+        "logical": {"inputs": x, "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"],
+                                            "attrs": {"shape": logical_shape}}], "outputs": ["y"]},
+        "parallel": [{"name": "spmd", "inputs": [{"name": "x", "shape": [4, 12], "dtype": "float"}],
+                      "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"], "attrs": {"shape": local_shape}}],
+                      "outputs": ["y"]}],
+        "inputs": {"x": {"local": "x", "placement": {"tp": "Shard(1)"}}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": out_pl}}}})
+
+
+@pytest.mark.parametrize("logical_shape,local_shape,out_pl,verdict", [
+    ([4, 1, 24], [4, 1, 12], "Shard(2)", "VERIFIED"),  # batch 1: the shard stays on the hidden dim
+    ([4, 2, 12], [4, 1, 12], "Shard(1)", "VERIFIED"),  # the other true reading: one row of the size-1 dim each
+    ([4, 12, 2], [4, 12, 1], "Shard(2)", "REFUTED"),  # size-1 dim after the shard: ranks interleave
+    ([4, 1, 24], [4, 1, 12], "Shard(1)", None),  # the shard on the size-1 dim: not even well-formed
+], ids=["batch1", "unit_reading", "interleaved", "unit_dim_sharded"])
+def test_unit_dim_view_reads_the_logical_shape(logical_shape, local_shape, out_pl, verdict):
+    from tvcert.plan import PlanError
+
+    if verdict is None:
+        with pytest.raises(PlanError):
+            _view_plan(logical_shape, local_shape, out_pl)
+        return
+    plan = _view_plan(logical_shape, local_shape, out_pl)
+    res = verify(plan)
+    assert res.verdict == verdict, res.reasons
+    assert run_plan(plan).equal == (verdict == "VERIFIED")
+
+
+def test_unit_dim_and_slice_concat_generators_hold_and_catch_broken_kernels(monkeypatch):
+    """Both conformance generators on a few hundred draws: every conclusion holds on every rank (every proved
+    equality numerically); a kernel trusting a hint without the lead-of-group check, and a slice_concat step
+    ignoring the offset, are caught."""
+    import numpy as np
+
+    from tvcert.conform.core import run_case
+    from tvcert.conform.gens import Draw
+    from tvcert.conform.gens_slice_concat import gen_slice_concat
+    from tvcert.conform.gens_unitdims import gen_reshape_unit_dims
+    from tvcert.kernel import equality, rules
+
+    def reshapes():
+        return [run_case(gen_reshape_unit_dims(Draw(np.random.default_rng([i, 7]))), i).status for i in range(300)]
+
+    def slices():
+        return [gen_slice_concat(Draw(np.random.default_rng([i, 11])), i)[0] for i in range(300)]
+
+    st = reshapes()
+    assert set(st) <= {"ok", "refused", "skip"} and st.count("ok") > 200, st
+    sl = slices()
+    assert {r.status for r in sl} <= {"ok", "refused", "skip"}
+    assert sum(r.status == "ok" and "slice_concat_operand" in r.rules for r in sl) > 100
+    orig = rules._reshape_targets
+
+    def trusting(logical_in, local_out, facs, intended=None, hints=frozenset()):
+        (d,) = facs if len(facs) == 1 else (None,)
+        for h in hints:  # any hinted dim that restores the element count carries the shard
+            diff = [i for i, (x, y) in enumerate(zip(h, local_out)) if x != y] if len(h) == len(local_out) else []
+            if d is not None and len(diff) == 1 and h[diff[0]] == local_out[diff[0]] * facs[d]:
+                return {d: diff[0]}
+        return orig(logical_in, local_out, facs, intended, hints)
+
+    def offset_blind(X, i):
+        e = X[i]
+        if e.op != "slice" or X[e.args[0]].op != "concat":
+            return None
+        return next((a for a in X[e.args[0]].args if X[a].shape == e.shape), None)
+
+    monkeypatch.setattr(rules, "_reshape_targets", trusting)
+    monkeypatch.setattr(equality, "slice_operand", offset_blind)
+    assert reshapes().count("DISAGREE") > 10
+    assert sum(r.status == "DISAGREE" for r in slices()) > 5
+
+
 # ---------------------------------------------------------------- megatron-core
 pytest.importorskip("megatron.core")
 
-from tvcert.engine.verify import verify  # noqa: E402
 from tvcert.frontends.trace import TraceError  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
@@ -140,25 +222,56 @@ def test_mcore_sp_without_finalize_is_refuted_at_the_bias_gradient():
     assert bad == ["grad_fc2__bias"], bad
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
-def test_mcore_transformer_layer_traces_and_is_not_refuted(sp):
-    plan = load_plan(mcore_layer.tvcert_trace(tp=2, sp=sp))
+LAYER = {"tp": {}, "tp_sp": {"sp": True}, "ln_not_marked": {"sp": True, "bug": "ln_not_marked"},
+         "no_finalize": {"sp": True, "bug": "no_finalize"}, "tp_b2": {"b": 2}}
+
+
+@pytest.fixture(scope="module")
+def layer():
+    """The TransformerLayer traced once per variant (b = 1 unless named), shared by the tests below."""
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            cache[key] = load_plan(mcore_layer.tvcert_trace(tp=2, **LAYER[key]))
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("key", ["tp", "tp_sp"])
+def test_mcore_transformer_layer_verifies_with_finalize_model_grads(layer, key):
+    plan = layer(key)
     assert run_plan(plan).equal
     res = verify(plan)
-    # VERIFIED once the engine places Megatron's batch x heads merge (see README); never REFUTED
-    assert res.verdict in ("VERIFIED", "UNKNOWN"), res.reasons
-    if res.verdict == "UNKNOWN":
-        assert any("dot_product_attention.py:" in r for r in res.reasons), res.reasons
+    assert verified(res), res.reasons
+    srcs = {n.src for n in plan.programs["spmd"].nodes if n.op == "all_reduce"}
+    if key == "tp_sp":  # the layer-norm grads arrive through Megatron's coalesced all-reduce, read back by slices
+        assert any(s and s.startswith("finalize_model_grads.py:") for s in srcs), srcs
+        assert "slice_concat_operand" in res.prover.used, res.prover.used
 
 
-def test_mcore_layernorm_not_marked_under_sp_is_refuted():
-    plan = load_plan(mcore_layer.tvcert_trace(tp=2, sp=True, bug="ln_not_marked"))
+def _bad_outputs(res):
+    return {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
+
+
+def test_mcore_layer_sp_bugs_are_refuted_at_the_unsynced_gradients(layer):
+    ln = {"grad_input_layernorm__weight", "grad_input_layernorm__bias", "grad_pre_mlp_layernorm__weight",
+          "grad_pre_mlp_layernorm__bias"}
+    res = verify(layer("ln_not_marked"))  # layer norms not marked sequence_parallel: finalize skips them
+    assert res.verdict == "REFUTED", res.reasons
+    assert _bad_outputs(res) == ln
+    res = verify(layer("no_finalize"))  # no finalize_model_grads: the row-parallel biases' grads as well
+    assert res.verdict == "REFUTED", res.reasons
+    assert _bad_outputs(res) == ln | {"grad_self_attention__linear_proj__bias", "grad_mlp__linear_fc2__bias"}
+
+
+def test_mcore_layer_batch_over_one_is_unknown_at_the_batch_heads_merge(layer):
+    plan = layer("tp_b2")
+    assert run_plan(plan).equal
     res = verify(plan)
-    assert res.verdict == "REFUTED"
-    bad = {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}
-    assert {"grad_input_layernorm__weight", "grad_input_layernorm__bias", "grad_pre_mlp_layernorm__weight",
-            "grad_pre_mlp_layernorm__bias"} <= bad, bad
-    assert all("layernorm" in b for b in bad), bad
+    assert res.verdict == "UNKNOWN", res.reasons  # never REFUTED: the run is equal
+    assert any("dot_product_attention.py:184" in r and "does not lead its reshape group" in r
+               for r in res.reasons), res.reasons
 
 
 def test_mcore_bad_inputs_are_input_errors():

@@ -8,6 +8,12 @@ layout; under sequence parallelism the norms and residuals run on sequence shard
     tvcert trace examples/torch/mcore_layer.py --verify                     # TP=2: VERIFIED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --verify       # TP=2 + SP: VERIFIED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=ln_not_marked --verify   # REFUTED
+    tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=no_finalize --verify     # REFUTED
+    tvcert trace examples/torch/mcore_layer.py --set b=2 --verify           # UNKNOWN (see tvcert_trace)
+
+Under SP the layer-norm gradients reach ``finalize_model_grads`` as one coalesced buffer (concat, all_reduce,
+slices), read back by the equality step ``slice_concat_operand``; the refuted bugs are named by the outputs that
+differ (the layer-norm gradients, and under no_finalize also the row-parallel biases' gradients).
 """
 S, H, NH, F = 4, 8, 4, 16
 
@@ -35,14 +41,16 @@ def _unmark_layernorms(layer):
             del p.sequence_parallel
 
 
-def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = "", b: int = 2):
+def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = "", b: int = 1):
     """bug: "" | "ln_not_marked" (see _unmark_layernorms) | "no_finalize" (finalize_model_grads not run).
 
-    b: micro-batch size.  Megatron's core attention merges batch and heads ([sq, b, np, hn] -> [sq, b*np, hn],
-    dot_product_attention.py:184) with the heads split over tp: for b > 1 each rank's part of the merged dim is
-    interleaved (b blocks), which no Shard placement describes, so the engine stops there (UNKNOWN).  At b = 1
-    that merge is a contiguous block, but the engine's layout rule then places the QKV projection's shard on the
-    local size-1 batch dim of ``_unsafe_view [S*1, 3H/tp] -> [S, 1, 3H/tp]`` (layers.py:490) and stops (UNKNOWN)."""
+    b: micro-batch size.  At b = 1 the layer VERIFIES (the QKV projection's ``_unsafe_view [S*1, 3H/tp] ->
+    [S, 1, 3H/tp]``, layers.py:488, is read on the logical program's shape [S, 1, 3H], not as a shard of the
+    size-1 batch dim).  b > 1 is UNKNOWN: Megatron's core attention merges batch and heads ([sq, b, np, hn] ->
+    [sq, b*np, hn], dot_product_attention.py:184) with the heads split over tp, so each rank's part of the merged
+    dim is b interleaved blocks, which no Shard placement describes (the kernel refuses the reshape: the sharded
+    heads dim does not lead its reshape group).  Following it needs a strided-shard reading of that merge through
+    the batched matmuls and back (see README, front end: Megatron-core)."""
     from tvcert.frontends.megatron_core import trace_megatron
 
     if bug not in ("", "ln_not_marked", "no_finalize"):

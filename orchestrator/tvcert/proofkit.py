@@ -162,6 +162,7 @@ RULES: dict[str, str] = {
     "allreduce_mixed_axes": f"{_T}.Normalise2.allreduce_mixed_axes",
     "layout_commutes_pointwise": f"{_T}.EqSteps.layout_commutes_pointwise",
     "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
+    "slice_concat_operand": f"{_T}.SliceConcat.slice_concat_operand",
 }
 
 #: theorems not tied to an engine rule.

@@ -314,3 +314,7 @@ EQUALITY.update(NORM_GENERATORS)
 from .gens_interleave import INTERLEAVE_EQ_GENERATORS  # noqa: E402  (interleave_commutes)
 
 EQUALITY.update(INTERLEAVE_EQ_GENERATORS)
+
+from .gens_slice_concat import SLICE_CONCAT_GENERATORS  # noqa: E402  (Megatron's coalesced gradient buffer)
+
+EQUALITY.update(SLICE_CONCAT_GENERATORS)

@@ -1,6 +1,6 @@
 """Deciding that two logical expressions denote the same tensor.
 
-Six certified steps, tried in order, each sound on its own:
+Seven certified steps, tried in order, each sound on its own:
 
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
@@ -10,6 +10,8 @@ Six certified steps, tried in order, each sound on its own:
 * ``reduction_normal_form``: sums and means spelled one way (:mod:`.reductions`: a mean is the sum over
   its dims divided by their element count; a sum of a sum is one sum over the union of the dims; a scalar
   factor leaves the sum), then compared by the other steps;
+* ``slice_concat_operand``: a slice of a concat along its dim that is exactly operand k's rows is operand k
+  (:mod:`.slice_concat`: Megatron's coalesced gradient all-reduce);
 * ``interleave_commutes``: one side a fused tensor's interleave of G, the other pulled to an interleave of Y
   through ops that read the dim index by index (:mod:`.interleave`), and Y = G;
 * ``elementwise_smt``: an elementwise region, with every non-elementwise subterm as a leaf,
@@ -30,6 +32,7 @@ from ..ops import REGISTRY
 from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
+from .slice_concat import RULE as SLICE_CONCAT, slice_operand
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
 # ops a scalar factor of their first argument moves across, when the op's own flag says it is homogeneous in
@@ -100,6 +103,10 @@ class Prover:
         if (ea.op == eb.op and ea.attrs == eb.attrs and len(ea.args) == len(eb.args) and ea.op != "input"
                 and all(self.equal(x, y) for x, y in zip(ea.args, eb.args))):
             self.used.add("congruence")
+            return True
+        sa, sb = slice_operand(X, a), slice_operand(X, b)  # a slice that is one operand of a concat
+        if (sa, sb) != (None, None) and self.equal(a if sa is None else sa, b if sb is None else sb):
+            self.used.add(SLICE_CONCAT)
             return True
         ca, na = self.norm(a)
         cb, nb = self.norm(b)

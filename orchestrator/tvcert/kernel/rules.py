@@ -33,6 +33,7 @@ from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_S
 from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as derive_interleaved_concat
 from .interleave import derive_split as derive_interleaved_split
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
+from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 
 R = Placement("R")
 
@@ -138,6 +139,7 @@ RULES: dict[str, str] = {
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
+    _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
