@@ -204,6 +204,7 @@ def case_table():
     add("partial_sum_as_avg", None, None)  # output matching: test_rules_norm_real.py
     add("allgather_partial_sum", None, None)  # multi-op pattern: test_rules_norm_real.py, conform gen_gather_sum
     add("allreduce_avg_partial_sum_nested", None, None)  # test_rules_norm_real.py
+    add("slice_concat_operand", None, None)  # equality step: test_trace_mcore.py, conform gen_slice_concat
     return c
 
 
