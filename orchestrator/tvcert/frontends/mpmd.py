@@ -108,9 +108,11 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
             raise TraceError(f"{why}; the ranks' programs cannot be merged either: their collectives differ "
                              f"(collective {j}: {sig[0][j:j + 1]} on class {classes[0][0]} vs {sig[g][j:j + 1]} on "
                              f"class {classes[g][0]} of {class_axes})", "spmd", why.op, why.src)
-        if any(REGISTRY[classes[g][1][i]["op"]].category == "p2p" for i in comms[g]):
-            raise TraceError(f"{why}; the ranks' programs cannot be merged: a send / recv after they differ",
-                             "spmd", why.op, why.src)
+    for g in range(len(classes)):
+        if any(REGISTRY[classes[g][1][i]["op"]].category == "p2p" for i in comms[g]) or \
+                any(REGISTRY[n["op"]].category == "loop" for n in classes[g][1]):
+            raise TraceError(f"{why}; the ranks' programs cannot be merged: a send / recv or a loop (whose body's "
+                             f"collectives every copy would run) after they differ", "spmd", why.op, why.src)
     index = _index_expr(class_axes, class_sizes)
     out_nodes = list(prefix)
     renames = [dict() for _ in classes]
