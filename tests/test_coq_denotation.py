@@ -33,6 +33,7 @@ EX = ROOT / "examples"
 pytestmark = pytest.mark.skipif(shutil.which("coqc") is None, reason="coqc not installed")
 
 I = "int"  # an integer (mask / condition) operand
+IDS = "ids"  # an integer operand in [0, 3) (token ids for one_hot)
 
 STAGE1 = [  # ops of Denote.op_val
     ("add", {}, [(2, 3), (2, 3)]), ("add", {}, [(3, 1), (2,)]), ("add", {}, [(), (2, 2)]),
@@ -71,6 +72,11 @@ LAYOUT = [  # ops of LayoutOps.lop_val
     ("einsum", {"equation": "ij,jk,kl->il"}, [(2, 3), (3, 2), (2, 3)]), ("einsum", {"equation": "ii->i"}, [(3, 3)]),
     ("where", {}, [((2, 3), I), (2, 3), (3,)]), ("where", {}, [((3,), I), (2, 1), ()]),
     ("masked_fill", {"value": -1.5}, [(2, 3), ((1, 3), I)]),
+    ("iota", {"size": 4}, []), ("iota", {"size": 3, "start": 2, "step": 3}, []),
+    ("gt", {}, [(2, 3), (3,)]), ("gt", {}, [((2, 3), I), ((2, 1), I)]), ("lt", {}, [(3,), (2, 3)]),
+    ("ge", {}, [((2, 2), I), (2, 2)]), ("le", {}, [(1, 3), (2, 1)]), ("eq", {}, [((2, 3), I), ((3,), I)]),
+    ("ne", {}, [((3,), I), ((3,), I)]), ("one_hot", {"num_classes": 4}, [((2, 3), IDS)]),
+    ("one_hot", {"num_classes": 3}, [((4,), IDS)]), ("cast", {"dtype": "float"}, [((2, 3), I)]),
 ]
 
 MUTANTS = [  # (op, attrs, shapes, wrong op, wrong attrs): same output shape, another meaning; Coq must disagree
@@ -83,6 +89,8 @@ MUTANTS = [  # (op, attrs, shapes, wrong op, wrong attrs): same output shape, an
     ("reshape", {"shape": [3, 2]}, [(2, 3)], "permute", {"dims": [1, 0]}),
     ("amax", {"dims": [0]}, [(3, 2)], "amin", {"dims": [0]}),
     ("softmax_backward", {"dim": 1}, [(2, 3), (2, 3)], "log_softmax_backward", {"dim": 1}),
+    ("gt", {}, [(2, 3), (2, 3)], "lt", {}), ("ge", {}, [(3, 3), (3, 3)], "lt", {}),
+    ("iota", {"size": 3, "start": 1}, [], "iota", {"size": 3}),
 ]
 
 COLLECTIVES = [("all_reduce", {"axis": "tp", "reduce": "sum"}, (2, 3)), ("all_reduce", {"axis": "tp", "reduce": "avg"}, (3,)),
@@ -119,6 +127,8 @@ def _rand(shape, rng, kind=None):
     """Small rationals (MathComp's are unary underneath: keep numbers small); integers for I and "small"."""
     if kind == I:
         return rng.integers(-1, 3, size=shape).astype(np.int64)
+    if kind == IDS:
+        return rng.integers(0, 3, size=shape).astype(np.int64)
     if kind == "small":  # for deep graphs, whose values grow fast
         return np.vectorize(Fraction, otypes=[object])(rng.integers(-1, 2, size=shape)).reshape(shape)
     out = np.empty(shape, dtype=object)
@@ -129,8 +139,8 @@ def _rand(shape, rng, kind=None):
 
 def _decl(name: str, s) -> dict:
     """A graph input from a case's shape: (shape) or ((shape), I) for an integer operand."""
-    if len(s) == 2 and s[1] == I:
-        return {"name": name, "shape": list(s[0]), "dtype": "int"}
+    if len(s) == 2 and s[1] in (I, IDS):
+        return {"name": name, "shape": list(s[0]), "dtype": "int", **({"values": IDS} if s[1] == IDS else {})}
     return {"name": name, "shape": list(s)}
 
 
@@ -172,7 +182,7 @@ def _graph(ev: CoqEval, g: dict, rng, expect: list, where: str) -> None:
     """Every node of a small graph (JSON form, concrete shapes) evaluated both ways, node by node."""
     vals, names = {}, {}
     for t in g["inputs"]:
-        vals[t["name"]] = _rand(tuple(t["shape"]), rng, I if t.get("dtype") == "int" else t.get("values"))
+        vals[t["name"]] = _rand(tuple(t["shape"]), rng, t.get("values") or (I if t.get("dtype") == "int" else None))
         names[t["name"]] = ev.tensor(vals[t["name"]])
     for n in g["nodes"]:
         spec = REGISTRY[n["op"]]

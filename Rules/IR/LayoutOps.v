@@ -8,7 +8,16 @@
     resolved ones: dims are non-negative, a reshape / expand target has no -1.
     The values must match [ops/layout.py], [ops/reduce.py], [ops/nn.py],
     [ops/linalg.py] and [ops/elementwise.py] exactly;
-    [tests/test_coq_denotation.py] checks that on random rational tensors. *)
+    [tests/test_coq_denotation.py] checks that on random rational tensors.
+
+    Integer and boolean tensors (token ids, [iota], comparison results, masks) are
+    values of the same field: the integer [n] is [n%:R], true / false are 1 / 0.  One
+    domain keeps every rule and the plan semantics unchanged, and every op denoted
+    here is exact on integers so embedded (arange, comparisons, one_hot, masks, casts
+    to float, layout ops); a theorem over all field values holds in particular at
+    integer inputs.  The ops that are not exact on them (integer division,
+    truncating casts to int, overflow) have no constructor: the emitter refuses
+    them on integer tensors. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From TVCert Require Import IR.Syntax IR.Denote.
 Set Implicit Arguments.
@@ -21,6 +30,9 @@ Module JLayout.
 
 (** The combination a reduction applies along a dim. *)
 Inductive red := RdSum | RdMean | RdMax | RdMin.
+
+(** The comparison of [Cmp]: x = y, x <> y, x < y, x <= y, x > y, x >= y. *)
+Inductive cmp := CEq | CNe | CLt | CLe | CGt | CGe.
 
 Inductive lop :=
 | Reshape (s : seq nat)          (* torch.reshape / view / flatten, row-major, to shape s *)
@@ -43,7 +55,10 @@ Inductive lop :=
                                  (* torch.einsum, letters numbered: operand k has letters
                                     nth ts k, the output letters out *)
 | Where                          (* torch.where(c, a, b): a where c <> 0 else b, broadcasting *)
-| MaskedFill (c : rat_lit).      (* x.masked_fill(m <> 0, c), broadcasting *)
+| MaskedFill (c : rat_lit)       (* x.masked_fill(m <> 0, c), broadcasting *)
+| Iota (n a st : nat)            (* torch.arange(a, a + n * st, st): [a, a + st, ...], n entries *)
+| Cmp (c : cmp)                  (* torch.eq / ne / lt / le / gt / ge: 1 where true, else 0, broadcasting *)
+| OneHot (n : nat).              (* F.one_hot(x, n): [..., n], 1 where the last index is x, else 0 *)
 
 (** ** Shapes (plain computation) *)
 Definition prodn (s : seq nat) : nat := foldr muln 1 s.
@@ -100,6 +115,9 @@ Definition lop_shape (o : lop) (ss : seq (seq nat)) : seq nat :=
   | Where => bshape (bshape s0 s1) (nth [::] ss 2)
   | AddScalar _ | CastF | Softmax _ _ | LogSoftmax _ _ _ | SoftmaxBwd _ | LogSoftmaxBwd _ _ => s0
   | Einsum ts out => map (lsize ts ss) out
+  | Iota n _ _ => [:: n]
+  | Cmp _ => bshape s0 s1
+  | OneHot n => rcons s0 n
   end.
 
 Local Open Scope ring_scope.
@@ -151,6 +169,13 @@ Definition softmax_bwd (d : nat) (s : seq nat) (g o : tensor) : tensor :=
 (** g - exp(out) * sum(g, d) *)
 Definition log_softmax_bwd (d ex : nat) (s : seq nat) (g o : tensor) : tensor :=
   fun i => g i - fn ex (o i) * sumR (nth 0%N s d) (row d g i).
+
+(** ** Integers and booleans are the field's [n%:R] and 0 / 1 (see the header). *)
+Definition b01 (b : bool) : R := if b then 1 else 0.
+Definition cmpR (c : cmp) (x y : R) : bool :=
+  match c with
+  | CEq => x == y | CNe => x != y | CLt => x < y | CLe => x <= y | CGt => y < x | CGe => y <= x
+  end.
 
 (** ** Concatenation along [d]: the first operand whose block holds the index. *)
 Fixpoint cat (d : nat) (ss : seq (seq nat)) (ts : seq tensor) (i : seq nat) : R :=
@@ -204,6 +229,9 @@ Definition lop_val (o : lop) (ss : seq (seq nat)) (ts : seq tensor) : tensor :=
                                                                      (* torch.where *)
   | MaskedFill c => fun i => if t1 (proj s1 so i) != 0 then lit R c else t0 (proj s0 so i)
                                                                      (* masked_fill *)
+  | Iota _ a st => fun i => (a + st * nth 0%N i 0)%:R                (* torch.arange *)
+  | Cmp c => fun i => b01 (cmpR c (t0 (proj s0 so i)) (t1 (proj s1 so i)))  (* torch.gt ... *)
+  | OneHot _ => fun i => b01 (t0 (take (size s0) i) == (nth 0%N i (size s0))%:R)  (* F.one_hot *)
   end).
 
 End Values.

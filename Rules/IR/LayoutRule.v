@@ -20,6 +20,12 @@ Module JLayoutRule.
 Definition red_eqb (a b : red) : bool :=
   match a, b with RdSum, RdSum | RdMean, RdMean | RdMax, RdMax | RdMin, RdMin => true | _, _ => false end.
 
+Definition cmp_eqb (a b : cmp) : bool :=
+  match a, b with
+  | CEq, CEq | CNe, CNe | CLt, CLt | CLe, CLe | CGt, CGt | CGe, CGe => true
+  | _, _ => false
+  end.
+
 Definition lop_eqb (a b : lop) : bool :=
   match a, b with
   | Reshape s, Reshape s' | Expand s, Expand s' => s == s'
@@ -32,23 +38,30 @@ Definition lop_eqb (a b : lop) : bool :=
   | Softmax d e, Softmax d' e' | LogSoftmaxBwd d e, LogSoftmaxBwd d' e' => (d == d') && (e == e')
   | LogSoftmax d e l, LogSoftmax d' e' l' => (d == d') && (e == e') && (l == l')
   | Einsum ts o, Einsum ts' o' => (ts == ts') && (o == o')
+  | Iota n a st, Iota n' a' st' => (n == n') && (a == a') && (st == st')
+  | Cmp c, Cmp c' => cmp_eqb c c'
+  | OneHot n, OneHot n' => n == n'
   | _, _ => false
   end.
 
 Lemma red_eqbP a b : red_eqb a b -> a = b.
 Proof. by case: a; case: b. Qed.
 
+Lemma cmp_eqbP a b : cmp_eqb a b -> a = b.
+Proof. by case: a; case: b. Qed.
+
 Ltac eqb_intro := repeat match goal with
   | |- is_true (_ && _) -> _ => case/andP
   | |- is_true (_ == _) -> _ => move/eqP->
   | |- is_true (red_eqb _ _) -> _ => move/red_eqbP->
+  | |- is_true (cmp_eqb _ _) -> _ => move/cmp_eqbP->
   | |- is_true (rat_lit_eqb _ _) -> _ => move/rat_lit_eqbP->
   end.
 
 Lemma lop_eqbP a b : lop_eqb a b -> a = b.
 Proof.
-by case: a => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?];
-   case: b => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?] //=; eqb_intro.
+by case: a => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?|? ? ?|?|?];
+   case: b => [?|?|?|?|?|? ? ?|?|? ? ?| | |?| |? ?|? ? ?|?|? ?|? ?| |?|? ? ?|?|?] //=; eqb_intro.
 Qed.
 
 (** ** Index lists under unsqueeze *)
@@ -115,6 +128,7 @@ Definition lrule_one (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) 
             end
           else reduce_ok s0 e d && (sh pl == Some (rdim keep e d))              (* reduce_other_dim *)
       | AddScalar _ | CastF => sh pl == Some d                                  (* pointwise op of a shard *)
+      | OneHot _ => (d < size s0) && (sh pl == Some d)                         (* one_hot_shard *)
       | _ => false
       end
   | [:: Partial rd] =>                                                          (* layout_partial_linear_map *)
@@ -135,7 +149,7 @@ Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl 
       if sh (head Replicate pls) is Some d then
         (size ss == size pls) && all (fun a => sh a == Some d) pls && concat_ok p ss e d && (sh pl == Some d)
       else false
-  | Minimum | Maximum =>                                      (* pointwise op of shards, broadcasting *)
+  | Minimum | Maximum | MaskedFill _ | Cmp _ =>               (* pointwise op of shards, broadcasting *)
       match pls, sh pl with
       | [:: a; b], Some d =>
           bin_shard (lop_shape o ss) (nth [::] ss 0) a d && bin_shard (lop_shape o ss) (nth [::] ss 1) b d
@@ -235,6 +249,53 @@ apply: unsq_shift; first by rewrite szi ltnS.
 by rewrite szi /unsq_dim; case: ifP => ed; nat_lia.
 Qed.
 
+(** one_hot of a shard on an operand dim: the new last dim is whole on every rank. *)
+Lemma set_nth_rcons (s : seq nat) n d v : d < size s ->
+  set_nth 0 (rcons s n) d v = rcons (set_nth 0 s d v) n.
+Proof.
+move=> ds; have ds' : d < size (rcons s n) by rewrite size_rcons ltnS ltnW.
+apply: (@eq_from_nth _ 0); first by rewrite size_set_nth_lt // !size_rcons size_set_nth_lt.
+move=> k; rewrite size_set_nth_lt // => ks.
+rewrite nth_set_nth_lt !nth_rcons size_set_nth_lt // nth_set_nth_lt.
+case: (k =P d) => [->|_] //; by rewrite ds.
+Qed.
+
+Lemma inb_rcons_take (s : seq nat) n i : inb (rcons s n) i -> inb s (take (size s) i).
+Proof. by elim: s i => [|x s IH] [|k i] //= /andP [-> /IH ->]. Qed.
+
+Lemma take_shift k d off (i : seq nat) : d < k -> d < size i -> take k (shift d off i) = shift d off (take k i).
+Proof.
+move=> dk di; have dt : d < size (take k i) by rewrite size_take; case: ifP.
+apply: (@eq_from_nth _ 0); first by rewrite /shift size_set_nth_lt // !size_take size_set_nth_lt.
+move=> j; rewrite /shift size_take size_set_nth_lt // => js.
+have jk : j < k by case: (ltnP k (size i)) js => h js //; exact: leq_trans js h.
+by rewrite nth_take // !nth_set_nth_lt !nth_take.
+Qed.
+
+Lemma one_hot_shard p n s d T (L : family) :
+  d < size s -> placed p s (Shard d) T L ->
+  lop_shape (OneHot n) [:: local_shape p s (Shard d)] = local_shape p (rcons s n) (Shard d) /\
+  placed p (rcons s n) (Shard d) (lop_val fn (OneHot n) [:: s] [:: T])
+    (fun r => lop_val fn (OneHot n) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> ds [_ dv H].
+have nd : nth 0 (rcons s n) d = nth 0 s d by rewrite nth_rcons ds.
+have shp : rcons (local_shape p s (Shard d)) n = local_shape p (rcons s n) (Shard d) by rewrite /= nd set_nth_rcons.
+split=> //; split; [by rewrite size_rcons ltnS ltnW | by rewrite nd |].
+move=> r i rp ii.
+have szl : size (local_shape p s (Shard d)) = size s by rewrite /= size_set_nth_lt.
+have ii' : inb (rcons (local_shape p s (Shard d)) n) i by rewrite shp.
+have si : inb (rcons s n) (shift d (r * (nth 0 (rcons s n) d %/ p)) i).
+  apply: (@inb_shift p) => //; [by rewrite size_rcons ltnS ltnW | by rewrite nd].
+have szi : size i = (size s).+1 by rewrite (inb_size ii') size_rcons szl.
+rewrite /lop_val /lop_shape /= /mask ii' si.
+rewrite nd szl take_shift ?szi //; last by rewrite ltnW.
+have it : inb (local_shape p s (Shard d)) (take (size s) i) by have := inb_rcons_take ii'; rewrite szl.
+rewrite (H r (take (size s) i) rp it).
+have sd : (size s == d) = false by apply/eqP => e; rewrite e ltnn in ds.
+by rewrite /shift nth_set_nth_lt sd.
+Qed.
+
 Lemma lrule_one_sound p o ss pls pl Ts pss Ls :
   size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
@@ -252,7 +313,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   have A0 := A 0%N isT; rewrite /= in A0 *; clear A.
   have [H e0 okp mT mL] := A0; rewrite e0 in mL *.
   case: a A0 H e0 okp mL nallr => [|d|rd] A0 H e0 okp mL nallr //.
-  + case: o => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] //.
+  + case: o => [s'|ds|d'|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c|n a st|c|n] //.
     * by move=> /andP [ok /shP' ->] _; exact: (permute_shard fn ok H).
     * by move=> /andP [ok /shP' ->] _; exact: (unsqueeze_shard ok H).
     * by move=> /andP [/andP [ok de] /shP' ->] _; exact: (slice_other_dim fn ok de H).
@@ -268,6 +329,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
       by have := @unary_shard R p (fun x => x) s0 d T0 L0; rewrite -e0; apply.
     * by move=> /andP [ok /shP' ->] _; exact: (softmax_other_dim fn ex ok H).
     * by move=> /andP [ok /shP' ->] _; exact: (log_softmax_other_dim fn ex lg ok H).
+    * by move=> /andP [ok /shP' ->] _; exact: (one_hot_shard n ok H).
   + move=> /andP [/andP [hs sl] /placement_eqbP ->] _.
     case Hr: (reindex_op o) hs => [g|] // _.
     by split => //; exact: (layout_partial_linear_map fn Hr sl mT mL H).
@@ -276,7 +338,7 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
   have A0 := A 0%N isT; have A1 := A 1%N isT; rewrite /= in A0 A1 *; clear A.
   have [H0 e0 _ _ _] := A0; have [H1 e1 _ _ _] := A1; clear A0 A1.
   case: a b H0 H1 e0 e1 nallr => [|d|rd] [|d'|rd'] H0 H1 e0 e1 nallr //.
-  case: o => [s'|ds|d''|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c] //.
+  case: o => [s'|ds|d''|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c|n a st|c|n] //.
   + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
     exact: (softmax_bwd_other_dim fn ok H0 H1).
   + move=> /andP [/andP [/andP [/eqP dd ok] /eqP s10] /shP' ->] _; subst d' s1 ps0 ps1.
@@ -297,7 +359,7 @@ Lemma lrule_sound p o ss pls pl Ts pss Ls :
 Proof.
 move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
   by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
-case Eo: o => [s'|ds|d|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c];
+case Eo: o => [s'|ds|d|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c|n a st|c|n];
   try (by rewrite -Eo; apply: lrule_one_sound; rewrite ?Eo).
 - (* concat_other_dim *)
   case Hh: (sh (head Replicate pls)) => [d|] //.
@@ -323,6 +385,12 @@ all: case: pls A hss hTs hps hLs nallr => [|a [|b [|? ?]]] A hss hTs hps hLs nal
   exact: (@binary_shard R p (fun x y => Num.min x y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
 - (* maximum *)
   exact: (@binary_shard R p (fun x y => Num.max x y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+- (* masked_fill *)
+  exact: (@binary_shard R p (fun x y : R => if y != 0%R then lit R c else x) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1
+            erefl ok b0 b1 A0 A1).
+- (* comparisons *)
+  exact: (@binary_shard R p (fun x y => b01 R (cmpR c x y)) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1
+            erefl ok b0 b1 A0 A1).
 Qed.
 
 End Sound.

@@ -6,7 +6,7 @@ are positions (inputs first), shapes are the plan's declared dims, each local op
 ``Syntax.op`` (``GO``) or ``LayoutOps.lop`` (``GL``, see ``lops.py``) constructor and each
 collective a ``PColl`` over one axis.  It refuses (returns
 the uncovered steps) whatever the fragment lacks: several programs, layouts, zig-zag shards,
-integer tensors, collectives over several axes, reduce_scatter other than sum, ops without a
+integer tensors where an op is not exact on them (``INT_OK``), collectives over several axes, reduce_scatter other than sum, ops without a
 Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
 ``coll_shape`` give (mirrored here by ``_shape``) must equal the shapes the IR infers, node by
 node; the emitted file proves the same equalities in Coq (``the_shapes``).
@@ -69,6 +69,7 @@ class CNode:
                         # ("AllGather", dim, axis) ("ReduceScatter", dim, axis) ("SliceRank", dim, block, axis)
     args: list[int]
     name: str
+    id: int = -1        # its id in the program (= its position, except in a probe translation)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class CoqPlan:
     fns: list[str] = field(default_factory=list)  # Fn k -> op name
     l_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    p_input_ids: list[int] = field(default_factory=list)  # ids of p_inputs (positions, except in a probe)
 
     @property
     def sizes(self) -> list[int]:
@@ -197,9 +199,9 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: lis
             raise ValueError("only float constants filled with one number are covered")
         return ("Const", c, tuple(ra.get("shape") or ()))
     if op == "matmul":
-        if len(in_shapes[0]) != 2 or len(in_shapes[1]) != 2:
-            raise ValueError("matmul is covered for 2-D operands only (torch.mm)")
-        return ("MM",)
+        if len(in_shapes[0]) == 2 and len(in_shapes[1]) == 2:
+            return ("MM",)
+        return _bmm_einsum(in_shapes)
     if op == "sum":
         if ra.get("keepdim"):
             return lop_of(op, ra, in_shapes, fns)  # LayoutOps' Reduce RdSum with keepdim
@@ -223,6 +225,37 @@ def _op(n, ra: dict, in_shapes: list[tuple[int, ...]], axes: list[str], fns: lis
     if op == "reduce_scatter" and ra.get("reduce", "sum") != "sum":
         raise ValueError(f"reduce_scatter({ra.get('reduce')}) is not covered (sum only)")
     return ("AllGather" if op == "all_gather" else "ReduceScatter", nd(int(ra["dim"]), len(in_shapes[0])), k)
+
+
+# Integer / boolean tensors are field values (LayoutOps.v's header): an op may read or produce one only where
+# its denotation is exact on integers.  op -> (operand positions that may be integer, result may be integer).
+_INT_LAYOUT = ("reshape", "view", "flatten", "permute", "unsqueeze", "squeeze", "expand", "slice", "concat")
+INT_OK: dict[str, tuple[tuple[int, ...] | None, bool]] = {
+    "iota": ((), True), "cast": ((0,), False), "one_hot": ((0,), False), "masked_fill": ((1,), False),
+    "where": ((0,), False), **{c: (None, True) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{op: (None, True) for op in _INT_LAYOUT}}
+
+
+def _int_ok(n, inferred: dict) -> bool:
+    """Every integer operand / result of node n is one its Coq op denotes exactly (None: any operand)."""
+    dt = lambda x: inferred.get(x, ((), "float"))[1]  # noqa: E731
+    pos, out = INT_OK.get(n.op, ((), False))
+    if dt(n.outputs[0]) != "float" and not out:
+        return False
+    return all(dt(x) == "float" or pos is None or j in pos for j, x in enumerate(n.inputs))
+
+
+def _bmm_einsum(in_shapes) -> tuple:
+    """torch.matmul of [B.., m, k] @ [k, n] or @ [B.., k, n] (same batch dims) as LayoutOps' Einsum: letters
+    0..nb-1 the batch dims, nb = m, nb+1 = k, nb+2 = n (raise ValueError for other operand ranks)."""
+    ra, rb = len(in_shapes[0]), len(in_shapes[1])
+    nb = ra - 2
+    if ra < 3 or rb not in (2, ra) or (rb == ra and tuple(in_shapes[0][:nb]) != tuple(in_shapes[1][:nb])):
+        raise ValueError("matmul is covered for 2-D operands and for [B.., m, k] @ [k, n] / [B.., k, n] "
+                         "(no broadcast batch dims)")
+    bt = tuple(range(nb))
+    rhs = (bt if rb == ra else ()) + (nb + 1, nb + 2)
+    return ("Einsum", (bt + (nb, nb + 1), rhs), bt + (nb, nb + 2))
 
 
 def _mentions_rank(attrs: Any) -> bool:
@@ -289,9 +322,8 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
             unc.append(Uncovered(where, name, n.op, "a collective in the logical graph"))
             _hole(probe, name, ids, shapes, inferred)
             continue
-        dt = inferred.get(name, ((), "float"))[1]
-        if dt != "float" or any(inferred.get(x, ((), "float"))[1] != "float" for x in n.inputs):
-            unc.append(Uncovered(where, name, n.op, "integer tensors are not covered"))
+        if not _int_ok(n, inferred):
+            unc.append(Uncovered(where, name, n.op, "integer tensors are not covered here"))
             _hole(probe, name, ids, shapes, inferred)
             continue
         s = _shape(op, in_shapes, sizes)
@@ -302,7 +334,7 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
             continue
         ids[name] = len(shapes)
         shapes.append(s)
-        out.append(CNode(op, [ids[x] for x in n.inputs], name))
+        out.append(CNode(op, [ids[x] for x in n.inputs], name, ids[name]))
     return out
 
 
@@ -351,11 +383,7 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
     l_shapes: list = []
     l_inputs = []
     for t in plan.logical.inputs:
-        s, dt = linf[t.name]
-        if dt != "float":
-            unc.append(Uncovered("logical", t.name, "input", "integer tensors are not covered"))
-            _hole(probe, t.name, l_ids, l_shapes, linf)
-            continue
+        s, _ = linf[t.name]   # an integer input is a field value too (LayoutOps.v)
         l_ids[t.name] = len(l_shapes)
         l_shapes.append(tuple(s))
         l_inputs.append((t.name, tuple(s)))
@@ -364,6 +392,7 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
     p_ids: dict[str, int] = {}
     p_shapes: list = []
     p_inputs = []
+    p_input_ids: list[int] = []
     by_local = {b.local: b for b in plan.inputs.values()}
     for t in prog.inputs:
         b = by_local.get(t.name)
@@ -386,6 +415,7 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
         p_ids[t.name] = len(p_shapes)
         p_shapes.append(ls)
         p_inputs.append((t.name, l_ids[b.logical], pls))
+        p_input_ids.append(p_ids[t.name])
     p_nodes = _graph(prog, pname, penv, axes, sizes, fns, p_ids, p_shapes, pinf, unc, probe)
 
     p_outputs = []
@@ -403,12 +433,15 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
             unc.append(Uncovered(pname, b.local, "output", str(exc)))
             continue
         p_outputs.append((lname, l_ids[lname], p_ids[b.local], pls))
+    cp = CoqPlan(plan.name, list(mesh.items()), l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns,
+                 l_shapes, p_shapes, p_input_ids)
     if unc or probe:
         nl, np_ = len(plan.logical.nodes), len(prog.nodes)
-        raise NotCovered(unc, f"{len(l_nodes)} of {nl} logical and {len(p_nodes)} of {np_} program nodes have a "
+        exc = NotCovered(unc, f"{len(l_nodes)} of {nl} logical and {len(p_nodes)} of {np_} program nodes have a "
                               "Coq term; the others are listed or read a listed step")
-    return CoqPlan(plan.name, list(mesh.items()), l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns,
-                   l_shapes, p_shapes)
+        exc.partial = cp if probe else None  # diagnostics only (probe_rules): never printed
+        raise exc
+    return cp
 
 
 # ----------------------------------------------------------------- fact search (mirror of Check.rule)
@@ -509,33 +542,39 @@ def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
     return out, ""
 
 
+def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, Pls] | None, str]:
+    """The fact mderive accepts for parallel node n whose operands hold the facts af, or None and why."""
+    sizes = cp.sizes
+    if n.op[0] in COLLS:
+        out, why = _coll(n.op, af[0][1], cp.l_shapes[af[0][0]], sizes)
+        return ((af[0][0], out) if out is not None else None), why
+    cands = by_key.get((n.op, tuple(x[0] for x in af)), [])
+    # a logical graph may compute one value twice (two iotas of one size): prefer the node of the same name,
+    # so that the steps reading it find theirs (any choice is re-checked by Coq)
+    l = next((c for c in cands if cp.l_nodes[c - len(cp.l_inputs)].name == n.name), cands[0] if cands else None)
+    if l is None:
+        return None, "no logical node applies this op to the logical values of its operands"
+    pls = _mrule(n.op, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
+    if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
+        return None, "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
+    return (l, pls), ""
+
+
+def _by_key(cp: CoqPlan) -> dict:
+    ni = len(cp.l_inputs)
+    by_key: dict[tuple, list[int]] = {}
+    for j, n in enumerate(cp.l_nodes):
+        by_key.setdefault((n.op, tuple(n.args)), []).append(ni + j)
+    return by_key
+
+
 def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
     """The certificate: one fact per parallel node (raises NotCovered at the first node without one)."""
-    ni = len(cp.l_inputs)
-    sizes = cp.sizes
-    by_key: dict[tuple, int] = {}
-    for j, n in enumerate(cp.l_nodes):
-        by_key.setdefault((n.op, tuple(n.args)), ni + j)
+    by_key = _by_key(cp)
     facts: list[tuple[int, Pls]] = [(li, pls) for _, li, pls in cp.p_inputs]
     cert = []
     for n in cp.p_nodes:
-        af = [facts[a] for a in n.args]
-        f = None
-        why = ""
-        if n.op[0] in COLLS:
-            out, why = _coll(n.op, af[0][1], cp.l_shapes[af[0][0]], sizes)
-            if out is not None:
-                f = (af[0][0], out)
-        else:
-            l = by_key.get((n.op, tuple(x[0] for x in af)))
-            if l is None:
-                why = "no logical node applies this op to the logical values of its operands"
-            else:
-                pls = _mrule(n.op, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
-                if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
-                    why = "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
-                else:
-                    f = (l, pls)
+        f, why = _derive(cp, by_key, n, [facts[a] for a in n.args])
         if f is None:
             raise NotCovered([Uncovered("parallel", n.name, _ir_name(n.op), why)])
         facts.append(f)
@@ -548,6 +587,28 @@ def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
     if bad:
         raise NotCovered(bad)
     return cert
+
+
+def probe_rules(plan: Plan) -> tuple[int, int, list[Uncovered]]:
+    """Diagnostics: (parallel nodes with a fact, program nodes, the nodes without one whose operands have
+    facts) over the probe translation; a node reading a node without a fact is skipped."""
+    try:
+        cp = translate(plan, probe=True)
+    except NotCovered as exc:
+        cp = getattr(exc, "partial", None)
+    if cp is None:
+        return 0, 0, []
+    by_key = _by_key(cp)
+    facts = {i: (li, pls) for i, (_, li, pls) in zip(cp.p_input_ids, cp.p_inputs)}
+    missing = []
+    for n in cp.p_nodes:
+        if all(a in facts for a in n.args):
+            f, why = _derive(cp, by_key, n, [facts[a] for a in n.args])
+            if f is None:
+                missing.append(Uncovered("parallel", n.name, _ir_name(n.op), why))
+            else:
+                facts[n.id] = f
+    return len(facts) - len(cp.p_inputs), len(plan.programs[next(iter(plan.programs))].nodes), missing
 
 
 def _ir_name(op: tuple) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .coq import check_text, coqc_available
-from .emit import NotCovered, emit, probe_uncovered
+from .emit import NotCovered, emit, probe_rules, probe_uncovered
 
 COQ_CHECKED = "VERIFIED (Coq-checked)"
 PY_CHECKED = "VERIFIED (Python-checked)"
@@ -54,6 +54,14 @@ def _summary(items, shown: int = 8) -> str:
     return "; ".join(out) + (f"; ... {len(rows) - shown} more kinds" if len(rows) > shown else "")
 
 
+def _rules_note(plan) -> str:
+    """How far the fact search gets over the steps that have a Coq term, and the first steps it cannot derive."""
+    k, n, missing = probe_rules(plan)
+    if not missing:
+        return ""
+    return f"; rules: {k} of {n} program nodes get a fact, no rule yet for: {_summary(missing, 4)}"
+
+
 def judge(plan, out_path: str | Path | None = None) -> Judgement:
     """Emit the plan's Coq theorem (to ``out_path`` if given) and have coqc check it.
 
@@ -67,7 +75,7 @@ def judge(plan, out_path: str | Path | None = None) -> Judgement:
         behind = [u for u in probe_uncovered(plan) if (u.op, u.why) not in seen]
         more = f"; behind them: {_summary(behind)}" if behind else ""
         return Judgement("outside", f"{PY_CHECKED}: {len(items)} step(s) outside the Coq fragment, no Coq theorem "
-                                    "emitted: " + _summary(exc.items) + cov + more, items)
+                                    "emitted: " + _summary(exc.items) + cov + more + _rules_note(plan), items)
     if not coqc_available():
         if out_path is not None:
             _write_atomic(Path(out_path), text)

@@ -14,7 +14,8 @@ from .terms import _nat, _num, _rat, _seq
 RED = {"sum": "RdSum", "mean": "RdMean", "amax": "RdMax", "amin": "RdMin"}
 LOPS = ("Reshape", "Permute", "Unsqueeze", "Squeeze", "Expand", "Slice", "Concat", "Reduce", "Minimum",
         "Maximum", "AddScalar", "CastF", "Softmax", "LogSoftmax", "SoftmaxBwd", "LogSoftmaxBwd", "Einsum",
-        "Where", "MaskedFill")
+        "Where", "MaskedFill", "Iota", "Cmp", "OneHot")
+CMPS = {"eq": "CEq", "ne": "CNe", "lt": "CLt", "le": "CLe", "gt": "CGt", "ge": "CGe"}
 # ops that read their one input through an index map (LayoutSound.reindex_op)
 REINDEX = ("Reshape", "Permute", "Unsqueeze", "Squeeze", "Expand", "Slice", "CastF")
 
@@ -61,6 +62,14 @@ def lop_of(op: str, ra: dict, shapes: list[tuple[int, ...]], fns: list[str]) -> 
         return ("CastF",)
     if op == "where":
         return ("Where",)
+    if op == "iota":
+        if ra.get("start", 0) < 0 or ra.get("step", 1) < 0:
+            raise ValueError("iota with a negative start or step is not denoted")
+        return ("Iota", ra["size"], ra.get("start", 0), ra.get("step", 1))
+    if op in CMPS:
+        return ("Cmp", CMPS[op])
+    if op == "one_hot":
+        return ("OneHot", ra["num_classes"])
     if op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
         d = norm_dim(ra["dim"], r)
         ex = fn_id(fns, "exp")
@@ -87,6 +96,8 @@ def coq_lop(t: tuple) -> str:
         return f"(Reduce {t[1]} {_seq(t[2])} {'true' if t[3] else 'false'})"
     if k == "Einsum":
         return f"(Einsum {_seq([_seq(x) for x in t[1]])} {_seq(t[2])})"
+    if k == "Cmp":
+        return f"(Cmp {t[1]})"
     return "(" + " ".join([t[0], *map(_nat, t[1:])]) + ")"   # Unsqueeze / Slice / Concat / Softmax family: numbers
 
 
@@ -122,8 +133,12 @@ def lop_shape(t: tuple, ss: list) -> tuple[int, ...]:
             else:
                 del s0[e]
         return tuple(s0)
-    if k in ("Minimum", "Maximum", "MaskedFill"):
+    if k in ("Minimum", "Maximum", "MaskedFill", "Cmp"):
         return _bshape(ss[0], ss[1])
+    if k == "Iota":
+        return (t[1],)
+    if k == "OneHot":
+        return tuple(s0) + (t[1],)
     if k == "Where":
         return _bshape(_bshape(ss[0], ss[1]), ss[2])
     if k == "Einsum":
@@ -167,7 +182,7 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
         if any(len(s) != len(s0) or any(s[j] != s0[j] for j in range(len(s0)) if j != e) for s in ss):
             return None
         return Pl("S", d)
-    if k in ("Minimum", "Maximum"):
+    if k in ("Minimum", "Maximum", "MaskedFill", "Cmp"):
         so = lop_shape(t, ss)
         for x, s in zip(pls, ss):
             if len(pls) == 2 and x.kind == "S":
@@ -197,6 +212,8 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
             return None
         if k in ("AddScalar", "CastF"):
             return Pl("S", d)
+        if k == "OneHot":
+            return Pl("S", d) if d < len(s0) else None
         return None
     if len(pls) == 1 and pls[0].kind == "P":
         return pls[0] if k in REINDEX and pls[0].reduce in ("sum", "avg") else None
