@@ -49,7 +49,7 @@ def _common_prefix(per_rank: Mapping[tuple, list[dict]], axes, sizes) -> int:
 
 def _classes(per_rank, outs, start: int, axes, sizes):
     """The smallest set of class axes A such that the ranks agreeing on A run one SPMD program (from ``start``) over
-    the other axes: [(class index, coords, compressed nodes, outputs)] in row-major order of the A coordinates."""
+    the other axes: (A, their sizes, [(A coordinates, compressed nodes, outputs)] in row-major order)."""
     for k in range(1, len(axes) + 1):
         for sub in combinations(range(len(axes)), k):
             rest = [i for i in range(len(axes)) if i not in sub]
