@@ -1,8 +1,9 @@
-"""Context parallelism through torch's own ring attention (examples/torch/cp_attention.py): trace and verify seconds,
-ops in the merged per-rank program, verdict, per configuration.  Figures, not asserts.
+"""Context parallelism through torch's own ring attention (examples/torch/cp_attention.py, or with ``"example":
+"cp_context_parallel"`` torch's public ``context_parallel()``): trace and verify seconds, ops in the merged per-rank
+program, verdict, per configuration.  Figures, not asserts.
 
     python bench/cp_ring.py                 # the default sweep (cp 2 / 4, x tp 2, bugs)
-    python bench/cp_ring.py '{"cp": 4, "tp": 2, "rope": true}'
+    python bench/cp_ring.py '{"cp": 4, "tp": 2, "rope": true}' '{"example": "cp_context_parallel", "cp": 4}'
 """
 from __future__ import annotations
 
@@ -17,17 +18,21 @@ SWEEP = [{"cp": 2, "rope": True}, {"cp": 4, "rope": True}, {"cp": 2, "tp": 2, "r
          {"cp": 4, "tp": 2, "rope": True}, {"cp": 2, "tp": 2, "bug": "positions_not_offset"},
          {"cp": 4, "bug": "positions_not_offset"}, {"cp": 4, "bug": "lb_order"},
          {"cp": 4, "lb": False, "bug": "lse_not_updated"},
-         {"cp": 4, "lb": False, "rotate": "alltoall", "bug": "dkv_backwards"}]
+         {"cp": 4, "lb": False, "rotate": "alltoall", "bug": "dkv_backwards"},
+         {"example": "cp_context_parallel", "cp": 2, "tp": 2},
+         {"example": "cp_context_parallel", "cp": 2, "tp": 2, "bug": "positions_not_offset"}]
 
 
 def one(kw: dict) -> str:
-    import cp_attention
+    import importlib
 
     from tvcert.engine.verify import verify
     from tvcert.plan import load_plan
 
+    args = dict(kw)
+    example = importlib.import_module(args.pop("example", "cp_attention"))
     t0 = time.perf_counter()
-    plan = cp_attention.tvcert_trace(**kw)
+    plan = example.tvcert_trace(**args)
     t1 = time.perf_counter()
     res = verify(load_plan(plan))
     t2 = time.perf_counter()
