@@ -140,7 +140,8 @@ PROGRAMS = [  # (module, kwargs, expected)
     # DTensor loss_parallel() with the backward inside the context (examples/torch/realcode/loss_parallel_dtensor.py)
     ("realcode.loss_parallel_dtensor", {"reduction": "sum"}, "VERIFIED"),
     ("realcode.loss_parallel_dtensor", {"reduction": "sum", "tp": 4}, "VERIFIED"),
-    ("realcode.loss_parallel_dtensor", {}, "VERIFIED"),  # UNKNOWN today: the count of labels != ignore_index
+    ("realcode.loss_parallel_dtensor", {}, "VERIFIED"),  # the count of labels != ignore_index (int_range_count)
+    ("realcode.loss_parallel_dtensor", {"tp": 4}, "VERIFIED"),
     ("realcode.loss_parallel_dtensor", {"bug": "loss_div_tp"}, "REFUTED"),
     # layout rules on real code (examples/torch/realcode/layout_*.py): one head / one sample per rank, rank-sliced
     # blocks and their slice_backward pads, shards gathered as a stack

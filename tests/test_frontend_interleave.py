@@ -130,7 +130,8 @@ def test_generators_hold_and_catch_broken_kernels(monkeypatch):
 
 
 def _fused():
-    spec = importlib.util.spec_from_file_location("fused_qkv", ROOT / "examples" / "torch" / "realcode" / "fused_qkv.py")
+    path = ROOT / "examples" / "torch" / "realcode" / "fused_qkv.py"
+    spec = importlib.util.spec_from_file_location("fused_qkv", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -128,6 +128,8 @@ RULES: dict[str, str] = {
     "split_interleaved_shard": f"{_T}.Interleave.split_interleaved_shard",
     "concat_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
     "interleave_commutes": f"{_T}.Interleave.interleave_commutes",
+    # a count of in-range labels is the token count (kernel/int_range.py)
+    "int_range_count": f"{_T}.IntRange.int_range_fold",
     # ring attention (kernel/ring.py)
     "ring_attention_online_softmax": f"{_T}.Ring.ring_attention_online_softmax",
     "vocab_parallel_embedding_backward": f"{_T}.Composite.vocab_parallel_embedding_backward",

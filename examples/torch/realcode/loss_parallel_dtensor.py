@@ -6,10 +6,11 @@ inside the context too (``tvcert.frontends.dtensor.trace_module_plan(loss_contex
 The model: embedding -> tanh -> vocabulary projection; the mean next-token cross-entropy over ``labels``.
 ``bug="loss_div_tp"``: the parallel loss divided by the tp degree (a DDP habit carried over to TP; the ranks
 hold the whole loss already) -- REFUTED.  ``reduction="sum"``: VERIFIED (the vocab-parallel loss patterns in
-DTensor's spelling).  The default mean: the interpreter agrees, but DTensor divides by the count of labels that
-are not ``ignore_index`` (-100) and the engine does not use the labels' range [0, V) to see that this count is
-the token count: UNKNOWN at the output ``loss``, never REFUTED.
+DTensor's spelling).  The default mean: VERIFIED -- DTensor divides by the count of labels that are not
+``ignore_index`` (-100), and the labels lie in their declared range [0, V), so that count is the token count
+(``int_range_count``).
 
+    tvcert trace examples/torch/realcode/loss_parallel_dtensor.py --verify
     tvcert trace examples/torch/realcode/loss_parallel_dtensor.py --set reduction=sum --verify
 """
 import torch

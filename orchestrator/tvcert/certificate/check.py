@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ..deep import deep
 from ..kernel.equality import Prover
+from ..kernel.int_range import input_ranges
 from ..kernel.expr import Exprs
 from ..kernel.p2p import check_transfer, paired_send
 from ..kernel.memo import TemplateFailure, boundary, canonical_key, derive_template, memoizable, replay, stages
@@ -131,7 +132,7 @@ def check_certificate(cert: Certificate, plan_path: str | Path | None = None, ma
     recorded = {o.smt: o for o in cert.obligations}
     used_obl: set[str] = set()
     solve = _resolver(recorded, used_obl, solvers)
-    prover = Prover(exprs, solve=solve)
+    prover = Prover(exprs, solve=solve, ranges=input_ranges(plan))
     targets = output_targets(plan, exprs, lexpr)
     names = [o.name for o in cert.outputs]
     if sorted(names) != sorted(plan.logical.outputs):

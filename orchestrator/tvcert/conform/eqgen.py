@@ -26,8 +26,10 @@ from .core import Result, _close, eval_expr, rand_values
 from .gens import Draw
 
 
-def _check_pair(X: Exprs, a: int, b: int, seed: int) -> Result:
-    pv = Prover(X)
+def _check_pair(X: Exprs, a: int, b: int, seed: int, ranges: dict | None = None) -> Result:
+    """``ranges``: int leaf name -> R, the plan contract (values in [0, R)), given to the prover and drawn from."""
+    ranges = ranges or {}
+    pv = Prover(X, ranges=ranges)
     try:
         ok = pv.equal(a, b)
     except Exception as exc:  # a prover crash is reported
@@ -44,7 +46,7 @@ def _check_pair(X: Exprs, a: int, b: int, seed: int) -> Result:
         vals = {}
         for i in leaves:
             e = X[i]
-            hi = 4
+            hi = ranges.get(e.attr_dict()["name"], 4)
             vals[i] = rand_values(e.shape, e.dtype, rng, exact, hi=hi)
         try:
             va = eval_expr(X, a, vals, ctx)
@@ -314,6 +316,10 @@ EQUALITY.update(NORM_GENERATORS)
 from .gens_interleave import INTERLEAVE_EQ_GENERATORS  # noqa: E402  (interleave_commutes)
 
 EQUALITY.update(INTERLEAVE_EQ_GENERATORS)
+
+from .gens_int_range import INT_RANGE_GENERATORS  # noqa: E402  (int_range_count)
+
+EQUALITY.update(INT_RANGE_GENERATORS)
 
 from .gens_slice_concat import SLICE_CONCAT_GENERATORS  # noqa: E402  (Megatron's coalesced gradient buffer)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..deep import deep
 from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, run_plan, time_budget
 from ..kernel.equality import Prover
+from ..kernel.int_range import input_ranges
 from ..ops.base import TablesNeeded
 from ..kernel.expr import Exprs
 from ..kernel.partial_read import RULE as PARTIAL_READ, read_as
@@ -70,7 +71,7 @@ def verify(plan: Plan, refute: bool = True, seeds: int = 3, solve: Callable[[str
     prop = propagate(plan, exprs, lexpr)
     say(f"propagation: {len(prop.steps)} steps, {len(prop.failures)} ops without a rule")
     targets = output_targets(plan, exprs, lexpr)
-    prover = Prover(exprs, solve=solve)
+    prover = Prover(exprs, solve=solve, ranges=input_ranges(plan))
     t_smt = time.perf_counter()
     matches = [_match(plan, prop, prover, exprs, name, targets[name]) for name in plan.logical.outputs]
     t_smt = time.perf_counter() - t_smt

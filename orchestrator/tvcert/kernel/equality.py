@@ -31,6 +31,7 @@ from typing import Callable
 from ..ops import REGISTRY
 from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
+from .int_range import RULE as INT_RANGE, const_value
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
 from .slice_concat import RULE as SLICE_CONCAT, slice_operand
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
@@ -74,6 +75,7 @@ class Prover:
     explain_domain: bool = True  # on a failed obligation, say whether only the domain conditions failed
     smt_budget: float = field(default_factory=lambda: SMT_TOTAL_SECONDS)  # solver seconds in all
     smt_seconds: float = 0.0
+    ranges: dict = field(default_factory=dict)  # int input name -> R, values in [0, R) (the plan contract)
 
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}
@@ -219,12 +221,17 @@ class Prover:
                 and at.get("dtype", "float") == "float":
             return Fraction(str(at["value"])), X.mk("const", {**at, "value": 1}, [])
         if e.op in ("mul", "div") and len(e.args) == 2:
-            k = scalar_const(X, e.args[1])
+            k, counted = scalar_const(X, e.args[1]), False
+            if k is None and self.ranges and X[e.args[1]].shape == ():  # a count of in-range labels (int_range.py)
+                k = const_value(X, e.args[1], self.ranges)
+                counted = k is not None
             if k is not None and X[e.args[1]].shape == () and X[e.args[0]].shape == e.shape:
                 c, core = self.norm(e.args[0])
                 k = Fraction(str(k))
                 if e.op == "div" and k == 0:
                     return one, i
+                if counted:
+                    self.used.add(INT_RANGE)
                 return (c * k if e.op == "mul" else c / k), core
             k = scalar_const(X, e.args[0])
             if e.op == "mul" and k is not None and X[e.args[0]].shape == () and X[e.args[1]].shape == e.shape:

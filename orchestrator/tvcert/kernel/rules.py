@@ -32,6 +32,7 @@ from .allreduce_mixed import RULE as _AR_MIXED_RULE, allreduce_mixed
 from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
 from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as derive_interleaved_concat
 from .interleave import derive_split as derive_interleaved_split
+from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMENT
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 
@@ -136,6 +137,7 @@ RULES: dict[str, str] = {
     _PAD_BLOCK_RULE: _PAD_BLOCK_STATEMENT,
     _AG_LAYOUT_RULE: _AG_LAYOUT_STATEMENT,
     **_INTERLEAVE_STATEMENTS,
+    _INT_RANGE_RULE: _INT_RANGE_STATEMENT,
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
