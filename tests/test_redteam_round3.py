@@ -30,6 +30,7 @@ from tvcert.frontends.trace import TraceError, trace_plan  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "torch"))
 from test_aten_coverage import ir_run, torch_run  # noqa: E402
 
 D = torch.float64
@@ -168,3 +169,61 @@ def test_rank_reading_state_left_by_other_ranks_is_unknown(monkeypatch):
     _CACHE.clear()
     assert verify(load_plan(trace_plan(_logical, _by_rank_with_cache, inputs=SHARDED,
                                        mesh={"tp": 2}))).verdict == "VERIFIED"
+
+
+# ---------------------------------------------------------------- pipelines: the micro-batch reference
+# trace_pipeline_plan's reference is the combine ("mean" / "sum") of the micro-batch losses.  combine="sum" with
+# a loss that is a mean per micro-batch (scale_grads=False, the step summing the losses) trains with n_mb times the
+# single-device gradient and was VERIFIED against that sum.  Now the reference is tested against the full-batch
+# model (float64, random weights and inputs) first: a mismatch is UNKNOWN.
+def _pp_plan(per_microbatch_mean: bool):
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from pp_mlp import MLP, B, H, L
+    from tvcert.frontends.pipelining import trace_pipeline_plan
+
+    pp, nmb = 2, 4
+
+    def make():
+        torch.manual_seed(0)
+        return MLP()
+
+    def stage(model, ctx):
+        s, k = ctx.coord("pp"), L // pp
+        mod = nn.Sequential(*list(model.layers)[s * k:(s + 1) * k])
+        x_in = torch.empty(B // nmb, H, device="meta", requires_grad=s > 0)
+        out = torch.empty(B // nmb, H, device="meta", requires_grad=True)
+        return PipelineStage(mod, s, pp, torch.device("cpu"), input_args=x_in, output_args=out, group=ctx.group("pp"))
+
+    def loss_fn(out, target):  # a mean per micro-batch, or a sum normalised by the whole batch's elements
+        return F.mse_loss(out, target) if per_microbatch_mean else F.mse_loss(out, target, reduction="sum") / (B * H)
+
+    def step(sch, ctx, x, target):
+        s = ctx.coord("pp")
+        last = s == pp - 1
+        losses = []
+        sch.step(*(x,) if s == 0 else (), target=target if last else None, losses=losses if last else None)
+        return torch.stack(losses).sum() if last else None
+
+    spec = {"shape": [B, H]}
+    return trace_pipeline_plan(make, stage, lambda st, ctx: Schedule1F1B(st, n_microbatches=nmb, loss_fn=loss_fn,
+                                                                        scale_grads=False),
+                               loss_fn, data={"x": spec, "target": spec}, mesh={"pp": pp}, step=step, combine="sum")
+
+
+def test_pipeline_sum_of_microbatch_means_is_not_verified():
+    from pp_mlp import MLP, B, H
+
+    torch.manual_seed(0)
+    m = MLP().double()
+    x, t = torch.randn(B, H, dtype=D, generator=_g), torch.randn(B, H, dtype=D, generator=_g)
+    full = F.mse_loss(m(x), t)  # the single-device step; the pipeline's is the sum of the 4 micro-batch means
+    assert (sum(F.mse_loss(m(a), b) for a, b in zip(x.chunk(4), t.chunk(4))) - full).abs() > 0.1
+    with pytest.raises(TraceError) as ei:
+        _pp_plan(per_microbatch_mean=True)
+    assert ei.value.kind == "unsupported" and "not the full-batch model" in str(ei.value), str(ei.value)
+
+
+def test_pipeline_loss_normalised_by_the_whole_batch_verifies():
+    assert verify(load_plan(_pp_plan(per_microbatch_mean=False))).verdict == "VERIFIED"

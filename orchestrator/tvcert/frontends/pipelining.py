@@ -30,7 +30,9 @@ of the mesh on the fake process group, unmodified:
   the same micro-batches (the schedule's ``tensor_split``), each micro-batch's loss back-propagated, gradients
   divided by their count for a mean loss (``combine="mean"``) or summed for a loss normalised by the whole batch
   (``combine="sum"``, torchtitan's).  That this equals the full-batch gradient is arithmetic the engine has no
-  rule for (a sum over unrolled micro-batch slices): ``reference="full"`` compares with the full batch and is
+  rule for (a sum over unrolled micro-batch slices), so it is tested on the model in float64 with random weights
+  and inputs before tracing (:func:`_check_reference_is_full_batch`; a ``combine`` that does not give the
+  full-batch loss and gradients is UNKNOWN): ``reference="full"`` compares with the full batch and is
   UNKNOWN with more than one micro-batch.  Every parameter and buffer is an input of the stage holding it (held
   by no stage: bad input; by two, a tied weight: UNKNOWN).
 * **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's), never REFUTED; building the stage or schedule failing is bad input.
@@ -502,6 +504,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         raise TraceError(f"the ranks' schedules split the batch into different numbers of micro-batches {n_mb}",
                          "spmd")
     n_mb = n_mb[0]
+    if reference != "full" and n_mb > 1:
+        _check_reference_is_full_batch(model_factory, loss_fn, data, n_mb, combine)
 
     def logical(**kw):
         st = {n: kw[_safe(n)] for n in pnames}
@@ -593,6 +597,56 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     except PlanError as exc:
         raise TraceError(f"the traced pipeline does not form a valid plan: {exc}", "spmd") from None
     return plan
+
+
+def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Mapping[str, Any]], n_mb: int,
+                                   combine: str) -> None:
+    """The micro-batch reference (the ``combine`` of the micro-batch losses, :func:`trace_pipeline_plan`) must be the
+    single-device model on the whole batch, or a VERIFIED would certify a step whose gradients are not the model's:
+    ``combine="sum"`` of per-micro-batch means is n_mb times the full-batch mean, and so is any normalisation the
+    loss does per micro-batch that the combine does not undo (unequal micro-batches under "mean").  The engine
+    cannot prove the identity (no rule for sums over micro-batch slices), so it is tested here on the model in
+    float64 with random weights and inputs: loss and every gradient; a mismatch is UNKNOWN."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    try:
+        model = model_factory().to(torch.float64)
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                if t.is_floating_point() or t.is_complex():
+                    t.copy_(torch.randn(t.shape, dtype=t.dtype, generator=g) * 0.5)
+        d = []
+        for spec in data.values():
+            shape = [int(x) for x in spec["shape"]]
+            if str(spec.get("dtype", "float")) == "int":
+                d.append(torch.randint(0, int(spec.get("range") or 2), shape, generator=g))
+            else:
+                d.append(torch.randn(shape, dtype=torch.float64, generator=g))
+        params = [p for p in model.parameters() if p.requires_grad]
+        full = loss_fn(model(d[0]), *d[1:])
+        chunks = [torch.tensor_split(t, n_mb, 0) for t in d]
+        parts = [loss_fn(model(chunks[0][k]), *[c[k] for c in chunks[1:]]) for k in range(n_mb)]
+        comb = torch.stack(parts).sum() / (n_mb if combine == "mean" else 1)
+        full_v, comb_v = full.detach(), comb.detach()
+        pairs = [(full, comb), *zip(torch.autograd.grad(full, params, allow_unused=True, retain_graph=True),
+                                    torch.autograd.grad(comb, params, allow_unused=True))]
+    except Exception as exc:  # noqa: BLE001 - the identity is untested, so not assumed
+        raise TraceError(f"the micro-batch reference (combine={combine!r}) could not be compared with the full-batch "
+                         f"model ({type(exc).__name__}: {str(exc)[:200]})", "unsupported", "pipeline") from None
+    for what, (a, b) in zip(["loss", *(f"gradient {k}" for k in range(len(params)))], pairs):
+        a = torch.zeros(()) if a is None else a.detach()
+        b = torch.zeros(()) if b is None else b.detach()
+        # (a loss may compute in float32 inside, torchtitan's cross-entropy does; a wrong normalisation is off by
+        # a factor, here n_mb, or by the micro-batches' size ratios)
+        if (a.double() - b.double()).abs().max() > 1e-5 * max(1.0, a.double().abs().max().item()):
+            raise TraceError(f"the micro-batch reference is not the full-batch model (its {what} differs): the "
+                             f"{combine} of the {n_mb} micro-batch losses is {comb_v.item():.6g}, the loss on the "
+                             f"whole batch {full_v.item():.6g} "
+                             f"(random float64 weights and inputs; "
+                             + ("combine='sum' is for a loss normalised by the whole batch, not per micro-batch"
+                                if combine == "sum" else "a mean loss over unequal micro-batches, or normalised by "
+                                "something else than its micro-batch") + ")", "unsupported", "pipeline")
 
 
 def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
