@@ -250,3 +250,33 @@ def test_causal_mask_dropped_on_the_last_rank_only_refuted():
     res = verify(load_plan(cp_attention.tvcert_trace(cp=2, bug="last_rank_unmasked")))
     assert res.verdict == "REFUTED", res.reasons
     assert "60-digit" in res.counterexample["confirmed"], res.counterexample
+
+
+def _ignored_gather_plan(take: int):
+    """cp 2: every rank all-gathers 2x; rank 0 ignores the result (its program has no use for it), rank 1 keeps
+    block ``take`` of it.  The logical output is [x0, 2 x0]."""
+    from tvcert.frontends.mpmd import per_rank_programs
+
+    def logical(x):
+        return {"loss": x.sum(), "y": torch.cat([x[:2], 2 * x[:2]])}
+
+    def parallel(ctx, x):
+        g = ft_c.all_gather_single(2 * x, 0, ctx.group("cp"))
+        y = x if ctx.coord("cp") == 0 else g[2 * take:2 * take + 2]
+        return {"loss": x.sum(), "y": y}
+
+    with per_rank_programs():
+        return trace_plan(logical, parallel, mesh={"cp": 2},
+                          inputs={"x": {"shape": [4], "dtype": "float64", "placement": {"cp": "Shard(0)"}}},
+                          output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+
+
+def test_collective_a_rank_ignores_is_kept():
+    """Rank 0 ignores its all_gather's result, yet still sends its block: the collective stays in the merged program
+    (rank 1 reads rank 0's data through it), and reading the wrong block is REFUTED."""
+    from tvcert.engine.verify import verify
+
+    good = _ignored_gather_plan(0)
+    assert [n["op"] for n in good["parallel"][0]["nodes"]].count("all_gather") == 1, good["parallel"][0]["nodes"]
+    assert run_plan(load_plan(good)).equal
+    assert verify(load_plan(_ignored_gather_plan(1))).verdict == "REFUTED"
