@@ -38,16 +38,16 @@ split=> // n0; rewrite s mulrA mulVf ?mul1r //.
 by rewrite pnatr_eq0 -lt0n.
 Qed.
 
-Theorem int_range_count {I : finType} {T : numFieldType} (R : nat) (c : int) (x : I -> int) :
-  (forall i, (0 <= x i) && (x i < R%:Z)) -> (c < 0 \/ R%:Z <= c) ->
-  \sum_(i : I) ((x i != c)%:R : T) = #|I|%:R.
+Theorem int_range_count {I : finType} {T : numFieldType} (R c : int) (x : I -> int) (a : T) :
+  (forall i, (0 <= x i) && (x i < R)) -> (c < 0 \/ R <= c) ->
+  \sum_(i : I) (x i != c)%:R * a = #|I|%:R * a.
 Proof.
 move=> h hc.
 have ne : forall i, x i != c.
   move=> i; have /andP[l u] := h i; apply/eqP => e; rewrite e in l u.
   by case: hc => hc; [move: (lt_le_trans hc l) | move: (lt_le_trans u hc)]; rewrite ltxx.
-rewrite (eq_bigr (fun _ => 1)) => [|i _]; last by rewrite ne.
-by rewrite sumr_const.
+rewrite (eq_bigr (fun _ => a)) => [|i _]; last by rewrite ne mul1r.
+by rewrite sumr_const mulr_natl.
 Qed.
 
 (** The rule's statement: the three folds together. *)
@@ -59,9 +59,9 @@ Theorem int_range_fold :
          hi <= c -> forall i, (x i <= c) = true & c < lo -> forall i, (x i <= c) = false]) /\
   (forall (T : numFieldType) (n : nat) (c : T),
      \sum_(i < n) c = n%:R * c /\ ((0 < n)%N -> (n%:R : T)^-1 * (\sum_(i < n) c) = c)) /\
-  (forall (I : finType) (T : numFieldType) (R : nat) (c : int) (x : I -> int),
-     (forall i, (0 <= x i) && (x i < R%:Z)) -> (c < 0 \/ R%:Z <= c) ->
-     \sum_(i : I) ((x i != c)%:R : T) = #|I|%:R).
+  (forall (I : finType) (T : numFieldType) (R c : int) (x : I -> int) (a : T),
+     (forall i, (0 <= x i) && (x i < R)) -> (c < 0 \/ R <= c) ->
+     \sum_(i : I) (x i != c)%:R * a = #|I|%:R * a).
 Proof.
 split; first by move=> *; apply: compare_decided.
 split; first by move=> *; apply: fill_sum_mean.
