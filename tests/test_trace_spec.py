@@ -265,9 +265,9 @@ def test_fused_qkv_input_as_a_layout_of_the_logical_weight():
     assert raw["parallel"][0]["inputs"][1]["shape"] == [3 * Hd // tp, Hd]
     plan = load_plan(raw)
     assert run_plan(plan).equal  # the interpreter reads the input through its layout
-    # the engine has no rule yet for chunk (split) of a tensor sharded under a layout: UNKNOWN, never REFUTED
+    # the rank's chunk(3) of x @ wqkv.t() is Shard of q, k, v (split_interleaved_shard, kernel/interleave.py)
     res = verify(plan)
-    assert res.verdict in ("VERIFIED", "UNKNOWN") and (res.verdict == "VERIFIED" or "split" in res.reasons[0])
+    assert res.verdict == "VERIFIED", res.reasons[:2]
     raw = trace_plan(lg, lambda ctx, **kw: par(ctx, swap=True, **kw), inputs=xin, mesh={"tp": tp})
     assert verdict(raw) == "REFUTED"
     no_layout = dict(xin, wqkv={k: v for k, v in xin["wqkv"].items() if k != "layout"})  # plain Shard(0): rows of Q, K
