@@ -95,6 +95,7 @@ RULES: dict[str, str] = {
     "allreduce_avg_partial_sum": f"{_T}.Collectives.allreduce_avg_partial_sum",
     "allgather_shard": f"{_T}.Collectives.allgather_shard",
     "reduce_scatter_partial": f"{_T}.Collectives.reduce_scatter_partial",
+    "reduce_scatter_avg_partial_sum": f"{_T}.FsdpCollectives.reduce_scatter_avg_partial_sum",
     "all_to_all_reshard": f"{_T}.Collectives.all_to_all_reshard",
     "broadcast_replicate": f"{_T}.Collectives.broadcast_replicate",
     "send_recv_preserves": f"{_T}.Collectives.send_recv_preserves",

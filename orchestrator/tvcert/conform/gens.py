@@ -1010,7 +1010,10 @@ from .gens_unitdims import UNITDIM_GENERATORS  # noqa: E402  (size-1 dims beside
 
 from .gens_interleave import INTERLEAVE_GENERATORS  # noqa: E402  (fused tensors sharded per part)
 
-for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *INTERLEAVE_GENERATORS.items()]:
+from .gens_fsdp import FSDP_GENERATORS  # noqa: E402  (FSDP2's reduce-scatter(avg) of partial sums)
+
+for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *FSDP_GENERATORS.items(),
+               *INTERLEAVE_GENERATORS.items()]:
     SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
 
 SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}

@@ -2599,3 +2599,7 @@ for _ip in ("scatter.value", "scatter.src", "scatter_add", "index_add", "masked_
     if f"aten.{_ip}" in TABLE:
         _pk_ip, _, _ov = _ip.partition(".")
         reg(f"aten.{_pk_ip}_" + (f".{_ov}" if _ov else ""))(_inplace(f"aten.{_ip}"))
+
+
+# buffers written in parts (FSDP2): registers its conversions into the tables above
+from . import buffers as _buffers  # noqa: E402,F401

@@ -1088,6 +1088,9 @@ def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) ->
                 n *= mesh[a]
             return n
         nodes = fuse_collectives(nodes, outs, size)
+        from .buffers import unpack_flat_collectives  # FSDP2's flat all-gather / reduce-scatter, per tensor
+
+        nodes = unpack_flat_collectives(nodes, outs, size)
     return nodes, outs
 
 

@@ -83,6 +83,8 @@ RULES: dict[str, str] = {
     "allgather_shard": "all_gather along d of Shard(d) is Replicate",
     "reduce_scatter_partial": "reduce_scatter along d of Partial(sum) is Shard(d)",
     "reduce_scatter_replicate": "reduce_scatter(sum) along d of Replicate E is Shard(d) of p*E (avg: of E)",
+    "reduce_scatter_avg_partial_sum": "reduce_scatter(avg) along d of Partial(sum) E is Shard(d) of E/p (a "
+                                      "Partial(sum) on another axis is kept)",
     _AR_MIXED_RULE: "all_reduce(sum|avg) over two axes each Replicate, Partial(sum) or Partial(avg) (or over any "
                     "number of Replicate axes) is Replicate of E times prod(p over Replicate / Partial(avg) axes) "
                     "(sum) or E / prod(p over Partial(sum) axes) (avg)",
@@ -1013,6 +1015,25 @@ def _replicated_only(kc, op, ra, raw, facts):
 
 
 # ====================================================================== collectives
+def _reduce_scatter_avg(kc, f, i, d, pl, shape):
+    """reduce_scatter(avg) over axis ``i`` of Partial(sum) E: Shard(d) of E / p.  Every other axis is Replicate,
+    shards another dim, or holds Partial(sum) (kept: the averaging is linear); Partial(avg|max) there is refused."""
+    for j, q in enumerate(pl):
+        if j != i and q.kind == "P" and q.reduce != "sum":
+            raise RuleFailure(f"reduce_scatter(avg) of Partial(sum) with {q} on {kc.axes[j]!r}: no rule")
+        if j != i and q.kind not in ("R", "P", "S"):
+            raise RuleFailure(f"reduce_scatter(avg) of Partial(sum) with {q} on {kc.axes[j]!r}: no rule")
+    if any(pl[j].kind == "S" and pl[j].dim == d for j in range(len(pl)) if j != i):
+        raise RuleFailure(f"reduce_scatter over {kc.axes[i]!r}: dim {d} is already sharded on another axis")
+    p = kc.sizes[kc.axes[i]]
+    if shape[d] % p:
+        raise RuleFailure(f"reduce_scatter: dim {d} of size {shape[d]} does not split evenly")
+    pl = list(pl)
+    pl[i] = S(d)
+    c = kc.exprs.mk("const", {"value": p, "shape": (), "dtype": "float"}, [])
+    return Derivation([Fact(kc.exprs.mk("div", {}, [f.expr, c]), tuple(pl))], ["reduce_scatter_avg_partial_sum"])
+
+
 def _collective(kc, op, ra, raw, facts):
     f = facts[0]
     axes = list(axes_of(ra))
@@ -1101,6 +1122,8 @@ def _collective(kc, op, ra, raw, facts):
                 c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
                 e = kc.exprs.mk("mul", {}, [f.expr, c])
             return Derivation([Fact(e, tuple(pl))], ["reduce_scatter_replicate"])
+        if ra["reduce"] == "avg" and pl[i] == P("sum"):  # FSDP2's gradient reduce-scatter (FsdpCollectives.v)
+            return _reduce_scatter_avg(kc, f, i, d, pl, shape)
         if ra["reduce"] != "sum" or pl[i] != P("sum"):
             raise RuleFailure(f"reduce_scatter({ra['reduce']}) over {axes[0]!r} needs sum of Partial(sum), got {pl[i]}")
         if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):

@@ -1,0 +1,87 @@
+"""A small MLP under FSDP2 ``fully_shard`` (torch's own FSDPParamGroup hooks), for `tvcert trace`.
+
+    tvcert trace examples/torch/fsdp2_mlp.py --verify                                # FSDP2, dp 2: VERIFIED
+    tvcert trace examples/torch/fsdp2_mlp.py --set mode=hybrid_shard --verify        # HSDP, rep 2 x dp 2: VERIFIED
+    tvcert trace examples/torch/fsdp2_mlp.py --set optimizer=adamw --verify          # + AdamW step on the shards
+    tvcert trace examples/torch/fsdp2_mlp.py --set bug=double_avg --verify           # REFUTED
+    tvcert trace examples/torch/fsdp2_mlp.py --set mode=hybrid_shard --set bug=wrong_mesh_dim --verify  # REFUTED
+    tvcert trace examples/torch/fsdp2_mlp.py --set bug=left_out --verify             # REFUTED
+
+FSDP2 keeps each parameter as a ``Shard(0)`` DTensor over the mesh it is given; its pre-forward hook
+all-gathers a layer group's parameters as one flat buffer, its post-backward hook reduce-scatters the
+gradients with ``ReduceOp.AVG`` (HSDP: then all-reduces them over the replicate dim).  Each rank's loss is the
+mean over its local batch; FSDP2's average over the ranks makes it the global mean.  Bugs, each a line here:
+
+* ``double_avg``: the loss is divided by the data-parallel size by hand, on top of FSDP2's averaging.
+* ``wrong_mesh_dim`` (HSDP): ``fully_shard`` is given the shard dim of the 2-D mesh only, so the gradients are
+  reduce-scattered over it and never averaged over the replicate dim the batch is also split over.
+* ``left_out``: ``fully_shard`` wraps ``up`` only; ``down`` stays a plain parameter whose gradient a hook
+  divides by the world size -- but nothing sums it over the ranks.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+B, H, FF = 8, 4, 8
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(H, FF)
+        self.down = nn.Linear(FF, H)
+
+    def forward(self, x):
+        return self.down(torch.tanh(self.up(x)))
+
+
+MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2}}
+OPTIMIZERS = {  # run per tensor (foreach=False): one optimizer step on the sharded parameters
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
+}
+BUGS = ("", "double_avg", "wrong_mesh_dim", "left_out")
+
+
+def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
+    from torch.distributed.fsdp import fully_shard
+
+    from tvcert.frontends.fsdp2 import trace_fully_shard_plan
+
+    if mode not in MESHES or bug not in BUGS or (optimizer and optimizer not in OPTIMIZERS) or \
+            (bug == "wrong_mesh_dim" and mode != "hybrid_shard"):
+        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug one of {BUGS} (wrong_mesh_dim: hybrid_shard), "
+                         f"optimizer '' or one of {sorted(OPTIMIZERS)}")
+    mesh = MESHES[mode]
+    world = 1
+    for s in mesh.values():
+        world *= s
+
+    def make():
+        torch.manual_seed(0)
+        return MLP()
+
+    def shard(model, ctx):
+        dm = ctx.device_mesh
+        if bug == "left_out":
+            fully_shard(model.up, mesh=dm["dp"])  # BUG left_out: down is not sharded, and its gradient is
+            for p in model.down.parameters():     # divided by the world size but never summed over the ranks
+                p.register_hook(lambda g: g / world)
+            return model
+        if mode == "hybrid_shard":
+            # BUG wrong_mesh_dim: the shard dim only
+            return fully_shard(model, mesh=dm["dp"] if bug == "wrong_mesh_dim" else dm["rep", "dp"])
+        return fully_shard(model, mesh=dm["dp"])
+
+    def loss_fn(out, x, target):  # the single-device model's loss
+        return F.mse_loss(out, target)
+
+    def rank_loss_fn(out, x, target):  # each rank's training step
+        loss = F.mse_loss(out, target)
+        return loss / world if bug == "double_avg" else loss  # BUG double_avg: FSDP2 averages already
+
+    spec = {"shape": [B, H], "placement": {a: "Shard(0)" for a in mesh}}
+    return trace_fully_shard_plan(make, shard, loss_fn, data={"x": spec, "target": spec}, mesh=mesh,
+                                  rank_loss_fn=rank_loss_fn, optimizer=OPTIMIZERS[optimizer] if optimizer else None,
+                                  name=f"fsdp2_mlp_{mode}{'_' + optimizer if optimizer else ''}"
+                                       f"{'_' + bug if bug else ''}")

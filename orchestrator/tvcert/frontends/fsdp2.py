@@ -1,0 +1,258 @@
+"""FSDP2 ``fully_shard`` traced from torch's own ``FSDPParamGroup`` code on the fake process group (issue 16).
+
+What runs is FSDP2's: ``fully_shard(...)`` (the user's call, on each rank's mesh), its lazy init, its pre-forward
+all-gather (``foreach_all_gather``: ``all_gather_copy_in`` into a ``torch.empty`` buffer, ``dist.all_gather_into_
+tensor``, ``split_with_sizes_copy`` into the unsharded parameters), its post-backward reduce-scatter
+(``foreach_reduce``: ``chunk_cat`` of the unsharded gradients, ``dist.reduce_scatter_tensor(avg)``, HSDP's
+``dist.all_reduce`` over the replicate axis) and the sharded gradients it leaves in ``sharded_param.grad``.  Ours:
+
+* **Inputs.** Each sharded parameter is a plan input (its placement: FSDP2's DTensor placements on the mesh it
+  was given); before the forward its ``sharded_param`` (and the flat ``_sharded_param_data`` FSDP reads) is
+  rebuilt on the traced input.  Parameters outside every ``fully_shard`` are inputs too, Replicate, trained as
+  the module holds them (their gradient is what the program leaves in ``.grad``).
+* **Collectives** are the tracer's traceable remaps of ``torch.distributed`` (:func:`.trace._traceable_collectives`);
+  the joint program is functionalized (:mod:`.functional`), so FSDP's writes into views of its buffers are exact,
+  and partly written buffers are tracked per element (:mod:`.buffers`).
+* **Freeing.** ``free_storage`` (``storage.resize_(0)`` after the reshard) makes the buffer's values
+  uninitialised (a copy of ``torch.empty``): a later read that no all-gather rewrote is refused.
+  ``alloc_storage`` allocates nothing new (the values stay uninitialised until written).
+* **Optimizer.** ``optimizer(params)`` builds a ``torch.optim`` optimizer over the sharded parameters after the
+  backward; its ``step()`` runs on FSDP2's sharded gradients (outputs ``new.<p>``).
+
+What the trace cannot see is UNKNOWN naming the parameters: uneven sharding (padded shards), tensor-subclass
+all-gather extensions (``fsdp_pre_all_gather``), a parameter left with no gradient (``set_requires_gradient_sync
+(False)``, an unused parameter), parameters that are DTensors of another mesh (FSDP2 + TP).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping
+
+from .trace import MeshCtx, TraceError, coords_of, fake_world, trace_plan
+
+
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+def fsdp_params(model) -> list:
+    """(fqn, FSDPParam) of every ``fully_shard`` module's parameters, in module order."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fqn = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    out = []
+    for mod in model.modules():
+        if not isinstance(mod, FSDPModule):
+            continue
+        pg = mod._get_fsdp_state()._fsdp_param_group
+        for fp in (pg.fsdp_params if pg is not None else ()):
+            out.append((fqn[id(fp.sharded_param)], fp))
+    return out
+
+
+def _unsupported(fqn: str, fp) -> str | None:
+    from torch.distributed.tensor.placement_types import Shard
+
+    if hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather"):
+        return "its tensor subclass all-gathers through fsdp_pre_all_gather / fsdp_post_all_gather"
+    if fp._orig_size[fp.fsdp_placement.dim] % fp.mesh_info.shard_mesh_size:
+        return (f"it is sharded unevenly ({list(fp._orig_size)} over {fp.mesh_info.shard_mesh_size} ranks: padded "
+                f"shards)")
+    if fp.offload_to_cpu:
+        return "it is offloaded to the CPU (CPUOffloadPolicy)"
+    if getattr(fp, "_unsharded_dtensor_spec", None) is not None or fp.is_dtensor:
+        return "it is a DTensor of another mesh as well (FSDP2 + TP / EP)"
+    mesh = fp.mesh_info.mesh
+    names = mesh.mesh_dim_names
+    pls = fp.sharded_param.placements
+    if names is None or len(names) != len(pls):
+        return "its mesh has no dim names"
+    if not any(isinstance(p, Shard) for p in pls):
+        return "it is not sharded (replicate-only fully_shard)"
+    return None
+
+
+def _placements(fp) -> dict[str, str]:
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    out = {}
+    for a, p in zip(fp.mesh_info.mesh.mesh_dim_names, fp.sharded_param.placements):
+        if isinstance(p, Shard):
+            out[a] = f"Shard({p.dim})"
+        elif not isinstance(p, Replicate):
+            raise TraceError(f"FSDP2 parameter placement {p} on {a!r} is not traced", "unsupported", "fully_shard")
+    return out
+
+
+@contextlib.contextmanager
+def fsdp2_tracing():
+    """While tracing: the joint program functionalized, and FSDP2's storage free / alloc as values (see above)."""
+    import torch
+    import torch.distributed.fsdp._fully_shard._fsdp_param as FP
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as FPG
+
+    from . import trace
+    from .functional import functionalized
+
+    def free(t):  # the buffer's storage is released: its values are gone
+        with torch.no_grad():
+            t.copy_(torch.empty_like(t))
+
+    def alloc(t):  # new storage holds no values; until written, reads are refused as uninitialised memory
+        return None
+
+    patches = [(FP, "free_storage", free), (FP, "alloc_storage", alloc), (FPG, "alloc_storage", alloc),
+               (trace, "joint_transform", functionalized)]
+    old = [(o, k, getattr(o, k)) for o, k, _ in patches]
+    for o, k, v in patches:
+        setattr(o, k, v)
+    try:
+        yield
+    finally:
+        for o, k, v in reversed(old):
+            setattr(o, k, v)
+
+
+def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dict], list[str]]:
+    """Rank 0's build: the placement of every FSDP2 parameter, and the parameters left outside fully_shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    axes, sizes = tuple(mesh), tuple(mesh.values())
+    world = 1
+    for s in sizes:
+        world *= s
+    with fake_world(0, world):
+        dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
+        ctx = MeshCtx(axes, sizes, 0, dict(zip(axes, coords_of(0, sizes))), dm)
+        model = model_factory()
+        res = shard(model, ctx)
+        model = model if res is None else res
+        fps = fsdp_params(model)
+        if not fps:
+            raise TraceError("the model has no fully_shard module (FSDP2): nothing to trace here", "input")
+        bad = [(n, why) for n, fp in fps if (why := _unsupported(n, fp))]
+        if bad:
+            raise TraceError("FSDP2 fully_shard: " + "; ".join(f"parameter {n!r}: {w}" for n, w in bad) +
+                             ": not traced", "unsupported", "fully_shard")
+        pl = {n: _placements(fp) for n, fp in fps}
+        rest = [n for n, _ in model.named_parameters() if n not in pl]
+    return pl, rest
+
+
+def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[Any, MeshCtx], Any],
+                           loss_fn: Callable[..., Any], *, data: Mapping[str, Mapping[str, Any]],
+                           mesh: Mapping[str, int], name: str = "fsdp2",
+                           batch: Callable[..., Mapping[str, Any]] | None = None,
+                           rank_loss_fn: Callable[..., Any] | None = None,
+                           optimizer: Callable[[list], Any] | None = None, **kw) -> dict:
+    """``model_factory()`` builds the single-device module; ``shard(module, ctx)`` applies ``fully_shard`` (FSDP2,
+    on ``ctx.device_mesh`` or a slice of it; HSDP: a 2-D ``(replicate, shard)`` slice) and returns the module;
+    ``loss_fn(output, **data)`` is the single-device loss, and each rank's loss unless ``rank_loss_fn`` says
+    otherwise; ``data`` / ``batch`` as in :func:`.dataparallel.trace_ddp_plan`.  The loss is ``Partial(avg)``
+    over every mesh axis (FSDP2 averages gradients over the data-parallel ranks); gradients (or, with
+    ``optimizer(params) -> torch.optim.Optimizer``, the parameters after one step) are read back with FSDP2's
+    placements."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.tensor import DTensor
+
+    from .dataparallel import optimizer_step
+
+    logical_model = model_factory()
+    pnames = [n for n, _ in logical_model.named_parameters()]
+    if any(True for _ in logical_model.buffers()):
+        raise TraceError("buffers are not traced under FSDP2 (they are not sharded; pass them as parameters or "
+                         "inputs)", "unsupported", "buffer")
+    placements, rest = _probe(model_factory, shard, mesh)
+    missing = [n for n in pnames if n not in placements and n not in rest]
+    if missing:
+        raise TraceError(f"the sharded module does not train parameters {missing} of the model", "input")
+    shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
+    dtypes = {n: str(p.dtype).removeprefix("torch.") for n, p in logical_model.named_parameters()}
+    dnames = list(data)
+    inputs: dict[str, dict] = {_safe(n): {"shape": shapes[n], "param": True, "dtype": dtypes[n],
+                                          **({"placement": placements[n]} if placements.get(n) else {})}
+                               for n in pnames}
+    inputs.update({n: dict(data[n]) for n in dnames})
+    step = optimizer_step(optimizer) if optimizer is not None else None
+
+    def logical(**kw_):
+        st = {n: kw_[_safe(n)] for n in pnames}
+        out = torch.func.functional_call(logical_model, st, (kw_[dnames[0]],))
+        loss = loss_fn(out, **{n: kw_[n] for n in dnames})
+        return step(loss, {_safe(n): st[n] for n in pnames}) if step is not None else loss
+
+    def setup(ctx):
+        model = model_factory()
+        res = shard(model, ctx)
+        model = model if res is None else res
+        fps = fsdp_params(model)
+        got = {n: _placements(fp) for n, fp in fps}
+        if got != placements:
+            raise TraceError(f"FSDP2 places the parameters differently on rank {ctx.rank}: {got} vs rank 0's "
+                             f"{placements}", "spmd", "fully_shard")
+        for mod in model.modules():  # FSDP2's lazy init (outside the trace: it compares real storages)
+            st = getattr(mod, "_get_fsdp_state", None)
+            if st is not None and st()._is_root is None:
+                st()._lazy_init()
+                break
+        return model, fps
+
+    def parallel(ctx, **kw_):
+        from torch.distributed.fsdp._fully_shard._fsdp_param import unsafe_setattr_param
+
+        model, fps = ctx.state
+        sharded = {}
+        for n, fp in fps:  # FSDP2 all-gathers from _sharded_param_data: both rebuilt on the traced input
+            old = fp.sharded_param
+            local = kw_[_safe(n)].detach().clone()  # the optimizer steps it in place: not the input itself
+            new = nn.Parameter(DTensor.from_local(local, old.device_mesh, old.placements, run_check=False,
+                                                  shape=old.shape, stride=old.stride()),
+                               requires_grad=old.requires_grad)
+            fp.sharded_param = new
+            fp._sharded_param_data = new._local_tensor.view(-1)
+            fp._sharding_spec = new._spec
+            fp._setattr_on_modules(new)
+            sharded[n] = new
+        plain = {}
+        for n in rest:
+            mod_name, _, pn = n.rpartition(".")
+            mod = model.get_submodule(mod_name) if mod_name else model
+            leaf = kw_[_safe(n)].detach().clone().requires_grad_(True)  # stepped in place: not the input
+            real = mod._parameters[pn]
+            for h in list((getattr(real, "_post_accumulate_grad_hooks", None) or {}).values()):
+                leaf.register_post_accumulate_grad_hook(h)
+            for h in list((getattr(real, "_backward_hooks", None) or {}).values()):
+                leaf.register_hook(h)
+            unsafe_setattr_param(mod, pn, leaf)
+            plain[n] = leaf
+        d = {k: kw_[k] for k in dnames}
+        if batch is not None:
+            d = dict(batch(ctx, **d))
+        out = model(d[dnames[0]])
+        loss = (rank_loss_fn or loss_fn)(out, **d)
+        loss.backward()
+        grads = {}
+        for n in pnames:
+            p = sharded.get(n, plain.get(n))
+            if p.grad is None:
+                raise TraceError(f"FSDP2 left parameter {n!r} without a gradient after the backward (gradient "
+                                 f"sync off, or the parameter unused): not traced", "unsupported", "fully_shard")
+            g = p.grad
+            grads[n] = g.to_local() if isinstance(g, DTensor) else g
+        if optimizer is None:
+            return {"loss": loss.detach(), **{f"grad_{_safe(n)}": grads[n] for n in pnames}}
+        params = [sharded.get(n, plain.get(n)) for n in pnames]
+        opt = optimizer(params)
+        opt.step()
+        res = {"loss": loss.detach()}
+        for n, p in zip(pnames, params):
+            t = p.detach()
+            res[f"new.{_safe(n)}"] = t.to_local() if isinstance(t, DTensor) else t
+        return res
+
+    outs = dict(kw.pop("output_placements", None) or {})
+    outs.setdefault("loss", {a: "Partial(avg)" for a in mesh})
+    with fsdp2_tracing():
+        return trace_plan(logical, parallel, inputs=inputs, mesh=mesh, name=name, parallel_setup=setup,
+                          parallel_backward=True, output_placements=outs, **kw)
