@@ -102,7 +102,12 @@ def first_difference(a: list[dict], b: list[dict]) -> Optional[str]:
     """The first op of program ``a`` that program ``b`` does not have identically, as 'op at src', or None."""
     for i, (m, n) in enumerate(zip(a, b)):
         if {k: v for k, v in m.items() if k != "src"} != {k: v for k, v in n.items() if k != "src"}:
-            return f"op {i}: {m.get('op')} at {m.get('src')} vs {n.get('op')} at {n.get('src')}"
+            if (m.get("op"), m.get("inputs")) == (n.get("op"), n.get("inputs")):
+                am, an = m.get("attrs") or {}, n.get("attrs") or {}
+                ks = sorted(k for k in set(am) | set(an) if am.get(k) != an.get(k))
+                return (f"op {i}, {m.get('op')} at {m.get('src')}: {', '.join(f'{k}={am.get(k)!r}' for k in ks)} "
+                        f"here, {', '.join(f'{k}={an.get(k)!r}' for k in ks)} in a fresh process")
+            return f"op {i}: {m.get('op')} at {m.get('src')} here, {n.get('op')} at {n.get('src')} in a fresh process"
     if len(a) != len(b):
         i = min(len(a), len(b))
         p = a if len(a) > len(b) else b
