@@ -62,6 +62,8 @@ UNKNOWN = {  # no exact conversion: must be UNKNOWN naming the op
     "bitnot_int": (lambda x, w, ids: (x * ~ids).sum(), "aten.bitwise_not"),
     "to_uint8": (lambda x, w, ids: (x * (w * 300).to(torch.uint8)).sum(), "aten._to_copy"),
     "to_int8": (lambda x, w, ids: (x * (ids * 40).to(torch.int8)).sum(), "aten._to_copy"),
+    "index_put_float_into_int": (lambda x, w, ids: (x * (ids * 1).index_put_((ids > 3,), (w * 3).sum())).sum(),
+                                 "aten.index_put"),
 }
 ARGS = dict(x=X, w=W, ids=IDS)
 

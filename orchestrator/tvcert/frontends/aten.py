@@ -1213,6 +1213,11 @@ def _index_put(c, n, x, indices, values, accumulate=False):
     nothing aliases ``x``: ``x`` must be produced by a non-view op and have no users before this node."""
     idx = list(indices)
     values = _number_as(c, values, c.val(x).dtype)
+    if isinstance(values, torch.fx.Node):  # torch converts the values to x's dtype; only the identity is converted
+        vd, xd = c.val(values).dtype, c.val(x).dtype
+        if (xd == torch.bool and vd != torch.bool) or (vd.is_floating_point and not xd.is_floating_point) \
+                or (xd in _NARROW_INTS and vd not in (xd, torch.bool)):
+            c.fail(f"index_put of {vd} values into a {xd} tensor (torch converts them)")
     is_mask = len(idx) == 1 and isinstance(idx[0], torch.fx.Node) and c.val(idx[0]).dtype == torch.bool
     rows = (len(idx) == 2 and all(isinstance(i, torch.fx.Node) for i in idx) and _pk(idx[0]) == "aten.arange"
             and not accumulate)
