@@ -169,6 +169,8 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.fused_qkv", {"bug": "plain_shard"}, "REFUTED"),
     ("realcode.fused_qkv", {"bug": "no_allreduce"}, "REFUTED"),
     ("realcode.fused_qkv", {"part": "gate_up", "bug": "swap_parts"}, "REFUTED"),
+    ("realcode.fused_qkv", {"slices": True}, "VERIFIED"),  # Phi-3's qkv[..., :n] slices and their backward pads
+    ("realcode.fused_qkv", {"slices": True, "bug": "swap_parts"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),

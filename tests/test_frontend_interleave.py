@@ -66,6 +66,24 @@ def test_split_refuses_other_axes_on_the_fused_dim(pl, parts):
     assert res.status == "refused", res.detail
 
 
+def test_a_sliced_part_and_its_padded_gradient():
+    """q = y[..., :n] on the rank (Phi-3's spelling) is Shard of the logical part; its slice_backward pad back to
+    the k parts is Shard of the interleave of the logical pad; near misses refused."""
+    part = OpCase("slice", {"dim": 0, "start": 4, "end": 6, "step": 1},
+                  [TIn((12, 3), (S(0),), layout=lambda X, e: il.build(X, e, 0, 3, 2))], ("tp",), {"tp": 2})
+    X, _, _, _, d = conclude(part)
+    assert d.rules == [il.SPLIT_RULE] and X[d.facts[0].expr].attr_dict()["start"] == 8
+    pad = OpCase("pad", {"pads": [2, 0, 0, 0], "value": 0}, [TIn((4, 3), (S(0),))], ("tp",), {"tp": 2})
+    X, _, _, _, d = conclude(pad)
+    assert d.rules == [il.CONCAT_RULE] and il.match(X, d.facts[0].expr).k == 2
+    for c in (part, pad):
+        assert all(run_case(c, s).status == "ok" for s in range(3))
+    across = OpCase("slice", {"dim": 0, "start": 1, "end": 3, "step": 1}, part.ins, ("tp",), {"tp": 2})
+    for bad in (across, OpCase("pad", {"pads": [1, 0, 0, 0], "value": 0}, pad.ins, ("tp",), {"tp": 2}),
+                OpCase("pad", {"pads": [2, 0, 0, 0], "value": 1}, pad.ins, ("tp",), {"tp": 2})):
+        assert run_case(bad, 0).status == "refused"
+
+
 def test_concat_of_part_shards_and_its_near_misses():
     ok = OpCase("concat", {"dim": 1}, [TIn((2, 4), (S(1),)) for _ in range(3)], ("tp",), {"tp": 2})
     X, _, _, _, d = conclude(ok)

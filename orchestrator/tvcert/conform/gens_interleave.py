@@ -177,6 +177,15 @@ def gen_split_interleaved(dr: Draw) -> OpCase:
         sizes_attr[0] -= 1
         sizes_attr[1] += 1
     dim = d - len(out_shape) if dr.coin(0.3) else d
+    if dr.coin(0.3):  # one part sliced out (x[..., i*n:(i+1)*n]), near misses: off by one, across two parts
+        m = local // kk
+        i = dr.int(0, kk - 1)
+        st, en = i * m, (i + 1) * m
+        if near and dr.coin(0.4):
+            st, en = dr.pick([(st, min(en + 1, local)), (max(st - 1, 0), en - 1 if en - 1 > max(st - 1, 0) else en),
+                              (st + m // 2, min(en + m // 2, local))])
+        return OpCase("slice", {"dim": dim, "start": st, "end": en, "step": 1}, [TIn(tuple(leaf), pl, layout=lay)],
+                      axes, sizes, note=f"fused k={k} part {i}" + (" near" if near else ""))
     return OpCase("split", {"dim": dim, "sizes": sizes_attr}, [TIn(tuple(leaf), pl, layout=lay)], axes, sizes,
                   note=f"fused k={k}" + (" near" if near else ""))
 
@@ -194,6 +203,22 @@ def gen_concat_interleaved(dr: Draw) -> OpCase:
     pl = _other_pls(dr, axes, fi, d, rank, sizes, near)
     shape = fit(dr, rank, axes, sizes, [tuple(q if q.kind != "Z" else R for q in pl)])
     k = dr.int(2, 4)
+    if dr.coin(0.35):  # one part zero-padded to the k parts (a slice's backward), near misses: not whole parts,
+        n = shape[d] // sizes[axes[fi]]  # a nonzero fill, another dim padded too
+        i = dr.int(0, k - 1)
+        pads = [0] * (2 * rank)
+        pads[2 * d], pads[2 * d + 1] = i * n, (k - 1 - i) * n
+        value = 0
+        if near and dr.coin(0.5):
+            u = dr.rng.random()
+            if u < 0.4:
+                pads[2 * d + dr.int(0, 1)] += 1
+            elif u < 0.7:
+                value = 1
+            elif rank > 1:
+                pads[2 * ((d + 1) % rank)] = 1
+        return OpCase("pad", {"pads": pads, "value": value}, [TIn(tuple(shape), pl)], axes, sizes,
+                      note=f"part {i} of {k} padded" + (" near" if near else ""))
     ins = [TIn(tuple(shape), pl) for _ in range(k)]
     if near and dr.coin(0.4):
         j = dr.int(0, k - 1)

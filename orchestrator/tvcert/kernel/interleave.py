@@ -5,10 +5,11 @@ the *interleaved* tensor ``interleave(E, d, k, p)``: dim d (size k*p*n) split in
 swapped, merged back -- the binding layout ``reshape [.., k, p, n, ..] -> transpose(d, d+1) -> reshape`` a trace
 spec writes (``Rules/Interleave.v``: ``interleave(E)[r*k*n + i*n + t] = E[i*p*n + r*n + t]``).  Three rules read it:
 
-* ``split_interleaved_shard``: splitting the rank's local dim d into k equal chunks gives chunk i = block r of
-  chunk i of E, i.e. Shard(d) of ``split(E)[i]``;
+* ``split_interleaved_shard``: splitting the rank's local dim d into k equal chunks (or slicing one of them out)
+  gives chunk i = block r of chunk i of E, i.e. Shard(d) of ``split(E)[i]``;
 * ``concat_interleaved_shard``: concatenating k equal Shard(d) operands along d (the backward of that split)
-  is Shard(d) of ``interleave(concat(E_1..E_k), d, k, p)``;
+  is Shard(d) of ``interleave(concat(E_1..E_k), d, k, p)``; a zero pad of one part to the k parts (the backward
+  of a slice) likewise, the other parts zero;
 * ``interleave_commutes`` (an equality step and the first premise of both): a reindexing of one dim commutes
   with every op that reads that dim index by index -- a matmul's row (lhs) or column (rhs) dim, a permute (the
   dim moves), a reshape that keeps the dim whole with equal element counts before it, a pointwise op of
@@ -183,6 +184,59 @@ def derive_split(kc, ra, f, dim: int, failure):
     rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
     rules[ai] = SPLIT_RULE
     return Derivation([Fact(o, f.pl) for o in outs], rules)
+
+
+def derive_slice(kc, ra, f, dim: int, failure):
+    """Fact of ``slice(dim, i*n, (i+1)*n)`` (step 1, literal bounds) of Shard(dim) of an interleaved expression: one
+    part of the rank's block (``x[..., :n]``, Phi-3's qkv slices), rule ``split_interleaved_shard``."""
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    ai = _axis(kc, f, dim, failure, SPLIT_RULE)
+    p = kc.sizes[kc.axes[ai]]
+    got = pull(X, f.expr, dim, p)
+    if got is None:
+        raise failure(f"slice along dim {dim}, which is sharded on axis {kc.axes[ai]!r}: the input is not an "
+                      f"interleave over that axis ({SPLIT_RULE} needs a fused tensor laid out per rank)")
+    core, k = got
+    n = X[f.expr].shape[dim] // (k * p)
+    st, en, step = ra["start"], ra["end"], ra["step"]
+    if step != 1 or n == 0 or st % n or en != st + n or not 0 <= st < k * n:
+        raise failure(f"{SPLIT_RULE}: slice [{st}:{en}:{step}] is not one of the {k} parts of {n} rows a rank holds")
+    i = st // n
+    out = X.mk("slice", {"dim": dim, "start": i * p * n, "end": (i + 1) * p * n, "step": 1}, [core])
+    rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
+    rules[ai] = SPLIT_RULE
+    return Derivation([Fact(out, f.pl)], rules)
+
+
+def derive_pad(kc, ra, f, failure):
+    """Fact of a zero pad, literal on the one sharded dim d, of a Shard(d) operand of local size n by (i*n, j*n):
+    the rank's part i of k = i + j + 1 parts, the others zero (autograd's slice_backward of a sliced-out part) is
+    Shard(d) of the interleave of the logical pad by (i*p*n, j*p*n) -- ``concat_interleaved_shard`` with zero
+    parts."""
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    shape = X[f.expr].shape
+    pads, value = list(ra["pads"]), ra.get("value", 0)
+    padded = [d for d in range(len(shape)) if pads[2 * d] or pads[2 * d + 1]]
+    if len(padded) != 1 or value != 0:
+        raise failure(f"{CONCAT_RULE}: a pad of a sharded dim is covered with zeros on that dim only")
+    d = padded[0]
+    ai = _axis(kc, f, d, failure, CONCAT_RULE)
+    p = kc.sizes[kc.axes[ai]]
+    n = shape[d] // p
+    before, after = pads[2 * d], pads[2 * d + 1]
+    if n == 0 or before < 0 or after < 0 or before % n or after % n:
+        raise failure(f"{CONCAT_RULE}: pad ({before}, {after}) of a local part of {n} rows is not whole parts")
+    i, j = before // n, after // n
+    lp = [0] * len(pads)
+    lp[2 * d], lp[2 * d + 1] = i * p * n, j * p * n
+    expr = build(X, X.mk("pad", {"pads": tuple(lp), "value": 0}, [f.expr]), d, i + j + 1, p)
+    rules = ["replicate_any" if q.kind == "R" else "concat_other_dim" for q in f.pl]
+    rules[ai] = CONCAT_RULE
+    return Derivation([Fact(expr, f.pl)], rules)
 
 
 def derive_concat(kc, facts, dim: int, failure):

@@ -31,6 +31,7 @@ from .expr import RESHAPE_LIKE, ExprError, Exprs
 from .allreduce_mixed import RULE as _AR_MIXED_RULE, allreduce_mixed
 from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_STATEMENT, derive_allgather_other_dim
 from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as derive_interleaved_concat
+from .interleave import derive_pad as derive_interleaved_pad, derive_slice as derive_interleaved_slice
 from .interleave import derive_split as derive_interleaved_split
 from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMENT
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
@@ -679,6 +680,8 @@ def _rowwise(kc, op, ra, raw, facts):
         return _expand(kc, ra, facts[0])
     if op == "pad" and rank_dependent(raw):  # kernel/pad_block.py
         return derive_pad_block(kc, ra, raw, facts[0], RuleFailure)
+    if op == "pad" and any(q.kind == "S" and (ra["pads"][2 * q.dim] or ra["pads"][2 * q.dim + 1]) for q in facts[0].pl):
+        return derive_interleaved_pad(kc, ra, facts[0], RuleFailure)  # a part's slice_backward (interleave.py)
     maps, rule, linear_in = ROWWISE[op](ra, shapes)
     linear_in = [i for i in linear_in if i in REGISTRY[op].linear_in(ra)]  # only where the op's flag (OpFlags.v) says so
     attrs = dict(ra)
@@ -920,8 +923,8 @@ def _slice(kc, op, ra, raw, facts):
         if rank_axes:
             return _slice_block(kc, ra, raw, f, dim, rank_axes)
     multi = op == "split"
-    if multi and any(q.kind == "S" and q.dim == dim for q in f.pl):  # a fused tensor's parts (kernel/interleave.py)
-        return derive_interleaved_split(kc, ra, f, dim, RuleFailure)
+    if any(q.kind == "S" and q.dim == dim for q in f.pl):  # a fused tensor's parts (kernel/interleave.py)
+        return (derive_interleaved_split if multi else derive_interleaved_slice)(kc, ra, f, dim, RuleFailure)
     exprs = X.mk_multi(op, ra, [f.expr]) if multi else [X.mk(op, ra, [f.expr])]
     per_axis = []
     for ai, a in enumerate(kc.axes):
