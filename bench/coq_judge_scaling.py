@@ -6,6 +6,8 @@ For each L it emits the Coq file (``coqjudge.emit``) and runs ``coqc`` on it wit
 Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc alone.
 
     python bench/coq_judge_scaling.py [L ...]        # default: 4 16 64
+    python bench/coq_judge_scaling.py llama          # how much of the llama3-8b 2-layer tp2 dp2 zero1 step
+                                                     # (small dims) has a Coq term and a fact, first blockers
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "orchestrator"))
 
 from tvcert import proofkit  # noqa: E402
-from tvcert.coqjudge.emit import emit  # noqa: E402
+from tvcert.coqjudge.emit import NotCovered, emit, probe_rules, probe_uncovered, translate  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
 
@@ -66,7 +68,37 @@ def coqc(text: str) -> tuple[bool, float, float, str]:
     return ok, secs, ru.ru_maxrss / 1024, out[-300:]
 
 
+LLAMA = ["llama3-8b", "--layers", "2", "--tp", "2", "--dp", "2", "--zero", "1",
+         "--dims", "h=8,f=16,v=16,s=4,hd=4,nh=4,nkv=2"]
+
+
+def llama_coverage() -> None:
+    """The issue's first-stage plan: steps with a Coq term, steps with a fact, the first blockers by kind."""
+    from collections import Counter
+
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "llama.json"
+        subprocess.run([sys.executable, "-m", "tvcert.cli", "plan", *LLAMA, "-o", str(out)], check=True,
+                       capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "orchestrator")})
+        plan = load_plan(out, check_run_dims=False)
+    try:
+        translate(plan)
+        print("translation: every step has a Coq term")
+    except NotCovered as exc:
+        print("translation:", exc.coverage)
+    kinds = Counter((u.op, u.why) for u in probe_uncovered(plan))
+    for (op, why), k in kinds.items():
+        print(f"  no Coq term: {op} x{k}: {why}")
+    k, n, missing = probe_rules(plan)
+    print(f"fact search: {k} of {n} program nodes get a fact (a node reading one without a fact is skipped)")
+    for (op, why), c in Counter((u.op, u.why) for u in missing).items():
+        print(f"  no rule: {op} x{c}: {why}")
+
+
 def main(argv: list[str]) -> None:
+    if argv == ["llama"]:
+        llama_coverage()
+        return
     proofkit.build(ROOT)
     print(f"{'layers':>6} {'p_nodes':>8} {'file kB':>8} {'coqc s':>7} {'peak MB':>8}  accepted")
     for layers in [int(a) for a in argv] or [4, 16, 64]:

@@ -21,7 +21,7 @@ import pytest
 from tvcert import proofkit
 from tvcert.coqjudge.denote_eval import CoqEval, fn_id, lop_term
 from tvcert.coqjudge.emit import _op, _seq, coq_gop, coq_op, translate
-from tvcert.coqjudge.lops import LOPS
+from tvcert.coqjudge.lops import LOPS, coq_lop
 from tvcert.interp import run_graph
 from tvcert.ops import REGISTRY, Ctx, resolve_attrs
 from tvcert.ops.base import norm_dim
@@ -41,7 +41,7 @@ STAGE1 = [  # ops of Denote.op_val
     ("neg", {}, [(2, 3)]), ("square", {}, [(3,)]), ("scale", {"value": 0.5}, [(2, 2)]),
     ("scale", {"value": -3}, [(3,)]), ("tanh", {}, [(2, 3)]), ("exp", {}, [(3,)]), ("relu", {}, [(5,)]),
 ("const", {"value": 0.25, "shape": [2, 3]}, []),
-    ("matmul", {}, [(2, 3), (3, 5)]), ("sum", {"dims": [0]}, [(2, 3)]), ("sum", {"dims": [1]}, [(3, 2)]),
+    ("matmul", {}, [(2, 3), (3, 5)]), ("matmul", {}, [(2, 2, 3), (3, 2)]), ("matmul", {}, [(2, 1, 2, 3), (2, 1, 3, 2)]), ("sum", {"dims": [0]}, [(2, 3)]), ("sum", {"dims": [1]}, [(3, 2)]),
     ("sum", {"dims": [0, 1]}, [(2, 3)]), ("sum", {"dims": [-1, 0]}, [(2, 3, 3)]),
     ("transpose", {"dim0": 0, "dim1": 1}, [(2, 3)]), ("transpose", {"dim0": 0, "dim1": 2}, [(2, 1, 3)]),
 ]
@@ -157,8 +157,10 @@ def _term(ev: CoqEval, op: str, ra: dict, shapes, args: list[str], xs) -> str:
         cop = _op(n, dict(ra), [tuple(s) for s in shapes], "tp", ev.fns)
     except ValueError:
         cop = None
-    if cop is None or cop[0] in LOPS:  # the emitter's layout op is lop_term's
+    if cop is None:
         return f"lop_val fnT {lop_term(op, ra, [tuple(s) for s in shapes], ev.fns)} {ss} {ts}"
+    if cop[0] in LOPS:  # the emitter's own layout op (a batched matmul is its Einsum)
+        return f"lop_val fnT {coq_lop(cop)} {ss} {ts}"
     if cop[0] == "Fn":  # uninterpreted: fn k is the interpreter's op itself, on each input it meets
         spec = REGISTRY[op]
         ev.learn_pointwise(ev.fns[cop[1]], lambda v: spec.eval([np.array(v, dtype=object)], ra, ev.ctx)[0][()],

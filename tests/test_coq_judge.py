@@ -208,6 +208,7 @@ def _layouts() -> dict:
         N("iof", "cast", ["io"], dtype="float"),
         N("g", "gt", ["oh", "iof"]),                               # comparison of shards, broadcasting
         N("mf", "masked_fill", ["x", "g"], value=-2),              # masked_fill with an integer mask
+        N("bm", "matmul", ["x", "wm"]),                            # einsum_free_letter: batch (dp), rows (tp)
     ]
     logical = common + [
         N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
@@ -215,6 +216,7 @@ def _layouts() -> dict:
         N("s2", "sum", ["sm"], dims=[0]),
         N("s2p", "permute", ["s2"], dims=[1, 0]),                  # permute of a Partial(sum) (tp)
         N("yr", "reshape", ["y"], shape=[2, 8]),                   # reshape of a Partial(sum)
+        N("wg", "einsum", ["x", "x"], equation="abc,abd->cd"),     # einsum_contracted_letter on both axes
     ]
     par = copy.deepcopy(common) + [
         N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
@@ -225,31 +227,35 @@ def _layouts() -> dict:
         N("yrp", "reshape", ["y"], shape=[2, 8]), ar("yr", "yrp", "tp", "sum"),
         N("zs1", "slice", ["zc"], dim=0, start="rank.tp*2", end="rank.tp*2+2"),   # slice_block_to_shard (tp)
         N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
+        N("wgp", "einsum", ["x", "x"], equation="abc,abd->cd"), ar("wgt", "wgp", "tp", "sum"),
+        ar("wg", "wgt", "dp", "sum"),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf"]
+            "oh", "g", "mf", "bm", "wg"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
-    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf")})
+    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm")})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
-                 zc={"dp": "Shard(1)", "tp": "Shard(0)"})
+                 zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={})
     local = {o: o for o in outs}
     local.update(zc="zs2", ssk="sskr")
     return {
         "tvcert_plan": 1, "name": "layouts_dp2_tp2", "dims": {"a": 4, "b": 4, "c": 6, "dp": 2, "tp": 2},
         "mesh": {"dp": "dp", "tp": "tp"},
         "logical": {"inputs": [f("x", ["a", "b", "c"]), f("y", [4, 4]), f("z", [4, 6]), f("w", ["a", "c"]),
-                               {"name": "tok", "shape": ["a", "b"], "dtype": "int", "range": "c"}],
+                               {"name": "tok", "shape": ["a", "b"], "dtype": "int", "range": "c"}, f("wm", ["c", 2])],
                     "nodes": logical,
                     "outputs": outs},
         "parallel": [{"name": "spmd", "inputs": [f("x", ["a/dp", "b/tp", "c"]), f("y", [4, 4]), f("z", [4, 6]),
                                                  f("w", ["a/dp", "c"]),
-                                                 {"name": "tok", "shape": ["a/dp", "b/tp"], "dtype": "int"}],
+                                                 {"name": "tok", "shape": ["a/dp", "b/tp"], "dtype": "int"},
+                                                 f("wm", ["c", 2])],
                       "nodes": par, "outputs": [local[o] for o in outs]}],
         "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
                    "y": {"local": "y", "placement": {"tp": "Partial(sum)"}},
                    "z": {"local": "z", "placement": {}}, "w": {"local": "w", "placement": {"dp": "Shard(0)"}},
-                   "tok": {"local": "tok", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}}},
+                   "tok": {"local": "tok", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
+                   "wm": {"local": "wm", "placement": {}}},
         "outputs": {o: {"local": local[o], "placement": place[o]} for o in outs},
     }
 
@@ -271,7 +277,8 @@ def test_layout_plans_coq_checked(tmp_path):
               "(GL (Reduce RdMax [:: 1] false))", "(GL (Reduce RdSum [:: 1] true))", "(GL (Reshape [:: 2; 8]))",
               "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
               "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]", "(GL (OneHot 6))",
-              "(GL (Iota 6 0 1))", "(GL (Cmp CGt))", "(GL (MaskedFill (true, 2, 1)))"):
+              "(GL (Iota 6 0 1))", "(GL (Cmp CGt))", "(GL (MaskedFill (true, 2, 1)))",
+              "(GL (Einsum [:: [:: 0; 1; 2]; [:: 2; 3]] [:: 0; 1; 3]))"):
         assert c in text, c
     text, _, _ = emit(load_plan(EX / "heads_ok.json"))
     assert "PColl (CSliceRank 1 2) 0" in text
@@ -393,7 +400,8 @@ def _layout_mutations(v) -> None:
                     n["attrs"].update(attrs)
 
     def softmax_of_partial(d, op="softmax"):  # softmax of the Partial(sum) s2 before its all_reduce
-        d["logical"]["nodes"].insert(-2, {"name": "s2s", "op": op, "inputs": ["s2"], "attrs": {"dim": 1}})
+        j = [n["name"] for n in d["logical"]["nodes"]].index("s2p")
+        d["logical"]["nodes"].insert(j, {"name": "s2s", "op": op, "inputs": ["s2"], "attrs": {"dim": 1}})
         [n for n in d["logical"]["nodes"] if n["name"] == "s2p"][0]["inputs"] = ["s2s"]
         i = [n["name"] for n in d["parallel"][0]["nodes"]].index("s2pp")
         d["parallel"][0]["nodes"].insert(i, {"name": "s2s", "op": op, "inputs": ["s2"], "attrs": {"dim": 1}})
@@ -431,6 +439,13 @@ def _layout_mutations(v) -> None:
       lambda d: d["inputs"]["tok"].update(placement={"dp": "Shard(1)", "tp": "Shard(0)"}))
     v("int: gt operands swapped in the program", lay, lambda d: _nodes(d)["g"].update(inputs=["iof", "oh"]))
     v("int: iota starting at 1 in the program", lay, lambda d: _nodes(d)["io"]["attrs"].update(start=1))
+    v("bmm: batched matmul read with the shard dims swapped", lay,
+      lambda d: d["outputs"]["bm"].update(placement={"dp": "Shard(1)", "tp": "Shard(0)"}))
+    v("einsum: weight gradient without its dp all_reduce", lay, lambda d: d["outputs"]["wg"].update(local="wgt"))
+    v("einsum: weight gradient all_reduced over tp twice, never over dp", lay,
+      lambda d: _nodes(d)["wg"]["attrs"].update(axis="tp"))
+    v("bmm: the program's batched matmul reads x transposed (no logical node)", lay,
+      lambda d: _nodes(d)["bm"].update(inputs=["xp", "wm"]))
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

@@ -7,12 +7,13 @@
     [SoundOps.rule_sound], so the mesh checker applies it on every axis. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From Coq Require Import FunctionalExtensionality.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutSound.
+From TVCert Require Import Semantics IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutSound.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
 Import JSyntax JDenote JCheck JLists JSoundOps JLayout JLayoutSound.
+Local Notation index := seq.index.   (* not the index lists of Denote.v *)
 
 Module JLayoutRule.
 
@@ -142,6 +143,44 @@ Definition lrule_one (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) 
   | _ => false
   end.
 
+(** ** einsum of operands sharded on a free letter [l] (batch / column parallel) *)
+Definition ein_pl (l : nat) (t : seq nat) : placement := if l \in t then Shard (index l t) else Replicate.
+
+(** Every operand's dims are its letters' sizes (as [lsize] reads them). *)
+Definition ein_sizes_ok (ts : seq (seq nat)) (ss : seq (seq nat)) : bool :=
+  (size ts == size ss) &&
+  all (fun k => let t := nth [::] ts k in let s := nth [::] ss k in
+                (size t == size s) && all (fun j => nth 0 s j == lsize ts ss (nth 0 t j)) (iota 0 (size t)))
+      (iota 0 (size ts)).
+
+Fixpoint pls_eq (a b : seq placement) : bool :=
+  match a, b with
+  | [::], [::] => true
+  | x :: a', y :: b' => placement_eqb x y && pls_eq a' b'
+  | _, _ => false
+  end.
+
+(** The free letter [nth 0 out q] is held on its own dim by every operand that has it, the others replicated. *)
+Definition ein_free_ok (ts : seq (seq nat)) (out : seq nat) (ss : seq (seq nat)) (pls : seq placement) (q : nat) : bool :=
+  let l := nth 0 out q in
+  (q < size out) && uniq out && all uniq ts && has (fun t => l \in t) ts && ein_sizes_ok ts ss &&
+  pls_eq pls (map (ein_pl l) ts).
+
+
+(** A contracted letter [l] sharded on every operand holding it (the others replicated): the
+    ranks' einsums are partial sums of the einsum. *)
+Definition ein_contr_ok (ts : seq (seq nat)) (out : seq nat) (ss : seq (seq nat)) (pls : seq placement) (l : nat) : bool :=
+  (l \notin out) && has (fun t => l \in t) ts && all uniq ts && ein_sizes_ok ts ss &&
+  pls_eq pls (map (ein_pl l) ts).
+
+(** The letter of the first sharded operand (the candidate for [ein_contr_ok]). *)
+Definition ein_letter (ts : seq (seq nat)) (pls : seq placement) : nat :=
+  let k := find (fun pl => sh pl != None) pls in
+  if sh (nth Replicate pls k) is Some d then nth 0 (nth [::] ts k) d else 0.
+
+Lemma pls_eqP a b : pls_eq a b -> a = b.
+Proof. by elim: a b => [|x a IH] [|y b] //= /andP [/placement_eqbP -> /IH ->]. Qed.
+
 Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
   if all is_rep pls then is_rep pl else                       (* congruence on every rank *)
   match o with
@@ -155,6 +194,9 @@ Definition lrule (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl 
           bin_shard (lop_shape o ss) (nth [::] ss 0) a d && bin_shard (lop_shape o ss) (nth [::] ss 1) b d
       | _, _ => false
       end
+  | Einsum ts out =>                            (* einsum_free_letter / einsum_contracted_letter *)
+      if sh pl is Some q then ein_free_ok ts out ss pls q
+      else placement_eqb pl (Partial RSum) && ein_contr_ok ts out ss pls (ein_letter ts pls)
   | _ => lrule_one p o ss pls pl
   end.
 
@@ -347,6 +389,263 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
 Qed.
 
 
+(** einsum_free_letter / einsum_contracted_letter. *)
+Definition erel (l off : nat) (e e' : nat -> nat) : Prop := e' l = (off + e l)%N /\ forall x, x != l -> e' x = e x.
+
+Lemma sum_env_rel l off m (CL : seq (nat * nat)) (F G : (nat -> nat) -> R) e e' :
+  l \notin map fst CL ->
+  (forall e e', erel l off e e' -> (e l < m)%N -> F e = G e') ->
+  erel l off e e' -> (e l < m)%N -> sum_env CL F e = sum_env CL G e'.
+Proof.
+elim: CL e e' => [|[x n] CL IH] e e' /=; first by move=> _ H; apply: H.
+rewrite in_cons negb_or => /andP [lx lCL] H [el ex] elm.
+apply: sumR_ext => v _; apply: IH => //.
+  split; first by rewrite /= (negbTE lx).
+  by move=> y yl /=; case: (y =P x) => // _; apply: ex.
+by rewrite /= (negbTE lx).
+Qed.
+
+(** map of two related environments over a term: the free letter's position is shifted. *)
+Lemma map_erel l off e e' (t : seq nat) : uniq t -> erel l off e e' ->
+  map e' t = if l \in t then shift (index l t) off (map e t) else map e t.
+Proof.
+move=> ut [el ex]; case: ifP => lt.
+  apply: (@eq_from_nth _ 0); first by rewrite /shift size_set_nth_lt ?size_map // index_mem.
+  move=> j; rewrite size_map => jt; rewrite /shift nth_set_nth_lt !(nth_map 0) //; last by rewrite index_mem.
+  rewrite nth_index //; case: (j =P index l t) => [->|jl]; first by rewrite nth_index.
+  apply: ex; apply/eqP => e1; apply: jl; rewrite -e1 index_uniq //.
+apply/eq_in_map => x xt; apply: ex; apply/eqP => e1; by rewrite -e1 xt in lt.
+Qed.
+
+Lemma inb_unshift s d m off (i : seq nat) : (d < size s)%N -> size i = size s ->
+  inb s (shift d off i) -> (nth 0 i d < m)%N -> inb (set_nth 0 s d m) i.
+Proof.
+move=> ds szi /inbP [_ H] im; apply/inbP; rewrite size_set_nth_lt //; split=> // j js.
+rewrite nth_set_nth_lt; case: (j =P d) => [->//|jd].
+by have := H j js; rewrite /shift nth_set_nth_lt (introF eqP jd).
+Qed.
+
+Lemma shard_read p s d T (L : family) r idx :
+  placed p s (Shard d) T L -> zmask s T -> zmask (local_shape p s (Shard d)) (L r) -> (r < p)%N ->
+  size idx = size s -> (nth 0 idx d < nth 0 s d %/ p)%N -> L r idx = T (shift d (r * (nth 0 s d %/ p)) idx).
+Proof.
+move=> [ds dv H] mT mL rp sz im.
+case ii: (inb (local_shape p s (Shard d)) idx); first exact: H.
+rewrite mL ?ii // mT //; apply/negP => si; move/negP: ii; apply; exact: inb_unshift si im.
+Qed.
+
+
+(** The operands' product under related environments: each operand with [l] is read in its block. *)
+Lemma ein_F_rel p ts ss pls l Ts pss Ls r e e' :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  all uniq ts -> ein_sizes_ok ts ss -> pls = map (ein_pl l) ts -> (r < p)%N ->
+  erel l (r * (lsize ts ss l %/ p)) e e' -> (e l < lsize ts ss l %/ p)%N ->
+  foldr (fun k acc => (nth zero_t (map (fun L => L r) Ls) k (map e (nth [::] ts k)) * acc)%R) 1%R (iota 0 (size ts)) =
+  foldr (fun k acc => (nth zero_t Ts k (map e' (nth [::] ts k)) * acc)%R) 1%R (iota 0 (size ts)).
+Proof.
+move=> hss hTs hps hLs A uts /andP [/eqP szts sk] epl rp ee' elm.
+have szp : size pls = size ts by rewrite epl size_map.
+apply: foldr_in_ext => k acc; rewrite mem_iota add0n => /andP [_ kt].
+have kp : (k < size pls)%N by rewrite szp.
+have pk : nth Replicate pls k = ein_pl l (nth [::] ts k) by rewrite epl (nth_map [::]).
+rewrite (nth_map (fun _ => zero_t)) ?hLs //; congr (_ * _)%R.
+have [H hp okp mT mL] := A k kp.
+have ut : uniq (nth [::] ts k) by apply: (allP uts); rewrite mem_nth.
+rewrite (map_erel ut ee').
+move: H hp okp mT mL; rewrite pk /ein_pl.
+have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP szk /allP hsz].
+case: ifP => lt H hp okp mT mL.
+  have il : (index l (nth [::] ts k) < size (nth [::] ts k))%N by rewrite index_mem.
+  have hn : nth 0 (nth [::] ss k) (index l (nth [::] ts k)) = lsize ts ss l.
+    by apply/eqP; rewrite -{2}(nth_index 0 lt); apply: hsz; rewrite mem_iota.
+  have mL' : zmask (local_shape p (nth [::] ss k) (Shard (index l (nth [::] ts k)))) (nth (fun _ => zero_t) Ls k r).
+    by rewrite -hp; apply: mL.
+  have := @shard_read p _ _ _ _ r (map e (nth [::] ts k)) H mT mL' rp.
+  by rewrite size_map szk hn (nth_map 0) // nth_index // => /(_ erefl elm).
+have mL' : zmask (nth [::] ss k) (nth (fun _ => zero_t) Ls k r) by have := mL r; rewrite hp.
+by rewrite (rep_fun H mT mL' rp).
+Qed.
+
+(** The letter sizes of the local operands. *)
+Lemma lsize_local p ts ss pss l x : size ss = size ts -> size pss = size ts -> has (fun t => l \in t) ts ->
+  (forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k))) ->
+  (forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k)) ->
+  lsize ts pss x = if x == l then (lsize ts ss l %/ p)%N else lsize ts ss x.
+Proof.
+move=> szts hps hl hpk sk'; rewrite /lsize.
+case: (ltnP (find (fun t => x \in t) ts) (size ts)) => kt.
+  set k := find _ ts in kt *.
+  have xk : x \in nth [::] ts k.
+    by apply: (nth_find [::] (a := fun t => x \in t)); rewrite has_find; exact: kt.
+  rewrite hpk // /ein_pl.
+  case: ifP => lt.
+    have il : (index l (nth [::] ts k) < size (nth [::] ss k))%N by rewrite -sk' // index_mem.
+    rewrite /local_shape nth_set_nth_lt.
+    case: (x =P l) => [xl|xl]; first by rewrite xl eqxx -xl.
+    have -> : (index x (nth [::] ts k) == index l (nth [::] ts k)) = false.
+      apply/negbTE/eqP => e; apply: xl.
+      by rewrite -(nth_index 0 xk) e nth_index.
+    done.
+  case: (x =P l) => [xl|//]; by rewrite xl lt in xk.
+have hx : ~~ has (fun t => x \in t) ts by rewrite has_find -leqNgt.
+case: (x =P l) => [xl|_]; first by rewrite xl hl in hx.
+rewrite (@nth_default _ [::] pss) ?(@nth_default _ [::] ss) ?nth_nil //; first by rewrite szts.
+by rewrite hps.
+Qed.
+
+Lemma einsum_free p ts out ss pls q Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  ein_free_ok ts out ss pls q ->
+  pl_ok p (lop_shape (Einsum ts out) ss) (Shard q) ->
+  lop_shape (Einsum ts out) pss = local_shape p (lop_shape (Einsum ts out) ss) (Shard q) /\
+  placed p (lop_shape (Einsum ts out) ss) (Shard q) (lop_val fn (Einsum ts out) ss Ts)
+    (fun r => lop_val fn (Einsum ts out) pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A.
+rewrite /ein_free_ok => /andP [/andP [/andP [/andP [/andP [qo uo] uts] hl] sok] /pls_eqP epl] plok.
+set l := nth 0 out q in hl epl.
+move: (sok) => /andP [/eqP szts sk].
+have szp : size pls = size ts by rewrite epl size_map.
+have hpk : forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k)).
+  move=> k kt; have kp : (k < size pls)%N by rewrite szp.
+  by have [_ -> _ _ _] := A k kp; rewrite epl (nth_map [::]).
+have sk' : forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k).
+  by move=> k kt; have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP].
+have hls := fun x => @lsize_local p ts ss pss l x (esym szts) (etrans hps szp) hl hpk sk'.
+set so := lop_shape (Einsum ts out) ss.
+have szso : size so = size out by rewrite /so /= size_map.
+have hnso : forall j, (j < size out)%N -> nth 0 so j = lsize ts ss (nth 0 out j).
+  by move=> j jo; rewrite /so /= (nth_map 0).
+set m := (nth 0 so q %/ p)%N.
+have hm : m = (lsize ts ss l %/ p)%N by rewrite /m hnso.
+have hshape : lop_shape (Einsum ts out) pss = local_shape p so (Shard q).
+  rewrite /local_shape /=; apply: (@eq_from_nth _ 0).
+    by rewrite size_set_nth_lt ?size_map // -/so szso.
+  move=> j; rewrite size_map => jo; rewrite (nth_map 0) // hls nth_set_nth_lt -/so (nth_map 0) //.
+  have -> : (nth 0 out j == l) = (j == q) by rewrite /l nth_uniq.
+  by case: (j =P q) => _ //; rewrite hnso.
+split => //.
+move: plok => /andP [qso /eqP dv].
+split => // r i rp ii.
+have szi : size i = size out by rewrite (inb_size ii) /= size_set_nth_lt // szso.
+have si : inb so (shift q (r * m) i) by apply: (@inb_shift p) => //; rewrite /m.
+have iq : (nth 0 i q < m)%N.
+  by case/inbP: ii => _ /(_ q); rewrite /= size_set_nth_lt // nth_set_nth_lt eqxx; apply.
+rewrite /lop_val -/so hshape /mask ii si /einsum.
+have hcl : [seq (x, lsize ts pss x) | x <- contracted ts out] = [seq (x, lsize ts ss x) | x <- contracted ts out].
+  apply/eq_in_map => x; rewrite mem_filter => /andP [xo _]; rewrite hls.
+  by case: (x =P l) => // xl; rewrite xl /l mem_nth in xo.
+rewrite hcl.
+apply: (@sum_env_rel l (r * m) m).
+- rewrite -map_comp map_id_in //; rewrite /contracted mem_filter negb_and negbK /l mem_nth //.
+- by move=> e e' ee' elm; rewrite hm in ee' elm; apply: (ein_F_rel hss hTs hps hLs A uts sok epl rp ee' elm).
+- split; first by rewrite /shift nth_set_nth_lt /l index_uniq // eqxx // szi -hm.
+  move=> x xl; rewrite /shift nth_set_nth_lt.
+  case: (index x out =P q) => // e; exfalso; move/eqP: xl; apply.
+  have xo : (index x out < size out)%N by rewrite e.
+  by rewrite -(nth_index 0 (x := x) (s := out)) ?e // -index_mem.
+- by rewrite /l index_uniq.
+Qed.
+
+Lemma sumR_exchange n n' (F : nat -> nat -> R) :
+  sumR n (fun v => sumR n' (fun w => F v w)) = sumR n' (fun w => sumR n (fun v => F v w)).
+Proof.
+rewrite sumRE; under eq_bigr do rewrite sumRE.
+by rewrite exchange_big sumRE; apply: eq_bigr => w _; rewrite sumRE.
+Qed.
+
+(** The sum over letter [l] taken outermost. *)
+Lemma sum_env_pull (c : seq nat) (sz : nat -> nat) (F : (nat -> nat) -> R) env l : l \in c ->
+  sum_env [seq (x, sz x) | x <- c] F env =
+  sumR (sz l) (fun v => sum_env [seq (x, sz x) | x <- rem l c] F (fun y => if y == l then v else env y)).
+Proof.
+elim: c env => [|x c IH] env //; rewrite in_cons /=.
+case: (x =P l) => [-> _|xl /=]; first by [].
+case: eqP => [e|_ lc]; first by case: xl.
+transitivity (sumR (sz x) (fun v => sumR (sz l) (fun w => sum_env [seq (x0, sz x0) | x0 <- rem l c] F
+   (fun y => if y == l then w else if y == x then v else env y)))).
+  by apply: sumR_ext => v _; rewrite IH.
+rewrite sumR_exchange; apply: sumR_ext => w _; apply: sumR_ext => v _.
+congr sum_env; apply: functional_extensionality => y.
+by case: (y =P l) => [->|//]; rewrite (introF eqP (nesym xl)).
+Qed.
+
+Lemma sumR_blocks p m (G : nat -> R) : sumR (m * p) G = (\sum_(0 <= r < p) sumR m (fun w => G (r * m + w)%N))%R.
+Proof. by rewrite sumRE mulnC sum_blocks; apply: eq_big_nat => r _; rewrite sumRE. Qed.
+
+Lemma einsum_contr p ts out ss pls l Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  ein_contr_ok ts out ss pls l ->
+  lop_shape (Einsum ts out) pss = lop_shape (Einsum ts out) ss /\
+  placed p (lop_shape (Einsum ts out) ss) (Partial RSum) (lop_val fn (Einsum ts out) ss Ts)
+    (fun r => lop_val fn (Einsum ts out) pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A.
+rewrite /ein_contr_ok => /andP [/andP [/andP [/andP [lo hl] uts] sok] /pls_eqP epl].
+move: (sok) => /andP [/eqP szts sk].
+have szp : size pls = size ts by rewrite epl size_map.
+have hpk : forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k)).
+  move=> k kt; have kp : (k < size pls)%N by rewrite szp.
+  by have [_ -> _ _ _] := A k kp; rewrite epl (nth_map [::]).
+have sk' : forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k).
+  by move=> k kt; have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP].
+have hls := fun x => @lsize_local p ts ss pss l x (esym szts) (etrans hps szp) hl hpk sk'.
+have hshape : lop_shape (Einsum ts out) pss = lop_shape (Einsum ts out) ss.
+  apply/eq_in_map => x xo; rewrite hls; case: (x =P l) => // xl.
+  by rewrite -xl xo in lo.
+split => //.
+(* l's size is m * p, from an operand holding it *)
+set m := (lsize ts ss l %/ p)%N.
+have hmp : (m * p)%N = lsize ts ss l.
+  set k := find (fun t => l \in t) ts.
+  have kt : (k < size ts)%N by rewrite -has_find.
+  have lk : l \in nth [::] ts k by apply: (nth_find [::] (a := fun t => l \in t)).
+  have kp : (k < size pls)%N by rewrite szp.
+  have [H _ _ _ _] := A k kp; move: H; rewrite epl (nth_map [::]) // /ein_pl lk => -[_ dv _].
+  have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [_ /allP hsz].
+  have hn : nth 0 (nth [::] ss k) (index l (nth [::] ts k)) = lsize ts ss l.
+    by apply/eqP; rewrite -{2}(nth_index 0 lk); apply: hsz; rewrite mem_iota add0n index_mem.
+  by rewrite /m -hn.
+set c := contracted ts out.
+have uc : uniq c by rewrite /c /contracted filter_uniq // undup_uniq.
+have lc : l \in c.
+  rewrite /c /contracted mem_filter lo mem_undup; case/hasP: hl => t tts lt.
+  by apply/flattenP; exists t.
+move=> i ii.
+set F := fun (xs : seq tensor) env => foldr (fun k acc => (nth zero_t xs k (map env (nth [::] ts k)) * acc)%R) 1%R
+                                             (iota 0 (size ts)).
+have Eloc : forall r, lop_val fn (Einsum ts out) pss (map (fun L => L r) Ls) i =
+    sum_env [seq (x, lsize ts pss x) | x <- c] (F (map (fun L => L r) Ls)) (fun x => nth 0 i (index x out)).
+  by move=> r; rewrite /lop_val hshape /mask ii.
+have Elog : lop_val fn (Einsum ts out) ss Ts i =
+    sum_env [seq (x, lsize ts ss x) | x <- c] (F Ts) (fun x => nth 0 i (index x out)).
+  by rewrite /lop_val /mask ii.
+rewrite Elog (sum_env_pull _ _ _ lc) -hmp sumR_blocks.
+apply: eq_big_nat => r /andP [_ rp]; rewrite Eloc.
+have hsz : [seq (x, lsize ts pss x) | x <- c] = [seq (x, if x == l then m else lsize ts ss x) | x <- c].
+  by apply/eq_in_map => x _; rewrite hls.
+rewrite hsz (sum_env_pull _ _ _ lc) eqxx.
+have hrem : [seq (x, if x == l then m else lsize ts ss x) | x <- rem l c] = [seq (x, lsize ts ss x) | x <- rem l c].
+  apply/eq_in_map => x xr; case: (x =P l) => // xl.
+  by rewrite xl mem_rem_uniqF in xr.
+rewrite hrem; apply: sumR_ext => w wm.
+apply: (@sum_env_rel l (r * m) m).
+- by rewrite -map_comp map_id_in // mem_rem_uniqF.
+- by move=> e e' ee' elm; apply: (ein_F_rel hss hTs hps hLs A uts sok epl rp ee' elm).
+- split; first by rewrite /= !eqxx addnC.
+  by move=> x xl /=; rewrite (negbTE xl).
+- by rewrite /= eqxx.
+Qed.
+
 Lemma lrule_sound p o ss pls pl Ts pss Ls :
   size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
@@ -360,7 +659,10 @@ Proof.
 move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
   by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
 case Eo: o => [s'|ds|d|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c|n a st|c|n];
-  try (by rewrite -Eo; apply: lrule_one_sound; rewrite ?Eo).
+  try (by rewrite -Eo; apply: lrule_one_sound; rewrite ?Eo);
+  try (case hq: (sh pl) => [q|];
+       [move=> C ok; rewrite (shP hq) in ok *; by apply: (einsum_free hss hTs hps hLs A C ok)
+       |move=> /andP [/placement_eqbP -> C] _; by apply: (einsum_contr hss hTs hps hLs A C)]).
 - (* concat_other_dim *)
   case Hh: (sh (head Replicate pls)) => [d|] //.
   move=> /andP [/andP [/andP [/eqP szs allS] ok] /shP' ->] _.

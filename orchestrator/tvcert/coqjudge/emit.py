@@ -4,10 +4,10 @@
 plan's axes in mesh order (axis 0 outermost, as the interpreter distributes inputs), node ids
 are positions (inputs first), shapes are the plan's declared dims, each local op becomes one
 ``Syntax.op`` (``GO``) or ``LayoutOps.lop`` (``GL``, see ``lops.py``) constructor and each
-collective a ``PColl`` over one axis.  It refuses (returns
-the uncovered steps) whatever the fragment lacks: several programs, layouts, zig-zag shards,
-integer tensors where an op is not exact on them (``INT_OK``), collectives over several axes, reduce_scatter other than sum, ops without a
-Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
+collective a ``PColl`` over one axis.  It refuses (returns the uncovered steps) whatever the
+fragment lacks: several programs, layouts, zig-zag shards, integer tensors where an op is not
+exact on them (``INT_OK``), collectives over several axes, reduce_scatter other than sum, ops
+without a Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
 ``coll_shape`` give (mirrored here by ``_shape``) must equal the shapes the IR infers, node by
 node; the emitted file proves the same equalities in Coq (``the_shapes``).
 

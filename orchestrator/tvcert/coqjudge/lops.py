@@ -168,6 +168,30 @@ def _rowwise_ok(s, d, e) -> bool:
     return d < len(s) and s[d] > 0 and e != d
 
 
+def _lsize(ts, ss, l: int) -> int:
+    """Mirror of ``LayoutOps.lsize``: the letter's size in the first operand holding it (0 if none)."""
+    k = next((k for k, t in enumerate(ts) if l in t), None)
+    return 0 if k is None else ss[k][ts[k].index(l)]
+
+
+def _einsum(t: tuple, ss: list, pls: list, Pl) -> object | None:
+    """Mirror of ``LayoutRule``'s einsum lines: the letter l of the first sharded operand, held on its own
+    dim by every operand with l (the others replicated), shards the output on l's dim when l is an output
+    letter (``ein_free_ok``) and makes it a Partial(sum) when l is contracted (``ein_contr_ok``)."""
+    ts, out = t[1], t[2]
+    sh = [(k, x.dim) for k, x in enumerate(pls) if x.kind == "S"]
+    if not sh or len(ts) != len(ss) or sh[0][1] >= len(ts[sh[0][0]]):
+        return None
+    l = ts[sh[0][0]][sh[0][1]]
+    if any(len(set(x)) != len(x) for x in ts) or (l in out and len(set(out)) != len(out)):
+        return None
+    if any(len(x) != len(s) or any(s[j] != _lsize(ts, ss, x[j]) for j in range(len(x))) for x, s in zip(ts, ss)):
+        return None
+    if list(pls) != [Pl("S", x.index(l)) if l in x else Pl("R") for x in ts]:
+        return None
+    return Pl("S", out.index(l)) if l in out else Pl("P", reduce="sum")
+
+
 def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
     """Mirror of ``LayoutRule.lrule``: the result placement it accepts (``Pl``), or None.
 
@@ -190,6 +214,8 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
                 if _bin_shard(so, ss[0], pls[0], d) and _bin_shard(so, ss[1], pls[1], d):
                     return Pl("S", d)
         return None
+    if k == "Einsum":
+        return _einsum(t, ss, pls, Pl)
     if len(pls) == 1 and pls[0].kind == "S":
         d = pls[0].dim
         if k == "Permute":
