@@ -13,6 +13,7 @@ import pytest
 
 from tvcert.kernel.equality import Prover
 from tvcert.kernel.expr import Exprs
+from tvcert.kernel import interleave as il
 from tvcert.kernel.rules import RULES, Fact, KCtx, P, R, RuleFailure, S, derive, local_shape
 from tvcert.kernel.zigzag import Z
 from tvcert.ops import REGISTRY
@@ -205,6 +206,14 @@ def case_table():
     add("allgather_partial_sum", None, None)  # multi-op pattern: test_rules_norm_real.py, conform gen_gather_sum
     add("allreduce_avg_partial_sum_nested", None, None)  # test_rules_norm_real.py
     add("slice_concat_operand", None, None)  # equality step: test_trace_mcore.py, conform gen_slice_concat
+    # fused tensors sharded per part (kernel/interleave.py; tests/test_frontend_interleave.py, conform gens_interleave)
+    add("split_interleaved_shard", lambda e: e.apply(
+        "split", [Fact(il.build(e.X, e.X.leaf("w", (8, 2), "float"), 0, 2, 2), (S(0),))], dim=0, sizes=[2, 2]),
+        lambda e: e.apply("split", [e.t([8, 2], S(0))], dim=0, sizes=[2, 2]))  # a plain shard: rows of both parts
+    add("concat_interleaved_shard", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0),
+        lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], S(0))], dim=0))  # parts of different sizes
+    add("interleave_commutes", None, None)  # equality step: tests/test_frontend_interleave.py
+    add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
     return c
 
 
