@@ -213,3 +213,17 @@ def test_fully_shard_uneven_is_unknown_naming_the_parameter():
         trace_fully_shard_plan(make, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"]),
                                lambda out, x, t: ((out - t) ** 2).mean(), data={"x": spec, "t": spec}, mesh={"dp": 2})
     assert ei.value.kind == "unsupported" and "'0.weight'" in str(ei.value) and "unevenly" in str(ei.value)
+
+
+def test_titan_llama3_under_fully_shard_verified():
+    """torchtitan's Llama 3 debug model, 1 layer, sharded by torchtitan's own apply_fsdp_to_decoder (its divide
+    factor 1: summed gradients, loss over the global token count)."""
+    import fsdp2_titan_llama3
+
+    raw = fsdp2_titan_llama3.tvcert_trace()
+    res = verify(load_plan(raw))
+    assert res.verdict == "VERIFIED", res.reasons
+    nodes = raw["parallel"][0]["nodes"]
+    rs = [n for n in nodes if n["op"] == "reduce_scatter"]
+    assert len(rs) == len(raw["logical"]["inputs"]) - 3 and all(n["attrs"]["reduce"] == "sum" for n in rs)
+    assert raw["outputs"]["loss"]["placement"] == {"dp": "Partial(sum)"}

@@ -5,7 +5,7 @@
     tvcert trace examples/torch/fsdp_mlp.py --set mode=fsdp_tp --verify            # FSDP + TP, tp 2 x dp 2: VERIFIED
     tvcert trace examples/torch/fsdp_mlp.py --set bug=local_mean --verify          # REFUTED (any mode)
     tvcert trace examples/torch/fsdp_mlp.py --set optimizer=adamw --verify         # + AdamW step on the shards
-    tvcert trace examples/torch/fsdp_mlp.py --set fully_shard=true --verify        # FSDP2 fully_shard: UNKNOWN
+    tvcert trace examples/torch/fsdp_mlp.py --set fully_shard=true --verify        # UNKNOWN: see fsdp2_mlp.py
 
 SimpleFSDP (``torchtitan.experiments.graph_trainer.simple_fsdp.data_parallel``) keeps each parameter as a
 ``Shard(0)`` DTensor over the data-parallel mesh; using it all-gathers it, and its gradient is reduce-scattered
@@ -18,8 +18,8 @@ computes is therefore normalised by the *global* batch, as torchtitan's trainer 
   the same samples (a sampler given the rank within the shard group instead of the data-parallel rank).
 * ``optimizer=sgd_momentum|adamw``: one step of that torch.optim optimizer on the sharded parameters after the
   backward; the plan's outputs are the loss and the updated parameter shards (``new.<p>``).
-* ``fully_shard=true``: FSDP2's ``fully_shard`` instead of SimpleFSDP: its hooks are not traced, UNKNOWN naming
-  the parameters.
+* ``fully_shard=true``: FSDP2's ``fully_shard`` inside this SimpleFSDP spec: UNKNOWN naming the parameters (this
+  tracer does not run FSDP2's hooks; ``examples/torch/fsdp2_mlp.py`` traces ``fully_shard`` itself).
 """
 import torch
 import torch.nn as nn

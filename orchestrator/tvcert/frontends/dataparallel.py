@@ -13,8 +13,8 @@
   whose access all-gathers it and whose gradient is reduce-scattered (``Partial(sum) -> Shard``), traced through
   :func:`.dtensor.trace_module_plan`.  Its gradients are *sums* over the data-parallel ranks, so the loss each rank
   computes must be normalised by the global batch (loss read back ``Partial(sum)``).
-* **FSDP2 ``fully_shard``**: its all-gather and reduce-scatter run in module / autograd hooks on flat in-place
-  buffers (``FSDPParamGroup``) that the trace does not see: UNKNOWN naming the parameters (:func:`check_fully_shard`).
+* **FSDP2 ``fully_shard``** is traced by :func:`.fsdp2.trace_fully_shard_plan` (its own hooks, collectives and
+  flat buffers); inside a DDP or SimpleFSDP spec it is UNKNOWN naming the parameters (:func:`check_fully_shard`).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def _safe(name: str) -> str:
 
 
 def check_fully_shard(model) -> None:
-    """UNKNOWN (TraceError) naming the parameters of every ``fully_shard`` module: FSDP2's collectives are
-    issued by its hooks into flat buffers (``all_gather_copy_in``, storage resizes), invisible to the trace."""
+    """UNKNOWN (TraceError) naming the parameters of every ``fully_shard`` module in a DDP / SimpleFSDP spec: those
+    tracers do not run FSDP2's hooks (its flat-buffer all-gather and reduce-scatter); :mod:`.fsdp2` does."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover
@@ -42,8 +42,9 @@ def check_fully_shard(model) -> None:
                       if f"{mname + '.' if mname else ''}{n}" not in names]
     if names:
         raise TraceError(f"parameters {names} are managed by FSDP2 fully_shard, whose all-gather and reduce-scatter "
-                         f"run in its pre/post-forward and post-backward hooks on flat in-place buffers that the trace "
-                         f"cannot see; trace torchtitan's SimpleFSDP form (trace_simple_fsdp_plan) instead",
+                         f"run in its pre/post-forward and post-backward hooks on flat in-place buffers, which this "
+                         f"tracer does not run; trace it with tvcert.frontends.fsdp2.trace_fully_shard_plan "
+                         f"(examples/torch/fsdp2_mlp.py)",
                          "unsupported", "fully_shard")
 
 

@@ -88,21 +88,37 @@ def _placements(fp) -> dict[str, str]:
 def fsdp2_tracing():
     """While tracing: the joint program functionalized, and FSDP2's storage free / alloc as values (see above)."""
     import torch
+    import torch.distributed as dist
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as FC
     import torch.distributed.fsdp._fully_shard._fsdp_param as FP
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as FPG
 
     from . import trace
     from .functional import functionalized
 
-    def free(t):  # the buffer's storage is released: its values are gone
-        with torch.no_grad():
+    def free(t):  # the buffer's storage is released: its values are gone (no version bump, as resize_(0))
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(t):
             t.copy_(torch.empty_like(t))
 
     def alloc(t):  # new storage holds no values; until written, reads are refused as uninitialised memory
         return None
 
+    orig_factors = FC._get_gradient_divide_factors
+
+    def factors(*a, **k):
+        """``ReduceOp.PREMUL_SUM(1/f)`` (a gradient divide factor f other than the shard group's size, e.g.
+        torchtitan's 1.0) as ``SUM`` with FSDP2's own post-division by f: the same values over the reals."""
+        pre, post, rs_op, ar_op = orig_factors(*a, **k)
+        if not isinstance(rs_op, dist.ReduceOp.RedOpType):
+            f = a[4] if len(a) > 4 else k.get("factor")
+            if pre is not None or post is not None or f is None:
+                raise TraceError(f"FSDP2 reduce-scatter op {rs_op} with pre / post factors {pre} / {post}: not "
+                                 f"traced", "unsupported", "fully_shard")
+            return None, float(f), dist.ReduceOp.SUM, ar_op
+        return pre, post, rs_op, ar_op
+
     patches = [(FP, "free_storage", free), (FP, "alloc_storage", alloc), (FPG, "alloc_storage", alloc),
-               (trace, "joint_transform", functionalized)]
+               (FC, "_get_gradient_divide_factors", factors), (trace, "joint_transform", functionalized)]
     old = [(o, k, getattr(o, k)) for o, k, _ in patches]
     for o, k, v in patches:
         setattr(o, k, v)
@@ -116,6 +132,7 @@ def fsdp2_tracing():
 def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dict], list[str]]:
     """Rank 0's build: the placement of every FSDP2 parameter, and the parameters left outside fully_shard."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
 
     axes, sizes = tuple(mesh), tuple(mesh.values())
     world = 1
@@ -136,7 +153,27 @@ def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dic
                              ": not traced", "unsupported", "fully_shard")
         pl = {n: _placements(fp) for n, fp in fps}
         rest = [n for n, _ in model.named_parameters() if n not in pl]
-    return pl, rest
+        divide = {m._get_fsdp_state()._fsdp_param_group.gradient_divide_factor for m in model.modules()
+                  if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None}
+    return pl, rest, divide
+
+
+def _fsdp_failure(exc: BaseException) -> None:
+    """A failure while FSDP2's hooks run around the model is UNKNOWN, never REFUTED: its code runs on the fake
+    process group with our seams (the collectives' remaps, free / alloc, the rebuilt parameters), so a crash is
+    not shown to be the program's.  Names FSDP2's innermost frame, if any."""
+    import os
+    import traceback
+
+    import torch.distributed.fsdp as fsdp_pkg
+
+    fsdp_dir = os.path.dirname(os.path.abspath(fsdp_pkg.__file__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(fsdp_dir)), None)
+    where = f" (in FSDP2 at {os.path.basename(at.filename)}:{at.lineno} {at.name})" if at is not None else ""
+    raise TraceError(f"the program under FSDP2 fails while traced{where}: {type(exc).__name__}: "
+                     f"{' '.join(str(exc).split())[:300]}; not confirmed to be the program's own failure",
+                     "unsupported", "fully_shard") from exc
 
 
 def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[Any, MeshCtx], Any],
@@ -160,10 +197,12 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
 
     logical_model = model_factory()
     pnames = [n for n, _ in logical_model.named_parameters()]
-    if any(True for _ in logical_model.buffers()):
-        raise TraceError("buffers are not traced under FSDP2 (they are not sharded; pass them as parameters or "
-                         "inputs)", "unsupported", "buffer")
-    placements, rest = _probe(model_factory, shard, mesh)
+    if any(b.dtype.is_floating_point for b in logical_model.buffers()):
+        raise TraceError("floating-point buffers (batch-norm statistics, ...) are not traced under FSDP2",
+                         "unsupported", "buffer")
+    # complex buffers (a RoPE cache, never written) are inputs as their real view [..., 2], the same on every rank
+    cbufs = {n: b for n, b in logical_model.named_buffers() if b.is_complex()}
+    placements, rest, divide = _probe(model_factory, shard, mesh)
     missing = [n for n in pnames if n not in placements and n not in rest]
     if missing:
         raise TraceError(f"the sharded module does not train parameters {missing} of the model", "input")
@@ -173,11 +212,18 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
     inputs: dict[str, dict] = {_safe(n): {"shape": shapes[n], "param": True, "dtype": dtypes[n],
                                           **({"placement": placements[n]} if placements.get(n) else {})}
                                for n in pnames}
+    for n, b in cbufs.items():
+        inputs[_safe(n)] = {"shape": list(b.shape) + [2],
+                            "dtype": {torch.complex64: "float32", torch.complex128: "float64"}[b.dtype]}
     inputs.update({n: dict(data[n]) for n in dnames})
     step = optimizer_step(optimizer) if optimizer is not None else None
 
+    def buffers(kw_):
+        return {n: torch.view_as_complex(kw_[_safe(n)]) for n in cbufs}
+
     def logical(**kw_):
         st = {n: kw_[_safe(n)] for n in pnames}
+        st.update(buffers(kw_))
         out = torch.func.functional_call(logical_model, st, (kw_[dnames[0]],))
         loss = loss_fn(out, **{n: kw_[n] for n in dnames})
         return step(loss, {_safe(n): st[n] for n in pnames}) if step is not None else loss
@@ -226,12 +272,20 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
                 leaf.register_hook(h)
             unsafe_setattr_param(mod, pn, leaf)
             plain[n] = leaf
+        for n, t in buffers(kw_).items():
+            mod_name, _, bn = n.rpartition(".")
+            (model.get_submodule(mod_name) if mod_name else model)._buffers[bn] = t
         d = {k: kw_[k] for k in dnames}
         if batch is not None:
             d = dict(batch(ctx, **d))
-        out = model(d[dnames[0]])
-        loss = (rank_loss_fn or loss_fn)(out, **d)
-        loss.backward()
+        try:
+            out = model(d[dnames[0]])
+            loss = (rank_loss_fn or loss_fn)(out, **d)
+            loss.backward()
+        except TraceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure under FSDP2's hooks
+            _fsdp_failure(exc)
         grads = {}
         for n in pnames:
             p = sharded.get(n, plain.get(n))
@@ -252,7 +306,11 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
         return res
 
     outs = dict(kw.pop("output_placements", None) or {})
-    outs.setdefault("loss", {a: "Partial(avg)" for a in mesh})
+    if "loss" not in outs:  # FSDP2 averages the gradients; with a divide factor of 1 (torchtitan's) it sums them
+        if divide not in ({None}, {1.0}):
+            raise TraceError(f"FSDP2 gradient divide factors {sorted(map(str, divide))}: give the loss's placement "
+                             f"(output_placements)", "input")
+        outs["loss"] = {a: "Partial(avg)" if divide == {None} else "Partial(sum)" for a in mesh}
     with fsdp2_tracing():
         return trace_plan(logical, parallel, inputs=inputs, mesh=mesh, name=name, parallel_setup=setup,
                           parallel_backward=True, output_placements=outs, **kw)
