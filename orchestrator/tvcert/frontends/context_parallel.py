@@ -27,6 +27,10 @@ def _options(load_balance: bool, rotate: str):
 
 
 def _scores(q, k, is_causal, scale):
+    """(scores, keep mask or None, sqrt(scale)).  Masked scores are filled with their row's smallest score (finite,
+    no larger than any kept score), so a row's max over the filled scores is its max over the kept ones: the
+    exponentials below never overflow or underflow to an all-zero row (a -inf fill made the converter's masked
+    softmax 0 / 0 in float64 when the kept scores were far below the masked ones)."""
     import math
 
     import torch
@@ -36,37 +40,36 @@ def _scores(q, k, is_causal, scale):
     # sides (0.7071067811865476 squared is not 0.5 in the plan's decimal semantics)
     r = math.sqrt(c)
     s = torch.matmul(q * r, (k * r).transpose(-2, -1))
-    if is_causal:  # the kernel's causal mask: top-left aligned, on the block's local indices
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        s = s.masked_fill(keep.logical_not(), float("-inf"))
-    return s, r
+    if not is_causal:
+        return s, None, r
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()  # the kernel's mask: top-left aligned
+    return torch.where(keep, s, s.amin(-1, keepdim=True)), keep.to(s.dtype), r
 
 
 def flash_block(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """``aten._scaled_dot_product_flash_attention`` over the reals: out = softmax(S) V and logsumexp(S) per row
-    (the two outputs the ring reads; the rest are unused there)."""
+    over the kept scores (the two outputs the ring reads; the rest are unused there)."""
     import torch
 
     if dropout_p != 0.0 or return_debug_mask:
         raise RuntimeError("tvcert: ring attention is traced without dropout or debug mask")
-    s, _ = _scores(query, key, is_causal, scale)
-    raw, _ = _scores(query, key, False, scale)
-    # logsumexp over the kept scores, shifted by the row max of all scores (finite): the same real number
-    m = raw.amax(-1, keepdim=True)
-    e = torch.exp(raw - m)
-    if is_causal:
-        e = e * torch.ones(query.shape[-2], key.shape[-2], dtype=e.dtype).tril()
-    lse = (m + torch.log(e.sum(-1, keepdim=True))).squeeze(-1)
-    return torch.matmul(torch.softmax(s, -1), value), lse
+    s, keep, _ = _scores(query, key, is_causal, scale)
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m) if keep is None else torch.exp(s - m) * keep
+    z = e.sum(-1, keepdim=True)
+    return torch.matmul(e / z, value), (m + torch.log(z)).squeeze(-1)
 
 
 def flash_block_backward(grad_out, query, key, value, out, logsumexp, *_, is_causal=False, scale=None, **__):
     """``aten._scaled_dot_product_flash_attention_backward`` over the reals, from the given (merged) output and
-    logsumexp as the kernel computes it: P = exp(S - lse), D = rowsum(dO * out), dS = P (dO V^T - D)."""
+    logsumexp as the kernel computes it: P = exp(S - lse) (0 where masked), D = rowsum(dO * out),
+    dS = P (dO V^T - D)."""
     import torch
 
-    s, r = _scores(query, key, is_causal, scale)
+    s, keep, r = _scores(query, key, is_causal, scale)
     p = torch.exp(s - logsumexp.unsqueeze(-1))
+    if keep is not None:
+        p = p * keep
     d = (grad_out * out).sum(-1, keepdim=True)
     ds = p * (torch.matmul(grad_out, value.transpose(-2, -1)) - d)
     return (torch.matmul(ds, key * r) * r, torch.matmul(ds.transpose(-2, -1), query * r) * r,
