@@ -45,7 +45,8 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_layer", {"sp": True}, "VERIFIED"),
     ("mcore_layer", {"sp": True, "bug": "ln_not_marked"}, "REFUTED"),
     ("mcore_layer", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
-    ("mcore_layer", {"b": 2}, "VERIFIED"),  # UNKNOWN today: batch x heads merge at b > 1 (dot_product_attention.py:184)
+    ("mcore_layer", {"b": 2}, "VERIFIED"),  # batch x heads merge (dot_product_attention.py:184) interleaved
+    ("mcore_layer", {"b": 2, "sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),

@@ -213,6 +213,8 @@ def case_table():
     add("concat_interleaved_shard", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0),
         lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], S(0))], dim=0))  # parts of different sizes
     add("interleave_commutes", None, None)  # equality step: tests/test_frontend_interleave.py
+    add("merge_interleaved_shard", None, None)  # Megatron's batch x heads merge: test_trace_mcore.py, conform
+    add("split_interleaved_reshape", None, None)  # its inverse view: test_trace_mcore.py, conform
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
     return c
 

@@ -167,7 +167,7 @@ def test_unit_dim_and_slice_concat_generators_hold_and_catch_broken_kernels(monk
 
     def trusting(logical_in, local_out, facs, intended=None, hints=frozenset()):
         (d,) = facs if len(facs) == 1 else (None,)
-        for h in hints:  # any hinted dim that restores the element count carries the shard
+        for _, h in hints:  # any hinted dim that restores the element count carries the shard
             diff = [i for i, (x, y) in enumerate(zip(h, local_out)) if x != y] if len(h) == len(local_out) else []
             if d is not None and len(diff) == 1 and h[diff[0]] == local_out[diff[0]] * facs[d]:
                 return {d: diff[0]}
@@ -183,6 +183,66 @@ def test_unit_dim_and_slice_concat_generators_hold_and_catch_broken_kernels(monk
     monkeypatch.setattr(equality, "slice_operand", offset_blind)
     assert reshapes().count("DISAGREE") > 10
     assert sum(r.status == "DISAGREE" for r in slices()) > 5
+
+
+def test_batch_heads_merge_read_as_a_plain_shard_is_refuted():
+    """x [b=2, heads=4, 3] Shard(1) on tp = 2, each rank merging its [2, 2, 3] to [4, 3] and the result declared
+    Shard(0) of the logical merge [8, 3]: rank r holds each sample's block of heads (an interleave), not rows
+    [4r, 4r+4) -- REFUTED, as the interpreter shows."""
+    from tvcert.plan import load_plan
+
+    x = [{"name": "x", "shape": [2, 4, 3], "dtype": "float"}]
+    plan = load_plan({
+        "tvcert_plan": 1, "name": "merge_as_shard", "dims": {"tp": 2}, "mesh": {"tp": "tp"},
+        "logical": {"inputs": x, "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"], "attrs": {"shape": [8, 3]}}],
+                    "outputs": ["y"]},
+        "parallel": [{"name": "spmd", "inputs": [{"name": "x", "shape": [2, 2, 3], "dtype": "float"}],
+                      "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"], "attrs": {"shape": [4, 3]}}],
+                      "outputs": ["y"]}],
+        "inputs": {"x": {"local": "x", "placement": {"tp": "Shard(1)"}}},
+        "outputs": {"y": {"local": "y", "placement": {"tp": "Shard(0)"}}}})
+    assert not run_plan(plan).equal
+    assert verify(plan).verdict == "REFUTED"
+
+
+def test_interleave_reshape_generators_hold_and_catch_broken_rules(monkeypatch):
+    """merge_interleaved_shard / split_interleaved_reshape on a few hundred draws hold on every rank; a merge
+    concluding the plain reshape, and a split reading its interleaved input as plain, are caught."""
+    import numpy as np
+
+    from tvcert.conform.core import run_case
+    from tvcert.conform.gens import Draw
+    from tvcert.conform.gens_interleave_reshape import gen_merge_interleaved, gen_split_interleaved_reshape
+    from tvcert.kernel import interleave_reshape as ir
+    from tvcert.kernel import rules
+
+    def run(gen, rule):
+        out = []
+        for i in range(200):
+            try:
+                case = gen(Draw(np.random.default_rng([i, 5])))
+            except (ValueError, IndexError, ZeroDivisionError):
+                continue
+            r = run_case(case, i)
+            out.append("hit" if r.status == "ok" and rule in r.rules else r.status)
+        return out
+
+    for gen, rule in [(gen_merge_interleaved, ir.MERGE_RULE), (gen_split_interleaved_reshape, ir.SPLIT_RULE)]:
+        st = run(gen, rule)
+        assert set(st) <= {"hit", "ok", "refused", "skip"} and st.count("hit") > 60, (rule, st)
+    real = rules.derive_interleave_reshape
+
+    def blind(kc, f, shape, li, lo):  # the split's conclusion on the interleaved input itself
+        d = real(kc, f, shape, li, lo)
+        if d is not None and ir.SPLIT_RULE in d.rules:
+            X = kc.exprs
+            d = rules.Derivation([rules.Fact(X.mk("reshape", {"shape": X[d.facts[0].expr].shape}, [f.expr]),
+                                             d.facts[0].pl)], d.rules)
+        return d
+    monkeypatch.setattr(rules, "derive_interleave_reshape", blind)
+    assert run(gen_split_interleaved_reshape, ir.SPLIT_RULE).count("DISAGREE") > 20
+    monkeypatch.setattr(ir, "build", lambda X, e, d, k, p: e)  # the merge as a plain shard
+    assert run(gen_merge_interleaved, ir.MERGE_RULE).count("DISAGREE") > 20
 
 
 # ---------------------------------------------------------------- megatron-core
@@ -223,7 +283,7 @@ def test_mcore_sp_without_finalize_is_refuted_at_the_bias_gradient():
 
 
 LAYER = {"tp": {}, "tp_sp": {"sp": True}, "ln_not_marked": {"sp": True, "bug": "ln_not_marked"},
-         "no_finalize": {"sp": True, "bug": "no_finalize"}, "tp_b2": {"b": 2}}
+         "no_finalize": {"sp": True, "bug": "no_finalize"}, "tp_b2": {"b": 2}, "tp_b2_sp": {"b": 2, "sp": True}}
 
 
 @pytest.fixture(scope="module")
@@ -238,16 +298,19 @@ def layer():
     return get
 
 
-@pytest.mark.parametrize("key", ["tp", "tp_sp"])
+@pytest.mark.parametrize("key", ["tp", "tp_sp", "tp_b2", "tp_b2_sp"])
 def test_mcore_transformer_layer_verifies_with_finalize_model_grads(layer, key):
     plan = layer(key)
     assert run_plan(plan).equal
     res = verify(plan)
     assert verified(res), res.reasons
     srcs = {n.src for n in plan.programs["spmd"].nodes if n.op == "all_reduce"}
-    if key == "tp_sp":  # the layer-norm grads arrive through Megatron's coalesced all-reduce, read back by slices
+    if key.endswith("sp"):  # the layer-norm grads arrive through Megatron's coalesced all-reduce, read by slices
         assert any(s and s.startswith("finalize_model_grads.py:") for s in srcs), srcs
         assert "slice_concat_operand" in res.prover.used, res.prover.used
+    used = {r for st in res.prop.steps for r in st.rules}
+    if "b2" in key:  # batch x heads merged (dot_product_attention.py:184) as an interleaved shard, and split back
+        assert {"merge_interleaved_shard", "split_interleaved_reshape"} <= used, used
 
 
 def _bad_outputs(res):
@@ -263,15 +326,6 @@ def test_mcore_layer_sp_bugs_are_refuted_at_the_unsynced_gradients(layer):
     res = verify(layer("no_finalize"))  # no finalize_model_grads: the row-parallel biases' grads as well
     assert res.verdict == "REFUTED", res.reasons
     assert _bad_outputs(res) == ln | {"grad_self_attention__linear_proj__bias", "grad_mlp__linear_fc2__bias"}
-
-
-def test_mcore_layer_batch_over_one_is_unknown_at_the_batch_heads_merge(layer):
-    plan = layer("tp_b2")
-    assert run_plan(plan).equal
-    res = verify(plan)
-    assert res.verdict == "UNKNOWN", res.reasons  # never REFUTED: the run is equal
-    assert any("dot_product_attention.py:184" in r and "does not lead its reshape group" in r
-               for r in res.reasons), res.reasons
 
 
 def test_mcore_bad_inputs_are_input_errors():

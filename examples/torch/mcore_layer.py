@@ -9,7 +9,7 @@ layout; under sequence parallelism the norms and residuals run on sequence shard
     tvcert trace examples/torch/mcore_layer.py --set sp=true --verify       # TP=2 + SP: VERIFIED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=ln_not_marked --verify   # REFUTED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=no_finalize --verify     # REFUTED
-    tvcert trace examples/torch/mcore_layer.py --set b=2 --verify           # UNKNOWN (see tvcert_trace)
+    tvcert trace examples/torch/mcore_layer.py --set b=2 [--set sp=true] --verify   # micro-batch 2: VERIFIED
 
 Under SP the layer-norm gradients reach ``finalize_model_grads`` as one coalesced buffer (concat, all_reduce,
 slices), read back by the equality step ``slice_concat_operand``; the refuted bugs are named by the outputs that
@@ -44,13 +44,12 @@ def _unmark_layernorms(layer):
 def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = "", b: int = 1):
     """bug: "" | "ln_not_marked" (see _unmark_layernorms) | "no_finalize" (finalize_model_grads not run).
 
-    b: micro-batch size.  At b = 1 the layer VERIFIES (the QKV projection's ``_unsafe_view [S*1, 3H/tp] ->
-    [S, 1, 3H/tp]``, layers.py:488, is read on the logical program's shape [S, 1, 3H], not as a shard of the
-    size-1 batch dim).  b > 1 is UNKNOWN: Megatron's core attention merges batch and heads ([sq, b, np, hn] ->
-    [sq, b*np, hn], dot_product_attention.py:184) with the heads split over tp, so each rank's part of the merged
-    dim is b interleaved blocks, which no Shard placement describes (the kernel refuses the reshape: the sharded
-    heads dim does not lead its reshape group).  Following it needs a strided-shard reading of that merge through
-    the batched matmuls and back (see README, front end: Megatron-core)."""
+    b: micro-batch size.  At b = 1 the QKV projection's ``_unsafe_view [S*1, 3H/tp] -> [S, 1, 3H/tp]``
+    (layers.py:488) is read on the logical program's shape [S, 1, 3H], not as a shard of the size-1 batch dim.  At
+    b > 1 Megatron's core attention merges batch and heads ([sq, b, np, hn] -> [sq, b*np, hn],
+    dot_product_attention.py:184) with the heads split over tp: each rank's part of the merged dim is b blocks,
+    the shard of an interleave of the logical merge (kernel/interleave_reshape.py), followed through the batched
+    matmuls and split back.  tp = 4 (one head per rank at these sizes) is UNKNOWN."""
     from tvcert.frontends.megatron_core import trace_megatron
 
     if bug not in ("", "ln_not_marked", "no_finalize"):

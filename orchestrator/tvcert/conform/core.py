@@ -75,14 +75,14 @@ class OpCase:
     sizes: dict[str, int]
     dims: dict[str, int] = field(default_factory=dict)
     note: str = ""
-    hints: tuple = ()  # shapes the logical program reshapes into (KCtx.hints): a choice the kernel may make
+    hints: tuple = ()  # (input, output) shapes of logical reshapes (KCtx.hints): a choice the kernel may make
 
     def describe(self) -> str:
         ins = ", ".join(
             (f"const({t.const})" if t.const is not None else f"{t.dtype}{list(t.shape)}") + " " + fmt_pl(self.axes, t.pl)
             for t in self.ins)
         mesh = ", ".join(f"{a}={self.sizes[a]}" for a in self.axes)
-        hints = f" hints={[list(h) for h in self.hints]}" if self.hints else ""
+        hints = f" hints={[[list(a), list(b)] for a, b in self.hints]}" if self.hints else ""
         return f"{self.op}({ins}) attrs={json.dumps(self.attrs)} mesh[{mesh}] dims={self.dims}{hints}"
 
 
@@ -313,7 +313,7 @@ def conclude(case: OpCase):
     dims = dict(case.dims)
     for a in case.axes:
         dims.setdefault(a, case.sizes[a])
-    kc = KCtx(X, tuple(case.axes), dict(case.sizes), dims, frozenset(tuple(h) for h in case.hints))
+    kc = KCtx(X, tuple(case.axes), dict(case.sizes), dims, frozenset((tuple(a), tuple(b)) for a, b in case.hints))
     facts = build_facts(case, X)
     spec = REGISTRY[case.op]
     try:

@@ -1007,12 +1007,13 @@ def _rankify(gen: Callable[[Draw], OpCase], p: float = 0.08) -> Callable[[Draw],
 from .gens_layout import LAYOUT_GENERATORS  # noqa: E402  (layout rules real code needs; they import Draw, fit)
 
 from .gens_unitdims import UNITDIM_GENERATORS  # noqa: E402  (size-1 dims beside a shard, logical-shape hints)
-
-from .gens_interleave import INTERLEAVE_GENERATORS  # noqa: E402  (fused tensors sharded per part)
+from .gens_interleave_reshape import INTERLEAVE_RESHAPE_GENERATORS  # noqa: E402  (Megatron's batch x heads merge)
 
 from .gens_fsdp import FSDP_GENERATORS  # noqa: E402  (FSDP2's reduce-scatter(avg) of partial sums)
 
-for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *FSDP_GENERATORS.items(),
+from .gens_interleave import INTERLEAVE_GENERATORS  # noqa: E402  (fused tensors sharded per part)
+
+for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *INTERLEAVE_RESHAPE_GENERATORS.items(), *FSDP_GENERATORS.items(),
                *INTERLEAVE_GENERATORS.items()]:
     SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
 

@@ -49,7 +49,7 @@ def gen_reshape_unit_dims(dr: Draw) -> OpCase:
     for _ in range(dr.int(0, 3)):  # each target dim scaled by the shard factor: the readings the kernel weighs
         h = list(target)
         h[dr.int(0, len(h) - 1)] *= f
-        hints.append(tuple(h))
+        hints.append((tuple(shape), tuple(h)))
     return OpCase(dr.pick(["reshape", "view"]), {"shape": target}, [TIn(tuple(shape), pl)], axes, sizes,
                   note="size-1 dims beside a shard, hinted", hints=tuple(hints))
 

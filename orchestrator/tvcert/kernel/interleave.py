@@ -112,6 +112,10 @@ def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH) -> tuple[int,
             if d == ro - 2:  # a row reads the same row of the lhs
                 got = pull(X, a, ra - 2, p, depth - 1)
                 return None if got is None else (X.mk("matmul", {}, [got[0], b]), got[1])
+            if ra == rb == ro and X[a].shape[d] == X[b].shape[d]:  # a batch dim: product j reads element j of
+                ga, gb = pull(X, a, d, p, depth - 1), pull(X, b, d, p, depth - 1)  # both (the pointwise clause)
+                if ga is not None and gb is not None and ga[1] == gb[1]:
+                    return X.mk("matmul", {}, [ga[0], gb[0]]), ga[1]
             return None
         if x.op == "reshape":
             si, so = X[x.args[0]].shape, x.shape

@@ -36,6 +36,7 @@ from .interleave import derive_split as derive_interleaved_split
 from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMENT
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
+from .interleave_reshape import STATEMENTS as _IL_RESHAPE_STATEMENTS, derive_reshape as derive_interleave_reshape
 
 R = Placement("R")
 
@@ -145,6 +146,7 @@ RULES: dict[str, str] = {
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
     _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
+    **_IL_RESHAPE_STATEMENTS,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
@@ -168,8 +170,8 @@ class KCtx:
     axes: tuple[str, ...]
     sizes: Mapping[str, int]
     dims: Mapping[str, int]
-    # shapes the logical program reshapes into (setup.reshape_hints): which of several true reshape facts to
-    # conclude, a completeness choice only (every candidate _reshape_targets admits is proved)
+    # (input shape, output shape) of the logical program's reshapes (setup.reshape_hints): which of several true
+    # reshape facts to conclude, a completeness choice only (every candidate _reshape_targets admits is proved)
     hints: frozenset = frozenset()
 
     def env0(self) -> dict[str, int]:
@@ -781,6 +783,10 @@ def _layout(kc, op, ra, raw, facts):
     spec = REGISTRY[op]
     local_in = local_shape(shape, kc.axes, f.pl, kc.sizes)
     local_out = spec.infer([local_in], ra)[0]
+    if op not in ("unsqueeze", "squeeze", "flatten"):  # across an interleaved shard (Megatron's batch x heads)
+        got = derive_interleave_reshape(kc, f, shape, local_in, local_out)
+        if got is not None:
+            return got
     sharded = sorted({p.dim for p in f.pl if p.kind == "S"})
     facs = {d: shard_factor(kc.axes, f.pl, d, kc.sizes) for d in sharded}
     if op in ("unsqueeze", "squeeze", "flatten"):
@@ -844,8 +850,8 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None,
     heads, or [.., 1, p*HD] Shard on the last dim (and local [S, 1, 3H/p] from [S, 3H/p] is
     [S, 1, 3H], batch 1, or [S, p, 3H/p]).  Each is a true fact (the theorem holds for every
     qualifying one), so the choice decides completeness, never soundness: the written logical
-    target when the attrs give one (``intended``), else a shape the logical program reshapes
-    into (``hints``), else the earliest output dims (a size-1 local dim heading the group is
+    target when the attrs give one (``intended``), else a reshape the logical program does
+    from this shape (``hints``), else the earliest output dims (a size-1 local dim heading the group is
     the rank's 1/p of it: one head, one sample, one row).
     """
     import itertools
@@ -873,8 +879,8 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None,
             found.append((dict(zip(ds, es)), cand))
     if len(found) > 1 and intended is not None and any(x[1] == list(intended) for x in found):
         found = [x for x in found if x[1] == list(intended)]
-    if len(found) > 1 and any(tuple(x[1]) in hints for x in found):
-        found = [x for x in found if tuple(x[1]) in hints]
+    if len(found) > 1 and any((tuple(logical_in), tuple(x[1])) in hints for x in found):
+        found = [x for x in found if (tuple(logical_in), tuple(x[1])) in hints]
     if found:
         found = [min(found, key=lambda x: tuple(x[0][d] for d in ds))]
     if len(found) != 1:

@@ -46,14 +46,17 @@ def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
 
 
 def reshape_hints(plan: Plan) -> frozenset:
-    """The output shapes of the logical program's reshapes (KCtx.hints), computed once per plan and dims."""
+    """(input shape, output shape) of the logical program's reshapes (KCtx.hints), once per plan and dims."""
     key = tuple(sorted(plan.dims.items()))
     got = plan.__dict__.get("_reshape_hints")
     if got is None or got[0] != key:
         from .expr import RESHAPE_LIKE
 
-        shapes = frozenset(tuple(s) for n in plan.logical.nodes if n.op in RESHAPE_LIKE
-                           for s, _ in (n.meta or {}).get("shape@dims", ()))
+        of = {t.name: bind_shape(t.shape, plan.dims, "") for t in plan.logical.inputs}
+        for n in plan.logical.nodes:
+            of.update(zip(n.outputs, (tuple(s) for s, _ in (n.meta or {}).get("shape@dims", ()))))
+        shapes = frozenset((tuple(of[n.inputs[0]]), tuple(of[n.outputs[0]])) for n in plan.logical.nodes
+                           if n.op in RESHAPE_LIKE and n.inputs and n.inputs[0] in of and n.outputs[0] in of)
         got = plan.__dict__["_reshape_hints"] = (key, shapes)
     return got[1]
 
