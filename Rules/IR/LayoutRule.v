@@ -207,29 +207,6 @@ Local Notation tensor := (tensor R).
 Local Notation family := (family R).
 Local Notation zero_t := (zero_t R).
 
-(** Congruence: every operand replicated, any op computed on every rank is replicated. *)
-Lemma all_rep_sound p (S : seq shape -> shape) (V : seq shape -> seq tensor -> tensor) ss pls pl Ts pss Ls :
-  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
-  (forall k, (k < size pls)%N ->
-     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
-            (nth (fun _ => zero_t) Ls k)) ->
-  all is_rep pls -> is_rep pl ->
-  S pss = local_shape p (S ss) pl /\ placed p (S ss) pl (V ss Ts) (fun r => V pss (map (fun L => L r) Ls)).
-Proof.
-move=> hss hTs hps hLs A allr; case: pl => // _.
-have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Replicate.
-  by move=> k kp; have := all_nthP Replicate allr k kp; case: (nth Replicate pls k).
-have ep : pss = ss.
-  apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
-  by rewrite hps => kp; have [_ -> _ _ _] := A k kp; rewrite rk.
-have eT : forall r, (r < p)%N -> map (fun L => L r) Ls = Ts.
-  move=> r rp; apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
-  rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
-  have [H e _ mT mL] := A k kp; move: H e mL; rewrite rk // => H e mL.
-  by apply: (rep_fun H mT) => //; move: (mL r); rewrite e.
-by split; [rewrite ep | move=> r i rp ii; rewrite ep eT].
-Qed.
-
 Lemma shP' a d : (sh a == Some d) -> a = Shard d.
 Proof. by case: a => //= ? /eqP [->]. Qed.
 
@@ -657,7 +634,7 @@ Lemma lrule_sound p o ss pls pl Ts pss Ls :
   placed p (lop_shape o ss) pl (lop_val fn o ss Ts) (fun r => lop_val fn o pss (map (fun L => L r) Ls)).
 Proof.
 move=> hss hTs hps hLs A; rewrite /lrule; case: ifP => [allr|nallr].
-  by move=> rp _; exact: (@all_rep_sound p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
+  by move=> rp _; exact: (@all_rep_sound R p (lop_shape o) (lop_val fn o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
 case Eo: o => [s'|ds|d|ds|s'|e a b|e|r ds keep| | |c| |e ex|e ex lg|e|e ex|ts out| |c|n a st|c|n];
   try (by rewrite -Eo; apply: lrule_one_sound; rewrite ?Eo);
   try (case hq: (sh pl) => [q|];

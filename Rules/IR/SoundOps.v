@@ -387,6 +387,29 @@ Proof. by case: a => // [[]]. Qed.
 Lemma is_repP a : is_rep a -> a = Replicate.
 Proof. by case: a. Qed.
 
+(** Congruence: every operand replicated, any op computed on every rank is replicated. *)
+Lemma all_rep_sound p (S : seq shape -> shape) (V : seq shape -> seq tensor -> tensor) ss pls pl Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  all is_rep pls -> is_rep pl ->
+  S pss = local_shape p (S ss) pl /\ placed p (S ss) pl (V ss Ts) (fun r => V pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A allr; case: pl => // _.
+have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Replicate.
+  by move=> k kp; have := all_nthP Replicate allr k kp; case: (nth Replicate pls k).
+have ep : pss = ss.
+  apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
+  by rewrite hps => kp; have [_ -> _ _ _] := A k kp; rewrite rk.
+have eT : forall r, (r < p)%N -> map (fun L => L r) Ls = Ts.
+  move=> r rp; apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
+  rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
+  have [H e _ mT mL] := A k kp; move: H e mL; rewrite rk // => H e mL.
+  by apply: (rep_fun H mT) => //; move: (mL r); rewrite e.
+by split; [rewrite ep | move=> r i rp ii; rewrite ep eT].
+Qed.
+
 Lemma rule_sound p o ss pls pl Ts pss Ls :
   is_local o -> size ss = size pls -> size Ts = size pls -> size pss = size pls ->
   size Ls = size pls ->
@@ -398,18 +421,7 @@ Lemma rule_sound p o ss pls pl Ts pss Ls :
   placed p (op_shape 1 o ss) pl (op_val o ss Ts) (fun r => op_val o pss (map (fun L => L r) Ls)).
 Proof.
 move=> loc hss hTs hps hLs A; rewrite /rule; case: ifP => [allr|nallr].
-  case: pl => // _ _.
-  have rk : forall k, (k < size pls)%N -> nth Replicate pls k = Replicate.
-    by move=> k kp; have := all_nthP Replicate allr k kp; case: (nth Replicate pls k).
-  have ep : pss = ss.
-    apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
-    by rewrite hps => kp; have [_ -> _ _ _] := A k kp; rewrite rk.
-  have eT : forall r, (r < p)%N -> map (fun L => L r) Ls = Ts.
-    move=> r rp; apply: (@eq_from_nth _ zero_t) => [|k]; first by rewrite size_map hLs hTs.
-    rewrite size_map hLs => kp; rewrite (nth_map (fun _ => zero_t)) ?hLs //.
-    have [H e _ mT mL] := A k kp; move: H e mL; rewrite rk // => H e mL.
-    by apply: (rep_fun H mT) => //; move: (mL r); rewrite e.
-  by split; [rewrite ep | move=> r i rp ii; rewrite ep eT].
+  by move=> rp _; exact: (@all_rep_sound p (op_shape 1 o) (op_val o) ss pls pl Ts pss Ls hss hTs hps hLs A allr rp).
 case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr //.
 - case: ss hss A => [|s0 [|]] // _ A; case: Ts hTs A => [|T0 [|]] // _ A.
   case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A.
