@@ -217,6 +217,7 @@ def _layouts() -> dict:
         N("s2p", "permute", ["s2"], dims=[1, 0]),                  # permute of a Partial(sum) (tp)
         N("yr", "reshape", ["y"], shape=[2, 8]),                   # reshape of a Partial(sum)
         N("wg", "einsum", ["x", "x"], equation="abc,abd->cd"),     # einsum_contracted_letter on both axes
+        N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),  # its norm
     ]
     par = copy.deepcopy(common) + [
         N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
@@ -228,15 +229,15 @@ def _layouts() -> dict:
         N("zs1", "slice", ["zc"], dim=0, start="rank.tp*2", end="rank.tp*2+2"),   # slice_block_to_shard (tp)
         N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
         N("wgp", "einsum", ["x", "x"], equation="abc,abd->cd"), ar("wgt", "wgp", "tp", "sum"),
-        ar("wg", "wgt", "dp", "sum"),
+        ar("wg", "wgt", "dp", "sum"), N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf", "bm", "wg"]
+            "oh", "g", "mf", "bm", "wg", "wn"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
     place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm")})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
-                 zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={})
+                 zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={})
     local = {o: o for o in outs}
     local.update(zc="zs2", ssk="sskr")
     return {
@@ -444,6 +445,13 @@ def _layout_mutations(v) -> None:
     v("einsum: weight gradient without its dp all_reduce", lay, lambda d: d["outputs"]["wg"].update(local="wgt"))
     v("einsum: weight gradient all_reduced over tp twice, never over dp", lay,
       lambda d: _nodes(d)["wg"]["attrs"].update(axis="tp"))
+    def norm_of_partial(d):  # the gradient norm computed per dp rank from its partial sum, then summed
+        _nodes(d)["wsq"]["inputs"] = ["wgt"]
+        _nodes(d)["wn"]["name"] = "wnp"
+        d["parallel"][0]["nodes"].append({"name": "wn", "op": "all_reduce", "inputs": ["wnp"],
+                                          "attrs": {"axis": "dp", "reduce": "sum"}})
+
+    v("einsum: gradient norm over a partial sum (clip norm before the dp all_reduce)", lay, norm_of_partial)
     v("bmm: the program's batched matmul reads x transposed (no logical node)", lay,
       lambda d: _nodes(d)["bm"].update(inputs=["xp", "wm"]))
     v("layout: rank slice blocks reversed", lay,
