@@ -332,6 +332,25 @@ def _decimal_eq(x: Decimal, y: Decimal) -> bool:
     return x == y or abs(x - y) <= DECIMAL_RTOL * (1 + abs(x) + abs(y))
 
 
+def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / (1 + |a| + |b|) elementwise (inf where one side is not a finite number and they differ)."""
+    if a.shape != b.shape:
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(np.asarray(a, dtype=object).flat, np.asarray(b, dtype=object).flat):
+        try:
+            fx, fy = float(x), float(y)
+        except (TypeError, ValueError, OverflowError):
+            return float("inf")
+        if not (np.isfinite(fx) and np.isfinite(fy)):
+            if fx != fy and not (np.isnan(fx) and np.isnan(fy)):
+                return float("inf")
+            continue
+        if x != y:
+            worst = max(worst, float(abs(x - y)) / (1.0 + abs(fx) + abs(fy)))
+    return worst
+
+
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape != b.shape:
         return float("inf")
@@ -646,6 +665,7 @@ class OutputDiff:
     equal: bool
     max_diff: float
     problem: str | None = None
+    rel_diff: float = float("inf")  # max |a - b| / (1 + |a| + |b|): how far from rounding a difference is
 
 
 @dataclass
@@ -741,7 +761,8 @@ def _run(plan: Plan, dims: dict[str, int], seed: int, ctx: Ctx, inputs, mode: st
         elif asm.value.shape != want.shape:
             diffs.append(OutputDiff(name, False, float("inf"), f"shape {list(asm.value.shape)} vs logical {list(want.shape)}"))
         else:
-            diffs.append(OutputDiff(name, values_equal(asm.value, want, ctx.exact, mode), max_diff(asm.value, want)))
+            eq = values_equal(asm.value, want, ctx.exact, mode)
+            diffs.append(OutputDiff(name, eq, max_diff(asm.value, want), rel_diff=0.0 if eq else rel_diff(asm.value, want)))
     return RunResult(dims, mode, seed, diffs, logical, par, dict(inputs), mesh)
 
 
