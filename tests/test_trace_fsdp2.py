@@ -198,21 +198,36 @@ def test_fully_shard_bugs_refuted(plans, case, marker, names):
         assert "Partial(sum)" in div["text"] and "rep: Replicate" in div["text"]
 
 
-def test_fully_shard_uneven_is_unknown_naming_the_parameter():
-    import torch.nn as nn
-    from torch.distributed.fsdp import fully_shard
-
+def _probe_unknown(make, shard, mesh, batch=4):
     from tvcert.frontends.fsdp2 import trace_fully_shard_plan
 
-    def make():
+    spec = {"shape": [batch, 4], "placement": {"dp": "Shard(0)"}}
+    with pytest.raises(TraceError) as ei:
+        trace_fully_shard_plan(make, shard, lambda out, x, t: ((out - t) ** 2).mean(), data={"x": spec, "t": spec},
+                               mesh=mesh)
+    assert ei.value.kind == "unsupported", str(ei.value)
+    return str(ei.value)
+
+
+def test_fully_shard_what_the_trace_cannot_see_is_unknown_naming_the_parameter():
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import fsdp2_mlp
+
+    def uneven():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 4))
 
-    spec = {"shape": [4, 4], "placement": {"dp": "Shard(0)"}}
-    with pytest.raises(TraceError) as ei:
-        trace_fully_shard_plan(make, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"]),
-                               lambda out, x, t: ((out - t) ** 2).mean(), data={"x": spec, "t": spec}, mesh={"dp": 2})
-    assert ei.value.kind == "unsupported" and "'0.weight'" in str(ei.value) and "unevenly" in str(ei.value)
+    msg = _probe_unknown(uneven, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"]), {"dp": 2})
+    assert "'0.weight'" in msg and "unevenly" in msg
+
+    def fsdp_tp(m, ctx):  # FSDP2 over TP's DTensor parameters
+        parallelize_module(m, ctx.device_mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        return fully_shard(m, mesh=ctx.device_mesh["dp"])
+    msg = _probe_unknown(fsdp2_mlp.MLP, fsdp_tp, {"tp": 2, "dp": 2}, batch=8)
+    assert "'up.weight'" in msg and "DTensor" in msg
 
 
 def test_titan_llama3_under_fully_shard_verified():
