@@ -15,6 +15,27 @@ from .ops.collectives import axes_of
 from .shapes import DimEnv, DimError, dim_value, rank_axes_in
 
 
+def int_bounds(t: "TensorDecl", env: Mapping[str, int], path: str = "range") -> tuple[int, int]:
+    """An int input's values lie in [lo, hi): its ``range`` is R (lo = 0, hi = R) or [lo, hi].  A negative lo
+    admits padded labels (-100); values in (lo, 0) other than the ignore index are labels torch refuses, which
+    the IR maps to some value on both sides alike, so a proof over [lo, hi) implies the claim on valid data.
+    GraphError (bad input) unless lo < hi are integers (or dim expressions that bind to integers)."""
+    r = t.range
+    if isinstance(r, (list, tuple)):
+        if len(r) != 2:
+            raise GraphError(path, f"input {t.name!r}: range must be R or [lo, hi], got {r!r}")
+        parts = list(r)
+    else:
+        parts = [0, r]
+    try:
+        lo, hi = (dim_value(x, env) for x in parts)
+    except (DimError, ValueError, TypeError) as exc:
+        raise GraphError(path, f"input {t.name!r}: range {r!r}: {exc}") from None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or lo >= hi:
+        raise GraphError(path, f"input {t.name!r}: range {r!r} must give integers lo < hi (values in [lo, hi))")
+    return int(lo), int(hi)
+
+
 class GraphError(ValueError):
     """A graph is malformed; ``path`` locates the problem in the plan JSON."""
 
@@ -29,7 +50,7 @@ class TensorDecl:
     name: str
     shape: list  # dim expressions
     dtype: str = "float"
-    range: Any = None  # for int inputs: values lie in [0, range)
+    range: Any = None  # for int inputs: R (values in [0, R)) or [lo, hi] (values in [lo, hi)); see int_bounds
 
 
 @dataclass
@@ -150,6 +171,8 @@ class Graph:
                 raise GraphError(p, f"input {t.name!r} has a shape that mentions a rank coordinate; an SPMD program's "
                                     f"inputs have one shape on every rank")
             types[t.name] = (bind_shape(t.shape, env, p), t.dtype)
+            if t.range is not None:
+                int_bounds(t, env, f"{self.path}.inputs[{i}].range")
         for n in self.nodes:
             spec = REGISTRY[n.op]
             try:

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .errors import InternalError
-from .graph import Graph, Node, loop_body
+from .graph import Graph, Node, int_bounds, loop_body
 from .ops import REGISTRY, Ctx, resolve_attrs
 from .ops.base import TablesNeeded
 from .ops.collectives import axes_of
@@ -146,10 +146,22 @@ def check_budget(plan: Plan, dims: Mapping[str, int], mode: str) -> None:
 
 
 # ------------------------------------------------------------------ numbers
-def random_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator, ctx: Ctx, hi: int | None = None) -> np.ndarray:
-    """Inputs chosen to defeat coincidences: distinct magnitudes and mixed signs."""
+def random_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator, ctx: Ctx, hi: int | None = None,
+                 lo: int = 0) -> np.ndarray:
+    """Inputs chosen to defeat coincidences: distinct magnitudes and mixed signs.  An int range [lo, hi) with
+    lo < 0 < hi (labels padded with lo = ignore_index) draws only the values torch accepts as labels: lo for a
+    random share (20-60%, at least one element) and [0, hi) for the rest (at least one)."""
     if dtype == "int":
-        return rng.integers(0, max(hi or 1, 1), size=shape, dtype=np.int64)
+        hi = max(hi or 1, lo + 1)
+        if lo < 0 < hi:
+            v = rng.integers(0, hi, size=shape, dtype=np.int64)
+            pad = rng.random(size=shape) < rng.uniform(0.2, 0.6)
+            if pad.size >= 2:
+                flat = pad.reshape(-1)
+                i, j = rng.choice(pad.size, 2, replace=False)
+                flat[i], flat[j] = True, False
+            return np.where(pad, np.int64(lo), v)
+        return rng.integers(lo, hi, size=shape, dtype=np.int64)
     if isinstance(ctx, DecimalCtx):
         return ctx.asarray(rng.standard_normal(shape) * rng.choice([0.5, 1.0, 2.0], size=shape))
     if ctx.exact:
@@ -694,8 +706,8 @@ def make_inputs(plan: Plan, dims: Mapping[str, int], seed: int, ctx: Ctx) -> dic
         total += int(np.prod(shape, dtype=np.float64))
         if total > MAX_ELEMENTS:
             raise RunError(f"inputs exceed {MAX_ELEMENTS} elements at these dims; give smaller run_dims (or --dims)")
-        hi = dim_value(t.range, dims) if t.range is not None else 2
-        out[t.name] = random_value(shape, dtype, rng, ctx, hi)
+        lo, hi = int_bounds(t, dims, f"{t.name}.range") if t.range is not None else (0, 2)
+        out[t.name] = random_value(shape, dtype, rng, ctx, hi, lo)
     return out
 
 

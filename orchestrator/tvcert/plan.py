@@ -51,7 +51,8 @@ class TensorSpec(_Strict):
     name: str = Field(description="tensor name, unique in its graph")
     shape: list[DimT] = Field(description="dims: integers or expressions over named dims")
     dtype: Literal["float", "int"] = "float"
-    range: Optional[DimT] = Field(None, description="int inputs: values lie in [0, range)")
+    range: Optional[Union[DimT, list[DimT]]] = Field(
+        None, description="int inputs: R (values in [0, R)) or [lo, hi] (values in [lo, hi); lo < 0 admits padding)")
 
 
 class NodeSpec(_Strict):

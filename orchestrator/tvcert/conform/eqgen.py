@@ -22,12 +22,14 @@ import numpy as np
 from ..kernel.equality import Prover
 from ..kernel.expr import ExprError, Exprs
 from ..ops import Ctx
+from ..interp import random_value
 from .core import Result, _close, eval_expr, rand_values
 from .gens import Draw
 
 
 def _check_pair(X: Exprs, a: int, b: int, seed: int, ranges: dict | None = None) -> Result:
-    """``ranges``: int leaf name -> R, the plan contract (values in [0, R)), given to the prover and drawn from."""
+    """``ranges``: int leaf name -> (lo, hi), the plan contract (values in [lo, hi)), given to the prover and drawn
+    from as the interpreter draws plan inputs (interp.random_value: lo < 0 is a padding value among [0, hi))."""
     ranges = ranges or {}
     pv = Prover(X, ranges=ranges)
     try:
@@ -46,8 +48,9 @@ def _check_pair(X: Exprs, a: int, b: int, seed: int, ranges: dict | None = None)
         vals = {}
         for i in leaves:
             e = X[i]
-            hi = ranges.get(e.attr_dict()["name"], 4)
-            vals[i] = rand_values(e.shape, e.dtype, rng, exact, hi=hi)
+            r = ranges.get(e.attr_dict()["name"]) if e.dtype == "int" else None
+            vals[i] = random_value(e.shape, "int", rng, ctx, r[1], r[0]) if r else \
+                rand_values(e.shape, e.dtype, rng, exact, hi=4)
         try:
             va = eval_expr(X, a, vals, ctx)
             vb = eval_expr(X, b, vals, ctx)

@@ -1,7 +1,7 @@
 """Conformance generator for ``int_range_count`` (kernel/int_range.py): a loss scaled by a count of labels that
 pass a comparison with a constant, against the loss scaled by a number.
 
-The labels are an int leaf with a declared range R (values drawn in [0, R), the plan contract), seen through a
+The labels are an int leaf with a declared range [lo, R) (lo 0, or -100 / -1: padded labels; the plan contract), seen through a
 reshape / permute / expand / slice; compared (eq, ne, lt, le, gt, ge, either side) with a constant inside or
 outside [0, R) (-100, -1, R, R + 1, a fraction, or an in-range value: a near miss, not constant); counted by a sum
 over all dims (or a mean, or without the cast); the other side is the loss times N, 0, N - 1 or another number.
@@ -28,7 +28,8 @@ def gen_int_range(dr: Draw, seed: int):
     X = Exprs()
     R = dr.int(1, 5)
     shape = tuple(dr.int(1, 4) for _ in range(dr.int(1, 2)))
-    ranges = {"labels": R} if dr.coin(0.9) else {}
+    lo = dr.pick([0, 0, 0, -100, -1])  # a padded domain [lo, R): a count against lo must not fold
+    ranges = {"labels": (lo, R)} if dr.coin(0.9) else {}
     try:
         x = X.leaf("labels", shape, "int")
         view = dr.pick(["none", "reshape", "permute", "expand", "slice"])
@@ -57,7 +58,7 @@ def gen_int_range(dr: Draw, seed: int):
         b = X.mk("scale", {"value": v}, [loss])
     except ExprError as exc:
         return Result("skip", detail=str(exc)), ""
-    note = f" (labels in [0, {R}){'' if ranges else ', undeclared'})"
+    note = f" (labels in [{lo}, {R}){'' if ranges else ', undeclared'})"
     return _check_pair(X, a, b, seed, ranges), f"{X.show(a, 6)} vs {X.show(b, 3)}{note}"
 
 

@@ -133,6 +133,7 @@ class Converter:
         self.replace: dict[torch.fx.Node, str] = {}  # fx nodes already computed by a fused pattern
         self.producer: dict[str, IRNode] = {}  # IR name -> the node computing it
         self._zo: dict[str, bool] = {}
+        self.int_bounds: dict[str, tuple[int, int]] = {}  # int input -> its declared values [lo, hi) (_nll_keep)
 
     # ------------------------------------------------------------------ emit helpers
     def fresh(self, base: str) -> str:
@@ -807,11 +808,13 @@ _ELEMENT_MOVES = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.clone"
                   "aten.squeeze", "aten.unsqueeze", "aten.flatten", "aten.lift_fresh_copy"}
 
 
-def _of_int_input(t) -> bool:
-    """``t`` is (a rearrangement of) a traced int input, whose values lie in its range [0, R)."""
+def _int_input_bounds(c, t) -> tuple[int, int] | None:
+    """The declared values [lo, hi) of the traced int input ``t`` is a rearrangement of, or None."""
     while isinstance(t, torch.fx.Node) and t.op == "call_function" and _pk(t) in _ELEMENT_MOVES and t.args:
         t = t.args[0]
-    return isinstance(t, torch.fx.Node) and t.op == "placeholder"
+    if not (isinstance(t, torch.fx.Node) and t.op == "placeholder"):
+        return None
+    return c.int_bounds.get(c.ir(t, "int"))
 
 
 def _nll_common(c, n, x, target, weight, reduction, ignore_index):
@@ -824,10 +827,12 @@ def _nll_common(c, n, x, target, weight, reduction, ignore_index):
 
 
 def _nll_keep(c, n, target, ignore_index):
-    """None when no target can equal ``ignore_index``: a negative index, targets taken from an int input (whose
-    values lie in [0, R)).  Otherwise torch drops the rows whose target is the index (a mean then divides by
-    the rows kept): (keep mask ``t != ig``, safe target ``where(keep, t, 0)``) for the exact form."""
-    if int(ignore_index) < 0 and _of_int_input(target):
+    """None when no target can equal ``ignore_index``: targets taken from an int input whose declared range
+    [lo, hi) excludes it.  Otherwise (an undeclared range too: the tracer then infers lo <= ignore_index from
+    this mask, so -100-padded labels are in the domain proved over) torch drops the rows whose target is the
+    index (a mean then divides by the rows kept): (keep mask ``t != ig``, safe target ``where(keep, t, 0)``)."""
+    b = _int_input_bounds(c, target)
+    if b is not None and not b[0] <= int(ignore_index) < b[1]:
         return None
     t = c.ir(target, "int")
     keep = c.emit("ne", [t, c.const(int(ignore_index), dtype="int")], base=f"{n.name}_keep")

@@ -491,7 +491,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                 raise TraceError(f"the {type(sched).__name__} step cannot be traced on rank {r} (coordinates "
                                  f"{dict(zip(axes, c))}){' at ' + src if src else ''}: {type(exc).__name__}: "
                                  f"{' '.join(first)[:800]}", "unsupported", type(sched).__name__, src) from exc
-            pnodes, pouts = T._convert(gm_r, names, resolve, mesh)
+            pnodes, pouts = T._convert(gm_r, names, resolve, mesh, T.int_bounds_of(specs))
         nodes_j, outs_j = T._finish_outputs(pnodes, pouts, pout_names, names)
         if st in stage_outs and (stage_onames[st], stage_outs[st]) != (pout_names, outs_j):
             raise TraceError(f"rank {r} returns different tensors than the other ranks of stage {st}", "spmd")
@@ -539,7 +539,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         src = T._exc_src(exc)
         raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
                          "input", None, src) from exc
-    lnodes, louts = T._convert(gm, names)
+    lnodes, louts = T._convert(gm, names, int_bounds=T.int_bounds_of(specs))
     T._default_int_ranges(specs, [n.to_json() for n in lnodes])
     lnodes_j, lout_j = T._finish_outputs(lnodes, louts, out_names, names)
 
@@ -620,7 +620,8 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
         for spec in data.values():
             shape = [int(x) for x in spec["shape"]]
             if str(spec.get("dtype", "float")) == "int":
-                d.append(torch.randint(0, int(spec.get("range") or 2), shape, generator=g))
+                r = spec.get("range") or 2  # [lo, hi]: valid labels in [0, hi) (lo is padding)
+                d.append(torch.randint(0, int(r[1] if isinstance(r, list) else r), shape, generator=g))
             else:
                 d.append(torch.randn(shape, dtype=torch.float64, generator=g))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -689,7 +690,7 @@ def _placement_text(dt, axes) -> dict[str, str]:
 def _decl(s, shape) -> dict:
     d = {"name": s.name, "shape": list(shape), "dtype": s.dtype}
     if s.range is not None:
-        d["range"] = int(s.range)
+        d["range"] = T.range_json(s.range)
     return d
 
 

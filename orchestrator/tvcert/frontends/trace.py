@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import re
 import sys
@@ -447,7 +448,7 @@ class InputSpec:
     name: str
     shape: list[int]
     dtype: str = "float"  # float | int (the plan's dtype class)
-    range: Optional[int] = None
+    range: Any = None  # R (values in [0, R)) or [lo, hi] (values in [lo, hi)), as a plan's int input
     placement: dict[str, str] = field(default_factory=dict)
     param: bool = False
     layout: list = field(default_factory=list)
@@ -482,6 +483,7 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
                     raise TraceError(f"input {name!r}: Shard({p.dim}) but the tensor has rank {len(shape)}", "input")
             elif p.kind == "P":
                 raise TraceError(f"input {name!r}: Partial input placements are not supported by the tracer", "input")
+        _check_range(name, spec.get("range"))
         param = bool(spec.get("param", False))
         if param and dtype != "float":
             raise TraceError(f"input {name!r}: only float inputs can be parameters", "input")
@@ -490,26 +492,77 @@ def _parse_inputs(inputs: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, in
     return out
 
 
+def _check_range(name: str, r) -> None:
+    """A trace-spec int range: R > 0 or [lo, hi] with integers lo < hi; else TraceError naming the input."""
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if r is None or (ok(r) and r > 0) or (isinstance(r, (list, tuple)) and len(r) == 2 and all(map(ok, r))
+                                         and r[0] < r[1]):
+        return
+    raise TraceError(f"input {name!r}: range must be an integer R > 0 (values in [0, R)) or [lo, hi] with integers "
+                     f"lo < hi (values in [lo, hi)), got {r!r}", "input")
+
+
+def int_bounds_of(specs: Sequence[InputSpec]) -> dict[str, tuple[int, int]]:
+    """Declared int input ranges as [lo, hi) (what the converter's cross-entropy decides its ignore mask by)."""
+    return {s.name: (int(s.range[0]), int(s.range[1])) if isinstance(s.range, (list, tuple)) else (0, int(s.range))
+            for s in specs if s.dtype == "int" and s.range is not None}
+
+
+def range_json(r):
+    """An InputSpec range as the plan writes it: R, or [lo, hi]."""
+    return [int(r[0]), int(r[1])] if isinstance(r, (list, tuple)) else int(r)
+
+
+_COMPARES = {"eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _low_needed(op: str, c, flipped: bool) -> Optional[int]:
+    """The largest lo for which ``x op c`` (``c op x`` when flipped) is not decided on [lo, hi), hi > 0: eq / ne
+    need c itself, x < c (x >= c) needs floor(c) - 1, x <= c (x > c) needs floor(c).  None unless negative."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)):
+        return None
+    if flipped:
+        op = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op)
+    if op in ("eq", "ne"):
+        lo = int(c) if float(c).is_integer() else None
+    else:
+        lo = math.floor(c) - (1 if op in ("lt", "ge") else 0)
+    return lo if lo is not None and lo < 0 else None
+
+
 _SHAPE_OPS = {"reshape", "unsqueeze", "squeeze", "expand", "transpose", "permute", "slice", "flatten", "clone",
               "contiguous", "alias"}
 
 
 def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str, Any]]) -> None:
     """An int input without a ``range`` gets the smallest bound its uses in the logical graph give (through
-    shape-only ops): the rows of an embedding table it indexes, ``one_hot``'s classes (cross-entropy targets),
-    ``embedding_backward``'s ``num_weights``.  Else TraceError: the range must be given."""
+    shape-only ops and ``where``'s value arms): the rows of an embedding table it indexes, ``one_hot``'s classes
+    (cross-entropy targets), ``embedding_backward``'s ``num_weights``.  Else TraceError: the range must be given.
+    Its lo is 0, or the smallest negative value a comparison of it with a constant needs to be undecided
+    (``labels != -100``: -100; cross-entropy's ignore mask is such a comparison): real labels are padded with
+    the ignore index, and a proof over [0, hi) would not cover them (a per-rank token count folded to a
+    constant).  Then its range is [lo, hi]."""
     shapes = {s.name: s.shape for s in specs}
+    consts = {(n.get("name") or (n.get("outputs") or [None])[0]): (n.get("attrs") or {}).get("value")
+              for n in nodes if n["op"] == "const" and not (n.get("attrs") or {}).get("shape")}
     for s in specs:
         if s.dtype != "int" or s.range is not None:
             continue
-        names, bounds = {s.name}, []
+        names, bounds, lows = {s.name}, [], []
         for n in nodes:
             ins = n.get("inputs", [])
             if not any(i in names for i in ins):
                 continue
             out = n.get("name") or (n.get("outputs") or [None])[0]
             a = n.get("attrs") or {}
+            if n["op"] in _COMPARES and len(ins) == 2 and (ins[0] in names) != (ins[1] in names):
+                k = 0 if ins[0] in names else 1
+                lo = _low_needed(n["op"], consts.get(ins[1 - k]), k == 1)
+                if lo is not None:
+                    lows.append(lo)
             if n["op"] in _SHAPE_OPS and ins and ins[0] in names:
+                names.add(out)
+            elif n["op"] == "where" and len(ins) == 3 and (ins[1] in names or ins[2] in names):
                 names.add(out)
             elif n["op"] == "one_hot" and isinstance(a.get("num_classes"), int):
                 bounds.append(a["num_classes"])
@@ -520,7 +573,7 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
         if not bounds:
             raise TraceError(f"input {s.name!r}: int inputs need a 'range' (values lie in [0, range)); this one "
                              f"indexes no embedding table or class dim the tracer could size it by", "input")
-        s.range = min(bounds)
+        s.range = [min(lows), min(bounds)] if lows else min(bounds)
 
 
 def _parse_layout(name: str, steps) -> list:
@@ -1070,8 +1123,10 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
     return gm, list(out_names)
 
 
-def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None) -> tuple[list[IRNode], list[Any]]:
+def _convert(gm, names, resolver=None, mesh: Mapping[str, int] | None = None,
+             int_bounds: Mapping[str, tuple[int, int]] | None = None) -> tuple[list[IRNode], list[Any]]:
     conv = _ModuleConverter(gm, names, resolver, src_of)
+    conv.int_bounds = dict(int_bounds or {})
     try:
         nodes, outs = conv.run()
     except Unconverted as exc:
@@ -1238,7 +1293,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         src = _exc_src(exc)
         raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
                          "input", None, src) from exc
-    lnodes, louts = _convert(gm, names)
+    declared = int_bounds_of(specs)  # before inference: an inferred range keeps the ignore mask
+    lnodes, louts = _convert(gm, names, int_bounds=declared)
     _default_int_ranges(specs, [n.to_json() for n in lnodes])
     lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
 
@@ -1285,7 +1341,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 raise TraceError(f"the parallel program fails {where}: "
                                  f"{type(exc).__name__}: {' '.join(first)[:800]}", "crash", None, src) from exc
             t2 = time.process_time()
-            pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh)
+            pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh, declared)
             t3 = time.process_time()
         if sorted(pout_names) != sorted(out_names):
             raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
@@ -1341,7 +1397,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     def decl(s, shape):
         d = {"name": s.name, "shape": list(shape), "dtype": s.dtype}
         if s.range is not None:
-            d["range"] = int(s.range)
+            d["range"] = range_json(s.range)
         return d
 
     plan = {

@@ -75,7 +75,7 @@ class Prover:
     explain_domain: bool = True  # on a failed obligation, say whether only the domain conditions failed
     smt_budget: float = field(default_factory=lambda: SMT_TOTAL_SECONDS)  # solver seconds in all
     smt_seconds: float = 0.0
-    ranges: dict = field(default_factory=dict)  # int input name -> R, values in [0, R) (the plan contract)
+    ranges: dict = field(default_factory=dict)  # int input name -> (lo, hi), values in [lo, hi) (the plan contract)
 
     def __post_init__(self) -> None:
         self._memo: dict[tuple[int, int], bool] = {}

@@ -3,12 +3,13 @@
 DTensor's ``loss_parallel()`` (and any cross-entropy decomposed with ``reduction="mean"``) divides the summed loss
 by ``sum(labels != ignore_index)``.  The plan contract says an int input lies in ``[0, range)``, so against a
 constant outside that interval a comparison is constant -- ``labels != -100`` is 1 everywhere -- and the count is
-the element count: ``cast(sum(ne(reshape(labels), -100)))`` is the constant N (``Rules/IntRange.v``).
+the element count.  A range ``[lo, hi]`` means ``[lo, hi)``: padded labels (lo = -100, inferred by the tracer from
+the ignore index or a ``labels != -100`` mask) keep the comparison undecided, so such a count is never folded: ``cast(sum(ne(reshape(labels), -100)))`` is the constant N (``Rules/IntRange.v``).
 
 :func:`const_value` folds such an expression to its one value, or None.  It reads: a constant fill; a comparison
 (eq, ne, lt, le, gt, ge) of an int expression whose values lie in a known interval with a constant that the
 interval decides; a cast; a sum (value times the element count of the summed dims) or mean of a fill.  The
-interval of an int expression: an int input with a declared range is in ``[0, range - 1]``; a reshape, permute,
+interval of an int expression: an int input with a declared range is in ``[0, range - 1]`` (``[lo, hi - 1]``); a reshape, permute,
 expand or slice of it keeps its values.  Used by the prover on a scalar divisor or factor only (kernel/equality.py).
 """
 from __future__ import annotations
@@ -27,25 +28,22 @@ COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 MAX_DEPTH = 12
 
 
-def input_ranges(plan) -> dict[str, int]:
-    """Logical int input name -> its declared range R (values in [0, R)), bound at the plan's dims."""
-    from ..graph import bind_shape
+def input_ranges(plan) -> dict[str, tuple[int, int]]:
+    """Logical int input name -> its declared values [lo, hi) (``range`` R is [0, R)), bound at the plan's dims."""
+    from ..graph import int_bounds
 
-    out = {}
-    for t in plan.logical.inputs:
-        if t.dtype == "int" and t.range is not None:
-            (r,) = bind_shape([t.range], plan.dims, f"{t.name}.range")
-            out[t.name] = int(r)
-    return out
+    return {t.name: int_bounds(t, plan.dims, f"{t.name}.range") for t in plan.logical.inputs
+            if t.dtype == "int" and t.range is not None}
 
 
-def interval(X: Exprs, i: int, ranges: Mapping[str, int], depth: int = MAX_DEPTH) -> tuple[int, int] | None:
+def interval(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], depth: int = MAX_DEPTH) -> tuple[int, int] | None:
     e = X[i]
     if e.dtype != "int" or depth <= 0:
         return None
     if e.op == "input":
         r = ranges.get(e.attr_dict()["name"])
-        return (0, r - 1) if r else None
+        lo, hi = (0, r) if isinstance(r, int) else r if r is not None else (0, 0)  # R is [0, R)
+        return (lo, hi - 1) if lo < hi else None
     if e.op in SAME_VALUES and e.args:
         return interval(X, e.args[0], ranges, depth - 1)
     return None
@@ -64,7 +62,7 @@ def _decide(op: str, lo: int, hi: int, c: Fraction, flipped: bool) -> int | None
     return 1 if always else 0 if never else None
 
 
-def const_value(X: Exprs, i: int, ranges: Mapping[str, int], depth: int = MAX_DEPTH) -> Fraction | None:
+def const_value(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], depth: int = MAX_DEPTH) -> Fraction | None:
     """The one value every element of ``i`` has, or None."""
     if depth <= 0:
         return None
