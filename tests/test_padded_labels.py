@@ -168,3 +168,19 @@ def test_bad_range_is_bad_input(bad):
     with pytest.raises(TraceError) as e:
         trace_plan(_logical(_ce_parts), _global(_ce_parts), inputs={**INPUTS, "labels": {**INPUTS["labels"], "range": bad}}, mesh={"dp": DP})
     assert e.value.kind == "input" and "'labels'" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [[3, 3], [5, 2], [1, 2, 3], "nosuchdim"])
+def test_bad_plan_range_exits_3_naming_the_input(tmp_path, bad):
+    import json
+
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    raw = json.loads((Path(__file__).resolve().parents[1] / "examples" / "vocab_parallel_embedding.json").read_text())
+    (ids,) = [t for t in raw["logical"]["inputs"] if t["name"] == "ids"]
+    ids["range"] = bad
+    (tmp_path / "p.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(main, ["verify", str(tmp_path / "p.json")])
+    assert r.exit_code == 3 and "'ids'" in r.output, r.output

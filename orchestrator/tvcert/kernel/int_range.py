@@ -21,7 +21,8 @@ from typing import Mapping
 from .expr import Exprs
 
 RULE = "int_range_count"
-STATEMENT = ("an int input in [0, R) compared with a constant outside [0, R) is a constant; a sum of a constant "
+STATEMENT = ("an int input in [lo, hi) (range R: [0, R)) compared with a constant the interval decides is a "
+             "constant; a sum of a constant "
              "fill is its value times the element count; a cast or mean of a fill is a fill")
 SAME_VALUES = {"reshape", "permute", "expand", "slice"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
