@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from tvcert.engine.verify import verify  # noqa: E402
-from tvcert.frontends.trace import TraceError, _convert, _parse_inputs, _trace_joint, decompositions, trace_plan  # noqa: E402
+from tvcert.frontends.trace import (TraceError, _convert, _parse_inputs, _trace_joint, decompositions,  # noqa: E402
+                                    int_bounds_of, trace_plan)
 from tvcert.ops import Ctx, get_op, resolve_attrs  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
@@ -39,7 +40,7 @@ def ir_run(fn, inputs, params=()):
             for k, v in inputs.items()}
     specs = _parse_inputs(spec, {})
     gm, _ = _trace_joint(fn, specs, [s.shape for s in specs])
-    nodes, outs = _convert(gm, [s.name for s in specs])
+    nodes, outs = _convert(gm, [s.name for s in specs], int_bounds=int_bounds_of(specs))  # as trace_plan
     ctx = Ctx()
     env = {k: v.detach().numpy().astype(np.float64 if v.dtype.is_floating_point else np.int64)
            for k, v in inputs.items()}
@@ -571,7 +572,8 @@ def test_cross_entropy_ignore_index_inside_the_classes(reduction):
 
 
 def test_cross_entropy_of_an_input_target_keeps_the_plain_form():
-    """Targets read from an int input lie in [0, R): a negative ignore_index is never hit, no mask is emitted."""
+    """Targets read from an int input whose declared range [0, R) excludes the ignore_index: no mask is emitted.
+    Without a declared range the mask is kept (the range inferred is [-100, C): tests/test_padded_labels.py)."""
     ins = dict(x=rnd(6, 5), t=torch.randint(0, 5, (2, 3), generator=g))
     assert "ne" not in check(lambda x, t: F.cross_entropy(x, t.flatten()), ins, ["x"])
 
