@@ -184,3 +184,14 @@ def test_bad_plan_range_exits_3_naming_the_input(tmp_path, bad):
     (tmp_path / "p.json").write_text(json.dumps(raw))
     r = CliRunner().invoke(main, ["verify", str(tmp_path / "p.json")])
     assert r.exit_code == 3 and "'ids'" in r.output, r.output
+
+
+@pytest.mark.parametrize("op,c,flipped,lo", [("ne", -100, False, -100), ("eq", -1, True, -1), ("ge", 0, False, -1),
+                                             ("lt", 0, False, -1), ("gt", 0, False, None), ("le", -1, False, -1),
+                                             ("gt", 0, True, -1), ("ne", 5, False, None), ("lt", -0.5, False, -2),
+                                             ("ne", -0.5, False, None)])
+def test_low_bound_a_comparison_needs(op, c, flipped, lo):
+    """lo makes ``x op c`` undecided on [lo, hi): ``labels >= 0`` means negatives occur (lo = -1)."""
+    from tvcert.frontends.trace import _low_needed
+
+    assert _low_needed(op, c, flipped) == lo

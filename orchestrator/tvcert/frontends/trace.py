@@ -548,20 +548,22 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
     for s in specs:
         if s.dtype != "int" or s.range is not None:
             continue
-        names, bounds, lows = {s.name}, [], []
+        names, same, bounds, lows = {s.name}, {s.name}, [], []  # same: its values only (no where arm)
         for n in nodes:
             ins = n.get("inputs", [])
             if not any(i in names for i in ins):
                 continue
             out = n.get("name") or (n.get("outputs") or [None])[0]
             a = n.get("attrs") or {}
-            if n["op"] in _COMPARES and len(ins) == 2 and (ins[0] in names) != (ins[1] in names):
-                k = 0 if ins[0] in names else 1
+            if n["op"] in _COMPARES and len(ins) == 2 and (ins[0] in same) != (ins[1] in same):
+                k = 0 if ins[0] in same else 1
                 lo = _low_needed(n["op"], consts.get(ins[1 - k]), k == 1)
                 if lo is not None:
                     lows.append(lo)
             if n["op"] in _SHAPE_OPS and ins and ins[0] in names:
                 names.add(out)
+                if ins[0] in same:
+                    same.add(out)
             elif n["op"] == "where" and len(ins) == 3 and (ins[1] in names or ins[2] in names):
                 names.add(out)
             elif n["op"] == "one_hot" and isinstance(a.get("num_classes"), int):
@@ -1253,9 +1255,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                parallel_setup: Callable | None = None, validate: bool = True, parallel_backward: bool = False) -> dict:
     """Trace ``logical`` (degree 1) and ``parallel`` (every rank of ``mesh``) into a plan dict.
 
-    ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs; default: what they index),
-    placement {axis: text}, layout [{op, attrs}] (applied to the logical tensor before the placement),
-    param (bool: differentiate the loss with respect to it)}; shapes are logical (full) shapes.
+    ``inputs``: name -> {shape, dtype ("float"|"int"), range (int inputs: R or [lo, hi]; default: what they
+    index, lo from an ignore index or a negative compare), placement {axis: text}, layout [{op, attrs}]
+    (applied to the logical tensor before the placement), param (bool: differentiate the loss with respect to it)}; shapes are logical (full) shapes.
     ``logical`` / ``parallel`` return a loss, ``(loss, {param: grad})`` or a dict of named outputs
     (:func:`_returned`); gradients a program computed with its own ``loss.backward()`` are read from ``.grad``.
     ``grad_sync(ctx, grads) -> grads`` runs on each rank after autograd, inside the trace.
