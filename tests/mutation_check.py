@@ -3,7 +3,9 @@ and the op blamed is the mutated one or downstream of it in the data flow."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
+import tvcert.kernel.equality as equality
 from tvcert.engine.verify import verify
 from tvcert.interp import run_plan
 from tvcert.plan import load_plan
@@ -33,8 +35,25 @@ def descendants(plan: dict, roots: set) -> set:
     return out
 
 
+# Solver seconds a mutant may spend being proved.  A wrong plan's failing obligations are what cost (1,000-2,700
+# satisfiable calls, 15-30 s a mutant); the correct plans these mutate verify in 0.1-0.3 s in all, so a (false) proof
+# of a mutant would fit in this budget many times over: the bound costs the suite minutes, not strength.
+MUTANT_SMT_SECONDS = 5.0
+
+
+@contextmanager
+def _smt_budget(seconds: float):
+    saved = equality.SMT_TOTAL_SECONDS
+    equality.SMT_TOTAL_SECONDS = seconds
+    try:
+        yield
+    finally:
+        equality.SMT_TOTAL_SECONDS = saved
+
+
 def assert_refuted_and_localized(good: dict, bad: dict, role: str) -> None:
-    res = verify(load_plan(bad))
+    with _smt_budget(MUTANT_SMT_SECONDS):
+        res = verify(load_plan(bad))
     assert res.verdict == "REFUTED", res.reasons
     cx = res.counterexample
     again = run_plan(load_plan(bad), dims=cx["dims"], seed=cx["seed"], exact=cx["mode"] == "exact")

@@ -373,8 +373,8 @@ def _judge(res: Result):
         if not ok and x.op in ("reshape", "permute"):
             core, chain = layout_core(e)
             ok = chain in approved and grounded(core)
-        if not ok and x.op == "reshape":  # a proved reshape of an explained value (FSDP2's flat buffers)
-            ok = grounded(x.args[0])
+        if not ok and x.op in ("reshape", "slice"):  # a proved reshape or slice of an explained value (FSDP2's flat
+            ok = grounded(x.args[0])  # buffers; a chunk of a partial sum before a reduce_scatter) is explained
         if not ok:
             ok = any(prover.equal(e, l) for l in cands)
         if not ok:  # a scalar multiple of a logical value
