@@ -371,7 +371,34 @@ def test_masked_fill_neg_inf_softmax():
                       dict(x=x, m=m.long(), R=R), ("x",))
     # the -inf never reaches the IR: no infinite attribute, and the masked entries are zeroed after the softmax
     assert all(not (isinstance(v, float) and math.isinf(v)) for n in nodes for v in n.attrs.values())
-    assert [n.op for n in nodes if n.op in ("softmax", "where")][:2] == ["softmax", "where"]
+    # masked entries' F replaced by the row's min before the softmax, zeroed after it
+    assert [n.op for n in nodes if n.op in ("amin", "softmax", "where")][:4] == ["amin", "where", "softmax", "where"]
+
+
+def _far_causal_qkv(L=5, E=8, step=800.0):
+    """q, k, v whose causal scores grow by ``step`` per key: every masked score is above every kept one of its row
+    (row 0's kept score is 0, its masked ones 800 ... 3200: exp(kept - row max) underflows to 0 in float64)."""
+    u = torch.ones(E, dtype=D)
+    q = u.expand(1, 1, L, E).clone()
+    k = (torch.arange(L, dtype=D)[:, None] * u * step * math.sqrt(E) / E).expand(1, 1, L, E).clone()
+    return dict(q=q, k=k, v=rnd(1, 1, L, E), R=rnd(1, 1, L, E))
+
+
+def test_masked_softmax_far_below_masked_values_is_float64_exact():
+    """H24: the kept scores ~1e3 below the masked F values (masked_fill of +1e4 entries, a causal SDPA whose masked
+    scores are the row's largest): the float64 run gives PyTorch's numbers, not NaN (the masked F are replaced by
+    the row's smallest F before the softmax's row max)."""
+    x, R = rnd(3, 5) - 1e3, rnd(3, 5)
+    m = torch.rand(3, 5, generator=g) > 0.5
+    m[:, 0], m[0, 1:] = False, True
+    x = torch.where(m, torch.full_like(x, 1e4), x)
+    check(lambda x, m, R: (x.masked_fill(m.bool(), float("-inf")).softmax(-1) * R).sum(),
+          dict(x=x, m=m.long(), R=R), ("x",))
+    kw = _far_causal_qkv()
+    (loss, dq, dk, dv), _ = ir_run(lambda q, k, v, R: (F.scaled_dot_product_attention(q, k, v, is_causal=True) * R)
+                                   .sum(), kw, ("q", "k", "v"))
+    assert all(np.isfinite(a).all() for a in (loss, dq, dk, dv))
+    check(lambda q, k, v, R: (F.scaled_dot_product_attention(q, k, v, is_causal=True) * R).sum(), kw, ("q", "k", "v"))
 
 
 def test_fully_masked_row_softmax_is_nan_like_pytorch():

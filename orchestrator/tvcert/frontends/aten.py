@@ -1674,8 +1674,9 @@ def _c_expand(c, n, x, shape, implicit=False):
 #   masked_fill(A, m, v) = (masked_fill(FA, m, v), MA and not m);  exp(F,M) = where(M, 0, exp(F));
 #   maximum((F,M), y) = where(M, y, max(F, y));  maximum of two pairs = (where(M1, F2, where(M2, F1,
 #   max(F1,F2))), M1 and M2);  amax over dims D = (amax(where(M, amin(F, D), F), D), all(M over D));
-#   softmax((F,M), d) = q / sum_d(q) with q = where(M, 0, softmax(F, d)) (the shift-invariance of softmax:
-#   exp(F_i) / sum over unmasked j of exp(F_j) = softmax(F)_i / sum over unmasked j of softmax(F)_j);
+#   softmax((F,M), d) = q / sum_d(q) with q = where(M, 0, softmax(G, d)), G = where(M, amin(F, d), F) (the
+#   shift-invariance of softmax: exp(G_i) / sum over unmasked j of exp(G_j) = softmax(G)_i / sum over unmasked j
+#   of softmax(G)_j, and G = F at unmasked entries; G's row max is a kept entry's, so no 0 / 0 in float64);
 #   _safe_softmax: the same with the row sum 0 (every entry -inf) replaced by 1, giving 0, as PyTorch does.
 NEGINF_TABLE: dict[str, Callable[..., Any]] = {}
 
@@ -1937,9 +1938,15 @@ def _n_amax(c, n, x, dims=None, keepdim=False):
 
 
 def _n_softmax_common(c, n, x, dim, safe: bool):
+    """Masked entries' F is first replaced by the row's smallest F (no larger than any kept entry), so softmax's
+    row max is over the kept entries: the same real number (the masked entries are zeroed and the row
+    renormalised, and softmax is shift-invariant), but no 0 / 0 in float64 when the kept F are far below the
+    masked ones (exp(kept - max) underflowed to 0 for every kept entry: NaN for a correct causal SDPA)."""
     xv = c.env[x]
     d = int(dim) % len(_shape(c.val(x)))
-    p = c.emit("softmax", [xv.F], {"dim": d}, base=f"{n.name}_p")
+    lo = c.emit("amin", [xv.F], {"dims": [d], "keepdim": True}, base=f"{n.name}_lo")
+    Fk = c.emit("where", [xv.M, lo, xv.F], base=f"{n.name}_Fk")
+    p = c.emit("softmax", [Fk], {"dim": d}, base=f"{n.name}_p")
     q = c.emit("where", [xv.M, c.const(0), p], base=f"{n.name}_q")
     s = c.emit("sum", [q], {"dims": [d], "keepdim": True}, base=f"{n.name}_s")
     if safe:
