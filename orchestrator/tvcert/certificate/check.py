@@ -29,7 +29,7 @@ from ..kernel.sizes import second_instantiation, size_reasons
 from ..kernel.smt import SOLVERS
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import PlanError, load_plan, plan_digest
-from .format import CERT_VERSION, Certificate, manifest_path, parse_placements, stage_table
+from .format import CERT_VERSION, SUPPORTED_VERSIONS, Certificate, manifest_path, parse_placements, stage_table
 
 
 class Invalid(Exception):
@@ -65,7 +65,7 @@ def read_certificate(path: str | Path) -> Certificate:
     except ValidationError as exc:
         e = exc.errors()[0]
         loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{_short(p, 60)}" for p in e["loc"])
-        raise Unreadable(f"{_short(path)}: {loc}: {_short(e['msg'], 300)}") from None
+        raise Unreadable(f"{_short(path)}: {loc}: {_short(e['msg'].removeprefix('Value error, '), 300)}") from None
     except RecursionError:
         raise Unreadable(f"{_short(path)}: $: certificate nested too deeply") from None
 
@@ -74,8 +74,9 @@ def read_certificate(path: str | Path) -> Certificate:
 def check_certificate(cert: Certificate, plan_path: str | Path | None = None, manifest: str | Path | None = None,
                       solvers: tuple[str, ...] = ("z3",), second: bool = False) -> CheckResult:
     """``second``: this is the certificate of a plan's second instantiation (it carries no further one)."""
-    if cert.tvcert_certificate != CERT_VERSION:
-        raise Invalid(f"certificate version {cert.tvcert_certificate} is not supported (expected {CERT_VERSION})")
+    if cert.tvcert_certificate not in SUPPORTED_VERSIONS:
+        raise Invalid(f"certificate version {cert.tvcert_certificate} is not supported (expected {CERT_VERSION}; "
+                      f"supported {list(SUPPORTED_VERSIONS)})")
     # 1. the plan, bound by its hash
     raw = cert.plan.content
     if plan_path is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from .. import __version__
 from ..engine.verify import VERIFIED, Result
 from ..plan import plan_digest
-from .format import CERT_VERSION, manifest_path, placement_texts, rule_digests, stage_table
+from .format import CERT_VERSION, encode_bigints, manifest_path, placement_texts, rule_digests, stage_table
 
 
 def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def build_certificate(res: Result, manifest: Path | None = None) -> dict[str, An
         "manifest": {"digest": "sha256:" + hashlib.sha256(mtext).hexdigest(),
                      "rules": rule_digests(manifest_json, used)},
         "stages": stage_table(plan.raw),
-        "expressions": res.exprs.export(),
+        "expressions": encode_bigints(res.exprs.export()),  # exact constants may exceed 64 bits
         "steps": steps,
         "obligations": obligations,
         "outputs": outputs,
