@@ -185,4 +185,3 @@ def decode_bigints(v: Any, path: str) -> Any:
     if -_INT64 < n < _INT64:
         raise ValueError(f"{where}: {s} fits in 64 bits: it is written as a plain JSON integer")
     return n
-
