@@ -43,7 +43,7 @@ def main(seed: int = 0, layers: int = 1) -> None:
         a = np.asarray(f.logical[o], dtype=np.float64)
         b = np.asarray(d.logical[o].astype(float), dtype=np.float64)
         worst = max(worst, float(np.max(np.abs(a - b) / (1 + np.abs(a) + np.abs(b)))))
-    print(f"worst |float64 - 60 digits| / (1 + |a| + |b|) over {len(plan.logical.outputs)} logical outputs: {worst:.3g}")
+    print(f"worst |float64 - 60 digits| / (1 + |a| + |b|), {len(plan.logical.outputs)} logical outputs: {worst:.3g}")
     t = time.perf_counter()
     print(f"verdict {verify(plan).verdict} in {time.perf_counter() - t:.1f} s")
 
