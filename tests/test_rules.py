@@ -124,6 +124,9 @@ def case_table():
         lambda e: e.apply("all_gather", [e.t([4, 4], S(0))], axis="tp", dim=1))
     add("reduce_scatter_partial", lambda e: e.apply("reduce_scatter", [e.t([4, 4], P())], axis="tp", dim=0),
         lambda e: e.apply("reduce_scatter", [e.t([4, 4], R)], axis="tp", dim=0))
+    add("reduce_scatter_avg_partial_sum", lambda e: e.apply("reduce_scatter", [e.t([4, 4], P())], axis="tp", dim=0,
+                                                            reduce="avg"),
+        lambda e: e.apply("reduce_scatter", [e.t([4, 4], P("avg"))], axis="tp", dim=0, reduce="avg"))
     add("all_to_all_reshard", lambda e: e.apply("all_to_all", [e.t([4, 4], S(1))], axis="tp", split_dim=0, concat_dim=1),
         lambda e: e.apply("all_to_all", [e.t([4, 4], S(0))], axis="tp", split_dim=0, concat_dim=1))
     add("broadcast_replicate", lambda e: e.apply("broadcast", [e.t([4], R)], axis="tp"),

@@ -373,8 +373,8 @@ def _judge(res: Result):
         if not ok and x.op in ("reshape", "permute"):
             core, chain = layout_core(e)
             ok = chain in approved and grounded(core)
-        if not ok and x.op in ("reshape", "slice"):  # a proved reshape or slice of an explained value (FSDP2's flat
-            ok = grounded(x.args[0])  # buffers; a chunk of a partial sum before a reduce_scatter) is explained
+        if not ok and x.op == "reshape":  # a proved reshape of an explained value (FSDP2's flat buffers)
+            ok = grounded(x.args[0])
         if not ok:
             ok = any(prover.equal(e, l) for l in cands)
         if not ok:  # a scalar multiple of a logical value
@@ -398,8 +398,12 @@ def _judge(res: Result):
         f = res.prop.facts[program].get(tensor)
         if (program, node) not in steps or f is None:
             return None
-        if grounded(f.expr):
-            return f"{X.show(f.expr, 1)} as {fmt_pl(res.plan.program_axes(program), f.pl)} (proved)"
+        shown = fmt_pl(res.plan.program_axes(program), f.pl)
+        x = X[f.expr]
+        # a proved chunk of an explained partial sum (before a reduce_scatter: zig-zag's paired halves) is explained;
+        # a slice of a Shard / Replicate value stays a candidate (a rank reading the wrong rows is a slice)
+        if grounded(f.expr) or (x.op == "slice" and "Partial" in shown and grounded(x.args[0])):
+            return f"{X.show(f.expr, 1)} as {shown} (proved)"
         return False
 
     return judge

@@ -118,8 +118,10 @@ def hf_spec(model: str, tp: int = 2, *, tp_plan: Mapping[str, Any] | None = None
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
     tok = {"shape": [batch, seq], "dtype": "int", "range": vocab}
+    # labels as Hugging Face's collators give them: padding is -100, cross-entropy's ignore_index
+    labels = {"shape": [batch, seq], "dtype": "int", "range": [-100, vocab]}
     return dict(model_factory=make, parallelize=parallelize, loss_fn=loss_fn,
-                data={"input_ids": tok, "labels": dict(tok)}, mesh={"tp": int(tp)},
+                data={"input_ids": tok, "labels": labels}, mesh={"tp": int(tp)},
                 name=f"hf_{cfg.model_type}_tp{tp}", call="input_ids")
 
 
