@@ -473,6 +473,26 @@ rewrite (@nth_default _ [::] pss) ?(@nth_default _ [::] ss) ?nth_nil //; first b
 by rewrite hps.
 Qed.
 
+(** The local size of every letter: [l]'s divided by [p], the others unchanged (both einsum rules). *)
+Lemma ein_lsize_local p ts ss pls l Ts pss Ls :
+  size pss = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  ein_sizes_ok ts ss -> pls = [seq ein_pl l t | t <- ts] -> has (fun t => l \in t) ts ->
+  forall x, lsize ts pss x = if x == l then (lsize ts ss l %/ p)%N else lsize ts ss x.
+Proof.
+move=> hps A sok epl hl x.
+move: (sok) => /andP [/eqP szts sk].
+have szp : size pls = size ts by rewrite epl size_map.
+have hpk : forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k)).
+  move=> k kt; have kp : (k < size pls)%N by rewrite szp.
+  by have [_ -> _ _ _] := A k kp; rewrite epl (nth_map [::]).
+have sk' : forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k).
+  by move=> k kt; have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP].
+exact: (@lsize_local p ts ss pss l x (esym szts) (etrans hps szp) hl hpk sk').
+Qed.
+
 Lemma einsum_free p ts out ss pls q Ts pss Ls :
   size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
@@ -488,13 +508,7 @@ move=> hss hTs hps hLs A.
 rewrite /ein_free_ok => /andP [/andP [/andP [/andP [/andP [qo uo] uts] hl] sok] /pls_eqP epl] plok.
 set l := nth 0 out q in hl epl.
 move: (sok) => /andP [/eqP szts sk].
-have szp : size pls = size ts by rewrite epl size_map.
-have hpk : forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k)).
-  move=> k kt; have kp : (k < size pls)%N by rewrite szp.
-  by have [_ -> _ _ _] := A k kp; rewrite epl (nth_map [::]).
-have sk' : forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k).
-  by move=> k kt; have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP].
-have hls := fun x => @lsize_local p ts ss pss l x (esym szts) (etrans hps szp) hl hpk sk'.
+have hls := @ein_lsize_local p ts ss pls l Ts pss Ls hps A sok epl hl.
 set so := lop_shape (Einsum ts out) ss.
 have szso : size so = size out by rewrite /so /= size_map.
 have hnso : forall j, (j < size out)%N -> nth 0 so j = lsize ts ss (nth 0 out j).
@@ -570,12 +584,7 @@ move=> hss hTs hps hLs A.
 rewrite /ein_contr_ok => /andP [/andP [/andP [/andP [lo hl] uts] sok] /pls_eqP epl].
 move: (sok) => /andP [/eqP szts sk].
 have szp : size pls = size ts by rewrite epl size_map.
-have hpk : forall k, (k < size ts)%N -> nth [::] pss k = local_shape p (nth [::] ss k) (ein_pl l (nth [::] ts k)).
-  move=> k kt; have kp : (k < size pls)%N by rewrite szp.
-  by have [_ -> _ _ _] := A k kp; rewrite epl (nth_map [::]).
-have sk' : forall k, (k < size ts)%N -> size (nth [::] ts k) = size (nth [::] ss k).
-  by move=> k kt; have := allP sk k; rewrite mem_iota add0n kt => /(_ isT) /andP [/eqP].
-have hls := fun x => @lsize_local p ts ss pss l x (esym szts) (etrans hps szp) hl hpk sk'.
+have hls := @ein_lsize_local p ts ss pls l Ts pss Ls hps A sok epl hl.
 have hshape : lop_shape (Einsum ts out) pss = lop_shape (Einsum ts out) ss.
   apply/eq_in_map => x xo; rewrite hls; case: (x =P l) => // xl.
   by rewrite -xl xo in lo.
