@@ -190,6 +190,8 @@ def test_fused_programs(fused, kw, expected):
 
     res = verify(load_plan(trace_plan(**fused.tvcert_trace(**kw))))
     assert res.verdict == expected, res.reasons[:3]
+    if expected == "VERIFIED":  # the split reads the interleave through the matmul: that step cites its theorem
+        assert {"split_interleaved_shard", "interleave_commutes"} <= {r for s in res.prop.steps for r in s.rules}
     diff = _torch_differs(fused, kw.get("part", "qkv"), kw.get("bug", ""), kw.get("tp", 2))
     assert (diff < 1e-9) == (expected == "VERIFIED"), diff
 

@@ -168,6 +168,13 @@ def _axis(kc, f, dim: int, failure, rule: str) -> int:
     return sh[0]
 
 
+def pulled_cites(X: Exprs, e: int, d: int, p: int) -> list[str]:
+    """The rule ids a conclusion drawn from :func:`pull` must cite besides its own: ``interleave_commutes`` when
+    ``e`` is not itself an interleave along ``d`` over ``p`` (the pull then took commuting steps)."""
+    m = match(X, e)
+    return [] if m is not None and m.dim == d and m.p == p else [EQ_RULE]
+
+
 def derive_split(kc, ra, f, dim: int, failure):
     """Facts of ``split(dim, sizes)`` of Shard(dim) of an interleaved expression (rule ``split_interleaved_shard``)."""
     from .rules import Derivation, Fact
@@ -187,7 +194,7 @@ def derive_split(kc, ra, f, dim: int, failure):
     outs = X.mk_multi("split", {"dim": dim, "sizes": tuple([p * n] * k)}, [core])
     rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
     rules[ai] = SPLIT_RULE
-    return Derivation([Fact(o, f.pl) for o in outs], rules)
+    return Derivation([Fact(o, f.pl) for o in outs], rules + pulled_cites(X, f.expr, dim, p))
 
 
 def derive_slice(kc, ra, f, dim: int, failure):
@@ -211,7 +218,7 @@ def derive_slice(kc, ra, f, dim: int, failure):
     out = X.mk("slice", {"dim": dim, "start": i * p * n, "end": (i + 1) * p * n, "step": 1}, [core])
     rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
     rules[ai] = SPLIT_RULE
-    return Derivation([Fact(out, f.pl)], rules)
+    return Derivation([Fact(out, f.pl)], rules + pulled_cites(X, f.expr, dim, p))
 
 
 def derive_pad(kc, ra, f, failure):

@@ -18,7 +18,7 @@ split, the pulled interleave has the same k and the axis's size as p.  Otherwise
 """
 from __future__ import annotations
 
-from .interleave import build, pull
+from .interleave import build, pull, pulled_cites
 
 MERGE_RULE = "merge_interleaved_shard"
 SPLIT_RULE = "split_interleaved_reshape"
@@ -89,5 +89,5 @@ def derive_reshape(kc, f, shape, local_in, local_out):
         out = X.mk("reshape", {"shape": tuple(s[:d] + [k, p * lo[d + 1]] + s[d + 1:])}, [y])
         rules[ai] = SPLIT_RULE
         pl = tuple(Placement("S", d + 1) if j == ai else q for j, q in enumerate(f.pl))
-        return Derivation([Fact(out, pl)], rules)
+        return Derivation([Fact(out, pl)], rules + pulled_cites(X, f.expr, d, p))
     return None
