@@ -21,7 +21,8 @@ from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .graph import Graph, GraphError, Node, TensorDecl
+from .graph import Graph, GraphError, Node, TensorDecl, int_bounds
+from .kernel.index_domain import IndexDomainError, check_index_domains
 from .ops import REGISTRY, AttrError, resolve_attrs
 from .shapes import MAX_DIM, DimError, dim_value, rank_axes_in
 
@@ -37,6 +38,11 @@ class PlanError(ValueError):
         super().__init__(f"{path}: {msg}")
         self.path = path
         self.msg = msg
+
+
+class IndexRangePlanError(PlanError):
+    """A declared int range admits an index outside a table the logical graph reads (kernel/index_domain.py);
+    the tracer reports it as UNKNOWN, a plan is bad input."""
 
 
 # ============================================================== JSON schema (pydantic)
@@ -707,8 +713,12 @@ def check_shapes(plan: Plan, dims: Mapping[str, int], which: str) -> None:
     mesh = plan.mesh(dims)
     try:
         ltypes = plan.logical.infer(dims, mesh, key=f"shape@{which}")
+        ranges = {t.name: int_bounds(t, dims) for t in plan.logical.inputs if t.dtype == "int" and t.range is not None}
+        check_index_domains(plan.logical, ranges, dims, ltypes)
     except GraphError as exc:
         raise PlanError(exc.path, f"{exc.msg} (with {which})") from None
+    except IndexDomainError as exc:
+        raise IndexRangePlanError(exc.path, f"{exc.msg} (with {which})") from None
     ptypes = {}
     for pname, g in plan.programs.items():
         env = dict(dims)

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..ops import get_op
-from ..plan import PlanError, load_plan, parse_placement
+from ..plan import IndexRangePlanError, PlanError, load_plan, parse_placement
 from .aten import Converter, IRNode, Unconverted, fuse_collectives
 from .rank_workers import default_jobs, map_ranks
 from . import rank_probe
@@ -1419,6 +1419,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     if validate:
         try:
             load_plan(plan)
+        except IndexRangePlanError as exc:  # a declared range the program cannot take (ids = -100 into a table)
+            raise TraceError(f"the traced plan cannot be verified over its declared int ranges: {exc.msg}",
+                             "unsupported", "declared int range") from None
         except PlanError as exc:
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
     if stats_hook is not None:  # where the time went (bench/trace_cost.py): wall seconds, the ranks' CPU seconds

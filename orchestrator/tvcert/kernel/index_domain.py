@@ -1,0 +1,238 @@
+"""Index domains: every value a declared int range admits must index inside the tables the logical graph reads.
+
+The logical graph is the specification, and torch refuses an index outside the indexed dim (embedding, gather,
+index_select, one_hot, cross-entropy's target, embedding_backward, scatter_add / index_add).  A plan whose
+declared range admits such a value claims equality on inputs where the logical side has no value: a
+vocab-parallel embedding over ids in [-100, v) (each rank masks the ids outside its block, so -100 gives zeros)
+was VERIFIED.  The loader (``plan.check_shapes``, at every instantiation it checks) computes, for each index
+operand of the logical graph, the values it can hold -- a union of intervals: an input in [lo, hi) holds lo and
+[0, hi) when lo < 0 < hi (the padded labels the interpreter draws, ``interp.random_value``), else [lo, hi);
+shape-only ops keep values; ``where`` / ``masked_fill`` arms are refined by a comparison of the same tensor with a
+constant (cross-entropy's ``where(t != -100, t, 0)``); +, -, * and min / max by interval arithmetic; concat, pad
+and constants by union -- and refuses the plan (exit 3, naming the input) when a value leaves [0, size).  An
+index whose values cannot be bounded this way (computed by other ops) is not checked here: the interpreter
+refuses it when it runs.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ..ops import REGISTRY, AttrError, resolve_attrs
+
+Dom = tuple  # sorted, disjoint closed intervals ((lo, hi), ...); None = unknown
+MAX_PIECES = 8
+SAME_VALUES = {"reshape", "view", "permute", "transpose", "expand", "slice", "flatten", "squeeze", "unsqueeze",
+               "flip", "split", "amax", "amin"}
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+BOOLS = COMPARE | {"logical_and", "logical_or", "logical_not"}
+FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
+NEGATE = {"lt": "ge", "ge": "lt", "le": "gt", "gt": "le", "eq": "ne", "ne": "eq"}
+
+
+class IndexDomainError(ValueError):
+    """An index operand of the logical graph can hold a value outside the indexed dim; ``path`` locates the op."""
+
+    def __init__(self, path: str, msg: str):
+        super().__init__(f"{path}: {msg}")
+        self.path = path
+        self.msg = msg
+
+
+def _norm(pieces) -> Optional[Dom]:
+    ps = sorted((int(a), int(b)) for a, b in pieces if a <= b)
+    out: list[list[int]] = []
+    for a, b in ps:
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    if len(out) > MAX_PIECES:
+        out = [[out[0][0], max(b for _, b in out)]]
+    return tuple(map(tuple, out)) if out else None
+
+
+def _union(*ds) -> Optional[Dom]:
+    if any(d is None for d in ds):
+        return None
+    return _norm([p for d in ds for p in d])
+
+
+def _pairwise(a: Dom, b: Dom, f) -> Optional[Dom]:
+    return _norm([f(x, y) for x in a for y in b])
+
+
+def _mul(x, y):
+    c = [x[0] * y[0], x[0] * y[1], x[1] * y[0], x[1] * y[1]]
+    return (min(c), max(c))
+
+
+BINARY = {"add": lambda x, y: (x[0] + y[0], x[1] + y[1]), "sub": lambda x, y: (x[0] - y[1], x[1] - y[0]),
+          "mul": _mul, "maximum": lambda x, y: (max(x[0], y[0]), max(x[1], y[1])),
+          "minimum": lambda x, y: (min(x[0], y[0]), min(x[1], y[1]))}
+
+
+def _refine(d: Optional[Dom], op: str, c: int) -> Optional[Dom]:
+    """The values of ``d`` for which ``x op c`` holds."""
+    if d is None:
+        return None
+    big = max(abs(c), max(abs(b) for p in d for b in p)) + 1
+    keep = {"lt": [(-big, c - 1)], "le": [(-big, c)], "gt": [(c + 1, big)], "ge": [(c, big)], "eq": [(c, c)],
+            "ne": [(-big, c - 1), (c + 1, big)]}[op]
+    return _norm([(max(a, u), min(b, v)) for a, b in d for u, v in keep]) or ()
+
+
+def _int_value(v) -> Optional[int]:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _leaves(v):
+    if isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _leaves(x)
+    else:
+        yield v
+
+
+def input_domain(lo: int, hi: int) -> Dom:
+    """The values a declared int range [lo, hi) stands for (what the interpreter draws)."""
+    return ((lo, lo), (0, hi - 1)) if lo < 0 < hi else ((lo, hi - 1),)
+
+
+class _Domains:
+    def __init__(self, graph, ranges: Mapping[str, tuple[int, int]], env, types):
+        self.env, self.types = env, types
+        self.prod = graph.producers()
+        self.dom: dict[str, Optional[Dom]] = {}
+        self.cval: dict[str, int] = {}  # scalar constants of any dtype with an integer value
+        self.src: dict[str, frozenset] = {}
+        for t in graph.inputs:
+            if t.dtype == "int" and t.name in ranges:
+                self.dom[t.name] = input_domain(*ranges[t.name])
+                self.src[t.name] = frozenset([t.name])
+
+    def attrs(self, n) -> dict:
+        try:
+            return resolve_attrs(REGISTRY[n.op], n.attrs, self.env)
+        except (AttrError, ValueError, TypeError):
+            return {}
+
+    def const_of(self, name: str) -> Optional[int]:
+        if name in self.cval:
+            return self.cval[name]
+        d = self.dom.get(name)
+        return d[0][0] if d and len(d) == 1 and d[0][0] == d[0][1] else None
+
+    def comparison(self, cond: str):
+        """(x, op, c) when ``cond`` is ``x op c`` / ``c op x`` with c a constant, else None."""
+        n = self.prod.get(cond)
+        if n is not None and n.op == "logical_not" and n.inputs:
+            cmp = self.comparison(n.inputs[0])
+            return cmp and (cmp[0], NEGATE[cmp[1]], cmp[2])
+        if n is None or n.op not in COMPARE or len(n.inputs) != 2:
+            return None
+        a, b = n.inputs
+        for u, v in ((a, b), (b, a)):  # a 0 / 1 mask compared with 0 (bool(mask), mask != 0)
+            p = self.prod.get(u)
+            if p is not None and p.op in COMPARE and self.const_of(v) == 0 and n.op in ("ne", "eq"):
+                cmp = self.comparison(u)
+                return cmp and (cmp if n.op == "ne" else (cmp[0], NEGATE[cmp[1]], cmp[2]))
+        if self.const_of(b) is not None:
+            return a, n.op, self.const_of(b)
+        if self.const_of(a) is not None:
+            return b, FLIP[n.op], self.const_of(a)
+        return None
+
+    def arm(self, cond: str, x: str, holds: bool) -> Optional[Dom]:
+        """The values of ``x`` where ``cond`` holds (``holds``) or not, refined when cond compares x itself."""
+        cmp = self.comparison(cond)
+        if cmp is None or cmp[0] != x:
+            return self.dom.get(x)
+        return _refine(self.dom.get(x), cmp[1] if holds else NEGATE[cmp[1]], cmp[2])
+
+    def step(self, n) -> Optional[Dom]:
+        op, ins, at = n.op, n.inputs, self.attrs(n)
+        ds = [self.dom.get(i) for i in ins]
+        if op == "const" and at.get("dtype") == "int":
+            vals = [_int_value(v) for v in _leaves(at.get("value"))]
+            return None if not vals or None in vals else _norm([(v, v) for v in vals])
+        if op == "iota" and at.get("dtype", "int") == "int" and at.get("size"):
+            a, b = at["start"], at["start"] + (at["size"] - 1) * at["step"]
+            return _norm([(min(a, b), max(a, b))])
+        if op in SAME_VALUES or (op == "cast" and at.get("dtype") == "int" and self.is_int(ins[0])):
+            return ds[0]
+        if op in BOOLS:
+            return ((0, 1),)
+        if op == "concat":
+            return _union(*ds)
+        if op == "pad":
+            v = _int_value(at.get("value", 0))
+            return None if v is None else _union(ds[0], ((v, v),))
+        if op == "neg":
+            return None if ds[0] is None else _norm([(-b, -a) for a, b in ds[0]])
+        if op in ("add_scalar", "scale"):
+            v = _int_value(at.get("value"))
+            if v is None or ds[0] is None:
+                return None
+            return _pairwise(ds[0], ((v, v),), BINARY["add" if op == "add_scalar" else "mul"])
+        if op in BINARY and len(ds) == 2 and None not in ds:
+            return _pairwise(ds[0], ds[1], BINARY[op])
+        if op == "where" and len(ins) == 3:
+            return _union(self.arm(ins[0], ins[1], True), self.arm(ins[0], ins[2], False))
+        if op == "masked_fill" and len(ins) == 2:
+            v = _int_value(at.get("value"))
+            return None if v is None else _union(self.arm(ins[1], ins[0], False), ((v, v),))
+        return None
+
+    def is_int(self, name: str) -> bool:
+        t = self.types.get(name)
+        return t is not None and t[1] == "int"
+
+
+def _indexed(n, at, types) -> list[tuple[str, int, str]]:
+    """(index operand, size it must stay below, what) for each index an op reads."""
+    if not at and REGISTRY[n.op].attrs:
+        return []
+    shape = lambda k: tuple(types[n.inputs[k]][0])  # noqa: E731
+    if n.op == "embedding":
+        return [(n.inputs[1], shape(0)[0], "the rows of its weight")]
+    if n.op in ("gather", "index_select", "scatter_add", "index_add") and len(shape(0)) > 0:
+        d = at["dim"] % len(shape(0))
+        return [(n.inputs[1], shape(0)[d], f"dim {d} of its input 0")]
+    if n.op == "embedding_backward":
+        return [(n.inputs[1], at["num_weights"], "num_weights")]
+    if n.op == "one_hot":
+        return [(n.inputs[0], at["num_classes"], "num_classes")]
+    if n.op == "cross_entropy":
+        return [(n.inputs[1], shape(0)[-1], "the class dim of its logits")]
+    if n.op == "cross_entropy_backward":
+        return [(n.inputs[2], shape(1)[-1], "the class dim of its logits")]
+    return []
+
+
+def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types) -> None:
+    """IndexDomainError when an index operand of ``graph`` can hold a value outside [0, size) for some input in
+    its declared range ``ranges`` (name -> [lo, hi)); ``types``: the graph's inferred (shape, dtype) at ``env``."""
+    D = _Domains(graph, ranges, env, types)
+    for n in graph.nodes:
+        at = D.attrs(n)
+        if n.op == "const" and _int_value(at.get("value")) is not None:
+            D.cval[n.outputs[0]] = _int_value(at.get("value"))
+        for ix, size, what in _indexed(n, at, types):
+            d = D.dom.get(ix)
+            bad = [v for v in (d[0][0], d[-1][1]) if not 0 <= v < size] if d else []
+            if bad:
+                names = ", ".join(map(repr, sorted(D.src.get(ix, ())))) or "?"
+                raise IndexDomainError(n.path, f"input {names}: its declared range admits inputs for which {ix!r} "
+                                               f"is {bad[0]}, but {n.op} indexes {what} (size {size}) with it: the "
+                                               f"logical graph has no value there (declare a range inside the table)")
+        d = D.step(n)
+        for o in n.outputs[:1] if n.op != "split" else n.outputs:
+            if d is not None and D.is_int(o):
+                D.dom[o] = d
+                D.src[o] = frozenset().union(*(D.src.get(i, frozenset()) for i in n.inputs))

@@ -1,0 +1,131 @@
+"""Red team round 4 (H27): what sessions 6-7 added, plans and traced code.
+
+Each class below was a false VERIFIED on main (or a hole the brief named); per class a wrong case (the two sides
+differ, or the logical side has no value, shown by torch / the interpreter) is not VERIFIED and a correct control
+of the same shape still loads / verifies.
+
+* declared int ranges wider than a table the logical graph indexes (kernel/index_domain.py): a vocab-parallel
+  embedding over ids in [-100, v) VERIFIED although the logical lookup of -100 has no value (torch raises, the
+  interpreter refuses), and each rank's mask turned it into zeros.  Now the loader computes the values every
+  index operand can hold and exits 3 naming the input; a traced program is UNKNOWN.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvcert.engine.verify import verify
+from tvcert.interp import RunError, run_plan
+from tvcert.plan import IndexRangePlanError, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+VPE = json.loads((ROOT / "examples" / "vocab_parallel_embedding.json").read_text())
+
+
+# ------------------------------------------------------------- declared int ranges vs the tables they index
+def _vpe(range_=None, logical_nodes=None):
+    raw = copy.deepcopy(VPE)
+    for g in [raw["logical"], *raw["parallel"]]:
+        for t in g["inputs"]:
+            if t["name"] == "ids" and range_ is not None:
+                t["range"] = range_
+    if logical_nodes is not None:
+        raw["logical"]["nodes"] = logical_nodes
+    return raw
+
+
+def _emb(ix, *pre):
+    return [*pre, {"name": "y", "op": "embedding", "inputs": ["w", ix]}]
+
+
+def _c(name, v):
+    return {"name": name, "op": "const", "attrs": {"value": v, "dtype": "int"}}
+
+
+WIDE = {  # logical graphs whose index can leave the table for ids in the declared range
+    "padded_ids": ([-100, "v"], None),
+    "one_past_the_table": ("v+1", None),
+    "ids_plus_one": ("v", _emb("s", {"name": "s", "op": "add_scalar", "inputs": ["ids"], "attrs": {"value": 1}})),
+    "mask_of_another_value": ([-100, "v"], _emb("s", _c("m", -1), {"name": "k", "op": "ne", "inputs": ["ids", "m"]},
+                                                _c("z", 0), {"name": "s", "op": "where", "inputs": ["k", "ids", "z"]})),
+    "clamp_above_only": ([-100, "v"], _emb("s", _c("t", 7), {"name": "s", "op": "minimum", "inputs": ["ids", "t"]})),
+    "concat_with_v": ("v", _emb("s", _c("t", "v"), {"name": "t1", "op": "reshape", "inputs": ["t"],
+                                                    "attrs": {"shape": [1]}},
+                                {"name": "i1", "op": "slice", "inputs": ["ids"],
+                                 "attrs": {"dim": 0, "start": 1, "end": "n", "step": 1}},
+                                {"name": "s", "op": "concat", "inputs": ["i1", "t1"], "attrs": {"dim": 0}})),
+}
+INSIDE = {  # the same shapes with every index inside the table: they load (and the first two verify below)
+    "declared_range": ("v", None),
+    "narrower_range": ("v-1", None),
+    "padding_masked": ([-100, "v"], _emb("s", _c("m", -100), {"name": "k", "op": "ne", "inputs": ["ids", "m"]},
+                                         _c("z", 0), {"name": "s", "op": "where", "inputs": ["k", "ids", "z"]})),
+    "padding_masked_fill": ([-100, "v"], _emb("s", _c("m", -100), {"name": "k", "op": "eq", "inputs": ["m", "ids"]},
+                                              {"name": "s", "op": "masked_fill", "inputs": ["ids", "k"],
+                                               "attrs": {"value": 0}})),
+    "clamped": ([-100, "v"], _emb("s", _c("z", 0), _c("t", "v-1"), {"name": "a", "op": "maximum", "inputs": ["ids", "z"]},
+                                  {"name": "s", "op": "minimum", "inputs": ["a", "t"]})),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE))
+def test_range_wider_than_the_table_is_bad_input(name):
+    with pytest.raises(IndexRangePlanError) as ei:
+        load_plan(_vpe(*WIDE[name]))
+    assert "input 'ids'" in str(ei.value) and "embedding" in str(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize("name", sorted(INSIDE))
+def test_range_inside_the_table_loads(name):
+    load_plan(_vpe(*INSIDE[name]))
+
+
+def test_padded_ids_have_no_logical_value_and_exit_3(tmp_path):
+    torch = pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from tvcert.cli import main
+
+    with pytest.raises(IndexError):  # torch has no value for the logical lookup of the padding id
+        torch.nn.functional.embedding(torch.tensor([-100]), torch.zeros(8, 3, dtype=torch.float64))
+    plan = load_plan(_vpe("v"))
+    assert verify(plan).verdict == "VERIFIED"  # the correct control
+    with pytest.raises(RunError, match="index -100 is out of range"):  # nor does the interpreter's
+        run_plan(plan, inputs={"ids": np.full(16, -100), "w": np.zeros((8, 3))})
+    (tmp_path / "p.json").write_text(json.dumps(_vpe([-100, "v"])))
+    r = CliRunner().invoke(main, ["verify", str(tmp_path / "p.json")])
+    assert r.exit_code == 3 and "input 'ids'" in r.output and "-100" in r.output, r.output
+
+
+def test_cross_entropy_target_range_wider_than_the_classes():
+    raw = {"tvcert_plan": 1, "name": "ce", "dims": {"n": 4, "c": 3}, "mesh": {"dp": 1},
+           "logical": {"inputs": [{"name": "x", "shape": ["n", "c"]},
+                                  {"name": "t", "shape": ["n"], "dtype": "int", "range": "c+1"}],
+                       "nodes": [{"name": "l", "op": "cross_entropy", "inputs": ["x", "t"]}], "outputs": ["l"]},
+           "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": ["n", "c"]},
+                                                 {"name": "t", "shape": ["n"], "dtype": "int", "range": "c+1"}],
+                         "nodes": [{"name": "l", "op": "cross_entropy", "inputs": ["x", "t"]}], "outputs": ["l"]}],
+           "inputs": {"x": {"local": "x"}, "t": {"local": "t"}}, "outputs": {"l": {"local": "l"}}}
+    with pytest.raises(IndexRangePlanError, match="input 't'.*cross_entropy"):
+        load_plan(raw)
+    for g in [raw["logical"], *raw["parallel"]]:
+        g["inputs"][1]["range"] = "c"
+    assert verify(load_plan(raw)).verdict == "VERIFIED"
+
+
+def test_traced_range_wider_than_the_table_is_unknown():
+    torch = pytest.importorskip("torch")
+    from tvcert.frontends.trace import TraceError, trace_plan
+
+    V = 6
+    ins = {"ids": {"shape": [4], "dtype": "int", "range": [-100, V]}, "emb": {"shape": [V, 3], "param": True}}
+    lg = lambda ids, emb: torch.nn.functional.embedding(ids, emb).pow(2).sum()  # noqa: E731
+    with pytest.raises(TraceError) as ei:
+        trace_plan(lg, lambda ctx, **kw: lg(**kw), inputs=ins, mesh={"tp": 1})
+    assert ei.value.kind == "unsupported" and "input 'ids'" in str(ei.value), str(ei.value)
+    ins["ids"]["range"] = V
+    assert verify(load_plan(trace_plan(lg, lambda ctx, **kw: lg(**kw), inputs=ins, mesh={"tp": 1}))).verdict == "VERIFIED"
