@@ -209,8 +209,13 @@ def _layouts() -> dict:
         N("g", "gt", ["oh", "iof"]),                               # comparison of shards, broadcasting
         N("mf", "masked_fill", ["x", "g"], value=-2),              # masked_fill with an integer mask
         N("bm", "matmul", ["x", "wm"]),                            # einsum_free_letter: batch (dp), rows (tp)
+        N("ux", "mul", ["x", "u"]),                                # u [a, 1, c]: replicated over tp, size 1 on b
+        N("tq", "permute", ["x"], dims=[0, 2, 1]),                 # [a, c, b]: dp S(0), tp S(2)
+        N("tq2", "square", ["tq"]),
     ]
-    logical = common + [
+    rms = [N("rs", "add_scalar", ["ms"], value=0.5), N("rr", "rsqrt", ["rs"]),
+           N("nx", "mul", ["tq", "rr"])]                           # RMSNorm: [a, c, b] * [a, c, 1] (size-1 broadcast)
+    logical = common + [N("ms", "mean", ["tq2"], dims=[-1], keepdim=True)] + rms + [
         N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
         N("mx", "amax", ["xs"], dims=[1]),                         # reduce_max_sharded_dim (dp)
         N("s2", "sum", ["sm"], dims=[0]),
@@ -219,7 +224,8 @@ def _layouts() -> dict:
         N("wg", "einsum", ["x", "x"], equation="abc,abd->cd"),     # einsum_contracted_letter on both axes
         N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),  # its norm
     ]
-    par = copy.deepcopy(common) + [
+    par = copy.deepcopy(common) + [N("msp", "mean", ["tq2"], dims=[-1], keepdim=True), ar("ms", "msp", "tp", "avg")] + \
+        copy.deepcopy(rms) + [
         N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
         ar("sskr", "ssk", "dp", "sum"),
         N("mxp", "amax", ["xs"], dims=[1]), ar("mx", "mxp", "dp", "max"),
@@ -232,10 +238,11 @@ def _layouts() -> dict:
         ar("wg", "wgt", "dp", "sum"), N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf", "bm", "wg", "wn"]
+            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
-    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm")})
+    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm", "ux")})
+    place.update(nx={"dp": "Shard(0)", "tp": "Shard(2)"})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
                  zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={})
     local = {o: o for o in outs}
@@ -244,19 +251,20 @@ def _layouts() -> dict:
         "tvcert_plan": 1, "name": "layouts_dp2_tp2", "dims": {"a": 4, "b": 4, "c": 6, "dp": 2, "tp": 2},
         "mesh": {"dp": "dp", "tp": "tp"},
         "logical": {"inputs": [f("x", ["a", "b", "c"]), f("y", [4, 4]), f("z", [4, 6]), f("w", ["a", "c"]),
-                               {"name": "tok", "shape": ["a", "b"], "dtype": "int", "range": "c"}, f("wm", ["c", 2])],
+                               {"name": "tok", "shape": ["a", "b"], "dtype": "int", "range": "c"}, f("wm", ["c", 2]),
+                               f("u", ["a", 1, "c"])],
                     "nodes": logical,
                     "outputs": outs},
         "parallel": [{"name": "spmd", "inputs": [f("x", ["a/dp", "b/tp", "c"]), f("y", [4, 4]), f("z", [4, 6]),
                                                  f("w", ["a/dp", "c"]),
                                                  {"name": "tok", "shape": ["a/dp", "b/tp"], "dtype": "int"},
-                                                 f("wm", ["c", 2])],
+                                                 f("wm", ["c", 2]), f("u", ["a/dp", 1, "c"])],
                       "nodes": par, "outputs": [local[o] for o in outs]}],
         "inputs": {"x": {"local": "x", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
                    "y": {"local": "y", "placement": {"tp": "Partial(sum)"}},
                    "z": {"local": "z", "placement": {}}, "w": {"local": "w", "placement": {"dp": "Shard(0)"}},
                    "tok": {"local": "tok", "placement": {"dp": "Shard(0)", "tp": "Shard(1)"}},
-                   "wm": {"local": "wm", "placement": {}}},
+                   "wm": {"local": "wm", "placement": {}}, "u": {"local": "u", "placement": {"dp": "Shard(0)"}}},
         "outputs": {o: {"local": local[o], "placement": place[o]} for o in outs},
     }
 
@@ -454,6 +462,8 @@ def _layout_mutations(v) -> None:
     v("einsum: gradient norm over a partial sum (clip norm before the dp all_reduce)", lay, norm_of_partial)
     v("bmm: the program's batched matmul reads x transposed (no logical node)", lay,
       lambda d: _nodes(d)["bm"].update(inputs=["xp", "wm"]))
+    v("rmsnorm: rsqrt of a shard's partial mean-square (no tp all_reduce)", lay,
+      lambda d: _nodes(d)["rs"].update(inputs=["msp"]))
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

@@ -19,14 +19,17 @@ Definition pl_ok (p : nat) (s : shape) (pl : placement) : bool :=
   if pl is Shard d then shard_ok p s d else true.
 
 (** Operand of shape [s] of a broadcasting op with output shape [so], output
-    sharded on [d]: the operand is the trailing part of the output shape and
-    either lacks dim [d] (and is replicated) or is sharded on it. *)
+    sharded on [d]: the operand is aligned on the right with the output, each of
+    its dims is the output's or 1 (broadcast, torch's size-1 rule), and it either
+    does not vary along dim [d] (lacks it or has size 1 there) and is replicated,
+    or holds dim [d] whole and is sharded on it. *)
 Definition bin_shard (so s : shape) (a : placement) (d : nat) : bool :=
   let off := size so - size s in
-  (size s <= size so) && (s == drop off so) &&
+  (size s <= size so) &&
+  all (fun k => (nth 0 s k == nth 0 so (off + k)) || (nth 0 s k == 1)) (iota 0 (size s)) &&
   match a with
-  | Replicate => d < off
-  | Shard d' => (off <= d) && (d' == d - off)
+  | Replicate => (d < off) || (nth 0 s (d - off) == 1)
+  | Shard d' => (off <= d) && (d' == d - off) && (nth 0 s d' == nth 0 so d)
   | Partial _ => false
   end.
 

@@ -47,16 +47,6 @@ Definition expand_ok (s s' : seq nat) (d : nat) : bool :=
   (size s <= size s') && (d < size s) && (nth 0 s d != 1) &&
   all (fun k => (nth 0 s k == 1) || (nth 0 s' (off + k) == nth 0 s k)) (iota 0 (size s)).
 
-Lemma size_proj a o i : size i = size o -> size a <= size o -> size (proj a o i) = size a.
-Proof. by move=> io ao; rewrite /proj size_map size_zip size_drop io subKn // (minn_idPl (leqnn _)). Qed.
-
-Lemma nth_proj a o i k : size i = size o -> size a <= size o -> k < size a ->
-  nth 0 (proj a o i) k = if nth 0 a k == 1 then 0 else nth 0 i (size o - size a + k).
-Proof.
-move=> io ao ka; rewrite /proj (nth_map (0, 0)); last by rewrite size_zip size_drop io subKn // (minn_idPl (leqnn _)).
-by rewrite nth_zip ?size_drop ?io ?subKn //= nth_drop.
-Qed.
-
 (** A reduction a local linear map commutes with (not max). *)
 Definition sum_like (r : reduce_op) : bool := if r is RMax then false else true.
 

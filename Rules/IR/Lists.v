@@ -323,4 +323,71 @@ move=> k _; rewrite /shift nth_set_nth_lt !nth_ins_at //.
 by case: (k =P d) => [->|kd]; rewrite ?ltnn ?eqxx //.
 Qed.
 
+(** ** Broadcast shapes dim by dim: [xt a n j] is dim [j] of [a] padded on the left to [n] dims with 1s. *)
+Definition xt (a : seq nat) (n j : nat) : nat := if j < n - size a then 1 else nth 0 a (j - (n - size a)).
+
+Lemma nth_bc_rev (a b : seq nat) k :
+  nth 0 (bc_rev a b) k =
+  if k < size a then (if k < size b then (if nth 0 a k == 1 then nth 0 b k else nth 0 a k) else nth 0 a k)
+  else nth 0 b k.
+Proof.
+elim: a b k => [|x a IH] [|y b] [|k] //=.
+- by case: ifP => // /negbT; rewrite -leqNgt => h; rewrite !nth_default.
+- by rewrite IH.
+Qed.
+
+Lemma nth_rev_pad (a : seq nat) n j : size a <= n -> n - size a <= j -> j < n ->
+  nth 0 (rev a) (n - j.+1) = nth 0 a (j - (n - size a)).
+Proof.
+move=> la ja jn; rewrite nth_rev; last by nat_lia.
+by congr nth; nat_lia.
+Qed.
+
+Lemma nth_bshape (a b : seq nat) j : j < maxn (size a) (size b) ->
+  let n := maxn (size a) (size b) in
+  nth 0 (bshape a b) j = if xt a n j == 1 then xt b n j else xt a n j.
+Proof.
+move=> jn; set n := maxn (size a) (size b) in jn *; rewrite /bshape nth_rev; last by rewrite size_bc_rev !size_rev.
+rewrite size_bc_rev !size_rev -/n nth_bc_rev !size_rev.
+have la : size a <= n by rewrite leq_maxl.
+have lb : size b <= n by rewrite leq_maxr.
+rewrite /xt.
+have ea : (n - j.+1 < size a) = ~~ (j < n - size a) by rewrite -leqNgt; apply/idP/idP => h; nat_lia.
+have eb : (n - j.+1 < size b) = ~~ (j < n - size b) by rewrite -leqNgt; apply/idP/idP => h; nat_lia.
+rewrite ea eb.
+case: (ltnP j (n - size a)) => ja; case: (ltnP j (n - size b)) => jb /=.
+- exfalso; have : (n == size a) || (n == size b) by rewrite /n /maxn; case: ifP; rewrite eqxx ?orbT.
+  by case/orP => /eqP e; [move: ja | move: jb]; rewrite e subnn.
+- by rewrite nth_rev_pad.
+- by rewrite nth_rev_pad //; case: ifP => // /eqP ->.
+- by rewrite !nth_rev_pad.
+Qed.
+
+(** [a] and [b] broadcast to [o] when each dim of each is [o]'s or 1 and one of them is [o]'s. *)
+Lemma bshape_compat (a b o : seq nat) :
+  maxn (size a) (size b) = size o ->
+  (forall j, j < size o ->
+     let x := xt a (size o) j in let y := xt b (size o) j in
+     [/\ (x == nth 0 o j) || (x == 1), (y == nth 0 o j) || (y == 1) & (x == nth 0 o j) || (y == nth 0 o j)]) ->
+  bshape a b = o.
+Proof.
+move=> hm H; apply: (@eq_from_nth _ 0); first by rewrite size_bshape.
+move=> j; rewrite size_bshape hm => jo; rewrite nth_bshape ?hm //.
+have [/orP hx /orP hy /orP he] := H j jo.
+case: ifP => x1.
+  case: hy => [/eqP //|/eqP y1]; rewrite y1.
+  by case: he => /eqP <- //; move/eqP: x1.
+by case: hx => [/eqP //|]; rewrite x1.
+Qed.
+
+Lemma size_proj a o i : size i = size o -> size a <= size o -> size (proj a o i) = size a.
+Proof. by move=> io ao; rewrite /proj size_map size_zip size_drop io subKn // (minn_idPl (leqnn _)). Qed.
+
+Lemma nth_proj a o i k : size i = size o -> size a <= size o -> k < size a ->
+  nth 0 (proj a o i) k = if nth 0 a k == 1 then 0 else nth 0 i (size o - size a + k).
+Proof.
+move=> io ao ka; rewrite /proj (nth_map (0, 0)); last by rewrite size_zip size_drop io subKn // (minn_idPl (leqnn _)).
+by rewrite nth_zip ?size_drop ?io ?subKn //= nth_drop.
+Qed.
+
 End JLists.

@@ -89,39 +89,106 @@ Lemma op_val_binary o g s0 s1 ss t0 t1 ts : bfun o = Some g ->
   mask (bshape s0 s1) (fun i => g (t0 (proj s0 (bshape s0 s1) i)) (t1 (proj s1 (bshape s0 s1) i))).
 Proof. by case: o => //= -[<-]. Qed.
 
-Lemma bin_arg_shape p so d s a T ps (L : family) :
-  (d < size so)%N -> bin_shard so s a d -> arg_ok p s a T ps L ->
-  ps = drop (size so - size s) (set_nth 0%N so d (nth 0%N so d %/ p)%N).
+Lemma mem_iota_lt' k n : (k < n)%N -> k \in iota 0 n.
+Proof. by rewrite mem_iota add0n. Qed.
+
+(** A [bin_shard] operand dim by dim: each dim (padded on the left with 1s) is the output's or 1. *)
+Lemma bin_xt so s a d j : bin_shard so s a d -> (j < size so)%N ->
+  (xt s (size so) j == nth 0%N so j) || (xt s (size so) j == 1%N).
 Proof.
-move=> dso /andP [/andP [sz /eqP hs] ha] [H hps hok mT mL].
-case: a ha H hps hok {mL} => [|d'|q] //= ha H ->.
-- by rewrite drop_set_nth_lt // -hs.
-- move/andP: ha => [offd /eqP ->] _.
-  rewrite drop_set_nth // -hs; congr (set_nth _ _ _ (_ %/ _)%N).
-  by rewrite {1}hs nth_drop subnKC.
+move=> /andP [/andP [sz /allP Ak] _] jo; rewrite /xt; case: ltnP => h; first by rewrite eqxx orbT.
+have k : (j - (size so - size s) < size s)%N by nat_lia.
+by have := Ak _ (mem_iota_lt' k); rewrite (_ : size so - size s + (j - (size so - size s)) = j)%N //; nat_lia.
 Qed.
 
-Lemma bin_arg p so d s a T ps (L : family) r i :
-  (d < size so)%N -> bin_shard so s a d -> arg_ok p s a T ps L ->
+(** One operand of a broadcasting op whose output is sharded on [d]: its local shape dim by
+    dim (dim [d] is the shard size when it is sharded, 1 when it broadcasts along [d]) and the
+    entry a rank reads from it. *)
+Lemma bin_arg p so d s a T ps (L : family) :
+  (d < size so)%N -> (nth 0%N so d %/ p * p)%N = nth 0%N so d -> bin_shard so s a d -> arg_ok p s a T ps L ->
   let m := (nth 0%N so d %/ p)%N in
-  let off := (size so - size s)%N in
-  (r < p)%N -> inb (set_nth 0%N so d m) i ->
-  L r (drop off i) = T (drop off (shift d (r * m) i)).
+  let so' := set_nth 0%N so d m in
+  [/\ size ps = size s, (size s <= size so)%N,
+      forall j, (j < size so)%N ->
+        xt ps (size so) j = if j == d then (if a is Shard _ then m else 1%N) else xt s (size so) j
+    & forall r i, (r < p)%N -> inb so' i -> L r (proj ps so' i) = T (proj s so (shift d (r * m) i))].
 Proof.
-move=> dso b A m off rp ii; have hps := bin_arg_shape dso b A.
-move: b A => /andP [/andP [sz /eqP hs] ha] [H _ hok mT mL].
-have szi : size i = size so by rewrite (inb_size ii) size_set_nth_lt.
-case: a ha H hok {mL} hps => [|d'|q] //= ha H hok hps.
-- rewrite /shift drop_set_nth_lt ?szi //; apply: H => //.
-  have hd : drop (size so - size s) (set_nth 0%N so d m) = s by rewrite drop_set_nth_lt // -hs.
-  by rewrite -hd; apply: inb_drop.
-- move/andP: ha => [offd /eqP ed'].
-  have hn : nth 0%N s d' = nth 0%N so d by rewrite ed' {1}hs nth_drop subnKC.
-  case: H => _ _ H; rewrite hn in H; rewrite ed' in H; rewrite H //.
-    by rewrite /shift drop_set_nth // nth_drop subnKC.
-  have -> : set_nth 0%N s (d - (size so - size s)) (nth 0 so d %/ p)%N = drop off (set_nth 0%N so d m).
-    by rewrite drop_set_nth // -hs.
-  exact: inb_drop.
+move=> dso dv b [H hps hok mT mL] m so'.
+move: (b) => /andP [/andP [sz /allP Ak] ha].
+set off := (size so - size s)%N in ha.
+have szps : size ps = size s by rewrite hps size_local_shape.
+have szo : size so' = size so by rewrite size_set_nth_lt.
+have Ak' : forall k, (k < size s)%N -> (nth 0%N s k == nth 0%N so (off + k)) || (nth 0%N s k == 1%N).
+  by move=> k ks; apply: Ak; rewrite mem_iota_lt'.
+split => //.
+- move=> j jo; rewrite /xt szps -/off.
+  case: a ha H hps hok {b} => [|d'|q] //= ha H hps hok.
+  + rewrite hps; case: (j =P d) => [->|_] //; case: ltnP => // h.
+    by case/orP: ha => [|/eqP //]; rewrite ltnNge h.
+  + case/andP: ha => [/andP [od /eqP ed'] /eqP hn].
+    rewrite hps /local_shape; case: (j =P d) => [->|jd].
+      by rewrite ltnNge od /= nth_set_nth_lt -ed' eqxx hn.
+    case: ltnP => // h; rewrite nth_set_nth_lt ed'.
+    by have -> : (j - off == d - off)%N = false by apply/negbTE/eqP => e; apply: jd; (try unfold off in * ); nat_lia.
+- move=> r i rp ii.
+  have szi : size i = size so by rewrite (inb_size ii) szo.
+  have si : inb so (shift d (r * m) i) by apply: (@inb_shift p).
+  have szsh : size (shift d (r * m) i) = size so by rewrite /shift size_set_nth_lt // szi.
+  case/inbP: ii => _ Hi; rewrite szo in Hi.
+  case: a ha H hps hok {b} => [|d'|q] //= ha H hps hok.
+  + (* replicated: the rank reads the operand where the logical op does *)
+    have e : proj s so' i = proj s so (shift d (r * m) i).
+      apply: (@eq_from_nth _ 0%N); first by rewrite !size_proj ?szsh ?szi ?szo.
+      move=> k; rewrite size_proj ?szi ?szo // => ks.
+      rewrite !nth_proj ?szsh ?szi ?szo // -/off; case: ifP => // s1.
+      rewrite /shift nth_set_nth_lt; case: eqP => // ek; exfalso.
+      case/orP: ha => [h|/eqP h]; first by (try unfold off in * ); nat_lia.
+      rewrite -ek (_ : (off + k - off = k)%N) in h; last by (try unfold off in * ); nat_lia.
+      by rewrite h in s1.
+    rewrite hps e; apply: H => //; rewrite -e; apply/inbP; rewrite size_proj ?szi ?szo //; split=> // k ks.
+    rewrite nth_proj ?szi ?szo // -/off; case: ifP => [/eqP -> //|s1].
+    have := Hi (off + k)%N; rewrite /so' nth_set_nth_lt.
+    have ok : (off + k < size so)%N by (try unfold off in * ); nat_lia.
+    case: ((off + k)%N =P d) => [ek|_].
+      case/orP: ha => [h|/eqP h]; first by exfalso; (try unfold off in * ); nat_lia.
+      by rewrite -ek (_ : (off + k - off = k)%N) in h; [rewrite h in s1|(try unfold off in * ); nat_lia].
+    by move=> /(_ ok); have /orP [/eqP ->|] := Ak' k ks; [|rewrite s1].
+  + (* sharded on [d - off] *)
+    case/andP: ha => [/andP [od /eqP ed'] /eqP hn].
+    have hm : (nth 0%N s d' %/ p)%N = m by rewrite hn.
+    case: H => d's dv' H.
+    have ps1 : forall k, (k < size s)%N -> nth 0%N ps k = if k == d' then m else nth 0%N s k.
+      by move=> k ks; rewrite hps /local_shape nth_set_nth_lt hm.
+    have ipj : inb ps (proj ps so' i).
+      apply/inbP; rewrite size_proj ?szi ?szo ?szps //; split=> // k ks.
+      rewrite nth_proj ?szi ?szo ?szps // ?szps -/off; case: ifP => [/eqP -> //|s1].
+      have ok : (off + k < size so)%N by (try unfold off in * ); nat_lia.
+      have := Hi (off + k)%N ok; rewrite /so' nth_set_nth_lt ps1 //.
+      case: ((off + k)%N =P d) => [ek|nek].
+        by rewrite (_ : k = d') ?eqxx //; (try unfold off in * ); nat_lia.
+      have -> : (k == d') = false by apply/negbTE/eqP => e; apply: nek; (try unfold off in * ); nat_lia.
+      move: s1; rewrite ps1 //; have -> : (k == d') = false by apply/negbTE/eqP => e; apply: nek; (try unfold off in * ); nat_lia.
+      by have /orP [/eqP ->|->] := Ak' k ks.
+    rewrite (H r _ rp); last by rewrite -hps.
+    rewrite hm; f_equal.
+    have szp : size (proj ps so' i) = size s by rewrite size_proj ?szi ?szo ?szps.
+    have szq : size (proj s so (shift d (r * m) i)) = size s by rewrite size_proj ?szsh.
+    apply: (@eq_from_nth _ 0%N); first by rewrite /shift size_set_nth_lt szp ?szq.
+    move=> k; rewrite /shift size_set_nth_lt szp // => ks.
+    rewrite -/(shift d (r * m) i) nth_set_nth_lt !nth_proj ?szsh ?szi ?szo ?szps // ?szps -/off.
+    rewrite ps1 // /shift nth_set_nth_lt.
+    case: (k =P d') => [ek|nek].
+      rewrite ek (_ : off + d' = d)%N ?eqxx; last by (try unfold off in * ); nat_lia.
+      case: ifP => m1; case: ifP => s1 //.
+      * have p1 : p = 1%N by move/eqP: s1; rewrite hn -dv -/m (eqP m1) mul1n.
+        by rewrite p1 in rp; case: r rp {si szsh szq}.
+      * have i0 : nth 0%N i d = 0%N.
+          by have := Hi d dso; rewrite /so' nth_set_nth_lt eqxx (eqP m1); case: (nth _ _ _).
+        by rewrite i0 addn0.
+      * exfalso; move/eqP: s1; rewrite hn -dv -/m => /eqP; rewrite muln_eq1 => /andP [/eqP h _].
+        by rewrite h eqxx in m1.
+    have -> : (off + k == d)%N = false by apply/negbTE/eqP => e; apply: nek; (try unfold off in * ); nat_lia.
+    by rewrite ps1 // (introF eqP nek).
 Qed.
 
 Lemma binary_shard p (g : R -> R -> R) so d s0 s1 a0 a1 T0 T1 ps0 ps1 (L0 L1 : family) :
@@ -137,23 +204,33 @@ Proof.
 move=> hso /andP [dso /eqP dv] b0 b1 A0 A1.
 set m := (nth 0%N so d %/ p)%N; set so' := set_nth 0%N so d m.
 have szo : size so' = size so by rewrite size_set_nth_lt.
-have e0 := bin_arg_shape dso b0 A0; have e1 := bin_arg_shape dso b1 A1.
-have [_ hps0 ok0 _ _] := A0; have [_ hps1 ok1 _ _] := A1.
-have sz0 : size ps0 = size s0 by rewrite hps0 size_local_shape.
-have sz1 : size ps1 = size s1 by rewrite hps1 size_local_shape.
-have hs0 : s0 = drop (size so - size s0) so by case/andP: b0 => /andP [_ /eqP].
-have hs1 : s1 = drop (size so - size s1) so by case/andP: b1 => /andP [_ /eqP].
+have [sz0 le0 x0 v0] := bin_arg dso dv b0 A0.
+have [sz1 le1 x1 v1] := bin_arg dso dv b1 A1.
 have hmax : maxn (size s0) (size s1) = size so by rewrite hso size_bshape.
 have hb : bshape ps0 ps1 = so'.
-  apply: bshape_suffix; rewrite ?szo ?sz0 ?sz1 //.
-have hb' : so = bshape s0 s1 by [].
+  apply: bshape_compat; first by rewrite szo sz0 sz1.
+  move=> j; rewrite szo => jo; rewrite x0 // x1 //.
+  have hj : nth 0%N so j = if xt s0 (size so) j == 1%N then xt s1 (size so) j else xt s0 (size so) j.
+    by rewrite {1}hso nth_bshape ?hmax // hmax.
+  have c0 := bin_xt b0 jo; have c1 := bin_xt b1 jo.
+  rewrite /so' nth_set_nth_lt; case: (j =P d) => [ej|_].
+    rewrite ej in hj c0 c1.
+    case: a0 b0 A0 {x0 v0} => [|d0|q0] b0 A0; case: a1 b1 A1 {x1 v1} => [|d1|q1] b1 A1;
+      rewrite ?eqxx ?orbT //; try by case/andP: b0 => _; case/andP: b1 => _.
+    (* both operands broadcast along [d]: dim [d] of the output is 1, so the shard size is 1 *)
+    have e0 : xt s0 (size so) d = 1%N.
+      move: b0 => /andP [_ /orP [h|/eqP h]]; rewrite /xt; case: ifP => // hd; first [by rewrite hd in h | exact h].
+    have e1 : xt s1 (size so) d = 1%N.
+      move: b1 => /andP [_ /orP [h|/eqP h]]; rewrite /xt; case: ifP => // hd; first [by rewrite hd in h | exact h].
+    have hd : nth 0%N so d = 1%N by rewrite hj e0 e1 eqxx.
+    have m1 : m = 1%N by move: dv; rewrite -/m hd => /eqP; rewrite muln_eq1 => /andP [/eqP].
+    by rewrite m1 eqxx.
+  split; [exact: c0 | exact: c1 |].
+  by case: (xt s0 (size so) j =P 1%N) hj => [e|_] ->; rewrite eqxx ?orbT.
 split; first by rewrite hb.
 split => // r i rp ii; rewrite hb; rewrite /= -/m -/so' in ii.
 have si : inb so (shift d (r * m) i) by apply: (@inb_shift p).
-rewrite /mask ii si.
-rewrite (proj_drop ii) ?szo ?sz0 // (proj_drop ii) ?szo ?sz1 //.
-rewrite (proj_drop si hs0) (proj_drop si hs1).
-by rewrite (bin_arg dso b0 A0 rp ii) (bin_arg dso b1 A1 rp ii).
+by rewrite /mask ii si (v0 r i rp ii) (v1 r i rp ii).
 Qed.
 
 (** ** torch.mm *)

@@ -475,9 +475,9 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
     elif len(pls) == 2:
         a, b = pls
         if k in ("Add", "Sub", "Mul", "Div"):
-            for x in (a, b):
+            for j, x in enumerate((a, b)):
                 if x.kind == "S":
-                    d = x.dim + len(so) - len(ss[pls.index(x)])
+                    d = x.dim + len(so) - len(ss[j])
                     if _bin_shard(so, ss[0], a, d) and _bin_shard(so, ss[1], b, d):
                         cands.append(Pl("S", d))
             if k in ("Add", "Sub") and a == PSUM and b == PSUM and tuple(ss[0]) == so and tuple(ss[1]) == so:

@@ -151,13 +151,14 @@ def lop_shape(t: tuple, ss: list) -> tuple[int, ...]:
 
 
 def _bin_shard(so, s, a, d: int) -> bool:
-    """Mirror of ``Check.bin_shard``: operand of shape s of a broadcasting op with output so sharded on d."""
+    """Mirror of ``Check.bin_shard``: operand of shape s of a broadcasting op with output so sharded on d
+    (each operand dim the output's or 1; replicated where it lacks dim d or has size 1 there)."""
     off = len(so) - len(s)
-    if off < 0 or tuple(s) != tuple(so[off:]):
+    if off < 0 or any(x != so[off + k] and x != 1 for k, x in enumerate(s)):
         return False
     if a.kind == "R":
-        return d < off
-    return a.kind == "S" and off <= d and a.dim == d - off
+        return d < off or s[d - off] == 1
+    return a.kind == "S" and off <= d and a.dim == d - off and s[a.dim] == so[d]
 
 
 def _shard_ok(p, s, d) -> bool:
