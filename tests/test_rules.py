@@ -127,6 +127,7 @@ def case_table():
     add("reduce_scatter_avg_partial_sum", lambda e: e.apply("reduce_scatter", [e.t([4, 4], P())], axis="tp", dim=0,
                                                             reduce="avg"),
         lambda e: e.apply("reduce_scatter", [e.t([4, 4], P("avg"))], axis="tp", dim=0, reduce="avg"))
+    add("reduce_scatter_avg_nested", None, None)  # two axes: test_reduce_scatter_avg_inside_an_outer_shard
     add("all_to_all_reshard", lambda e: e.apply("all_to_all", [e.t([4, 4], S(1))], axis="tp", split_dim=0, concat_dim=1),
         lambda e: e.apply("all_to_all", [e.t([4, 4], S(0))], axis="tp", split_dim=0, concat_dim=1))
     add("broadcast_replicate", lambda e: e.apply("broadcast", [e.t([4], R)], axis="tp"),
@@ -261,6 +262,21 @@ def test_nested_gather_order():
         e.apply("all_gather", [e.t([8, 2], S(0), S(0))], axis="dp", dim=0)
     d = e.apply("all_gather", [e.t([8, 2], S(0), S(0))], axis="tp", dim=0)
     assert d.facts[0].pl == (S(0), R)
+
+
+def test_reduce_scatter_avg_inside_an_outer_shard():
+    """FSDP2 over TP's Shard(0): the dp reduce-scatter(avg) splits each of tp's blocks (tp outer)."""
+    e = Env(("tp", "dp"))
+    d = e.apply("reduce_scatter", [e.t([8, 2], S(0), P())], axis="dp", dim=0, reduce="avg")
+    assert d.rules == ["reduce_scatter_avg_partial_sum", "reduce_scatter_avg_nested"]
+    assert d.facts[0].pl == (S(0), S(0))
+    d = e.apply("reduce_scatter", [e.t([8, 2], S(1), P())], axis="dp", dim=0, reduce="avg")  # another dim
+    assert d.rules == ["reduce_scatter_avg_partial_sum"]
+    with pytest.raises(RuleFailure):  # Partial(avg) on the outer axis instead of a shard
+        e.apply("reduce_scatter", [e.t([8, 2], P("avg"), P())], axis="dp", dim=0, reduce="avg")
+    e = Env(("dp", "tp"))  # tp inner: the scatter over dp would cut across tp's blocks
+    with pytest.raises(RuleFailure, match="inner axis"):
+        e.apply("reduce_scatter", [e.t([8, 2], P(), S(0))], axis="dp", dim=0, reduce="avg")
 
 
 def test_all_to_all_inside_an_outer_shard():

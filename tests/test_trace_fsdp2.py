@@ -4,7 +4,7 @@ it needs (frontends/buffers.py).
 Buffers: each conversion is run on the reference interpreter against PyTorch's own CPU kernels (FSDP2's
 ``all_gather_copy_in``, ``split_with_sizes_copy``, ``chunk_cat``, ``as_strided`` windows, writes into slices of
 ``torch.empty``); reading an element no write reached is UNKNOWN, also after FSDP2's free.  FSDP2: one MLP
-traced per configuration (module-scoped), VERIFIED (FSDP, HSDP, an AdamW step on the shards), its bugs
+traced per configuration (module-scoped), VERIFIED (FSDP, HSDP, FSDP2 x TP, an AdamW step on the shards), its bugs
 REFUTED at the op and line, and what the trace cannot see UNKNOWN naming the parameter.
 """
 from __future__ import annotations
@@ -152,6 +152,9 @@ CASES = {
     "fsdp": {}, "hsdp": {"mode": "hybrid_shard"}, "adamw": {"optimizer": "adamw"},
     "double_avg": {"bug": "double_avg"}, "wrong_mesh_dim": {"mode": "hybrid_shard", "bug": "wrong_mesh_dim"},
     "left_out": {"bug": "left_out"},
+    # FSDP2 over TP's DTensor parameters (tp 2 x dp 2), with the optimizer step on the dp x tp shards
+    "tp_adamw": {"mode": "fsdp_tp", "optimizer": "adamw"}, "tp_double_avg": {"mode": "fsdp_tp", "bug": "double_avg"},
+    "tp_left_out": {"mode": "fsdp_tp", "bug": "left_out"},
 }
 
 
@@ -161,7 +164,7 @@ def plans():
     return {k: fsdp2_mlp.tvcert_trace(**kw) for k, kw in CASES.items()}
 
 
-@pytest.mark.parametrize("case", ["fsdp", "hsdp", "adamw"])
+@pytest.mark.parametrize("case", ["fsdp", "hsdp", "adamw", "tp_adamw"])
 def test_fully_shard_verified(plans, case):
     res = verify(load_plan(plans[case]))
     assert res.verdict == "VERIFIED", res.reasons
@@ -169,6 +172,13 @@ def test_fully_shard_verified(plans, case):
     assert "all_gather" in ops and "reduce_scatter" in ops  # FSDP2's own collectives, per parameter
     if case == "hsdp":
         assert "all_reduce" in ops
+    if case == "tp_adamw":  # FSDP2's _StridedShard of TP's rows: Shard(0) on tp outside dp; dp reduce-scatters
+        ins = plans[case]["inputs"]
+        assert ins["up__weight"]["placement"] == {"tp": "Shard(0)", "dp": "Shard(0)"}
+        assert ins["down__weight"]["placement"] == {"dp": "Shard(0)", "tp": "Shard(1)"}
+        assert {n["attrs"]["axis"] for n in plans[case]["parallel"][0]["nodes"]
+                if n["op"] in ("all_gather", "reduce_scatter")} == {"dp"}
+        assert "reduce_scatter_avg_nested" in {r for s in res.prop.steps for r in s.rules}
 
 
 def line_of(marker: str) -> str:
@@ -182,7 +192,9 @@ def line_of(marker: str) -> str:
 @pytest.mark.parametrize("case,marker,names", [
     ("double_avg", "BUG double_avg", "output loss"),           # the loss line: averaged again by FSDP2
     ("wrong_mesh_dim", None, "grad_up__weight"),                # still a partial sum over the replicate dim
-    ("left_out", "g / world", "grad_down__weight")])            # the hook's division, never summed
+    ("left_out", "g / world", "grad_down__weight"),             # the hook's division, never summed
+    ("tp_double_avg", "BUG double_avg", "output loss"),
+    ("tp_left_out", "g / world", "grad_down__weight")])         # TP's Shard(1) gradient never reduced over dp
 def test_fully_shard_bugs_refuted(plans, case, marker, names):
     from tvcert.interp import run_plan
 
@@ -223,11 +235,12 @@ def test_fully_shard_what_the_trace_cannot_see_is_unknown_naming_the_parameter()
     msg = _probe_unknown(uneven, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"]), {"dp": 2})
     assert "'0.weight'" in msg and "unevenly" in msg
 
-    def fsdp_tp(m, ctx):  # FSDP2 over TP's DTensor parameters
+    def fsdp_tp(m, ctx):  # FSDP2 over TP's DTensor parameters, on a mesh listing dp before tp
         parallelize_module(m, ctx.device_mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         return fully_shard(m, mesh=ctx.device_mesh["dp"])
-    msg = _probe_unknown(fsdp2_mlp.MLP, fsdp_tp, {"tp": 2, "dp": 2}, batch=8)
-    assert "'up.weight'" in msg and "DTensor" in msg
+    # FSDP2's _StridedShard splits TP's blocks of up's rows; a plan nesting dp outside tp cannot say so
+    msg = _probe_unknown(fsdp2_mlp.MLP, fsdp_tp, {"dp": 2, "tp": 2}, batch=8)
+    assert "'up.weight'" in msg and "_StridedShard" in msg
 
 
 def test_titan_llama3_under_fully_shard_verified():

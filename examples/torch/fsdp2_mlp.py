@@ -6,6 +6,8 @@
     tvcert trace examples/torch/fsdp2_mlp.py --set bug=double_avg --verify           # REFUTED
     tvcert trace examples/torch/fsdp2_mlp.py --set mode=hybrid_shard --set bug=wrong_mesh_dim --verify  # REFUTED
     tvcert trace examples/torch/fsdp2_mlp.py --set bug=left_out --verify             # REFUTED
+    tvcert trace examples/torch/fsdp2_mlp.py --set mode=fsdp_tp --set optimizer=adamw --verify  # FSDP2 x TP
+    tvcert trace examples/torch/fsdp2_mlp.py --set mode=fsdp_tp --set bug=left_out --verify     # REFUTED
 
 FSDP2 keeps each parameter as a ``Shard(0)`` DTensor over the mesh it is given; its pre-forward hook
 all-gathers a layer group's parameters as one flat buffer, its post-backward hook reduce-scatters the
@@ -17,6 +19,11 @@ mean over its local batch; FSDP2's average over the ranks makes it the global me
   reduce-scattered over it and never averaged over the replicate dim the batch is also split over.
 * ``left_out``: ``fully_shard`` wraps ``up`` only; ``down`` stays a plain parameter whose gradient a hook
   divides by the world size -- but nothing sums it over the ranks.
+
+``mode=fsdp_tp`` (tp 2 x dp 2): ``parallelize_module`` makes ``up`` colwise and ``down`` rowwise on the tp
+slice, then ``fully_shard`` shards those DTensor parameters over dp (FSDP2 + TP, as torchtitan composes them);
+each tp pair of ranks reads the same batch.  ``double_avg`` and ``left_out`` (``down`` then a TP-only
+parameter whose gradient is never reduced over dp) are the same lines.
 """
 import torch
 import torch.nn as nn
@@ -35,7 +42,9 @@ class MLP(nn.Module):
         return self.down(torch.tanh(self.up(x)))
 
 
-MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2}}
+# fsdp_tp: tp listed first -- FSDP2 shards up's TP-sharded rows inside TP's blocks (_StridedShard), which the
+# plan nests as Shard(0) on tp outside Shard(0) on dp
+MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2}, "fsdp_tp": {"tp": 2, "dp": 2}}
 OPTIMIZERS = {  # run per tensor (foreach=False): one optimizer step on the sharded parameters
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
@@ -45,6 +54,7 @@ BUGS = ("", "double_avg", "wrong_mesh_dim", "left_out")
 
 def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     from tvcert.frontends.fsdp2 import trace_fully_shard_plan
 
@@ -53,9 +63,9 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
         raise ValueError(f"mode must be one of {sorted(MESHES)}, bug one of {BUGS} (wrong_mesh_dim: hybrid_shard), "
                          f"optimizer '' or one of {sorted(OPTIMIZERS)}")
     mesh = MESHES[mode]
-    world = 1
-    for s in mesh.values():
-        world *= s
+    world = 1  # the data-parallel ranks (tp ranks share a batch)
+    for a, s in mesh.items():
+        world *= s if a != "tp" else 1
 
     def make():
         torch.manual_seed(0)
@@ -63,6 +73,8 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
 
     def shard(model, ctx):
         dm = ctx.device_mesh
+        if mode == "fsdp_tp":  # TP first (DTensor parameters on tp), then FSDP2 over dp on the same mesh
+            parallelize_module(model, dm["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         if bug == "left_out":
             fully_shard(model.up, mesh=dm["dp"])  # BUG left_out: down is not sharded, and its gradient is
             for p in model.down.parameters():     # divided by the world size but never summed over the ranks
@@ -80,7 +92,7 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
         loss = F.mse_loss(out, target)
         return loss / world if bug == "double_avg" else loss  # BUG double_avg: FSDP2 averages already
 
-    spec = {"shape": [B, H], "placement": {a: "Shard(0)" for a in mesh}}
+    spec = {"shape": [B, H], "placement": {a: "Shard(0)" for a in mesh if a != "tp"}}
     return trace_fully_shard_plan(make, shard, loss_fn, data={"x": spec, "target": spec}, mesh=mesh,
                                   rank_loss_fn=rank_loss_fn, optimizer=OPTIMIZERS[optimizer] if optimizer else None,
                                   name=f"fsdp2_mlp_{mode}{'_' + optimizer if optimizer else ''}"

@@ -96,6 +96,7 @@ RULES: dict[str, str] = {
     "allgather_shard": f"{_T}.Collectives.allgather_shard",
     "reduce_scatter_partial": f"{_T}.Collectives.reduce_scatter_partial",
     "reduce_scatter_avg_partial_sum": f"{_T}.FsdpCollectives.reduce_scatter_avg_partial_sum",
+    "reduce_scatter_avg_nested": f"{_T}.FsdpNested.reduce_scatter_avg_nested",
     "all_to_all_reshard": f"{_T}.Collectives.all_to_all_reshard",
     "broadcast_replicate": f"{_T}.Collectives.broadcast_replicate",
     "send_recv_preserves": f"{_T}.Collectives.send_recv_preserves",

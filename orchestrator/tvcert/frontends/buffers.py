@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -265,6 +265,20 @@ def _flat_ir(c, x, tag):
     return y if len(shp) == 1 else c.emit("reshape", [y], {"shape": [math.prod(shp)]}, base=tag)
 
 
+def _unflattened(c, t) -> tuple[str, list[int]]:
+    """(IR name, shape) of the tensor an all-gather input holds: ``X`` when the input is ``X.view(-1)`` (FSDP2's
+    ``_sharded_param_data``, converted to ``reshape(X, [numel])``: the same elements, row-major), else itself."""
+    import torch
+
+    name, shp = c.ir(t), A._shape(c.val(t))
+    pr = c.producer.get(name)
+    if isinstance(t, torch.fx.Node) and t.args and isinstance(t.args[0], torch.fx.Node) and pr is not None and \
+            pr.op == "reshape" and list(pr.attrs.get("shape", [])) == shp and len(shp) == 1 and \
+            pr.inputs == [c.ir(t.args[0])] and isinstance(c.ir(t.args[0]), str):
+        return pr.inputs[0], A._shape(c.val(t.args[0]))
+    return name, shp
+
+
 def _all_gather_copy_in(c, n, inputs, out, split_sizes, numel, rank):
     """Its kernel: ``out.narrow(0, numel * rank, numel)`` split by ``split_sizes`` receives the inputs (flattened),
     and both that slice and ``out`` are returned."""
@@ -279,7 +293,7 @@ def _all_gather_copy_in(c, n, inputs, out, split_sizes, numel, rank):
     shard = flats[0] if len(flats) == 1 else c.emit("concat", flats, {"dim": 0}, base=f"{n.name}_shard")
     if len(flats) > 1:  # for unpack_flat_collectives: each piece's width and unflattened tensor
         c.nodes[-1].piece_widths = sizes
-        c.nodes[-1].piece_sources = [(c.ir(t), A._shape(c.val(t))) for t in inputs]
+        c.nodes[-1].piece_sources = [_unflattened(c, t) for t in inputs]
     off = int(numel) * int(rank)
     if off + int(numel) > c.val(out).numel():
         c.fail("all_gather_copy_in writes past the end of its buffer")
@@ -418,6 +432,7 @@ def unpack_flat_collectives(nodes: list, outputs: list, axis_size) -> list:
         return nd is not None and nd.op == "concat" and nd.attrs.get("dim") == dim and \
             len(getattr(nd, "piece_widths", ())) == len(nd.inputs) == len(getattr(nd, "piece_sources", ()))
 
+    known: dict[str, list[int]] = {}  # each per-tensor collective's result -> its shape
     out = []
     for nd in nodes:
         rep = None
@@ -434,6 +449,7 @@ def unpack_flat_collectives(nodes: list, outputs: list, axis_size) -> list:
                     t = fresh(f"{nd.outputs[0]}_ag")
                     rep = [A.IRNode("all_gather", [x], [t], {"axis": g.attrs["axis"], "dim": 0}, g.src),
                            A.IRNode("reshape", [t], list(nd.outputs), {"shape": [p, w]}, nd.src)]
+                    known[t] = [p * shape[0], *shape[1:]]
         ars = []  # HSDP: all_reduces over the replicate axis after the reduce-scatter (elementwise: a slice commutes)
         while src is not None and src.op == "all_reduce" and nd.attrs.get("dim") == 0:
             ars.append(src)
@@ -455,5 +471,25 @@ def unpack_flat_collectives(nodes: list, outputs: list, axis_size) -> list:
                                     {**c_nd.attrs, "dim": 0} if j == 0 else dict(c_nd.attrs), c_nd.src)
                            for j, (c_nd, o) in enumerate(zip(chain, names))]
                     rep.append(A.IRNode("reshape", [names[-1]], list(nd.outputs), {"shape": [w]}, nd.src))
+                    known[names[-1]] = [shape[0] // p, *shape[1:]]
         out.extend(rep if rep is not None else [nd])
-    return A.dce(out, outputs)
+    return A.dce(_reshape_back(out, known), outputs)
+
+
+def _reshape_back(nodes: list, known: Mapping[str, list[int]]) -> list:
+    """A chain of reshapes from a per-tensor collective's result back to that result's own shape (FSDP2 views
+    the flat piece as the parameter or its gradient) is one reshape of the result to its shape: a composition
+    of row-major reshapes is the row-major reshape to the last shape, exactly.  Without this, a piece whose
+    tensor is sharded on a dim after the first (TP's ``Shard(1)`` under FSDP2) would pass through a flatten
+    no layout rule splits into shards."""
+    prod = {o: nd for nd in nodes for o in nd.outputs}
+    out = []
+    for nd in nodes:
+        if nd.op == "reshape" and len(nd.inputs) == 1:
+            y = nd.inputs[0]
+            while y not in known and y in prod and prod[y].op == "reshape" and len(prod[y].inputs) == 1:
+                y = prod[y].inputs[0]
+            if y in known and y != nd.inputs[0] and list(nd.attrs.get("shape", [])) == known[y]:
+                nd = A.IRNode("reshape", [y], list(nd.outputs), dict(nd.attrs), nd.src)
+        out.append(nd)
+    return out

@@ -19,9 +19,14 @@ tensor``, ``split_with_sizes_copy`` into the unsharded parameters), its post-bac
 * **Optimizer.** ``optimizer(params)`` builds a ``torch.optim`` optimizer over the sharded parameters after the
   backward; its ``step()`` runs on FSDP2's sharded gradients (outputs ``new.<p>``).
 
+* **FSDP2 + TP.** A parameter TP made a DTensor (``parallelize_module`` / torchtitan's ``apply_tp`` before
+  ``fully_shard``) is FSDP2's DTensor on dp x tp: its placement there is the plan input's (``_StridedShard`` of
+  a TP-sharded dim as nested ``Shard(d)``, :func:`.dtensor.param_placements`); FSDP2 all-gathers and
+  reduce-scatters its tp-local tensor over dp, and the unsharded parameter is TP's DTensor again.
+
 What the trace cannot see is UNKNOWN naming the parameters: uneven sharding (padded shards), tensor-subclass
 all-gather extensions (``fsdp_pre_all_gather``), a parameter left with no gradient (``set_requires_gradient_sync
-(False)``, an unused parameter), parameters that are DTensors of another mesh (FSDP2 + TP).
+(False)``, an unused parameter), DTensors of a 2-D TP / EP mesh or of a full SPMD mesh (``dp_mesh_dims``).
 """
 from __future__ import annotations
 
@@ -60,28 +65,36 @@ def _unsupported(fqn: str, fp) -> str | None:
                 f"shards)")
     if fp.offload_to_cpu:
         return "it is offloaded to the CPU (CPUOffloadPolicy)"
-    if getattr(fp, "_unsharded_dtensor_spec", None) is not None or fp.is_dtensor:
-        return "it is a DTensor of another mesh as well (FSDP2 + TP / EP)"
-    mesh = fp.mesh_info.mesh
-    names = mesh.mesh_dim_names
+    if fp.mesh_info.is_spmd_mesh:
+        return "fully_shard was given dp_mesh_dims of a full SPMD mesh (distribute_module parameters)"
+    if fp.is_dtensor and len(fp._unsharded_dtensor_spec.placements) != 1:
+        return f"it is a DTensor of a {len(fp._unsharded_dtensor_spec.placements)}-D TP / EP mesh (1-D TP only)"
+    names = fp.sharded_param.device_mesh.mesh_dim_names
     pls = fp.sharded_param.placements
-    if names is None or len(names) != len(pls):
-        return "its mesh has no dim names"
+    if names is None or len(names) != len(pls) or len(set(names)) != len(names):
+        return "its mesh has no distinct dim names"
     if not any(isinstance(p, Shard) for p in pls):
         return "it is not sharded (replicate-only fully_shard)"
     return None
 
 
-def _placements(fp) -> dict[str, str]:
-    from torch.distributed.tensor.placement_types import Replicate, Shard
+def _placements(fqn: str, fp, order) -> dict[str, str]:
+    """The sharded parameter's placement per mesh axis (its DTensor on FSDP2's mesh, or on dp x tp when the
+    parameter was TP's DTensor: FSDP2's ``_StridedShard`` of a TP-sharded dim is ``Shard(d)`` on each axis of a
+    plan that nests tp outside dp, else TraceError -- :func:`.dtensor.param_placements`)."""
+    from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
-    out = {}
-    for a, p in zip(fp.mesh_info.mesh.mesh_dim_names, fp.sharded_param.placements):
-        if isinstance(p, Shard):
-            out[a] = f"Shard({p.dim})"
-        elif not isinstance(p, Replicate):
-            raise TraceError(f"FSDP2 parameter placement {p} on {a!r} is not traced", "unsupported", "fully_shard")
-    return out
+    from .dtensor import param_placements
+
+    p = fp.sharded_param
+    for a, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
+        if not isinstance(pl, (Shard, _StridedShard, Replicate)):
+            raise TraceError(f"FSDP2 parameter placement {pl} on {a!r} is not traced", "unsupported", "fully_shard")
+    try:
+        pls = param_placements(p, list(order))
+    except TraceError as exc:
+        raise TraceError(f"FSDP2 parameter {fqn!r}: {exc}", exc.kind, "fully_shard") from None
+    return {a: t for a, t in pls.items() if t != "Replicate"}
 
 
 @contextlib.contextmanager
@@ -129,10 +142,14 @@ def fsdp2_tracing():
             setattr(o, k, v)
 
 
-def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dict], list[str]]:
-    """Rank 0's build: the placement of every FSDP2 parameter, and the parameters left outside fully_shard."""
+def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dict], list[str], set, set[str]]:
+    """Rank 0's build: the placement of every FSDP2 parameter, the parameters left outside fully_shard, the
+    gradient divide factors and the mesh axes FSDP2 reduces over."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from .dtensor import param_placements
 
     axes, sizes = tuple(mesh), tuple(mesh.values())
     world = 1
@@ -151,11 +168,15 @@ def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dic
         if bad:
             raise TraceError("FSDP2 fully_shard: " + "; ".join(f"parameter {n!r}: {w}" for n, w in bad) +
                              ": not traced", "unsupported", "fully_shard")
-        pl = {n: _placements(fp) for n, fp in fps}
+        pl = {n: _placements(n, fp, axes) for n, fp in fps}
         rest = [n for n, _ in model.named_parameters() if n not in pl]
+        for n, p in model.named_parameters():  # outside fully_shard but TP's DTensor: its TP placement
+            if n in rest and isinstance(p, DTensor):
+                pl[n] = {a: t for a, t in param_placements(p, list(axes)).items() if t != "Replicate"}
         divide = {m._get_fsdp_state()._fsdp_param_group.gradient_divide_factor for m in model.modules()
                   if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None}
-    return pl, rest, divide
+        dp_axes = {a for _, fp in fps for a in fp.mesh_info.mesh.mesh_dim_names}
+    return pl, rest, divide, dp_axes
 
 
 def _fsdp_failure(exc: BaseException) -> None:
@@ -186,9 +207,14 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
     on ``ctx.device_mesh`` or a slice of it; HSDP: a 2-D ``(replicate, shard)`` slice) and returns the module;
     ``loss_fn(output, **data)`` is the single-device loss, and each rank's loss unless ``rank_loss_fn`` says
     otherwise; ``data`` / ``batch`` as in :func:`.dataparallel.trace_ddp_plan`.  The loss is ``Partial(avg)``
-    over every mesh axis (FSDP2 averages gradients over the data-parallel ranks); gradients (or, with
-    ``optimizer(params) -> torch.optim.Optimizer``, the parameters after one step) are read back with FSDP2's
-    placements."""
+    over FSDP2's mesh axes and the axes a data input is sharded on (FSDP2 averages gradients over the
+    data-parallel ranks), Replicate on the others (TP's); gradients (or, with ``optimizer(params) ->
+    torch.optim.Optimizer``, the parameters after one step) are read back with FSDP2's placements.
+
+    FSDP2 + TP: ``shard`` applies TP first (``parallelize_module`` on ``ctx.device_mesh["tp"]``) and then
+    ``fully_shard`` on the dp slice of the same mesh; the mesh must list tp before dp, since FSDP2 shards a dim
+    TP already shards inside TP's blocks (``_StridedShard``), which the plan's nested ``Shard(d)`` on both axes
+    expresses only in that order (else UNKNOWN)."""
     import torch
     import torch.nn as nn
     from torch.distributed.tensor import DTensor
@@ -202,8 +228,12 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
                          "unsupported", "buffer")
     # complex buffers (a RoPE cache, never written) are inputs as their real view [..., 2], the same on every rank
     cbufs = {n: b for n, b in logical_model.named_buffers() if b.is_complex()}
-    placements, rest, divide = _probe(model_factory, shard, mesh)
+    placements, rest, divide, dp_axes = _probe(model_factory, shard, mesh)
     missing = [n for n in pnames if n not in placements and n not in rest]
+    tp_rest = {n for n in rest if n in placements}  # TP's DTensors outside fully_shard
+    for n in tp_rest:
+        if not placements[n]:
+            placements.pop(n)
     if missing:
         raise TraceError(f"the sharded module does not train parameters {missing} of the model", "input")
     shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
@@ -233,8 +263,8 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
         res = shard(model, ctx)
         model = model if res is None else res
         fps = fsdp_params(model)
-        got = {n: _placements(fp) for n, fp in fps}
-        if got != placements:
+        got = {n: _placements(n, fp, tuple(mesh)) for n, fp in fps}
+        if got != {n: v for n, v in placements.items() if n not in rest}:
             raise TraceError(f"FSDP2 places the parameters differently on rank {ctx.rank}: {got} vs rank 0's "
                              f"{placements}", "spmd", "fully_shard")
         for mod in model.modules():  # FSDP2's lazy init (outside the trace: it compares real storages)
@@ -264,8 +294,12 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
         for n in rest:
             mod_name, _, pn = n.rpartition(".")
             mod = model.get_submodule(mod_name) if mod_name else model
-            leaf = kw_[_safe(n)].detach().clone().requires_grad_(True)  # stepped in place: not the input
             real = mod._parameters[pn]
+            leaf = kw_[_safe(n)].detach().clone()  # stepped in place: not the input
+            if isinstance(real, DTensor):  # TP's DTensor outside fully_shard: rebuilt as a DTensor leaf
+                leaf = DTensor.from_local(leaf, real.device_mesh, real.placements, run_check=False,
+                                          shape=real.shape, stride=real.stride())
+            leaf = nn.Parameter(leaf, requires_grad=True) if isinstance(real, DTensor) else leaf.requires_grad_(True)
             for h in list((getattr(real, "_post_accumulate_grad_hooks", None) or {}).values()):
                 leaf.register_post_accumulate_grad_hook(h)
             for h in list((getattr(real, "_backward_hooks", None) or {}).values()):
@@ -293,6 +327,10 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
                 raise TraceError(f"FSDP2 left parameter {n!r} without a gradient after the backward (gradient "
                                  f"sync off, or the parameter unused): not traced", "unsupported", "fully_shard")
             g = p.grad
+            if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+                raise TraceError(f"parameter {n!r} (TP's DTensor outside fully_shard) is left a gradient placed "
+                                 f"{list(g.placements)}, not its own {list(p.placements)}: not traced",
+                                 "unsupported", "fully_shard")
             grads[n] = g.to_local() if isinstance(g, DTensor) else g
         if optimizer is None:
             return {"loss": loss.detach(), **{f"grad_{_safe(n)}": grads[n] for n in pnames}}
@@ -310,7 +348,10 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
         if divide not in ({None}, {1.0}):
             raise TraceError(f"FSDP2 gradient divide factors {sorted(map(str, divide))}: give the loss's placement "
                              f"(output_placements)", "input")
-        outs["loss"] = {a: "Partial(avg)" if divide == {None} else "Partial(sum)" for a in mesh}
+        # over FSDP2's mesh axes and those the batch is split over; on the others (TP's) every rank holds it
+        split = dp_axes | {a for d in data.values() for a, t in (d.get("placement") or {}).items()
+                           if str(t).startswith("Shard")}
+        outs["loss"] = {a: "Partial(avg)" if divide == {None} else "Partial(sum)" for a in mesh if a in split}
     with fsdp2_tracing():
         return trace_plan(logical, parallel, inputs=inputs, mesh=mesh, name=name, parallel_setup=setup,
                           parallel_backward=True, output_placements=outs, **kw)

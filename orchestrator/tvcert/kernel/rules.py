@@ -87,6 +87,8 @@ RULES: dict[str, str] = {
     "reduce_scatter_replicate": "reduce_scatter(sum) along d of Replicate E is Shard(d) of p*E (avg: of E)",
     "reduce_scatter_avg_partial_sum": "reduce_scatter(avg) along d of Partial(sum) E is Shard(d) of E/p (a "
                                       "Partial(sum) on another axis is kept)",
+    "reduce_scatter_avg_nested": "reduce_scatter(avg) over an inner axis of Partial(sum) E whose dim d an outer axis "
+                                 "shards: Shard(d) over both, nested, of E/p (FSDP2 over a TP shard)",
     _AR_MIXED_RULE: "all_reduce(sum|avg) over two axes each Replicate, Partial(sum) or Partial(avg) (or over any "
                     "number of Replicate axes) is Replicate of E times prod(p over Replicate / Partial(avg) axes) "
                     "(sum) or E / prod(p over Partial(sum) axes) (avg)",
@@ -1026,21 +1028,25 @@ def _replicated_only(kc, op, ra, raw, facts):
 # ====================================================================== collectives
 def _reduce_scatter_avg(kc, f, i, d, pl, shape):
     """reduce_scatter(avg) over axis ``i`` of Partial(sum) E: Shard(d) of E / p.  Every other axis is Replicate,
-    shards another dim, or holds Partial(sum) (kept: the averaging is linear); Partial(avg|max) there is refused."""
+    shards another dim, or holds Partial(sum) (kept: the averaging is linear); Partial(avg|max) there is refused.
+    An axis outside ``i`` may shard d too (rule reduce_scatter_avg_nested: the scatter splits each of its blocks,
+    FSDP2's ``_StridedShard`` of a TP shard); an inner axis sharding d is refused."""
     for j, q in enumerate(pl):
         if j != i and q.kind == "P" and q.reduce != "sum":
             raise RuleFailure(f"reduce_scatter(avg) of Partial(sum) with {q} on {kc.axes[j]!r}: no rule")
         if j != i and q.kind not in ("R", "P", "S"):
             raise RuleFailure(f"reduce_scatter(avg) of Partial(sum) with {q} on {kc.axes[j]!r}: no rule")
-    if any(pl[j].kind == "S" and pl[j].dim == d for j in range(len(pl)) if j != i):
-        raise RuleFailure(f"reduce_scatter over {kc.axes[i]!r}: dim {d} is already sharded on another axis")
+    if any(pl[j].kind == "S" and pl[j].dim == d for j in range(i + 1, len(pl))):
+        raise RuleFailure(f"reduce_scatter over {kc.axes[i]!r}: dim {d} is already sharded on an inner axis")
     p = kc.sizes[kc.axes[i]]
-    if shape[d] % p:
+    outer = shard_factor(kc.axes, pl, d, kc.sizes)  # axes outside i sharding d: FSDP2 over TP's Shard(d)
+    if shape[d] % (p * outer):
         raise RuleFailure(f"reduce_scatter: dim {d} of size {shape[d]} does not split evenly")
     pl = list(pl)
     pl[i] = S(d)
     c = kc.exprs.mk("const", {"value": p, "shape": (), "dtype": "float"}, [])
-    return Derivation([Fact(kc.exprs.mk("div", {}, [f.expr, c]), tuple(pl))], ["reduce_scatter_avg_partial_sum"])
+    return Derivation([Fact(kc.exprs.mk("div", {}, [f.expr, c]), tuple(pl))],
+                      ["reduce_scatter_avg_partial_sum"] + (["reduce_scatter_avg_nested"] if outer > 1 else []))
 
 
 def _collective(kc, op, ra, raw, facts):
