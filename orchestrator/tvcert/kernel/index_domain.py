@@ -7,11 +7,12 @@ vocab-parallel embedding over ids in [-100, v) (each rank masks the ids outside 
 was VERIFIED.  The loader (``plan.check_shapes``, at every instantiation it checks) computes, for each index
 operand of the logical graph, the values it can hold -- a union of intervals: an input in [lo, hi) holds lo and
 [0, hi) when lo < 0 < hi (the padded labels the interpreter draws, ``interp.random_value``), else [lo, hi);
-shape-only ops keep values; ``where`` / ``masked_fill`` arms are refined by a comparison of the same tensor with a
-constant (cross-entropy's ``where(t != -100, t, 0)``); +, -, * and min / max by interval arithmetic; concat, pad
-and constants by union -- and refuses the plan (exit 3, naming the input) when a value leaves [0, size).  An
-index whose values cannot be bounded this way (computed by other ops) is not checked here: the interpreter
-refuses it when it runs.
+shape-only ops keep values; ``where`` / ``masked_fill`` arms are recomputed under their condition when it compares a
+tensor with a constant (cross-entropy's ``where(t != -100, t, 0)``, wrapped negative indices ``where(i < 0, i + n,
+i)``); +, -, * and min / max by interval arithmetic; concat, pad and constants by union -- and refuses the plan
+(exit 3, naming the input) when a value leaves [0, size).  An index whose values cannot be bounded this way
+(computed by other ops), or that no declared input reaches, is not checked here: the interpreter refuses it when
+it runs.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..ops import REGISTRY, AttrError, resolve_attrs
 
 Dom = tuple  # sorted, disjoint closed intervals ((lo, hi), ...); None = unknown
 MAX_PIECES = 8
+UNDER_DEPTH = 6  # ops between a where's condition and its arms recomputed under the condition
 SAME_VALUES = {"reshape", "view", "permute", "transpose", "expand", "slice", "flatten", "squeeze", "unsqueeze",
                "flip", "split", "amax", "amin"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
@@ -149,15 +151,27 @@ class _Domains:
         return None
 
     def arm(self, cond: str, x: str, holds: bool) -> Optional[Dom]:
-        """The values of ``x`` where ``cond`` holds (``holds``) or not, refined when cond compares x itself."""
+        """The values of ``x`` where ``cond`` holds (``holds``) or not: when cond compares a tensor t with a constant,
+        t's values are refined and x is recomputed from them (``where(i < 0, i + size, i)``, negative indices
+        wrapped, holds only [0, size) for i in [-size, size))."""
         cmp = self.comparison(cond)
-        if cmp is None or cmp[0] != x:
+        if cmp is None:
             return self.dom.get(x)
-        return _refine(self.dom.get(x), cmp[1] if holds else NEGATE[cmp[1]], cmp[2])
+        return self.under(x, (cmp[0], cmp[1] if holds else NEGATE[cmp[1]], cmp[2]), UNDER_DEPTH)
 
-    def step(self, n) -> Optional[Dom]:
+    def under(self, x: str, assume, depth: int) -> Optional[Dom]:
+        """The values of ``x`` where ``t op c`` holds (``assume`` = (t, op, c)), recomputed up to ``depth`` ops."""
+        t, op, c = assume
+        if x == t:
+            return _refine(self.dom.get(t), op, c)
+        n = self.prod.get(x)
+        if n is None or depth <= 0 or x not in self.dom:
+            return self.dom.get(x)
+        return self.step(n, lambda i: self.under(i, assume, depth - 1))
+
+    def step(self, n, dom_of=None) -> Optional[Dom]:
         op, ins, at = n.op, n.inputs, self.attrs(n)
-        ds = [self.dom.get(i) for i in ins]
+        ds = [(dom_of or self.dom.get)(i) for i in ins]
         if op == "const" and at.get("dtype") == "int":
             vals = [_int_value(v) for v in _leaves(at.get("value"))]
             return None if not vals or None in vals else _norm([(v, v) for v in vals])
@@ -226,8 +240,8 @@ def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types
         for ix, size, what in _indexed(n, at, types):
             d = D.dom.get(ix)
             bad = [v for v in (d[0][0], d[-1][1]) if not 0 <= v < size] if d else []
-            if bad:
-                names = ", ".join(map(repr, sorted(D.src.get(ix, ())))) or "?"
+            if bad and D.src.get(ix):  # (an index of constants only is the same on every input: not a range's fault)
+                names = ", ".join(map(repr, sorted(D.src[ix])))
                 raise IndexDomainError(n.path, f"input {names}: its declared range admits inputs for which {ix!r} "
                                                f"is {bad[0]}, but {n.op} indexes {what} (size {size}) with it: the "
                                                f"logical graph has no value there (declare a range inside the table)")
