@@ -220,6 +220,7 @@ def case_table():
     add("merge_interleaved_shard", None, None)  # Megatron's batch x heads merge: test_trace_mcore.py, conform
     add("split_interleaved_reshape", None, None)  # its inverse view: test_trace_mcore.py, conform
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
+    add("scalar_factor_commutes", None, None)  # equality step: tests/test_scalar_factor.py, conform gen_scalar_factor
     return c
 
 

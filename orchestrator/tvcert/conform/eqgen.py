@@ -51,13 +51,19 @@ def _check_pair(X: Exprs, a: int, b: int, seed: int, ranges: dict | None = None)
             r = ranges.get(e.attr_dict()["name"]) if e.dtype == "int" else None
             vals[i] = random_value(e.shape, "int", rng, ctx, r[1], r[0]) if r else \
                 rand_values(e.shape, e.dtype, rng, exact, hi=4)
-        try:
-            va = eval_expr(X, a, vals, ctx)
-            vb = eval_expr(X, b, vals, ctx)
-        except (ValueError, ZeroDivisionError, ArithmeticError) as exc:
+        outside = []
+        for side in (a, b):
+            try:
+                outside.append(eval_expr(X, side, vals, ctx))
+            except (ValueError, ZeroDivisionError, ArithmeticError) as exc:
+                outside.append(exc)
+        if exact and all(isinstance(v, Exception) for v in outside):  # both undefined (where is strict: both
+            return Result("skip", rules, f"eval: outside both domains: {outside[0]}")  # branches are evaluated)
+        if any(isinstance(v, Exception) for v in outside):
             if exact:
-                continue  # outside exact semantics (a division by zero): judge by float64
-            return Result("skip", rules, f"eval: {exc}")
+                continue  # outside exact semantics on one side (a division by zero): judge by float64
+            return Result("skip", rules, f"eval: {next(v for v in outside if isinstance(v, Exception))}")
+        va, vb = outside
         if not _close(np.asarray(va), np.asarray(vb), exact):
             return Result("DISAGREE", rules, f"proved {X.show(a, 5)} = {X.show(b, 5)}, but they differ "
                                              f"({'exact' if exact else 'float64'})")
@@ -327,3 +333,7 @@ EQUALITY.update(INT_RANGE_GENERATORS)
 from .gens_slice_concat import SLICE_CONCAT_GENERATORS  # noqa: E402  (Megatron's coalesced gradient buffer)
 
 EQUALITY.update(SLICE_CONCAT_GENERATORS)
+
+from .gens_scalar_factor import SCALAR_FACTOR_GENERATORS  # noqa: E402  (0-d factors: a global token count)
+
+EQUALITY.update(SCALAR_FACTOR_GENERATORS)

@@ -1,6 +1,6 @@
 """Deciding that two logical expressions denote the same tensor.
 
-Seven certified steps, tried in order, each sound on its own:
+Eight certified steps, tried in order, each sound on its own:
 
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
@@ -14,6 +14,8 @@ Seven certified steps, tried in order, each sound on its own:
   (:mod:`.slice_concat`: Megatron's coalesced gradient all-reduce);
 * ``interleave_commutes``: one side a fused tensor's interleave of G, the other pulled to an interleave of Y
   through ops that read the dim index by index (:mod:`.interleave`), and Y = G;
+* ``scalar_factor_commutes``: 0-d factors (a global token count) pulled out the same way, compared one to one
+  (:mod:`.scalar_factor`);
 * ``elementwise_smt``: an elementwise region, with every non-elementwise subterm as a leaf,
   checked by an SMT solver over the reals (see :mod:`.smt` for why one index suffices).
 
@@ -33,6 +35,7 @@ from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
 from .int_range import RULE as INT_RANGE, const_value
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
+from .scalar_factor import RULE as SCALAR_FACTOR, ScalarFactors, factored_equal
 from .slice_concat import RULE as SLICE_CONCAT, slice_operand
 from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
 
@@ -82,6 +85,7 @@ class Prover:
         self._norm: dict[int, tuple[Fraction, int]] = {}
         self._lnorm: dict[int, int] = {}
         self._rnorm: dict[int, int] = {}
+        self._sf: ScalarFactors | None = None
 
     # ------------------------------------------------------------------ public
     def equal(self, a: int, b: int) -> bool:
@@ -127,9 +131,17 @@ class Prover:
         if interleaved_equal(X, a, b, self.equal) or interleaved_equal(X, b, a, self.equal):
             self.used.add(INTERLEAVE_EQ)
             return True
+        if factored_equal(self.scalar_factors(), a, b, self.equal):  # 0-d factors such as 1 / global count
+            self.used.add(SCALAR_FACTOR)
+            return True
         if is_region_op(X, a) or is_region_op(X, b):
             return self._smt(a, b)
         return False
+
+    def scalar_factors(self) -> ScalarFactors:
+        if self._sf is None:
+            self._sf = ScalarFactors(self.exprs, frozenset(LINEAR_FIRST), frozenset(MULTILINEAR))
+        return self._sf
 
     def _solve(self, text: str) -> str:
         t = time.perf_counter()
