@@ -229,16 +229,17 @@ def _captured_p2p(ctx: T.MeshCtx, resolve, pp_axis: str, log: list):
             setattr(m, nm, f)
 
 
-def _stage_metadata(by_index: Mapping[int, Any], first, first_shape) -> dict[int, tuple]:
+def _stage_metadata(by_index: Mapping[int, Any], first, first_shape, on_its_rank) -> dict[int, tuple]:
     """What PipelineStage's dynamic shape inference would exchange, for stages built without ``input_args`` /
     ``output_args`` (torchtitan's): each stage's module run, in stage order, on a fake first micro-batch (the first
     data input's local rows / micro-batches; a stage's input is the previous stage's output, requiring grad).
-    Plain tensors only.  A wrong guess cannot verify: a received buffer whose shape is not the sent tensor's is
-    rejected by the plan loader."""
+    Plain tensors only.  ``on_its_rank(i)``: a context yielding stage i's object, rebuilt in its rank's world and
+    run in the step's context when there is one (a TP stage's collectives need its process groups).  A wrong guess
+    cannot verify: a received buffer whose shape is not the sent tensor's is rejected by the plan loader."""
     from torch.distributed.pipelining._utils import InferenceMode, extract_tensor_metas
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if not any(InferenceMode.needs_dynamic(sg._user_meta, True) for sg, _ in by_index.values()
+    if not any(InferenceMode.needs_dynamic(sg._user_meta, True) for sg, *_ in by_index.values()
                if hasattr(sg, "_user_meta")):
         return {}
     import torch
@@ -251,11 +252,12 @@ def _stage_metadata(by_index: Mapping[int, Any], first, first_shape) -> dict[int
         raise TraceError(f"the first data input's {shape[0]} local rows do not split into {n_mb} micro-batches", "input")
     shape[0] //= n_mb
     out = {}
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # entered after the stage is built (a mesh reads real ranks)
+    with mode:
         dt = getattr(torch, first.torch_dtype)
         x = torch.zeros(shape, dtype=dt) if first.dtype == "int" else torch.empty(shape, dtype=dt)
-        for i in idx:
-            sg = by_index[i][0]
+    for i in idx:
+        with on_its_rank(i) as sg, mode:
             y = sg.submod(x)
             ys = y if isinstance(y, tuple) else (y,)
             if any(isinstance(t, DTensor) for t in ys) or not all(isinstance(t, torch.Tensor) for t in ys):
@@ -321,7 +323,10 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         data: Mapping[str, Mapping[str, Any]], mesh: Mapping[str, int], pp_axis: str = "pp",
                         step: Callable[..., Any] | None = None, name: str = "pipeline", reference: str = "microbatches",
                         combine: str = "mean", description: str | None = None,
-                        output_placements: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+                        output_placements: Mapping[str, Mapping[str, str]] | None = None,
+                        param_placements: Callable[[Any], Mapping[str, Mapping[str, str]]] | None = None,
+                        step_context: Callable[[Any], Any] | None = None,
+                        grad_sync: Callable[[Any, dict], dict] | None = None) -> dict:
     """Trace a ``torch.distributed.pipelining`` training step into a plan with one program per stage.
 
     ``model_factory()`` builds the unsplit model (the logical model: ``loss_fn(model(first data input),
@@ -331,7 +336,12 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     last stage and None elsewhere (default: torchtitan's step, the mean of the micro-batch losses).  ``data``:
     name -> input spec (:func:`.trace.trace_plan`), the whole batch on every rank of the stage that reads it.
     The stage modules' parameters and buffers are the model's, found by module identity, else by name
-    (:func:`_held_params`)."""
+    (:func:`_held_params`).  Placements: a DTensor parameter's own; a parameter held as a plain local shard (torchtitan's
+    ``spmd_types`` TP) gets ``param_placements(stage module)[name]`` ({axis: placement}, checked against its local
+    shape; absent: Replicate).  ``step_context(ctx)``: a context manager entered around the rank's traced step and its
+    shape inference (torchtitan's SPMD mesh context).  ``grad_sync(ctx, {logical name: gradient})``: the rank's
+    gradient reductions that run outside autograd (FSDP's all-reduce of pending TP gradients), applied after the
+    step."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -384,7 +394,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                                  "DistributedDataParallel")
         held = {}
         for i, sg in enumerate(stages):
-            held.update({(i, sn): v for sn, v in _held_params(model, sg.submod, c[pi]).items()})
+            pls = param_placements(sg.submod) if param_placements else None
+            held.update({(i, sn): v for sn, v in _held_params(model, sg.submod, c[pi], pls, mesh).items()})
         return ctx, stages, sched, held
 
     # every parameter's placement, from the first rank of the stage holding it
@@ -395,12 +406,12 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         r0 = T.rank_of([st if i == pi else 0 for i in range(len(axes))], sizes)
         with T.fake_world(r0, world):
             _, stages0, sched0, held = build(r0)
-            by_index.update({sg.stage_index: (sg, int(sched0._n_microbatches)) for sg in stages0})
+            by_index.update({sg.stage_index: (sg, int(sched0._n_microbatches), r0) for sg in stages0})
             for sn, (ln, dt) in held.items():
                 if holder.setdefault(ln, st) != st:
                     raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
                                      f"not traced", "unsupported", "tied parameter")
-                if ln in bufs and dt is not None:
+                if ln in bufs and dt is not None and not isinstance(dt, dict):
                     raise TraceError(f"buffer {ln!r} is a DTensor: not traced", "unsupported", "buffer")
                 placement[ln] = _placement_text(dt, axes)
     missing = [n for n in [*pnames, *bufs] if n not in holder]
@@ -410,7 +421,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                                           "dtype": str(p.dtype).removeprefix("torch.")}
                                for n, p in logical_model.named_parameters()}
     for n, b in bufs.items():
-        inputs[_safe(n)] = {"shape": list(b.shape) + ([2] if b.is_complex() else []),
+        inputs[_safe(n)] = {"shape": list(b.shape) + ([2] if b.is_complex() else []), "placement": placement[n],
                             "dtype": str(b.real.dtype if b.is_complex() else b.dtype).removeprefix("torch.")}
     inputs.update({n: dict(v) for n, v in data.items()})
     specs = T._parse_inputs(inputs, mesh)
@@ -418,7 +429,19 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
 
     lshapes = [T.local_shape(s, mesh) for s in specs]
     first = specs[names.index(dnames[0])]
-    metas = _stage_metadata(by_index, first, lshapes[names.index(dnames[0])])
+    @contextlib.contextmanager
+    def on_its_rank(i):
+        """Stage i's object for the shape inference: the pre-pass's, or rebuilt on its rank in the step context."""
+        if step_context is None:
+            yield by_index[i][0]
+            return
+        r0 = by_index[i][2]
+        with T.fake_world(r0, world):
+            ctx0, stages0, _, _ = build(r0)
+            with step_context(ctx0):
+                yield next(sg for sg in stages0 if sg.stage_index == i)
+
+    metas = _stage_metadata(by_index, first, lshapes[names.index(dnames[0])], on_its_rank)
     per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
     stage_outs: dict[int, list[str]] = {}
     stage_onames: dict[int, list[str]] = {}
@@ -449,7 +472,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         leaves[sn] = _buffer_value(t, bufs[ln])
                         continue
                     # a DTensor parameter is a leaf DTensor over the traced local shard (as the stage holds it)
-                    leaves[sn] = t if dt is None else DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
+                    leaves[sn] = t if dt is None or isinstance(dt, dict) else \
+                        DTensor.from_local(t.detach(), *dt, run_check=False).requires_grad_()
                 real = {(i, n): p for i, sg in enumerate(stages) for n, p in sg.submod.named_parameters()}
                 for key, p in real.items():  # the stage's gradient hooks fire on the traced leaves, as on its own
                     _transplant_hooks(p, leaves[key])
@@ -459,6 +483,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         es.enter_context(_reparametrize_module(sg.submod, {n: v for (j, n), v in leaves.items()
                                                                            if j == i}))
                     es.enter_context(_captured_p2p(ctx_, resolve, pp_axis, logs[r]))
+                    if step_context is not None:
+                        es.enter_context(step_context(ctx_))
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
                 touched = [held[key][0] for key, p in real.items() if p.grad is not None or p._version != before[key]]
                 if touched:  # e.g. an optimizer built on the module's own parameters: not the traced program
@@ -475,6 +501,9 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                         grad_pl[f"grad_{_safe(ln)}"] = _placement_text((g.device_mesh, g.placements), axes)
                         g = g.to_local()
                     out[f"grad_{_safe(ln)}"] = g
+                if grad_sync is not None:
+                    gs = {ln: out[f"grad_{_safe(ln)}"] for _, (ln, _) in held.items() if ln not in bufs}
+                    out.update({f"grad_{_safe(ln)}": g for ln, g in grad_sync(ctx_, gs).items()})
                 if not out:
                     raise TraceError(f"stage {st} holds no parameters and returns no loss", "input")
                 return out
@@ -650,11 +679,13 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
                                 "something else than its micro-batch") + ")", "unsupported", "pipeline")
 
 
-def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
+def _held_params(model, submod, st: int, placements=None, mesh=None) -> dict[str, tuple[str, Any]]:
     """The stage module's parameters: {name in the stage module: (the model's name for it, (mesh, placements)
-    of a DTensor parameter or None)}.  A stage module's submodules are the model's own (PyTorch's tutorial slices
-    ``model.layers``; ``parallelize_module`` keeps the modules and swaps their parameters), else a copy with the
-    model's names (torchtitan deep-copies the model and deletes the other stages' layers)."""
+    of a DTensor parameter, ``placements[name]`` ({axis: text}) for a plain local shard, or None)}.  A stage
+    module's submodules are the model's own (PyTorch's tutorial slices ``model.layers``; ``parallelize_module``
+    keeps the modules and swaps their parameters), else a copy with the model's names (torchtitan deep-copies the
+    model and deletes the other stages' layers).  A plain local shard's shape must be the model's under its
+    placement on ``mesh``."""
     from torch.distributed.tensor import DTensor
 
     mods = {id(m): n for n, m in model.named_modules()}
@@ -665,11 +696,31 @@ def _held_params(model, submod, st: int) -> dict[str, tuple[str, Any]]:
             base = mods.get(id(sm), smn)
             ln = f"{base}.{pn}" if base else pn
             sn = f"{smn}.{pn}" if smn else pn
-            if ln not in shapes or shapes[ln] != tuple(p.shape):
+            pl = None if isinstance(p, DTensor) or placements is None else dict(placements.get(sn) or {})
+            want = shapes.get(ln)
+            if want is not None and pl:
+                want = _local_shape(want, pl, mesh, f"parameter {sn!r} of stage {st}")
+            if want is None or want != tuple(p.shape):
                 raise TraceError(f"parameter {sn!r} of stage {st}'s module is not a parameter of the model (looked up "
-                                 f"as {ln!r})", "input")
-            out[sn] = (ln, (p.device_mesh, p.placements) if isinstance(p, DTensor) else None)
+                                 f"as {ln!r}" + (f", placement {pl}" if pl else "") + ")", "input")
+            out[sn] = (ln, (p.device_mesh, p.placements) if isinstance(p, DTensor) else pl)
     return out
+
+
+def _local_shape(shape, pl: Mapping[str, str], mesh: Mapping[str, int], what: str) -> tuple:
+    """A plain local shard's shape: ``Shard(d)`` on axis a divides dim d by the axis size (evenly, else bad input)."""
+    s = list(shape)
+    for a, text in pl.items():
+        if text == "Replicate":
+            continue
+        if not (text.startswith("Shard(") and a in mesh):
+            raise TraceError(f"{what}: placement {a}: {text} is not a Shard / Replicate over a mesh axis {list(mesh)}",
+                             "input")
+        d = int(text[6:-1]) % len(s)
+        if s[d] % mesh[a]:
+            raise TraceError(f"{what}: dim {d} of size {s[d]} does not split evenly over {a} = {mesh[a]}", "input")
+        s[d] //= mesh[a]
+    return tuple(s)
 
 
 def _buffer_value(t, like):
@@ -679,8 +730,8 @@ def _buffer_value(t, like):
 
 
 def _placement_text(dt, axes) -> dict[str, str]:
-    if dt is None:
-        return {}
+    if dt is None or isinstance(dt, dict):
+        return dict(dt or {})
     from .dtensor import _pl_text
 
     mesh, pls = dt
@@ -694,13 +745,22 @@ def _decl(s, shape) -> dict:
     return d
 
 
-def trace_titan_pp_job(job, model, desc: str, name: str | None = None) -> dict:
-    """A torchtitan job with ``pipeline_parallel_degree`` > 1 (the other degrees 1): on every rank torchtitan's own
-    ``pipeline_llm`` (``_pipeline_module_split``: a deep copy of the model with the other stages' layers deleted,
-    ``PipelineStage`` without static shapes; its schedule from ``pipeline_parallel_schedule`` with ``scale_grads=False``)
-    and the trainer's step (the first stage feeds the tokens, the last the labels; the loss is torchtitan's
-    ``cross_entropy_loss`` (a sum) over the batch's token count, the reported loss the micro-batch losses' sum).  The
-    logical model is the unsplit model's gradient accumulation over the same micro-batches (``combine="sum"``)."""
+def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Callable[..., Any] | None = None) -> dict:
+    """A torchtitan job with ``pipeline_parallel_degree`` > 1, alone or with ``tensor_parallel_degree`` (the other
+    degrees 1).  On every rank: the job's ``ParallelDims`` (mesh ``pp x tp``, the ``spmd_types`` backend) on the fake
+    process group, torchtitan's own ``pipeline_llm`` (``_pipeline_module_split``: a deep copy of the model with the
+    other stages' layers deleted, ``PipelineStage`` without static shapes; its schedule from
+    ``pipeline_parallel_schedule`` with ``scale_grads=False``; each model part parallelized as ``parallelize_llama``
+    does under ``spmd_types``: ``Module.parallelize``, the TP plan) with torchtitan's ``CrossEntropyLoss``, and the
+    trainer's step (``Trainer.pp_forward_backward_step``: the first stage feeds the tokens, the last the labels, the
+    loss normalised by ``global_valid_tokens`` through the schedule's ``loss_kwargs``, the reported loss the
+    micro-batch losses' sum) in the trainer's ``train_context`` (the SPMD mesh).  ``global_valid_tokens`` is the batch's
+    token count (labels in [0, vocab): no ignore index, so the trainer's count is that).  Parameters are plain local
+    shards; their placements are torchtitan's ``_sharding_config`` declarations, and the TP-Replicate parameters'
+    pending gradients (SP norms) are all-reduced over tp after the step, FSDP's job (as in :func:`.torchtitan.
+    trace_titan`).  The logical model is the unsplit single-device model's gradient accumulation over the same
+    micro-batches (``combine="sum"``).  ``step(schedule, ctx, tokens, labels)``: a replacement trainer step (an
+    example's bug)."""
     import os
 
     import torch
@@ -709,46 +769,88 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None) -> dict:
 
     from .titan_config import check_supported
 
-    check_supported(job)  # pipeline parallelism alone, no checkpointing / compile
+    check_supported(job)  # pipeline parallelism alone or with TP, no checkpointing / compile
     d = job.degrees
     tt.prepare()
-    from torchtitan.components.loss import cross_entropy_loss
+    import torch.distributed._functional_collectives as funcol
+    from torchtitan.components.loss import CrossEntropyLoss, cross_entropy_loss
+    from torchtitan.distributed.full_dtensor import validate_config
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.distributed.spmd_types import set_current_spmd_mesh, set_spmd_meshes
 
-    pp = d["pp"]
-    cfg = model.config(1, False, True)
+    pp, tp = d["pp"], d["tp"]
+    sp = job.parallelism.enable_sequence_parallel and tp > 1
     b, s = job.training.local_batch_size, job.training.seq_len
+    if sp and s % tp:
+        raise TraceError(f"{job.path}: sequence parallelism needs training.seq_len ({s}) divisible by "
+                         f"tensor_parallel_degree ({tp})", "input")
+    n_tokens = b * s  # global_valid_tokens
 
     def make():
-        return tt._build(cfg).to_empty(device="cpu")
+        return tt._build(model.config(1, False, True)).to_empty(device="cpu")
 
-    def loss_fn(pred, labels, **_):
-        return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / (b * s)
+    def loss_fn(pred, labels, **_):  # the logical loss: the single-device cross-entropy sum over the token count
+        return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / n_tokens
 
     built: dict[int, Any] = {}
+    pending: set[str] = set()  # TP-Replicate parameters: their gradient is a pending sum over tp
 
-    def make_stage(m, ctx):
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=pp, ep=1, world_size=pp)
+    def make_stage(_m, ctx):
+        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=pp, ep=1, world_size=pp * tp,
+                          spmd_backend="spmd_types")
         pd.build_mesh()
-        # with every other degree 1, torchtitan's parallelize applies nothing (no TP / FSDP / AC / compile)
+        m = tt._build(model.config(tp, sp, True)).to_empty(device="cpu")
+
+        def parallelize(mm, **_):  # parallelize_llama under spmd_types; AC / compile / FSDP at degree 1 are not run
+            if tp > 1:
+                validate_config(pd, mm)
+                mm.parallelize(pd)
+            return mm
+
+        titan_loss = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=model.vocab))
         sched, parts, _, _ = pipeline_llm(m, parallel_dims=pd, training=job.training, parallelism=job.parallelism,
                                           compile_config=job.compile, ac_config=job.ac, dump_folder="/tmp",
-                                          device=torch.device("cpu"), model_config=cfg,
-                                          parallelize_fn=lambda mm, **_: mm,
-                                          loss_fn=lambda p, lab, **k: (loss_fn(p, lab), None))
-        built[ctx.rank] = sched
+                                          device=torch.device("cpu"), model_config=model.config(tp, sp, True),
+                                          parallelize_fn=parallelize, loss_fn=titan_loss)
+        built[ctx.rank] = (sched, pd)
         return list(getattr(sched, "_stages", None) or [sched._stage])
 
-    def step(sch, ctx, tokens, labels):  # torchtitan's Trainer.forward_backward_step, pipelined branch
+    def placements(submod):  # tp = 1: no tp axis, every parameter whole
+        lay = tt.layouts(submod) if tp > 1 else {}
+        out = {}
+        for n, t in [*submod.named_parameters(), *submod.named_buffers()]:
+            pl, pend = tt._placement(lay.get(tt._clean(n)), t.dim())
+            out[n] = pl
+            if pend and isinstance(t, torch.nn.Parameter):
+                pending.add(tt._clean(n))
+        return out
+
+    @contextlib.contextmanager
+    def train_context(ctx):  # the trainer's train_context: the SPMD meshes, the dense mesh current
+        pd = built[ctx.rank][1]
+        set_spmd_meshes(dense_mesh=pd.spmd_dense_mesh(), sparse_mesh=pd.spmd_sparse_mesh())
+        with set_current_spmd_mesh(pd.spmd_dense_mesh()):
+            yield
+
+    def sync(ctx, grads):  # FSDP's all-reduce of the pending TP gradients (in hooks, outside autograd)
+        group = built[ctx.rank][1].get_mesh("tp").get_group()
+        return {n: funcol.all_reduce(g, "sum", group) if n in pending else g for n, g in grads.items()}
+
+    def trainer_step(sch, ctx, tokens, labels):  # Trainer.pp_forward_backward_step
         stages = getattr(sch, "_stages", None) or [sch._stage]
         first, last = any(x.is_first for x in stages), any(x.is_last for x in stages)
         losses = [] if last else None
-        sch.step(*(tokens,) if first else (), target=labels if last else None, losses=losses)
+        sch.step(*(tokens,) if first else (), target=labels if last else None, losses=losses,
+                 loss_kwargs={"global_valid_tokens": n_tokens}, return_outputs=False)
         return torch.sum(torch.stack(losses)) if last else None
 
     ids = {"shape": [b, s], "dtype": "int", "range": model.vocab}
-    return trace_pipeline_plan(make, make_stage, lambda st, ctx: built[ctx.rank], loss_fn,
-                               data={"tokens": ids, "labels": ids}, mesh={"pp": pp}, step=step, combine="sum",
-                               description=desc,
-                               name=name or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}")
+    mesh = {"pp": pp, **({"tp": tp} if tp > 1 else {})}  # torchtitan's world order: pp outer, tp inner
+    with tt.funcol_collectives():
+        return trace_pipeline_plan(make, make_stage, lambda st, ctx: built[ctx.rank][0], loss_fn,
+                                   data={"tokens": ids, "labels": ids}, mesh=mesh, step=step or trainer_step,
+                                   combine="sum", description=desc,
+                                   name=name or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}",
+                                   param_placements=placements, step_context=train_context,
+                                   grad_sync=sync if tp > 1 else None)

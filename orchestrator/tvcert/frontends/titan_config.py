@@ -138,10 +138,10 @@ def load_job(path: str, model: str | None = None) -> TitanJob:
 def check_supported(job: TitanJob) -> None:
     """What the trace cannot do yet: UNKNOWN (TraceError kind ``unsupported``) naming the field."""
     p, c = job.parallelism, job.compile
-    if p.pipeline_parallel_degree > 1:  # traced alone (frontends/pipelining.trace_titan_pp_job)
-        others = [f"{k} = {v}" for k, v in job.degrees.items() if k != "pp" and v > 1]
-        why = (f"with {', '.join(others)}: only pipeline parallelism alone is traced from a job (TP + PP from "
-               f"torch.distributed.pipelining code is, examples/torch/pp_tp_mlp.py)" if others else
+    if p.pipeline_parallel_degree > 1:  # alone or with TP (frontends/pipelining.trace_titan_pp_job)
+        others = [f"{k} = {v}" for k, v in job.degrees.items() if k not in ("pp", "tp") and v > 1]
+        why = (f"with {', '.join(others)}: pipeline parallelism is traced from a job alone or with "
+               f"tensor_parallel_degree" if others else
                f"with activation_checkpoint.mode = {job.ac_mode!r}: checkpointing under pipelining is not traced "
                f"(set mode = \"none\")" if job.ac is not None else
                "with compile.enable: not traced" if job.compile.enable else None)

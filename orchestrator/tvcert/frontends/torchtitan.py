@@ -403,6 +403,19 @@ def _placement(layout, rank: int) -> tuple[dict[str, str], bool]:
     return pl, any(t is spmd.R for t in ours)
 
 
+def layouts(m) -> dict:
+    """{parameter / buffer name (without the checkpoint wrapper): its torchtitan ``SpmdLayout`` or None}, from the
+    ``_sharding_config`` ``Module.parallelize`` applied (spmd_types parameters are plain local shards)."""
+    out = {}
+    for mn, mod in m.named_modules():
+        sc = getattr(mod, "_sharding_config", None)
+        if sc is None:
+            continue
+        for pn, _ in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            out[_clean(f"{mn}.{pn}" if mn else pn)] = sc.state_shardings.get(pn)
+    return out
+
+
 def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context: bool = True, grad_sync: bool = True,
                 vocab_parallel: bool = True, ep: int = 1, batch: int = 2, seq: int = 8, name: str | None = None,
                 ac: Any = None, **kw) -> dict:
@@ -455,16 +468,6 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         if not vocab_parallel:
             m.tok_embeddings.tp_group = None  # Embedding.parallelize sets it whenever a tp mesh exists
         return m, pd
-
-    def layouts(m):
-        out = {}
-        for mn, mod in m.named_modules():
-            sc = getattr(mod, "_sharding_config", None)
-            if sc is None:
-                continue
-            for pn, _ in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
-                out[_clean(f"{mn}.{pn}" if mn else pn)] = sc.state_shardings.get(pn)
-        return out
 
     # placements from torchtitan's sharding declarations as parallelize() applied them on rank 0,
     # checked against the local shapes it produced
