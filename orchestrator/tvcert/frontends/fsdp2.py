@@ -308,7 +308,14 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
             plain[n] = leaf
         for n, t in buffers(kw_).items():
             mod_name, _, bn = n.rpartition(".")
-            (model.get_submodule(mod_name) if mod_name else model)._buffers[bn] = t
+            bmod = model.get_submodule(mod_name) if mod_name else model
+            old = bmod._buffers[bn]
+            if isinstance(old, DTensor):  # TP's replicated buffer (a RoPE cache): the same values on every rank
+                if any(not pl.is_replicate() for pl in old.placements):
+                    raise TraceError(f"buffer {n!r} is a DTensor placed {list(old.placements)}: not traced",
+                                     "unsupported", "buffer")
+                t = DTensor.from_local(t, old.device_mesh, old.placements, run_check=False)
+            bmod._buffers[bn] = t
         d = {k: kw_[k] for k in dnames}
         if batch is not None:
             d = dict(batch(ctx, **d))

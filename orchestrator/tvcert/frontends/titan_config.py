@@ -157,10 +157,12 @@ def check_supported(job: TitanJob) -> None:
                          f"(_templated_ring_attention, traced in examples/torch/cp_attention.py), and "
                          f"{why_not_spmd(lb, 'allgather', True, p.context_parallel_degree)}", "unsupported",
                          "context_parallel_degree")
-    if p.spmd_backend != "spmd_types":
+    dp = p.data_parallel_shard_degree > 1 or p.data_parallel_replicate_degree > 1
+    if p.spmd_backend != "spmd_types" and not (p.spmd_backend == "partial_dtensor" and dp):
         raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
-                         f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor)", "unsupported",
-                         "spmd_backend")
+                         f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor), and \"partial_dtensor"
+                         f"\" with data parallelism (parallelize_llama's FSDP2, frontends/titan_fsdp2.py)",
+                         "unsupported", "spmd_backend")
     if c.enable_async_tensor_parallel:
         raise TraceError(f"{job.path}: compile.enable_async_tensor_parallel: async TP is inductor's micro-pipeline "
                          f"pass under torch.compile (fused all-gather/reduce-scatter matmuls), which the eager "

@@ -566,7 +566,9 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
       its collectives in hooks on flat buffers the trace cannot see (:func:`.dataparallel.check_fully_shard`), so
       the data-parallel axes go through torchtitan's SimpleFSDP instead: graph_trainer's ``apply_simple_fsdp``
       with the job's ``ParallelDims`` (fully_shard / hybrid_shard / replicate, the job's mixed precision) -- see
-      :func:`_trace_simple_fsdp_job`."""
+      :func:`_trace_simple_fsdp_job`.  With ``spmd_backend = "partial_dtensor"`` (torchtitan's DTensor backend),
+      torchtitan's own ``parallelize_llama`` -- TP, then FSDP2 ``fully_shard`` -- is traced with FSDP2's hooks
+      (:mod:`.titan_fsdp2`)."""
     from .titan_config import check_supported
 
     check_supported(job)
@@ -594,6 +596,10 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
     if not (mesh_context and vocab_parallel):
         raise TraceError("--no-mesh-context / --replicated-vocab are options of the TP route (data-parallel degrees "
                          "are 1)", "input")
+    if job.parallelism.spmd_backend == "partial_dtensor":  # torchtitan's parallelize_llama: TP, then FSDP2
+        from .titan_fsdp2 import trace_titan_fsdp2_job
+
+        return trace_titan_fsdp2_job(job, model, desc, **kw)
     return _trace_simple_fsdp_job(job, model, desc, **kw)
 
 
