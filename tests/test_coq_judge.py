@@ -216,6 +216,8 @@ def _layouts() -> dict:
     rms = [N("rs", "add_scalar", ["ms"], value=0.5), N("rr", "rsqrt", ["rs"]),
            N("nx", "mul", ["tq", "rr"])]                           # RMSNorm: [a, c, b] * [a, c, 1] (size-1 broadcast)
     logical = common + [N("ms", "mean", ["tq2"], dims=[-1], keepdim=True)] + rms + [
+        N("xr", "reshape", ["x"], shape=["a", 24]),                # reshape_shard: merged dims after the shard
+        N("xe", "expand", ["u"], shape=["a", "b", "c"]),           # expand_shard (u is Shard(0) over dp)
         N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
         N("mx", "amax", ["xs"], dims=[1]),                         # reduce_max_sharded_dim (dp)
         N("s2", "sum", ["sm"], dims=[0]),
@@ -226,6 +228,8 @@ def _layouts() -> dict:
     ]
     par = copy.deepcopy(common) + [N("msp", "mean", ["tq2"], dims=[-1], keepdim=True), ar("ms", "msp", "tp", "avg")] + \
         copy.deepcopy(rms) + [
+        N("xr", "reshape", ["x"], shape=["a/dp", 12]),             # each rank reshapes to its local shape
+        N("xe", "expand", ["u"], shape=["a/dp", "b", "c"]),
         N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
         ar("sskr", "ssk", "dp", "sum"),
         N("mxp", "amax", ["xs"], dims=[1]), ar("mx", "mxp", "dp", "max"),
@@ -238,10 +242,11 @@ def _layouts() -> dict:
         ar("wg", "wgt", "dp", "sum"), N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx"]
+            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx", "xr", "xe"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
-    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm", "ux")})
+    place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm", "ux", "xr")})
+    place.update(xe={"dp": "Shard(0)"})
     place.update(nx={"dp": "Shard(0)", "tp": "Shard(2)"})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
                  zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={})
@@ -287,7 +292,8 @@ def test_layout_plans_coq_checked(tmp_path):
               "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
               "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]", "(GL (OneHot 6))",
               "(GL (Iota 6 0 1))", "(GL (Cmp CGt))", "(GL (MaskedFill (true, 2, 1)))",
-              "(GL (Einsum [:: [:: 0; 1; 2]; [:: 2; 3]] [:: 0; 1; 3]))"):
+              "(GL (Einsum [:: [:: 0; 1; 2]; [:: 2; 3]] [:: 0; 1; 3]))", "(GL (Reshape [:: 2; 12]))",
+              "(GL (Expand [:: 2; 4; 6]))"):
         assert c in text, c
     text, _, _ = emit(load_plan(EX / "heads_ok.json"))
     assert "PColl (CSliceRank 1 2) 0" in text
@@ -464,6 +470,12 @@ def _layout_mutations(v) -> None:
       lambda d: _nodes(d)["bm"].update(inputs=["xp", "wm"]))
     v("rmsnorm: rsqrt of a shard's partial mean-square (no tp all_reduce)", lay,
       lambda d: _nodes(d)["rs"].update(inputs=["msp"]))
+    def reshape_inner(d):  # [a, b, c] -> [a*b, c] with b the tp-sharded dim: a rank's rows are not one block
+        for n in (_nodes(d)["xr"], {m["name"]: m for m in d["logical"]["nodes"]}["xr"]):
+            n["attrs"]["shape"] = [4, 6] if n in d["parallel"][0]["nodes"] else [16, 6]
+        d["outputs"]["xr"]["placement"] = {"dp": "Shard(0)", "tp": "Shard(0)"}
+
+    v("reshape: a tp shard merged with the dim outside it, read as a row block", lay, reshape_inner)
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

@@ -6,7 +6,7 @@
     and its side conditions are checked right there.  [lrule_sound] is stated exactly like
     [SoundOps.rule_sound], so the mesh checker applies it on every axis. *)
 From mathcomp Require Import all_ssreflect all_algebra.
-From Coq Require Import FunctionalExtensionality.
+From Coq Require Import FunctionalExtensionality ArithRing.
 From TVCert Require Import Semantics IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutSound.
 Set Implicit Arguments.
 Unset Strict Implicit.
@@ -682,4 +682,204 @@ all: case: pls A hss hTs hps hLs nallr => [|a [|b [|? ?]]] A hss hTs hps hLs nal
 Qed.
 
 End Sound.
+(** ** Ops whose attribute is their result's shape (reshape, expand): the op a rank runs names
+    the local shape.  [lrule_loc] holds the rules where that local shape differs from the
+    logical one (a Shard result); [lrule_loc_sound] is stated with the relocated local op. *)
+Definition lrelocal (o : lop) (s : seq nat) : lop :=
+  match o with Reshape _ => Reshape s | Expand _ => Expand s | _ => o end.
+
+Lemma lrelocal_id o ss : lrelocal o (lop_shape o ss) = o.
+Proof. by case: o. Qed.
+
+Lemma lrelocal_twice o s s' : lrelocal (lrelocal o s) s' = lrelocal o s'.
+Proof. by case: o. Qed.
+
+Lemma lrule_relocal p o ss pls pl : lrule p o ss pls pl ->
+  lrelocal o (local_shape p (lop_shape o ss) pl) = o.
+Proof.
+case: pl => [|d|r] /=; try by rewrite lrelocal_id.
+case: o => //= [s|s]; rewrite /lrule /=; case: ifP => //= _;
+  by case: pls => [|[|?|?] [|[|?|?] [|? ?]]] //=; rewrite ?andbF => // ?.
+Qed.
+
+(** Row-major offsets ([flat] / [unflat] of [LayoutOps.v]). *)
+Ltac nring := rewrite -?multE -?plusE; ring.
+
+Lemma prodn_cat (a b : seq nat) : prodn (a ++ b) = prodn a * prodn b.
+Proof. by elim: a => [|x a IH] /=; rewrite ?mul1n // IH mulnA. Qed.
+
+Lemma prodn_split (s : seq nat) d : prodn s = prodn (take d s) * prodn (drop d s).
+Proof. by rewrite -prodn_cat cat_take_drop. Qed.
+
+Lemma prodn_drop (s : seq nat) d : d < size s -> prodn (drop d s) = nth 0 s d * prodn (drop d.+1 s).
+Proof. by move=> ds; rewrite (drop_nth 0 ds). Qed.
+
+Lemma size_unflat s x : size (unflat s x) = size s.
+Proof. by elim: s x => [|n s IH] x //=; rewrite IH. Qed.
+
+Lemma flat_lt s i : inb s i -> flat s i < prodn s.
+Proof.
+elim: s i => [|n s IH] [|k i] //= /andP [kn /IH fl].
+apply: (@leq_trans ((k.+1) * prodn s)); first by rewrite mulSn addnC ltn_add2r.
+by rewrite leq_mul2r kn orbT.
+Qed.
+
+Lemma unflat_flat s i : inb s i -> unflat s (flat s i) = i.
+Proof.
+elim: s i => [|n s IH] [|k i] //= /andP [kn ii].
+have fl := flat_lt ii; have P0 : 0 < prodn s by case: (prodn s) fl.
+by rewrite divnMDl // divn_small // addn0 modnMDl modn_small // IH.
+Qed.
+
+Lemma inb_unflat s x : x < prodn s -> inb s (unflat s x).
+Proof.
+elim: s x => [|n s IH] x //=.
+move=> xl; have P0 : 0 < prodn s by case: (prodn s) xl => //; rewrite muln0 ltn0.
+by rewrite ltn_divLR // xl IH // ltn_pmod.
+Qed.
+
+Lemma flat_unflat s x : x < prodn s -> flat s (unflat s x) = x.
+Proof.
+elim: s x => [|n s IH] x //=; first by case: x.
+move=> xl; have P0 : 0 < prodn s by case: (prodn s) xl => //; rewrite muln0 ltn0.
+by rewrite IH ?ltn_pmod // -divn_eq.
+Qed.
+
+Lemma flat_split s (i : seq nat) d : size i = size s ->
+  flat s i = flat (take d s) (take d i) * prodn (drop d s) + flat (drop d s) (drop d i).
+Proof.
+elim: d s i => [|d IH] s i sz; first by rewrite !take0 !drop0 /= mul0n.
+case: s i sz => [|n s] [|k i] //= [sz].
+rewrite (IH s i sz) [prodn s](prodn_split s d); nring.
+Qed.
+
+
+Lemma take_set_nth_same (i : seq nat) d v : d < size i -> take d (set_nth 0 i d v) = take d i.
+Proof. by elim: d i => [|d IH] [|x i] //= di; rewrite ?take0 // IH. Qed.
+
+Lemma drop_set_nth_same (s : seq nat) d v : d < size s -> drop d (set_nth 0 s d v) = v :: drop d.+1 s.
+Proof. by move=> ds; rewrite drop_set_nth // subnn (drop_nth 0 ds). Qed.
+
+Lemma flat_shift s d off (i : seq nat) : d < size s -> size i = size s ->
+  flat s (shift d off i) = flat s i + off * prodn (drop d.+1 s).
+Proof.
+move=> ds sz; have di : d < size i by rewrite sz.
+rewrite (flat_split d) ?size_set_nth_lt // [flat s i](flat_split d) //.
+rewrite /shift take_set_nth_same // drop_set_nth_same // (drop_nth 0 ds) (drop_nth 0 di) /=; nring.
+Qed.
+
+(** Row-major offsets of one index in two shapes that differ only in dim [d]: the block of the
+    dims up to [d] is scaled, the offset inside it is kept. *)
+Lemma flat_block s d n m (i : seq nat) : d < size s -> inb (set_nth 0 s d m) i ->
+  let C := prodn (drop d.+1 s) in
+  flat (set_nth 0 s d n) i = flat (set_nth 0 s d m) i %/ (m * C) * (n * C) + flat (set_nth 0 s d m) i %% (m * C).
+Proof.
+move=> ds ii C.
+have sz : size i = size s by rewrite (inb_size ii) size_set_nth_lt.
+have di : d < size i by rewrite sz.
+have hsplit : forall k, flat (set_nth 0 s d k) i =
+    flat (take d s) (take d i) * (k * C) + (nth 0 i d * C + flat (drop d.+1 s) (drop d.+1 i)).
+  move=> k; rewrite (flat_split d) ?size_set_nth_lt // take_set_nth_same // drop_set_nth_same //.
+  by rewrite (drop_nth 0 di).
+have Fi : flat (drop d.+1 s) (drop d.+1 i) < C.
+  apply: flat_lt; have := inb_drop d.+1 ii; rewrite drop_set_nth_lt //.
+have im : nth 0 i d < m by case/inbP: ii => _ /(_ d); rewrite size_set_nth_lt // nth_set_nth_lt eqxx; apply.
+have lt : nth 0 i d * C + flat (drop d.+1 s) (drop d.+1 i) < m * C.
+  apply: (@leq_trans ((nth 0 i d).+1 * C)); first by rewrite mulSn addnC ltn_add2r.
+  by rewrite leq_mul2r im orbT.
+have mC : 0 < m * C by case: (m * C) lt.
+rewrite !hsplit divnMDl // divn_small // addn0 modnMDl modn_small //.
+Qed.
+
+Lemma prodn_set_nth s d v : d < size s ->
+  prodn (set_nth 0 s d v) = prodn (take d s) * (v * prodn (drop d.+1 s)).
+Proof. by move=> ds; rewrite (prodn_split _ d) take_set_nth_same ?drop_set_nth_same ?size_set_nth_lt. Qed.
+
+(** reshape_shard's side condition: both shards divide, the element counts agree, and the
+    dims before [d] and before [e] hold as many elements. *)
+Definition resh_ok (p : nat) (s s' : seq nat) (d e : nat) : bool :=
+  shard_ok p s d && shard_ok p s' e && (prodn s == prodn s') && (prodn (take d s) == prodn (take e s')).
+
+Definition lrule_loc (p : nat) (o : lop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
+  let s0 := nth [::] ss 0 in
+  match o, pls, pl with
+  | Reshape s', [:: Shard d], Shard e => resh_ok p s0 s' d e                        (* reshape_shard *)
+  | Expand s', [:: Shard d], Shard e => expand_ok s0 s' d && (e == size s' - size s0 + d)  (* expand_shard *)
+  | _, _, _ => false
+  end.
+
+Section SoundLoc.
+Variable R : realFieldType.
+Variable fn : nat -> R -> R.
+Local Notation tensor := (tensor R).
+Local Notation family := (family R).
+Local Notation zero_t := (zero_t R).
+
+(** A row-major reshape of a tensor sharded on dim [d] is sharded on dim [e] when the dims
+    before [d] and before [e] hold as many elements: each rank's block is a run of whole rows. *)
+Lemma reshape_shard p s s' d e T (L : family) :
+  resh_ok p s s' d e -> placed p s (Shard d) T L ->
+  placed p s' (Shard e) (lop_val fn (Reshape s') [:: s] [:: T])
+    (fun r => lop_val fn (Reshape (local_shape p s' (Shard e))) [:: local_shape p s (Shard d)] [:: L r]).
+Proof.
+move=> /andP [/andP [/andP [/andP [ds /eqP dv] /andP [es /eqP ev]] /eqP hP] /eqP hA] [_ _ H].
+split => // r i rp ii.
+set m := nth 0 s d %/ p in dv H; set m' := nth 0 s' e %/ p in ev ii *.
+set ls := set_nth 0 s d m; set ls' := set_nth 0 s' e m'.
+set C := prodn (drop d.+1 s); set C' := prodn (drop e.+1 s').
+have si : inb s' (shift e (r * m') i) by apply: (@inb_shift p).
+rewrite /lop_val /mask /= -/ls' ii si.
+set X := flat ls' i.
+have hX : X < prodn ls' by apply: flat_lt.
+have p0 : 0 < p by move: rp; case: (p).
+have hls : prodn ls = prodn (take d s) * (m * C) by rewrite prodn_set_nth.
+have hls' : prodn ls' = prodn (take e s') * (m' * C') by rewrite prodn_set_nth.
+have hps : prodn s = prodn (take d s) * (m * C) * p.
+  by rewrite (prodn_split s d) (drop_nth 0 ds) /= -dv -/C; nring.
+have hps' : prodn s' = prodn (take e s') * (m' * C') * p.
+  by rewrite (prodn_split s' e) (drop_nth 0 es) /= -ev -/C'; nring.
+have eq1 : prodn ls = prodn ls'.
+  by apply/eqP; rewrite -(eqn_pmul2r p0) hls hls' -hps -hps' hP.
+have A0 : 0 < prodn (take e s') by move: hX; rewrite hls'; case: (prodn (take e s')).
+have mC : m * C = m' * C' by apply/eqP; rewrite -(eqn_pmul2l A0) -hls' -hA -hls eq1.
+have hX' : X < prodn ls by rewrite eq1.
+set u := unflat ls X.
+have iu : inb ls u by apply: inb_unflat.
+have fu : flat ls u = X by apply: flat_unflat.
+have szu : size u = size s by rewrite size_unflat size_set_nth_lt.
+rewrite -/ls in H; rewrite (H r u rp iu); congr T.
+have iv : inb s (shift d (r * m) u) by apply: (@inb_shift p).
+rewrite -(unflat_flat iv); congr unflat.
+rewrite flat_shift // [flat s u](_ : _ = X %/ (m * C) * (nth 0 s d * C) + X %% (m * C)); last first.
+  by rewrite -fu -(@flat_block s d (nth 0 s d) m u ds iu) set_nth_nth_same.
+rewrite flat_shift ?(inb_size ii) ?size_set_nth_lt //.
+rewrite [flat s' i](_ : _ = X %/ (m' * C') * (nth 0 s' e * C') + X %% (m' * C')); last first.
+  by rewrite -(@flat_block s' e (nth 0 s' e) m' i es ii) set_nth_nth_same.
+rewrite -/C -/C' -dv -ev mC.
+have -> : m * p * C = m' * C' * p by rewrite -mC; nring.
+by rewrite -[r * m * C]mulnA mC; nring.
+Qed.
+Lemma lrule_loc_sound p o ss pls pl Ts pss Ls :
+  size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
+  (forall k, (k < size pls)%N ->
+     arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
+            (nth (fun _ => zero_t) Ls k)) ->
+  lrule_loc p o ss pls pl ->
+  pl_ok p (lop_shape o ss) pl ->
+  let o' := lrelocal o (local_shape p (lop_shape o ss) pl) in
+  lop_shape o' pss = local_shape p (lop_shape o ss) pl /\
+  placed p (lop_shape o ss) pl (lop_val fn o ss Ts) (fun r => lop_val fn o' pss (map (fun L => L r) Ls)).
+Proof.
+move=> hss hTs hps hLs A; rewrite /lrule_loc.
+case: o => // s'; case: pls A hss hTs hps hLs => [|[|d|?] [|? ?]] // A hss hTs hps hLs; case: pl => // e;
+  case: ss hss A => [|s0 [|]] // _ A; case: Ts hTs A => [|T0 [|]] // _ A;
+  case: pss hps A => [|ps0 [|]] // _ A; case: Ls hLs A => [|L0 [|]] // _ A;
+  have [H e0 _ _ _] := A 0%N isT; move: e0 => /= e0; rewrite /= e0 => C _.
+- by split => //; exact: (@reshape_shard p s0 s' d e T0 L0 C H).
+- case/andP: C => ok /eqP ->.
+  have [e1 Hp] := @expand_shard R fn p s0 s' d T0 L0 ok H.
+  by move: e1 => /= e1; rewrite e1 in Hp.
+Qed.
+
+End SoundLoc.
 End JLayoutRule.

@@ -43,9 +43,14 @@ Definition gop_eqb (a b : gop) : bool :=
 
 (** The one-axis rule of an op. *)
 Definition grule (p : nat) (o : gop) (ss : seq shape) (pls : seq placement) (pl : placement) : bool :=
-  match o with GO o => rule o ss pls pl | GL o => lrule p o ss pls pl end.
+  match o with GO o => rule o ss pls pl | GL o => lrule p o ss pls pl || lrule_loc p o ss pls pl end.
 
-(** The one-axis rule on every axis, with the operands' shapes local to the outer axes. *)
+(** The op a rank runs for logical op [o] when it holds the result with local shape [s]: a
+    reshape / expand names its target shape, so the local one names the local shape. *)
+Definition relocal (o : gop) (s : shape) : gop := if o is GL o then GL (lrelocal o s) else o.
+
+(** The one-axis rule on every axis, with the operands' shapes local to the outer axes; [o] is
+    the op at the outer axes' local shapes (the logical op at axis 0). *)
 Fixpoint mrule (ms : seq nat) (o : gop) (ss : seq shape) (plss : seq (seq placement))
     (pls : seq placement) : bool :=
   match ms, pls with
@@ -53,7 +58,8 @@ Fixpoint mrule (ms : seq nat) (o : gop) (ss : seq shape) (plss : seq (seq placem
   | p :: ms', pl :: pls' =>
       let hs := map (head Replicate) plss in
       grule p o ss hs pl &&
-      mrule ms' o (map (fun x => local_shape p x.1 x.2) (zip ss hs)) (map behead plss) pls'
+      mrule ms' (relocal o (local_shape p (gop_shape o ss) pl))
+            (map (fun x => local_shape p x.1 x.2) (zip ss hs)) (map behead plss) pls'
   | _, _ => false
   end.
 
@@ -122,9 +128,10 @@ Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   | PColl _ _ _, _ => false
   | PLocal o _, _ =>
       let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
-      is_glocal o && (ni <= l) && (l < size ls) && gop_eqb (g_op ln) o &&
+      is_glocal (g_op ln) && (ni <= l) && (l < size ls) &&
+      gop_eqb (relocal (g_op ln) (mlocal_shape ms (nth [::] ls l) pls)) o &&
       (g_args ln == map fst af) && all (fun a => a < l) (g_args ln) &&
-      mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls &&
+      mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls &&
       mpl_ok ms (nth [::] ls l) pls
   end.
 

@@ -86,19 +86,32 @@ move=> zT ok [M [H1 H2]]; exists (fun r => mask (local_shape p s pl) (M r)); spl
 - by move=> r rp; apply: mplaced_ext (H2 r rp) => i ii; rewrite /mask ii.
 Qed.
 
-(** One axis: [Check.rule_sound] for a stage-1 op, [LayoutRule.lrule_sound] for a layout op. *)
+Lemma relocal_id o ss : relocal o (gop_shape o ss) = o.
+Proof. by case: o => // o; rewrite /= lrelocal_id. Qed.
+
+Lemma relocal_twice o s s' : relocal (relocal o s) s' = relocal o s'.
+Proof. by case: o => // o; rewrite /= lrelocal_twice. Qed.
+
+Lemma relocal_glocal o s : is_glocal (relocal o s) = is_glocal o.
+Proof. by case: o. Qed.
+
+(** One axis: [Check.rule_sound] for a stage-1 op, [LayoutRule.lrule_sound] /
+    [LayoutRule.lrule_loc_sound] for a layout op; the ranks run the op at their local shape. *)
 Lemma grule_sound p o ss pls pl Ts pss Ls :
   is_glocal o -> size ss = size pls -> size Ts = size pls -> size pss = size pls -> size Ls = size pls ->
   (forall k, (k < size pls)%N ->
      arg_ok p (nth [::] ss k) (nth Replicate pls k) (nth zero_t Ts k) (nth [::] pss k)
             (nth (fun _ => zero_t) Ls k)) ->
   grule p o ss pls pl -> pl_ok p (gop_shape o ss) pl ->
-  gop_shape o pss = local_shape p (gop_shape o ss) pl /\
-  placed p (gop_shape o ss) pl (gop_val o ss Ts) (fun r => gop_val o pss (map (fun L => L r) Ls)).
+  let o' := relocal o (local_shape p (gop_shape o ss) pl) in
+  gop_shape o' pss = local_shape p (gop_shape o ss) pl /\
+  placed p (gop_shape o ss) pl (gop_val o ss Ts) (fun r => gop_val o' pss (map (fun L => L r) Ls)).
 Proof.
-case: o => [o|o] /= loc.
+case: o => [o|o] /= loc hss hTs hps hLs A.
 - exact: (@rule_sound R fn p o ss pls pl Ts pss Ls loc).
-- exact: (@lrule_sound R fn p o ss pls pl Ts pss Ls).
+- case/orP => [ru|ru] ok.
+    rewrite (lrule_relocal ru); exact: (@lrule_sound R fn p o ss pls pl Ts pss Ls hss hTs hps hLs A ru ok).
+  exact: (@lrule_loc_sound R fn p o ss pls pl Ts pss Ls hss hTs hps hLs A ru ok).
 Qed.
 
 Lemma gop_val_masked o ss ts i : ~~ inb (gop_shape o ss) i -> gop_val o ss ts i = 0.
@@ -111,12 +124,12 @@ Lemma mrule_sound ms o ss plss pls Ts pss Ls :
      marg_ok ms (nth [::] ss k) (nth [::] plss k) (nth zero_t Ts k) (nth [::] pss k)
              (nth (fun _ => zero_t) Ls k)) ->
   mrule ms o ss plss pls -> mpl_ok ms (gop_shape o ss) pls ->
-  gop_shape o pss = mlocal_shape ms (gop_shape o ss) pls /\
-  mplaced ms (gop_shape o ss) pls (gop_val o ss Ts) (fun c => gop_val o pss (map (fun L => L c) Ls)).
+  let o' := relocal o (mlocal_shape ms (gop_shape o ss) pls) in
+  gop_shape o' pss = mlocal_shape ms (gop_shape o ss) pls /\
+  mplaced ms (gop_shape o ss) pls (gop_val o ss Ts) (fun c => gop_val o' pss (map (fun L => L c) Ls)).
 Proof.
-move=> loc.
-elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 hss hTs hps hLs A.
-- move=> _ _.
+elim: ms o ss plss pls Ts pss Ls => [|p ms IH] o ss plss [|pl pls] Ts pss Ls //= loc p0 hss hTs hps hLs A.
+- move=> _ _; rewrite relocal_id.
   have ep : pss = ss.
     apply: (@eq_from_nth _ [::]) => [|k]; first by rewrite hss hps.
     rewrite hps => kp; have [H e _ _ _] := A k kp.
@@ -162,11 +175,16 @@ elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 
   have z3 : size ss' = size hs by rewrite szhs.
   have z4 : size Gs = size hs by rewrite size_mkseq szhs.
   have [sh1 pl1] := grule_sound loc z1 z2 z3 z4 Aarg ru okpl.
+  set o1 := relocal o (local_shape p (gop_shape o ss) pl) in sh1 pl1 mr.
+  have eo1 : relocal o1 (mlocal_shape ms (gop_shape o1 ss') pls) =
+            relocal o (mlocal_shape ms (local_shape p (gop_shape o ss) pl) pls) by rewrite sh1 relocal_twice.
+  rewrite -eo1.
   have IHr : forall r, (r < p)%N ->
-      gop_shape o pss = mlocal_shape ms (gop_shape o ss') pls /\
-      mplaced ms (gop_shape o ss') pls (gop_val o ss' (map (fun G => G r) Gs))
-        (fun c => gop_val o pss (map (fun L => L c) (map (fun L c => L (r :: c)) Ls))).
-    move=> r rp; apply: (IH ss' (map behead plss) pls (map (fun G => G r) Gs) pss (map (fun L c => L (r :: c)) Ls)) => //; rewrite ?size_map ?size_iota ?size_mkseq ?size_zip ?hss ?szhs ?minnn ?hTs ?hps ?hLs //; last by rewrite sh1.
+      gop_shape (relocal o1 (mlocal_shape ms (gop_shape o1 ss') pls)) pss = mlocal_shape ms (gop_shape o1 ss') pls /\
+      mplaced ms (gop_shape o1 ss') pls (gop_val o1 ss' (map (fun G => G r) Gs))
+        (fun c => gop_val (relocal o1 (mlocal_shape ms (gop_shape o1 ss') pls)) pss
+                    (map (fun L => L c) (map (fun L c => L (r :: c)) Ls))).
+    move=> r rp; apply: (IH o1 ss' (map behead plss) pls (map (fun G => G r) Gs) pss (map (fun L c => L (r :: c)) Ls)) => //; rewrite ?relocal_glocal //; rewrite ?size_map ?size_iota ?size_mkseq ?size_zip ?hss ?szhs ?minnn ?hTs ?hps ?hLs //; last by rewrite sh1.
     move=> k kn.
     have /= [e1 e2 e3 e4] := HF k kn; have [_ eps /= ok _ zL] := A k kn.
     move: ok eps; rewrite e1 /= => /andP [_ okr'] eps.
@@ -176,7 +194,7 @@ elim: ms ss plss pls Ts pss Ls => [|p ms IH] ss plss [|pl pls] Ts pss Ls //= p0 
   have [r0 r0p] : exists r, (r < p)%N by exists 0%N.
   have [esh _] := IHr r0 r0p.
   split; first by rewrite esh sh1.
-  exists (fun r => gop_val o ss' (map (fun G => G r) Gs)); split => // r rp.
+  exists (fun r => gop_val o1 ss' (map (fun G => G r) Gs)); split => // r rp.
   have [_ H] := IHr r rp; rewrite -sh1.
   by apply: mplaced_Lext H => c i _; rewrite -map_comp.
 Qed.
@@ -709,22 +727,25 @@ Definition minv (fs : seq mfact) (E : seq mentry) : Prop :=
   size fs = size E /\ forall k, (k < size fs)%N -> mfact_ok (nth dmfact fs k) (nth mdflt E k).
 
 Lemma mlocal_sound fs E o args l pls :
-  minv fs E -> is_glocal o -> all (fun p => 0 < p)%N ms ->
+  minv fs E -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N args ->
   let af := map (nth dmfact fs) args in
   let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
-  (ni <= l)%N -> (l < size ls)%N -> g_op ln = o -> g_args ln = map fst af ->
+  is_glocal (g_op ln) ->
+  (ni <= l)%N -> (l < size ls)%N -> relocal (g_op ln) (mlocal_shape ms (nth [::] ls l) pls) = o ->
+  g_args ln = map fst af ->
   all (fun a => a < l)%N (g_args ln) ->
-  mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls ->
+  mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls ->
   mpl_ok ms (nth [::] ls l) pls ->
   mfact_ok (l, pls) (mrun_node fn ms E (PLocal o args)).
 Proof.
-move=> [szf I] loc p0 aa af ln nl ll eo ea al ru ok.
+move=> [szf I] p0 aa af ln loc nl ll eo ea al ru ok.
 have ll' : (l < size le)%N by rewrite -msize_ls.
 have hl := mle_node nl ll' al; rewrite -/ln in hl.
 have szaf : size af = size args by rewrite size_map.
 have Iarg : forall k, (k < size args)%N -> mfact_ok (nth dmfact af k) (nth mdflt E (nth 0%N args k)).
   move=> k ka; rewrite (nth_map 0%N) //; apply: I; exact: (allP aa _ (mem_nth 0%N ka)).
+set lo := g_op ln in loc eo ru.
 set lids := map fst af in ea ru *.
 set lss := map (nth [::] ls) lids in ru *.
 have elss : map fst (map (nth ldflt le) (g_args ln)) = lss.
@@ -732,8 +753,8 @@ have elss : map fst (map (nth ldflt le) (g_args ln)) = lss.
 set Ts := map (fun a => (nth ldflt le a).2) lids.
 set pss := map (fun a => (nth mdflt E a).1) args.
 set Ls := map (fun a => (nth mdflt E a).2) args.
-have hpl : nth [::] ls l = gop_shape o lss by rewrite mls_le hl /JMesh.lrun_node /= elss eo.
-rewrite hpl in ok.
+have hpl : nth [::] ls l = gop_shape lo lss by rewrite mls_le hl /JMesh.lrun_node /= elss.
+rewrite hpl in ok eo.
 have A : forall k, (k < size (map snd af))%N ->
     marg_ok ms (nth [::] lss k) (nth [::] (map snd af) k) (nth zero_t Ts k) (nth [::] pss k)
             (nth (fun _ => zero_t) Ls k).
@@ -746,10 +767,11 @@ have z2 : size Ts = size (map snd af) by rewrite !size_map.
 have z3 : size pss = size (map snd af) by rewrite !size_map.
 have z4 : size Ls = size (map snd af) by rewrite !size_map.
 have [hsh hpd] := mrule_sound loc p0 z1 z2 z3 z4 A ru ok.
+rewrite eo in hsh hpd.
 split => //.
-have hle : nth ldflt le l = (gop_shape o lss, gop_val o lss (map snd (map (nth ldflt le) (g_args ln)))).
-  by rewrite hl /JMesh.lrun_node elss eo.
-have hv : (nth ldflt le l).2 = gop_val o lss Ts.
+have hle : nth ldflt le l = (gop_shape lo lss, gop_val lo lss (map snd (map (nth ldflt le) (g_args ln)))).
+  by rewrite hl /JMesh.lrun_node elss.
+have hv : (nth ldflt le l).2 = gop_val lo lss Ts.
   rewrite hle /= -!map_comp; congr (gop_val _ _ _).
   by rewrite ea /Ts /lids.
 have hrn : mrun_node fn ms E (PLocal o args) = (gop_shape o pss, fun c => gop_val o pss (map (fun L => L c) Ls)).
@@ -788,7 +810,7 @@ Lemma mderive_sound fs E n f :
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
 - rewrite /mderive => /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP ea] al] ru] ok].
-  exact: (mlocal_sound I loc p0 aa nl ll eo ea al ru ok).
+  exact: (mlocal_sound I p0 aa loc nl ll eo ea al ru ok).
 - by move: aa => /= /andP [xs _]; apply: mcoll_sound.
 Qed.
 

@@ -25,7 +25,7 @@ from typing import Any
 from ..graph import Graph
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Plan
-from .lops import LOPS, _bin_shard, coq_lop, lop_of, lop_shape, lrule
+from .lops import LOPS, _bin_shard, coq_lop, lop_of, lop_shape, lrule, op_key, relocal
 from .terms import _nat, _num, _rat, _seq
 
 # pointwise unary ops denoted by an uninterpreted function [Fn k]
@@ -509,7 +509,8 @@ def _mpl_ok(s, pls: Pls, sizes: list[int]) -> bool:
 
 
 def _mrule(op: tuple, ss: list, plss: list[Pls], sizes: list[int]) -> Pls | None:
-    """Mirror of MeshCheck.mrule: Check.rule on every axis, operand shapes local to the outer axes."""
+    """Mirror of MeshCheck.mrule: Check.rule on every axis, operand shapes local to the outer axes, the op
+    at the outer axes' local shapes (``relocal``)."""
     out = []
     for k, p in enumerate(sizes):
         hs = [x[k] for x in plss]
@@ -517,6 +518,7 @@ def _mrule(op: tuple, ss: list, plss: list[Pls], sizes: list[int]) -> Pls | None
         if c is None:
             return None
         out.append(c)
+        op = relocal(op, _local_shape(_shape(op, ss), c, p))
         ss = [_local_shape(s, h, p) for s, h in zip(ss, hs)]
     return tuple(out)
 
@@ -548,23 +550,32 @@ def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, P
     if n.op[0] in COLLS:
         out, why = _coll(n.op, af[0][1], cp.l_shapes[af[0][0]], sizes)
         return ((af[0][0], out) if out is not None else None), why
-    cands = by_key.get((n.op, tuple(x[0] for x in af)), [])
+    ni = len(cp.l_inputs)
+    cands = by_key.get((op_key(n.op), tuple(x[0] for x in af)), [])
+    if not cands:
+        return None, "no logical node applies this op to the logical values of its operands"
     # a logical graph may compute one value twice (two iotas of one size): prefer the node of the same name,
     # so that the steps reading it find theirs (any choice is re-checked by Coq)
-    l = next((c for c in cands if cp.l_nodes[c - len(cp.l_inputs)].name == n.name), cands[0] if cands else None)
-    if l is None:
-        return None, "no logical node applies this op to the logical values of its operands"
-    pls = _mrule(n.op, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
-    if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
-        return None, "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
-    return (l, pls), ""
+    cands = sorted(cands, key=lambda c: cp.l_nodes[c - ni].name != n.name)
+    why = ""
+    for l in cands:
+        lop = cp.l_nodes[l - ni].op
+        pls = _mrule(lop, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
+        if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
+            why = why or "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
+        elif relocal(lop, _mlocal_shape(cp.l_shapes[l], pls, sizes)) != n.op:
+            why = why or (f"the local op's target shape {list(n.op[1])} is not the local shape "
+                          f"{list(_mlocal_shape(cp.l_shapes[l], pls, sizes))} of the result held as {pls_str(pls)}")
+        else:
+            return (l, pls), ""
+    return None, why
 
 
 def _by_key(cp: CoqPlan) -> dict:
     ni = len(cp.l_inputs)
     by_key: dict[tuple, list[int]] = {}
     for j, n in enumerate(cp.l_nodes):
-        by_key.setdefault((n.op, tuple(n.args)), []).append(ni + j)
+        by_key.setdefault((op_key(n.op), tuple(n.args)), []).append(ni + j)
     return by_key
 
 

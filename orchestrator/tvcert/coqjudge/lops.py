@@ -193,6 +193,34 @@ def _einsum(t: tuple, ss: list, pls: list, Pl) -> object | None:
     return Pl("S", out.index(l)) if l in out else Pl("P", reduce="sum")
 
 
+def _prod(s) -> int:
+    out = 1
+    for x in s:
+        out *= x
+    return out
+
+
+def _reshape_shard(s0, s1, d: int, p: int, Pl) -> object | None:
+    """Mirror of ``LayoutRule.resh_ok``: a dim e of the target with as many elements before it as before d
+    (a size > 1 first; the rank's local reshape names the local shape, ``relocal``)."""
+    if not _shard_ok(p, s0, d) or _prod(s0) != _prod(s1):
+        return None
+    es = [e for e in range(len(s1)) if _shard_ok(p, s1, e) and _prod(s1[:e]) == _prod(s0[:d])]
+    es.sort(key=lambda e: s1[e] == 1)
+    return Pl("S", es[0]) if es else None
+
+
+def relocal(t: tuple, s) -> tuple:
+    """Mirror of ``MeshCheck.relocal``: the op a rank runs for logical op t when it holds the result with
+    local shape s (a reshape / expand names its target shape)."""
+    return (t[0], tuple(s)) if t[0] in ("Reshape", "Expand") else t
+
+
+def op_key(t: tuple) -> tuple:
+    """An op without the attribute ``relocal`` replaces (how the search matches a local op to a logical one)."""
+    return t[:1] if t[0] in ("Reshape", "Expand") else t
+
+
 def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
     """Mirror of ``LayoutRule.lrule``: the result placement it accepts (``Pl``), or None.
 
@@ -241,6 +269,12 @@ def lrule(t: tuple, ss: list, pls: list, p: int, Pl) -> object | None:
             return Pl("S", d)
         if k == "OneHot":
             return Pl("S", d) if d < len(s0) else None
+        if k == "Reshape":   # LayoutRule.lrule_loc: resh_ok (the rank runs the reshape to its local shape)
+            return _reshape_shard(s0, tuple(t[1]), d, p, Pl)
+        if k == "Expand":    # LayoutRule.lrule_loc: expand_ok
+            s1, off = tuple(t[1]), len(t[1]) - len(s0)
+            ok = off >= 0 and d < len(s0) and s0[d] != 1 and all(x == 1 or s1[off + j] == x for j, x in enumerate(s0))
+            return Pl("S", off + d) if ok else None
         return None
     if len(pls) == 1 and pls[0].kind == "P":
         return pls[0] if k in REINDEX and pls[0].reduce in ("sum", "avg") else None
