@@ -115,6 +115,13 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.norm_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
     ("realcode.norm_tokens", {"count_by": "gather"}, "VERIFIED"),
     ("realcode.norm_tokens", {"count_by": "gather", "bug": "gather_mean"}, "REFUTED"),
+    # the global count over -100-padded labels, 1/n carried into the gradients (realcode/norm_padded_tokens.py)
+    ("realcode.norm_padded_tokens", {}, "VERIFIED"),
+    ("realcode.norm_padded_tokens", {"sync": "avg"}, "VERIFIED"),  # DDP: loss * dp, gradients averaged
+    ("realcode.norm_padded_tokens", {"sync": "avg", "dp": 4}, "VERIFIED"),
+    ("realcode.norm_padded_tokens", {"bug": "local_count"}, "REFUTED"),
+    ("realcode.norm_padded_tokens", {"bug": "no_count_reduce"}, "REFUTED"),
+    ("realcode.norm_padded_tokens", {"sync": "avg", "bug": "avg_grads"}, "REFUTED"),
     # tokens sharded over dp x cp, gradients averaged over both (examples/torch/realcode/norm_dp_cp.py)
     ("realcode.norm_dp_cp", {}, "VERIFIED"),
     ("realcode.norm_dp_cp", {"order": "cp_dp"}, "VERIFIED"),
@@ -144,6 +151,12 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.loss_parallel_dtensor", {}, "VERIFIED"),  # the count of labels != ignore_index (int_range_count)
     ("realcode.loss_parallel_dtensor", {"tp": 4}, "VERIFIED"),
     ("realcode.loss_parallel_dtensor", {"bug": "loss_div_tp"}, "REFUTED"),
+    # the same over -100-padded labels: the patterns' masked form, 1 / count as a 0-d factor (realcode/loss_parallel_padded.py)
+    ("realcode.loss_parallel_padded", {}, "VERIFIED"),
+    ("realcode.loss_parallel_padded", {"tp": 4}, "VERIFIED"),
+    ("realcode.loss_parallel_padded", {"reduction": "sum"}, "VERIFIED"),
+    ("realcode.loss_parallel_padded", {"bug": "loss_div_tp"}, "REFUTED"),
+    ("realcode.loss_parallel_padded", {"bug": "ignore_minus_one"}, "REFUTED"),
     # layout rules on real code (examples/torch/realcode/layout_*.py): one head / one sample per rank, rank-sliced
     # blocks and their slice_backward pads, shards gathered as a stack
     ("realcode.layout_heads", {}, "VERIFIED"),

@@ -55,6 +55,15 @@ def test_padded_global_token_count(kw, want):
     assert res.verdict == want, res.reasons[:3]
     if want == "VERIFIED" and kw.get("sync") == "avg":
         assert "scalar_factor_commutes" in res.prover.used  # p / n in the seed against 1 / n in the logical graph
+        import json
+
+        from tvcert.certificate.check import check_certificate
+        from tvcert.certificate.emit import build_certificate, dump_certificate
+        from tvcert.certificate.format import Certificate
+
+        cert = json.loads(dump_certificate(build_certificate(res)))  # the checker replays the step
+        assert "scalar_factor_commutes" in cert["manifest"]["rules"]
+        assert check_certificate(Certificate.model_validate(cert)).outputs == 2
     if want == "REFUTED":
         assert res.counterexample
 

@@ -3,7 +3,7 @@ examples/torch/realcode/loss_parallel_dtensor.py, sum reduction): the safe targe
 before the block mask (forward), the labels get it before the ignore test (backward).
 
 Traced once per tp degree (2, 4) and cached.  Half the draws carry a near miss of what the matcher checks for
-this spelling -- the unit dim put in front (``[1, n]``), the unsqueezed labels swapped for another int tensor of
+this spelling (labels in [0, V), or padded with -100: the masked conclusions) -- the unit dim put in front (``[1, n]``), the unsqueezed labels swapped for another int tensor of
 the same shape, the squeeze taken of another where, a block bound or offset moved -- or one of
 :func:`.plans._edit_example`'s edits.  The check is :func:`.plans.plan_gen`'s: VERIFIED implies interpreter-equal.
 """
@@ -18,17 +18,18 @@ from .plans import EXAMPLES, _Skip, _edit_example
 _TRACED: dict = {}
 
 
-def _traced(tp: int) -> dict:
-    if tp not in _TRACED:
+def _traced(tp: int, padded: bool = False) -> dict:
+    """``padded``: labels with no declared range (-100 padding drawn; the patterns' masked conclusions)."""
+    if (tp, padded) not in _TRACED:
+        stem = "loss_parallel_padded" if padded else "loss_parallel_dtensor"
         try:
-            spec = importlib.util.spec_from_file_location(
-                "loss_parallel_dtensor", EXAMPLES / "torch" / "realcode" / "loss_parallel_dtensor.py")
+            spec = importlib.util.spec_from_file_location(stem, EXAMPLES / "torch" / "realcode" / f"{stem}.py")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
-            _TRACED[tp] = mod.tvcert_trace(tp=tp, reduction="sum")
+            _TRACED[tp, padded] = mod.tvcert_trace(tp=tp, reduction="sum")
         except ImportError as exc:  # torch not installed
             raise _Skip(f"torch unavailable: {exc}")
-    return copy.deepcopy(_TRACED[tp])
+    return copy.deepcopy(_TRACED[tp, padded])
 
 
 def _near_miss(dr: Draw, d: dict) -> str:
@@ -92,7 +93,8 @@ def _tokens(d: dict) -> int:
 
 def b_dtensor_loss(dr: Draw):
     tp = dr.pick([2, 4])
-    d = _traced(tp)
-    d["name"] = f"dtensor-loss-parallel-tp{tp}"
+    padded = dr.coin()
+    d = _traced(tp, padded)
+    d["name"] = f"dtensor-loss-parallel-tp{tp}{'-padded' if padded else ''}"
     extra = _near_miss(dr, d) if dr.coin(0.6) else ""
-    return d, f"DTensor loss_parallel (sum) tp={tp}{extra}"
+    return d, f"DTensor loss_parallel (sum{', padded labels' if padded else ''}) tp={tp}{extra}"

@@ -371,6 +371,25 @@ def vocab_parallel_embedding_clamped_backward(g: Graph, index: int, facts: Mappi
 # and log_softmax_backward(mul(neg(one_hot(l, V)), g), ls).  Each pattern concludes that logical form
 # (Coq: LossParallel.vocab_parallel_log_softmax / vocab_parallel_nll_loss / vocab_parallel_nll_backward).
 # The logical one_hot is defined for labels in [0, V) only, so the ignore index must lie outside [0, V).
+# Labels whose range admits the ignore index (padded with -100) get the masked form the logical graph has
+# (aten.py keeps cross-entropy's mask then): with t' = where(l != ig, l, 0), where(l != ig, neg(sum(mul(ls,
+# one_hot(t', V)))), 0) and log_softmax_backward(mul(neg(one_hot(t', V)), where((l != ig)[..., None], g, 0)), ls)
+# -- the Coq theorems' one_hot_keep (keep = l != ig, t = t'), whose plain form is the keep = true case.
+
+def _keeps_ignored(kc: KCtx, lf: Fact, ig: int) -> bool:
+    """The labels may hold the ignore index: their interval (the plan's int ranges) does not exclude it."""
+    from .int_range import interval
+
+    iv = interval(kc.exprs, lf.expr, kc.ranges)
+    return iv is None or iv[0] <= ig <= iv[1]
+
+
+def _safe_target(kc: KCtx, lf: Fact, ig: int) -> tuple[int, int]:
+    """(keep, t') = (l != ig, where(l != ig, l, 0)), spelled as the logical graph's cross-entropy spells them."""
+    X = kc.exprs
+    keep = X.mk("ne", {}, [lf.expr, X.mk("const", {"value": ig, "shape": (), "dtype": "int"}, [])])
+    return keep, X.mk("where", {}, [keep, lf.expr, X.mk("const", {"value": 0, "shape": (), "dtype": "int"}, [])])
+
 
 def _all_reduce_over(n: Node | None, reduce: str) -> str | None:
     """The one axis of ``all_reduce(reduce)``, else None."""
@@ -581,8 +600,12 @@ def vocab_parallel_nll_loss(g: Graph, index: int, facts: Mapping[str, Fact], kc:
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
     lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
-    oh = _mk(kc, "one_hot", {"num_classes": V}, [lf.expr])
+    masked = _keeps_ignored(kc, lf, ig)
+    keep, tgt = _safe_target(kc, lf, ig) if masked else (None, lf.expr)
+    oh = _mk(kc, "one_hot", {"num_classes": V}, [tgt])
     expr = _mk(kc, "neg", {}, [_mk(kc, "sum", {"dims": [nd - 1]}, [_mk(kc, "mul", {}, [lsf.expr, oh])])])
+    if masked:
+        expr = _mk(kc, "where", {}, [keep, expr, _mk(kc, "const", {"value": 0, "shape": [], "dtype": "float"}, [])])
     d_ = conclude(kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_loss", R), out_shape(out))
     matched = [producers[t][0] for t in (out.inputs[1], neg.inputs[0], sq.inputs[0], ar.inputs[0], val_t, um_t,
                                         idx_t, *chain) if t in producers]
@@ -654,7 +677,13 @@ def vocab_parallel_nll_backward(g: Graph, index: int, facts: Mapping[str, Fact],
     chain = _safe_target_local_ids(producers, lid_t, m_t, kc, a, B, lbl_t, ig)
     V = B * kc.sizes[a]
     lf = _check_labels(lbl_t, ig, facts, kc, lsf, V)
-    go = _mk(kc, "mul", {}, [_mk(kc, "neg", {}, [_mk(kc, "one_hot", {"num_classes": V}, [lf.expr])]), gf.expr])
+    g = gf.expr
+    tgt = lf.expr
+    if _keeps_ignored(kc, lf, ig):  # the rows of ignored labels get no gradient
+        keep, tgt = _safe_target(kc, lf, ig)
+        keep1 = _mk(kc, "reshape", {"shape": list(X[keep].shape) + [1]}, [keep])
+        g = _mk(kc, "where", {}, [keep1, g, _mk(kc, "const", {"value": 0, "shape": [], "dtype": "float"}, [])])
+    go = _mk(kc, "mul", {}, [_mk(kc, "neg", {}, [_mk(kc, "one_hot", {"num_classes": V}, [tgt])]), g])
     expr = _mk(kc, "log_softmax_backward", {"dim": nd - 1}, [go, lsf.expr])
     d_ = conclude(kc, expr, _row_axes(kc, a, lsf, lf, "vocab_parallel_nll_backward", S(nd - 1)), out_shape(out))
     matched = [producers[t][0] for t in (s_t, h_t, h.inputs[0], h.inputs[1], vv.inputs[0], sv.inputs[0], w.inputs[0],

@@ -18,7 +18,7 @@ Partial, which is the setting their theorems state.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
@@ -177,6 +177,9 @@ class KCtx:
     # (input shape, output shape) of the logical program's reshapes (setup.reshape_hints): which of several true
     # reshape facts to conclude, a completeness choice only (every candidate _reshape_targets admits is proved)
     hints: frozenset = frozenset()
+    # int input name -> its values [lo, hi) (the plan contract, int_range.input_ranges): whether labels may hold
+    # the ignore index, so whether a vocab-parallel loss pattern concludes the masked form (patterns._keeps_ignored)
+    ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def env0(self) -> dict[str, int]:
         """The dims with every rank coordinate at 0 (rank-independent attributes resolve the same anywhere)."""

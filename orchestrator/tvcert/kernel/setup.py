@@ -42,7 +42,10 @@ def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
 
 
 def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
-    return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims, reshape_hints(plan))
+    from .int_range import input_ranges
+
+    return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims, reshape_hints(plan),
+                input_ranges(plan))
 
 
 def reshape_hints(plan: Plan) -> frozenset:
