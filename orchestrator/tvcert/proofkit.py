@@ -156,6 +156,9 @@ RULES: dict[str, str] = {
     "zigzag_all_gather": f"{_T}.Zigzag.zigzag_all_gather_natural",
     "zigzag_reduce_scatter": f"{_T}.Zigzag.zigzag_reduce_scatter_order",
     "ring_attention_zigzag": f"{_T}.Zigzag.ring_attention_zigzag",
+    # torch's unrolled ring: flash pairs merged in sigmoid form (kernel/ring_merge.py)
+    "ring_sigmoid_merge": f"{_T}.RingMerge.ring_sigmoid_merge",
+    "ring_sigmoid_merge_backward": f"{_T}.RingMerge.ring_sigmoid_merge_backward",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
     "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",

@@ -751,3 +751,11 @@ from .gathered import RULE as _GATHERED, allgather_partial_sum  # noqa: E402  (a
 
 PATTERNS[_GATHERED] = allgather_partial_sum
 PATTERN_OPS.add("sum")
+
+from .ring_merge import RULE as _MERGE, RULE_BWD as _MERGE_BWD, match_merge, match_merge_backward  # noqa: E402
+
+# torch's unrolled ring (kernel/ring_merge.py): slice offsets into the all-gathered K / V are rank-dependent,
+# checked there exactly per ring coordinate
+PATTERNS[_MERGE] = _rank_checked(match_merge, frozenset({("slice", "start"), ("slice", "end")}))
+PATTERNS[_MERGE_BWD] = _rank_checked(match_merge_backward, frozenset({("slice", "start"), ("slice", "end")}))
+PATTERN_OPS.update({"sub", "add"})

@@ -109,6 +109,12 @@ RULES: dict[str, str] = {
     "ring_attention_backward": "a ring_loop recomputing probabilities from the forward ring's final (m, l), accumulating dQ "
                                "locally and dK, dV travelling with their blocks, gives attention's gradients (pattern, "
                                "kernel/ring.py)",
+    "ring_sigmoid_merge": "torch's unrolled ring: flash (out, lse) pairs of every key block merged as out - sigmoid(lse_b - "
+                          "lse) * (out - out_b), lse - logsigmoid(lse - lse_b) give softmax attention (pattern, "
+                          "kernel/ring_merge.py)",
+    "ring_sigmoid_merge_backward": "torch's unrolled ring backward: P = exp(S - merged lse) per block, dQ summed locally "
+                                   "and dK / dV travelling home hold every block's term once (pattern, "
+                                   "kernel/ring_merge.py)",
     "vocab_parallel_embedding_backward": "the masked gradient scattered at the local ids ids - rank*B is the rank's "
                                          "block of rows of the embedding gradient (Megatron's backward)",
     "vocab_parallel_embedding_clamped": "embedding at clamp(ids - rank*B, 0, B-1) in a vocab-sharded table times the "
