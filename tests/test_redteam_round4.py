@@ -8,6 +8,10 @@ of the same shape still loads / verifies.
   embedding over ids in [-100, v) VERIFIED although the logical lookup of -100 has no value (torch raises, the
   interpreter refuses), and each rank's mask turned it into zeros.  Now the loader computes the values every
   index operand can hold and exits 3 naming the input; a traced program is UNKNOWN.
+* the rank probe (frontends/rank_probe.py) re-traced only the last rank, in a child forked after the logical trace:
+  a parallel program reading a global the logical function set, or a middle rank reading a call counter, was
+  VERIFIED (a real rank runs alone and never runs the logical model).  Now every rank is re-traced from the state
+  before the logical trace: UNKNOWN naming the rank and the op.
 """
 from __future__ import annotations
 
@@ -135,3 +139,73 @@ def test_traced_range_wider_than_the_table_is_unknown():
     assert ei.value.kind == "unsupported" and "input 'ids'" in str(ei.value), str(ei.value)
     ins["ids"]["range"] = V
     assert verify(load_plan(trace_plan(lg, lambda ctx, **kw: lg(**kw), inputs=ins, mesh={"tp": 1}))).verdict == "VERIFIED"
+
+
+# ------------------------------------------------------------- the rank probe: every rank, from before the logical trace
+# A real rank is its own process and never runs the logical model.  The probe re-traced only the last rank, in a child
+# forked after the logical trace: a parallel program reading a global the logical function set (every traced rank
+# and the probe saw it; a real rank does not), or a middle rank reading a call counter (blocks 0, 1, 2 in one
+# process; the real rank 1 reads block 0) was VERIFIED.  Now every rank is re-traced in a child forked before the
+# logical trace: UNKNOWN naming the rank and the op.
+_STATE: dict = {}
+_CALLS = [0]
+
+
+def _lg_sets_state(x, w):
+    _STATE["s"] = 2.0  # left behind by the logical trace
+    return (x * w * 2.0).sum()
+
+
+def _par_reads_state(ctx, x, w):
+    return (x * w * _STATE.get("s", 1.0)).sum()  # a real rank reads 1.0
+
+
+def _lg_blocks(x, w):
+    return ((x @ w) ** 2).sum()
+
+
+def _par_middle_counter(ctx, x, w, by_counter=True):
+    from megatron_mlp import ReduceFromTP
+
+    r = ctx.coords["tp"]
+    i = _CALLS[0] if (r == 1 and by_counter) else r  # the middle rank picks its block by a counter
+    _CALLS[0] += 1
+    return (ReduceFromTP.apply(x[:, 2 * i:2 * i + 2] @ w, ctx.group("tp")) ** 2).sum()
+
+
+def _trace_verdict(lg, par, inputs, mesh):
+    from tvcert.frontends.trace import TraceError, trace_plan
+
+    try:
+        return verify(load_plan(trace_plan(lg, par, inputs=inputs, mesh=mesh))).verdict, ""
+    except TraceError as e:
+        assert e.kind == "unsupported", str(e)
+        return "UNKNOWN", str(e)
+
+
+def test_state_from_the_logical_trace_or_a_middle_rank_is_unknown():
+    torch = pytest.importorskip("torch")
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples" / "torch"))
+    D = torch.float64
+    x, w = torch.randn(4, 3, dtype=D), torch.randn(4, 3, dtype=D)
+    _STATE.clear()
+    assert (_lg_sets_state(x, w) - (x * w).sum()).abs() > 0.1  # a real rank (no logical model run) reads s = 1
+    _STATE.clear()
+    v, why = _trace_verdict(_lg_sets_state, _par_reads_state, {"x": {"shape": [4, 3], "dtype": "float64"},
+                                                               "w": {"shape": [4, 3], "dtype": "float64", "param": True}},
+                            {"tp": 2})
+    assert v == "UNKNOWN" and "rank 0's trace depends on Python state" in why, (v, why)
+
+    ins = {"x": {"shape": [3, 6], "dtype": "float64"},
+           "w": {"shape": [6, 5], "dtype": "float64", "param": True, "placement": {"tp": "Shard(0)"}}}
+    x, w = torch.randn(3, 6, dtype=D), torch.randn(6, 5, dtype=D)
+    real_job = sum(x[:, 2 * i:2 * i + 2] @ w[2 * r:2 * r + 2] for r, i in ((0, 0), (1, 0), (2, 2)))
+    assert ((real_job ** 2).sum() - _lg_blocks(x, w)).abs() > 0.1
+    _CALLS[0] = 0
+    v, why = _trace_verdict(_lg_blocks, _par_middle_counter, ins, {"tp": 3})
+    assert v == "UNKNOWN" and "rank 1's trace depends on Python state" in why and "slice" in why, (v, why)
+    _CALLS[0] = 0  # the correct control: every rank picks its block by its coordinate
+    v, why = _trace_verdict(_lg_blocks, lambda ctx, x, w: _par_middle_counter(ctx, x, w, False), ins, {"tp": 3})
+    assert v == "VERIFIED", why

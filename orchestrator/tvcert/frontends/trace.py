@@ -1277,36 +1277,12 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     for s in sizes:
         world *= s
 
-    # ---- logical
-    global _progress_where
-    _progress_where = "logical model"
-    _tick("tracing the logical model")
-    t_start, c_start = time.perf_counter(), time.process_time()
-    try:
-        gm, out_names = _trace_joint(logical, specs, [s.shape for s in specs])
-    except TraceError:
-        raise
-    except Exception as exc:
-        from .moe import data_dependent  # values fake tensors lack (MoE routing): UNKNOWN, not bad input
-
-        dd = data_dependent(exc, "the logical model")
-        if dd is not None:
-            raise dd from exc
-        src = _exc_src(exc)
-        raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
-                         "input", None, src) from exc
-    declared = int_bounds_of(specs)  # before inference: an inferred range keeps the ignore mask
-    lnodes, louts = _convert(gm, names, int_bounds=declared)
-    _default_int_ranges(specs, [n.to_json() for n in lnodes])
-    lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
-
-    # ---- parallel, per rank
     from torch.distributed.device_mesh import init_device_mesh
 
+    global _progress_where
     lshapes = [local_shape(s, mesh) for s in specs]
-    per_rank: dict[tuple[int, ...], list[dict]] = {}
-    outs_by_rank: dict[tuple[int, ...], list[str]] = {}
-    pouts_ref = None
+    declared = int_bounds_of(specs)  # before inference: an inferred range keeps the ignore mask
+    late: dict[str, Any] = {}  # what a rank's conversion needs from the logical trace (released to the probe)
 
     def one_rank(r: int):
         global _progress_where
@@ -1345,19 +1321,55 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             t2 = time.process_time()
             pnodes, pouts = _convert(gm_r, names, _axis_resolver(axes, sizes, r), mesh, declared)
             t3 = time.process_time()
-        if sorted(pout_names) != sorted(out_names):
-            raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {out_names}",
-                             "input")
-        pouts = [pouts[pout_names.index(o)] for o in out_names]
-        return (*_finish_outputs(pnodes, pouts, out_names, names), (t1 - t0, t2 - t1, t3 - t2))
+        want = late["out_names"]
+        if sorted(pout_names) != sorted(want):
+            raise TraceError(f"the parallel program's outputs {pout_names} are not the logical model's {want}", "input")
+        pouts = [pouts[pout_names.index(o)] for o in want]
+        return (*_finish_outputs(pnodes, pouts, want, names), (t1 - t0, t2 - t1, t3 - t2))
 
     try:
         jobs = rank_jobs if rank_jobs is not None else default_jobs()
     except ValueError as exc:
         raise TraceError(str(exc), "input") from None
+    # every rank again, each in a child forked before the logical trace (the state a real rank starts from: it never
+    # runs the logical model), released with the logical outputs' names one at a time beside the real loop (rank_probe.py)
+    probes = rank_probe.start(one_rank, world, late.update)
+    # ---- logical
+    _progress_where = "logical model"
+    _tick("tracing the logical model")
+    t_start, c_start = time.perf_counter(), time.process_time()
+    try:
+        try:
+            gm, out_names = _trace_joint(logical, specs, [s.shape for s in specs])
+        except TraceError:
+            raise
+        except Exception as exc:
+            from .moe import data_dependent  # values fake tensors lack (MoE routing): UNKNOWN, not bad input
+
+            dd = data_dependent(exc, "the logical model")
+            if dd is not None:
+                raise dd from exc
+            src = _exc_src(exc)
+            raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
+                             "input", None, src) from exc
+        lnodes, louts = _convert(gm, names, int_bounds=declared)
+        _default_int_ranges(specs, [n.to_json() for n in lnodes])
+        lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
+    except BaseException:
+        if probes is not None:
+            probes.close()
+        raise
+    late["out_names"] = out_names
+    if probes is not None:
+        probes.release({"out_names": out_names})  # the ranks, one at a time, beside the real loop
+
+    # ---- parallel, per rank
+    per_rank: dict[tuple[int, ...], list[dict]] = {}
+    outs_by_rank: dict[tuple[int, ...], list[str]] = {}
+    pouts_ref = None
+
     t_ranks, c_ranks = time.perf_counter(), time.process_time()
     secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion CPU seconds (summed over ranks)
-    probe = rank_probe.start(one_rank, world)  # the last rank again, from the state every real rank starts in
     try:
         for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
             secs = [a + b for a, b in zip(secs, took)]
@@ -1369,12 +1381,15 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             outs_by_rank[coords_of(r, sizes)] = outs_j
             if jobs > 1:
                 _tick(f"traced {r + 1}/{world} ranks")
-        if probe is not None:
-            _check_probe(probe, per_rank[coords_of(world - 1, sizes)], outs_by_rank[coords_of(world - 1, sizes)],
-                         max(120.0, 2 * (time.perf_counter() - t_ranks)))
+        if probes is not None:
+            _tick(f"checking the {world} ranks against their traces in fresh processes")
+            got = dict(probes.results(max(120.0, 2 * (time.perf_counter() - t_ranks))))
+            for r in range(world):
+                _check_probe(r, got.get(r, ("err", "no result")), per_rank[coords_of(r, sizes)],
+                             outs_by_rank[coords_of(r, sizes)])
     finally:
-        if probe is not None:
-            probe.close()
+        if probes is not None:
+            probes.close()
     _progress_where = ""
     t_compress = time.perf_counter()
     try:
@@ -1433,14 +1448,16 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     return plan
 
 
-def _check_probe(probe, nodes: list[dict], outs: list, timeout: float) -> None:
-    """The last rank's program traced in this process equals its trace in a fresh process (:mod:`.rank_probe`)."""
-    kind, got = probe.result(timeout)
+def _check_probe(rank: int, result: tuple, nodes: list[dict], outs: list) -> None:
+    """Rank ``rank``'s program traced in this process equals its trace in a process forked before the logical
+    model's trace (:mod:`.rank_probe`)."""
+    kind, got = result
     why = (f"traced alone in a fresh process it fails ({got[:300]})" if kind != "ok" else
            rank_probe.first_difference(nodes, got[0]) or (None if list(got[1]) == list(outs) else "its outputs differ"))
     if why:
-        raise TraceError(f"rank {probe.rank}'s trace depends on Python state that tracing the other ranks in this process "
-                         f"left behind (a real job runs each rank in its own process): {why}", "unsupported")
+        raise TraceError(f"rank {rank}'s trace depends on Python state that tracing the logical model or the other "
+                         f"ranks in this process left behind (a real job runs each rank in its own process): {why}",
+                         "unsupported")
 
 
 def _output_binding(out: str, specs: Sequence[InputSpec]) -> dict:
