@@ -2,7 +2,7 @@
 
 With causal attention torch's ``_templated_ring_attention`` runs a different program on each cp rank; the trace merges
 the per-rank programs into one in which every rank runs its own (tvcert.frontends.mpmd), which the interpreter runs
-(verify UNKNOWN: no rule for torch's unrolled ring); bugs are REFUTED (RoPE positions not offset, a stale merged
+(non-causal rings VERIFIED by kernel/ring_merge, causal ones UNKNOWN); bugs are REFUTED (RoPE positions not offset, a stale merged
 logsumexp), also in the rank-uniform configuration (non-causal, contiguous, all-to-all rotater).  The per-block kernel
 semantics the trace uses are the CPU flash kernels' (float64, also with a merged out / logsumexp in the backward);
 ``funcol.permute_tensor`` converts to ``ppermute``, run by the interpreter as PyTorch defines it."""
@@ -97,7 +97,7 @@ def test_why_not_spmd_lines_are_torch_source():
 
 # Non-causal attention without load balancing on the all-to-all rotater: the one configuration in which torch's ring
 # is the same program on every rank.  The interpreter runs it; bugs put into torch's ring are REFUTED.
-UNIFORM = {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall", "rope": True}
+UNIFORM = {"cp": 2, "lb": False, "causal": False, "rotate": "alltoall"}
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,30 @@ def test_uniform_ring_traces_one_program_interpreter_agrees(uniform_ring):
         assert run_plan(load_plan(uniform_ring), seed=seed).equal
     from tvcert.engine.verify import verify
 
+    from tvcert.engine.verify import used_rules
+
     res = verify(load_plan(uniform_ring))
-    assert res.verdict == "UNKNOWN", res.reasons  # no rule for torch's packed K/V buffer and log-sum-exp merge yet
+    assert res.verdict == "VERIFIED", res.reasons  # the packed K/V blocks and the sigmoid merge (kernel/ring_merge)
+    assert {"ring_sigmoid_merge", "ring_sigmoid_merge_backward"} <= used_rules(res)
+
+
+def test_tp_cp_unrolled_ring_verified_broken_kernel_caught():
+    """TP + CP (cp 2 x tp 2, all-gather rotater, non-causal): VERIFIED.  The merged lse left at the first block's
+    (``lse_not_updated``) is refused by the kernel; with the kernel's whole-row premise of the recomputed
+    probabilities dropped it would be VERIFIED, and the conformance check shows the interpreter disagrees."""
+    from tvcert.conform.gens_ring_merge import trace_example
+    from tvcert.conform.plans import _check_plan
+    from tvcert.kernel.ring_merge import _Walk
+
+    assert _check_plan(trace_example({"cp": 2, "tp": 2}, ""), None, use_float=True).status == "ok"
+    bad = trace_example({"cp": 2, "tp": 2}, "lse_not_updated")
+    assert _check_plan(bad, None, use_float=True).status == "refused"
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(_Walk, "whole_row", lambda self, lv, sc: lv.eS == sc.e)
+        assert _check_plan(bad, None, use_float=True).status == "DISAGREE"
+    finally:
+        mp.undo()
 
 
 def test_positions_not_offset_refuted_at_the_rope():

@@ -536,11 +536,15 @@ class _Walk:
         lv = self._lse(l_t)
         if self.shape(l_t) != self.shape(s_t)[:-1] + (1,):
             raise MergeMismatch(f"the log-sum-exp at {n.path} is not one value per query row")
-        if lv.eS != sc.e or lv.sets != self.all:
+        if not self.whole_row(lv, sc):
             raise MergeMismatch(f"the probabilities at {n.path} are not recomputed from the merged log-sum-exp of "
                                 f"these scores over every key block")
         nd = len(self.shape(t))
         return B2(self.X.mk("softmax", {"dim": nd - 1}, [sc.e]), sc.rows, sc.cols, sc.pl, "prob", sc.e)
+
+    def whole_row(self, lv: Att, sc: B2) -> bool:
+        """The premise of RingMerge.probability_from_lse: the lse is ln of the sum over every key of these scores."""
+        return lv.eS == sc.e and lv.sets == self.all
 
     def _ds(self, n: Node, t: str):
         """dS = P * (dP - D), dP = dO Vᵀ (V the forward's values), D = sum(dO * O, -1, keepdim)."""
