@@ -390,6 +390,11 @@ class _Walk:
         if dv is None or dv.op != "div":
             raise RuleFailure("not softmax(s) @ V")
         e_t, z_t = dv.inputs
+        en = self.node(e_t)
+        if en is not None and en.op == "mul":
+            raise MergeMismatch(f"the block at {mm.path} is causally masked (exp(s - m) * mask): torch's causal / "
+                                f"load-balanced ring masks, skips or halves blocks by rank (_is_causal_behavior; per-rank "
+                                f"programs merged by kernel/mpmd), and ring_sigmoid_merge has no masked-block form yet")
         s_t, m_t = self._exp_minus(e_t)
         self._rowsum_of(z_t, e_t)
         self._rowmax_of(m_t, s_t)
