@@ -232,7 +232,11 @@ def test_fully_shard_what_the_trace_cannot_see_is_unknown_naming_the_parameter()
         return nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 4))
 
     msg = _probe_unknown(uneven, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"]), {"dp": 2})
-    assert "'0.weight'" in msg and "unevenly" in msg
+    assert "'0.weight'" in msg and "unevenly" in msg and "keep [2, 1]" in msg
+    from torch.distributed.tensor import Shard  # on dim 1 FSDP2 itself refuses: UNKNOWN, not an internal error
+    msg = _probe_unknown(uneven, lambda m, ctx: fully_shard(m, mesh=ctx.device_mesh["dp"],
+                                                            shard_placement_fn=lambda p: Shard(p.ndim - 1)), {"dp": 2})
+    assert "uneven sharding on dim 1" in msg
 
     def fsdp_tp(m, ctx):  # FSDP2 over TP's DTensor parameters, on a mesh listing dp before tp
         parallelize_module(m, ctx.device_mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})

@@ -60,9 +60,14 @@ def _unsupported(fqn: str, fp) -> str | None:
 
     if hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather"):
         return "its tensor subclass all-gathers through fsdp_pre_all_gather / fsdp_post_all_gather"
-    if fp._orig_size[fp.fsdp_placement.dim] % fp.mesh_info.shard_mesh_size:
-        return (f"it is sharded unevenly ({list(fp._orig_size)} over {fp.mesh_info.shard_mesh_size} ranks: padded "
-                f"shards)")
+    d, n = fp.fsdp_placement.dim, fp.mesh_info.shard_mesh_size
+    if fp._orig_size[d] % n:
+        size = fp._orig_size[d]
+        chunk = -(-size // n)
+        rows = [min(chunk, max(size - r * chunk, 0)) for r in range(n)]
+        return (f"it is sharded unevenly ({list(fp._orig_size)} over {n} ranks on dim {d}: FSDP2 pads every shard to "
+                f"{chunk} and the ranks keep {rows} of them, shards of different shapes, which the plan's even "
+                f"Shard({d}) cannot express)")
     if fp.offload_to_cpu:
         return "it is offloaded to the CPU (CPUOffloadPolicy)"
     if fp.mesh_info.is_spmd_mesh:
@@ -159,7 +164,12 @@ def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dic
         dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
         ctx = MeshCtx(axes, sizes, 0, dict(zip(axes, coords_of(0, sizes))), dm)
         model = model_factory()
-        res = shard(model, ctx)
+        try:
+            res = shard(model, ctx)
+        except TraceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - FSDP2 / TP refusing the sharding (e.g. uneven on a dim > 0)
+            _fsdp_failure(exc)
         model = model if res is None else res
         fps = fsdp_params(model)
         if not fps:
