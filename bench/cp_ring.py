@@ -2,7 +2,7 @@
 "cp_context_parallel"`` torch's public ``context_parallel()``): trace and verify seconds, ops in the merged per-rank
 program, verdict, per configuration.  Figures, not asserts.
 
-    python bench/cp_ring.py                 # the default sweep (cp 2 / 4, x tp 2, bugs)
+    python bench/cp_ring.py                 # the default sweep (non-causal VERIFIED, causal cp 2 / 4, x tp 2, bugs)
     python bench/cp_ring.py '{"cp": 4, "tp": 2, "rope": true}' '{"example": "cp_context_parallel", "cp": 4}'
 """
 from __future__ import annotations
@@ -14,7 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "torch"))
 
-SWEEP = [{"cp": 2, "rope": True}, {"cp": 4, "rope": True}, {"cp": 2, "tp": 2, "rope": True},
+SWEEP = [{"cp": 2, "lb": False, "causal": False}, {"cp": 4, "lb": False, "causal": False, "rotate": "alltoall"},
+         {"cp": 2, "tp": 2, "lb": False, "causal": False},
+         {"cp": 2, "lb": False, "causal": False, "bug": "plain_average"},
+         {"cp": 2, "rope": True}, {"cp": 4, "rope": True}, {"cp": 2, "tp": 2, "rope": True},
          {"cp": 4, "tp": 2, "rope": True}, {"cp": 2, "tp": 2, "bug": "positions_not_offset"},
          {"cp": 4, "bug": "positions_not_offset"}, {"cp": 4, "bug": "lb_order"},
          {"cp": 4, "lb": False, "bug": "lse_not_updated"},

@@ -9,13 +9,22 @@ needs a CUDA flash kernel, so it is entered at the function it calls (``tvcert.f
 
     tvcert trace examples/torch/cp_attention.py --set cp=2 --set rope=true --verify      # UNKNOWN (see below)
 
-Verdict today: with causal attention torch's ring runs a different program on every cp rank; the trace merges them
-into one program in which every rank runs its own (``tvcert.frontends.mpmd``), which the interpreter runs (it agrees
-with SDPA), and verify is UNKNOWN: no rule yet for torch's unrolled ring (packed K/V buffer, log-sum-exp merge).
+Verdict today: non-causal attention on contiguous blocks is VERIFIED (forward and backward; cp 2 with either
+rotater, cp 3 / 4 / 8 with ``rotate=alltoall``, cp x tp) by ``ring_sigmoid_merge`` / ``ring_sigmoid_merge_backward``
+(``tvcert.kernel.ring_merge``, Coq ``RingMerge``):
+
+    tvcert trace examples/torch/cp_attention.py --set causal=false --set lb=false --set tp=2 --verify   # VERIFIED
+
+With causal attention torch's ring runs a different program on every cp rank; the trace merges them into one program
+in which every rank runs its own (``tvcert.frontends.mpmd``), which the interpreter runs (it agrees with SDPA), and
+verify is UNKNOWN: the masked diagonal block (and the skipped / halved blocks of the load-balanced ring) has no rule
+yet.  ``rope=true`` with ``lb=false`` is UNKNOWN too: the positions ``arange(r * n, (r + 1) * n)`` are an iota with a
+rank-dependent start, which no rule reads as a shard of the logical positions.
 The bugs below are REFUTED (causal or not, cp 2 / 4, with ``tp=2`` too):
 
     tvcert trace examples/torch/cp_attention.py --set cp=2 --set tp=2 --set bug=positions_not_offset --verify
     tvcert trace examples/torch/cp_attention.py --set lb=false --set bug=lse_not_updated --verify
+    tvcert trace examples/torch/cp_attention.py --set lb=false --set causal=false --set bug=plain_average --verify
 
 ``bug``: ``lse_not_updated`` (the merged log-sum-exp left at the first block's), ``plain_average`` (blocks averaged
 without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3, ``rotate=alltoall``: dK / dV sent to rank - 1 while K / V go to rank + 1),

@@ -177,18 +177,20 @@ class _Walk:
         v = self.attrs(n).get("value")
         return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    def other_pl_ok(self, pl: tuple) -> None:
+    def other_pl_ok(self, pl: tuple, nd: int) -> None:
         for j, q in enumerate(pl):
-            if j != self.ai and not (q == R or q in (S(0), S(1))):
+            if j != self.ai and not (q == R or (q.kind == "S" and q.dim < nd - 2)):
                 raise RuleFailure(f"over {self.kc.axes[j]!r} a ring tensor is {q}: only Replicate or a batch / head "
                                   f"shard keeps each rank's attention its own")
 
-    def same_other(self, *pls: tuple) -> None:
+    def same_other(self, nd: int, *pls: tuple) -> None:
+        """Over the other axes every tensor of the block product shares Replicate or a shard of a batch / head dim
+        (before the rows and columns): each rank's attention is then its own (batch, head) rows'."""
         strip = {tuple(q for j, q in enumerate(pl) if j != self.ai) for pl in pls}
         if len(strip) != 1:
             raise RuleFailure("the ring's tensors are placed differently over the other axes")
         for pl in pls:
-            self.other_pl_ok(pl)
+            self.other_pl_ok(pl, nd)
 
     # ------------------------------------------------------------------ the abstract value of a tensor
     def val(self, t: str):
@@ -349,12 +351,12 @@ class _Walk:
         if isinstance(a, Blk) and isinstance(b, Blk):
             if a.d != nd - 2 or b.d != nd - 1:
                 raise RuleFailure("not rows x columns blocks")
-            self.same_other(a.pl, b.pl)
+            self.same_other(nd, a.pl, b.pl)
             return B2(X.mk("matmul", {}, [a.e, b.e]), a.idx, b.idx, a.pl, "scores", a.e, b.e)
         if isinstance(a, B2) and isinstance(b, Blk) and a.kind in ("probT", "dsT", "ds"):
             if b.d != nd - 2 or b.idx != a.cols:
                 raise MergeMismatch(f"the product at {n.path} pairs a block with another block's rows")
-            self.same_other(a.pl, b.pl)
+            self.same_other(nd, a.pl, b.pl)
             e = X.mk("matmul", {}, [a.e, b.e])
             if a.kind == "dsT":  # dK = dSᵀ Q spelled as autograd spells it, (Qᵀ dS)ᵀ (RingMerge.matmul_transposed)
                 tr = {"dims": tuple(range(nd - 2)) + (nd - 1, nd - 2)}
@@ -405,7 +407,7 @@ class _Walk:
         nd = len(self.shape(out_t))
         if not isinstance(v, Blk) or v.d != nd - 2 or v.idx != sc.cols:
             raise MergeMismatch(f"the values at {mm.path} are not the block the keys came from")
-        self.same_other(sc.pl, v.pl)
+        self.same_other(nd, sc.pl, v.pl)
         return Att("out", sc.e, v.e, tuple(frozenset([k]) for k in sc.cols), sc.pl), (s_t, m_t, z_t)
 
     def _exp_minus(self, t: str) -> tuple[str, str]:
