@@ -47,6 +47,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_layer", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
     ("mcore_layer", {"b": 2}, "VERIFIED"),  # batch x heads merge (dot_product_attention.py:184) interleaved
     ("mcore_layer", {"b": 2, "sp": True}, "VERIFIED"),
+    ("mcore_layer", {"tp": 4}, "VERIFIED"),  # one head per rank: the merge's unit dims (layout_map_equal)
+    ("mcore_layer", {"tp": 4, "sp": True}, "VERIFIED"),
+    ("mcore_layer", {"tp": 4, "sp": True, "bug": "no_finalize"}, "REFUTED"),
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),

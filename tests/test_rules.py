@@ -221,6 +221,7 @@ def case_table():
     add("split_interleaved_reshape", None, None)  # its inverse view: test_trace_mcore.py, conform
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
     add("scalar_factor_commutes", None, None)  # equality step: tests/test_scalar_factor.py, conform gen_scalar_factor
+    add("layout_map_equal", None, None)  # equality step: tests/test_layout_map.py, conform gen_layout_map
     return c
 
 

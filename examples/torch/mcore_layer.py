@@ -10,6 +10,7 @@ layout; under sequence parallelism the norms and residuals run on sequence shard
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=ln_not_marked --verify   # REFUTED
     tvcert trace examples/torch/mcore_layer.py --set sp=true --set bug=no_finalize --verify     # REFUTED
     tvcert trace examples/torch/mcore_layer.py --set b=2 [--set sp=true] --verify   # micro-batch 2: VERIFIED
+    tvcert trace examples/torch/mcore_layer.py --set tp=4 [--set sp=true] --verify  # one head per rank: VERIFIED
 
 Under SP the layer-norm gradients reach ``finalize_model_grads`` as one coalesced buffer (concat, all_reduce,
 slices), read back by the equality step ``slice_concat_operand``; the refuted bugs are named by the outputs that
@@ -49,7 +50,9 @@ def tvcert_trace(tp: int = 2, sp: bool = False, bug: str = "", b: int = 1):
     b > 1 Megatron's core attention merges batch and heads ([sq, b, np, hn] -> [sq, b*np, hn],
     dot_product_attention.py:184) with the heads split over tp: each rank's part of the merged dim is b blocks,
     the shard of an interleave of the logical merge (kernel/interleave_reshape.py), followed through the batched
-    matmuls and split back.  tp = 4 (one head per rank at these sizes) is UNKNOWN."""
+    matmuls and split back.  tp = 4 (one head per rank at these sizes, b = 1): VERIFIED, with and without SP -- the
+    rank's [1, 1, sq, hn] context is placed as a shard of [np, 1, sq, hn] where the logical graph views [1, np, sq,
+    hn], and the merge that follows reads the same index everywhere (equality step layout_map_equal)."""
     from tvcert.frontends.megatron_core import trace_megatron
 
     if bug not in ("", "ln_not_marked", "no_finalize"):

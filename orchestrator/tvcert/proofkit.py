@@ -171,6 +171,7 @@ RULES: dict[str, str] = {
     "elementwise_smt": f"{_T}.EqSteps.elementwise_smt",
     "slice_concat_operand": f"{_T}.SliceConcat.slice_concat_operand",
     "scalar_factor_commutes": f"{_T}.ScalarFactor.scalar_factor_commutes",
+    "layout_map_equal": f"{_T}.LayoutMap.layout_map_equal",
     "merge_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
     "split_interleaved_reshape": f"{_T}.Interleave.split_interleaved_shard",
 }

@@ -337,3 +337,7 @@ EQUALITY.update(SLICE_CONCAT_GENERATORS)
 from .gens_scalar_factor import SCALAR_FACTOR_GENERATORS  # noqa: E402  (0-d factors: a global token count)
 
 EQUALITY.update(SCALAR_FACTOR_GENERATORS)
+
+from .gens_layout_map import LAYOUT_MAP_GENERATORS  # noqa: E402  (layout chains by their index maps)
+
+EQUALITY.update(LAYOUT_MAP_GENERATORS)

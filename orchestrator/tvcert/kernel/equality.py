@@ -1,6 +1,6 @@
 """Deciding that two logical expressions denote the same tensor.
 
-Eight certified steps, tried in order, each sound on its own:
+Nine certified steps, tried in order, each sound on its own:
 
 * ``congruence``: same op, same attributes, pairwise-equal arguments;
 * ``scale_commutes_linear``: pull rational scalar factors out through linear ops
@@ -14,6 +14,8 @@ Eight certified steps, tried in order, each sound on its own:
   (:mod:`.slice_concat`: Megatron's coalesced gradient all-reduce);
 * ``interleave_commutes``: one side a fused tensor's interleave of G, the other pulled to an interleave of Y
   through ops that read the dim index by index (:mod:`.interleave`), and Y = G;
+* ``layout_map_equal``: two chains of reshape / permute / expand / slice / flip reading the same index of equal
+  bases at every index (:mod:`.layout_map`: one head per rank);
 * ``scalar_factor_commutes``: 0-d factors (a global token count) pulled out the same way, compared one to one
   (:mod:`.scalar_factor`);
 * ``elementwise_smt``: an elementwise region, with every non-elementwise subterm as a leaf,
@@ -34,6 +36,7 @@ from ..ops import REGISTRY
 from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
 from .int_range import RULE as INT_RANGE, const_value
+from .layout_map import RULE as LAYOUT_MAP, layout_map_equal
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
 from .scalar_factor import RULE as SCALAR_FACTOR, ScalarFactors, factored_equal
 from .slice_concat import RULE as SLICE_CONCAT, slice_operand
@@ -130,6 +133,9 @@ class Prover:
             return True
         if interleaved_equal(X, a, b, self.equal) or interleaved_equal(X, b, a, self.equal):
             self.used.add(INTERLEAVE_EQ)
+            return True
+        if layout_map_equal(X, a, b, self.equal):  # layout chains reading the same index everywhere
+            self.used.add(LAYOUT_MAP)
             return True
         if factored_equal(self.scalar_factors(), a, b, self.equal):  # 0-d factors such as 1 / global count
             self.used.add(SCALAR_FACTOR)

@@ -81,6 +81,8 @@ def match(X: Exprs, e: int) -> Inter | None:
     if len(moved) != 2 or moved[1] != moved[0] + 1 or perm[moved[0]] != moved[1]:
         return None
     d = moved[0]
+    if d + 3 > len(s1):  # the last two dims swapped: no (k, p, n) triple (crashed on such a chain before)
+        return None
     k, p, n = s1[d:d + 3]
     if s1[:d] != s[:d] or s1[d + 3:] != s[d + 1:] or k * p * n != s[d]:
         return None

@@ -37,6 +37,7 @@ from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMEN
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 from .scalar_factor import RULE as _SCALAR_FACTOR_RULE, STATEMENT as _SCALAR_FACTOR_STATEMENT
+from .layout_map import RULE as _LAYOUT_MAP_RULE, STATEMENT as _LAYOUT_MAP_STATEMENT
 from .interleave_reshape import STATEMENTS as _IL_RESHAPE_STATEMENTS, derive_reshape as derive_interleave_reshape
 
 R = Placement("R")
@@ -156,6 +157,7 @@ RULES: dict[str, str] = {
     "elementwise_smt": "an elementwise region equal at one index for all inputs is equal everywhere (corrected shape reduction, identity dependency maps)",
     _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
     _SCALAR_FACTOR_RULE: _SCALAR_FACTOR_STATEMENT,
+    _LAYOUT_MAP_RULE: _LAYOUT_MAP_STATEMENT,
     **_IL_RESHAPE_STATEMENTS,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
