@@ -174,7 +174,9 @@ class _Domains:
         ds = [(dom_of or self.dom.get)(i) for i in ins]
         if op == "const" and at.get("dtype") == "int":
             vals = [_int_value(v) for v in _leaves(at.get("value"))]
-            return None if not vals or None in vals else _norm([(v, v) for v in vals])
+            if not vals or None in vals:
+                return None
+            return _norm([(v, v) for v in vals] if len(vals) <= 64 else [(min(vals), max(vals))])
         if op == "iota" and at.get("dtype", "int") == "int" and at.get("size"):
             a, b = at["start"], at["start"] + (at["size"] - 1) * at["step"]
             return _norm([(min(a, b), max(a, b))])
