@@ -52,9 +52,9 @@ def _wrong_peer_groups():
         tp = dist.get_world_size() // pp_mesh.size()
         mine = None
         for t in range(tp):  # every rank creates every group, in the same order
-            ranks = [t, tp + (t + 1) % tp]  # BUG wrong_peer: tp rank t of stage 0 with tp rank t + 1 of stage 1
-            g = dist.new_group(ranks)
-            if dist.get_rank() in ranks:
+            # tp rank t of stage 0 with tp rank t + 1 of stage 1, instead of [t, tp + t]
+            g = dist.new_group([t, tp + (t + 1) % tp])  # BUG wrong_peer: an off-by-one in the rank arithmetic
+            if dist.get_rank() in dist.get_process_group_ranks(g):
                 mine = g
         return orig(whole_model, PPMesh(pp_mesh, mine), *args, **kwargs)
 

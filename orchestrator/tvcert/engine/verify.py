@@ -404,6 +404,13 @@ def _judge(res: Result):
         # a slice of a Shard / Replicate value stays a candidate (a rank reading the wrong rows is a slice)
         if grounded(f.expr) or (x.op == "slice" and "Partial" in shown and grounded(x.args[0])):
             return f"{X.show(f.expr, 1)} as {shown} (proved)"
+        # the caller asks only when every input is explained: an op whose proved value is an input's own expression
+        # under another placement (a collective) is explained, and so is a proved permute of an explained input's
+        # partial sum (sequence parallelism's relayout before its reduce_scatter)
+        ins = [res.prop.facts[program].get(i) for i in res.plan.programs[program].nodes[node].inputs]
+        if any(fi is not None and (fi.expr == f.expr or (x.op == "permute" and "Partial" in shown and
+                                                         fi.expr == x.args[0])) for fi in ins):
+            return f"{X.show(f.expr, 1)} as {shown} (proved)"
         return False
 
     return judge

@@ -64,9 +64,9 @@ def _define_ops() -> None:
     _LIB = torch.library.Library("tvcert_p2p", "DEF")
     _LIB.define("send(Tensor x, str axis, int to, str tag) -> ()")
     _LIB.define("recv(int[] shape, ScalarType dtype, str axis, int src, str tag) -> Tensor")
-    _LIB.define("ppermute(Tensor x, str axis, int shift) -> Tensor")
-    _LIB.impl("ppermute", lambda x, axis, shift: x.clone(), "CompositeExplicitAutograd")
-    torch.library.register_fake("tvcert_p2p::ppermute", lambda x, axis, shift: torch.empty_like(x), lib=_LIB)
+    _LIB.define("ppermute(Tensor x, str axis, int shift, str where) -> Tensor")
+    _LIB.impl("ppermute", lambda x, axis, shift, where: x.clone(), "CompositeExplicitAutograd")
+    torch.library.register_fake("tvcert_p2p::ppermute", lambda x, axis, shift, where: torch.empty_like(x), lib=_LIB)
     _LIB.impl("send", lambda x, axis, to, tag: None, "CompositeExplicitAutograd")
     _LIB.impl("recv", lambda shape, dtype, axis, src, tag: torch.zeros(shape, dtype=dtype), "CompositeExplicitAutograd")
     torch.library.register_fake("tvcert_p2p::send", lambda x, axis, to, tag: None, lib=_LIB)
@@ -81,7 +81,9 @@ def _conv_send(c, n, x, axis, to, tag):
 
 
 @reg("tvcert_p2p.ppermute")
-def _conv_ppermute(c, n, x, axis, shift):
+def _conv_ppermute(c, n, x, axis, shift, where):
+    if where and not c.cur_src:  # no user frame on the stack (a framework's step): where the group was made
+        c.cur_src = where
     return c.emit("ppermute", [c.ir(x)], {"axis": axis, "shift": int(shift)})
 
 
@@ -144,10 +146,13 @@ class _P2P:
 
     def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
         import torch
+        import torch.distributed.distributed_c10d as c10d
 
         to, shifts, tg = self._where(group, dst, group_dst, "isend")
+        site = _GROUP_SITES.get(getattr(group if group is not None else c10d._get_default_group(), "group_name", ""),
+                                "")
         for a, d in shifts.items():
-            tensor = torch.ops.tvcert_p2p.ppermute(tensor, a, d)
+            tensor = torch.ops.tvcert_p2p.ppermute(tensor, a, d, site)
         torch.ops.tvcert_p2p.send(tensor, self.pp_axis, int(to), tg)
         return _Done()
 
@@ -193,12 +198,45 @@ def check_pairing(logs: Mapping[int, list[tuple]], axes, sizes) -> None:
                              f"{'received' if what == 'sent' else 'sent'}: the pipeline would hang", "spmd", "p2p")
 
 
+_GROUP_SITES: dict[str, str] = {}  # process group name -> "file:line" of the user code that created it
+
+
+@contextlib.contextmanager
+def _recorded_groups():
+    """``dist.new_group`` remembering its caller (the user's line building a pipeline group by hand): a shift over
+    another axis before a send (:class:`_P2P`) is located there when no user frame is on the step's stack."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    orig = c10d.new_group
+    _GROUP_SITES.clear()  # a new world (group names are reused)
+
+    def new_group(*a, **k):
+        g = orig(*a, **k)
+        where = _caller()
+        if where and hasattr(g, "group_name"):
+            _GROUP_SITES[g.group_name] = where
+        return g
+
+    dist.new_group = c10d.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = c10d.new_group = orig
+
+
 def _caller() -> str | None:
+    """The innermost frame of the caller's caller outside torch and this package (by directory)."""
+    import os
     import traceback
 
+    import torch
+
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, T._PACKAGE_DIR + os.sep)
     for fr in reversed(traceback.extract_stack()[:-2]):
-        if "torch/" not in fr.filename and "/tvcert/" not in fr.filename:
-            return f"{fr.filename.rsplit('/', 1)[-1]}:{fr.lineno}"
+        f = os.path.abspath(fr.filename)
+        if not fr.filename.startswith("<") and not f.startswith(skip):
+            return f"{os.path.basename(f)}:{fr.lineno}"
     return None
 
 
@@ -377,7 +415,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         ctx = T.MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
         model = model_factory()
         try:
-            stage = make_stage(model, ctx)
+            with _recorded_groups():
+                stage = make_stage(model, ctx)
             sched = make_schedule(stage, ctx)
         except TraceError:
             raise
@@ -693,7 +732,7 @@ def _held_params(model, submod, st: int, placements=None, mesh=None) -> dict[str
     out = {}
     for smn, sm in submod.named_modules():
         for pn, p in [*sm.named_parameters(recurse=False), *sm.named_buffers(recurse=False)]:
-            base = mods.get(id(sm), smn)
+            base = mods.get(id(sm), smn).replace(_CHECKPOINT_PREFIX, "")  # checkpoint_wrapper's extra level
             ln = f"{base}.{pn}" if base else pn
             sn = f"{smn}.{pn}" if smn else pn
             pl = None if isinstance(p, DTensor) or placements is None else dict(placements.get(sn) or {})
@@ -705,6 +744,9 @@ def _held_params(model, submod, st: int, placements=None, mesh=None) -> dict[str
                                  f"as {ln!r}" + (f", placement {pl}" if pl else "") + ")", "input")
             out[sn] = (ln, (p.device_mesh, p.placements) if isinstance(p, DTensor) else pl)
     return out
+
+
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper (activation checkpointing)
 
 
 def _local_shape(shape, pl: Mapping[str, str], mesh: Mapping[str, int], what: str) -> tuple:
@@ -802,10 +844,14 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Cal
         pd.build_mesh()
         m = tt._build(model.config(tp, sp, True)).to_empty(device="cpu")
 
-        def parallelize(mm, **_):  # parallelize_llama under spmd_types; AC / compile / FSDP at degree 1 are not run
+        def parallelize(mm, *, ac_config=None, dump_folder="", **_):
+            """parallelize_llama under spmd_types: the TP plan, then activation checkpointing (full: the backward
+            re-runs each block's forward, inside the step); compile and FSDP at degree 1 are not run."""
             if tp > 1:
                 validate_config(pd, mm)
                 mm.parallelize(pd)
+            if ac_config is not None:
+                ac_config.build(dump_folder=dump_folder).apply(mm)
             return mm
 
         titan_loss = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=model.vocab))

@@ -142,8 +142,8 @@ def check_supported(job: TitanJob) -> None:
         others = [f"{k} = {v}" for k, v in job.degrees.items() if k not in ("pp", "tp") and v > 1]
         why = (f"with {', '.join(others)}: pipeline parallelism is traced from a job alone or with "
                f"tensor_parallel_degree" if others else
-               f"with activation_checkpoint.mode = {job.ac_mode!r}: checkpointing under pipelining is not traced "
-               f"(set mode = \"none\")" if job.ac is not None else
+               f"with activation_checkpoint.mode = {job.ac_mode!r}: checkpointing under pipelining is traced with "
+               f"mode = \"full\" only" if job.ac is not None and job.ac_mode != "full" else
                "with compile.enable: not traced" if job.compile.enable else None)
         if why:
             raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} {why}",
