@@ -245,6 +245,12 @@ def test_fully_shard_what_the_trace_cannot_see_is_unknown_naming_the_parameter()
     msg = _probe_unknown(fsdp2_mlp.MLP, fsdp_tp, {"dp": 2, "tp": 2}, batch=8)
     assert "'up.weight'" in msg and "_StridedShard" in msg
 
+    def fsdp_on_tp(m, ctx):  # reduce-scatter over the tp dim: FSDP2 itself refuses TP's mesh as its dp mesh
+        parallelize_module(m, ctx.device_mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        return fully_shard(m, mesh=ctx.device_mesh["tp"])
+    msg = _probe_unknown(fsdp2_mlp.MLP, fsdp_on_tp, {"tp": 2, "dp": 2}, batch=8)
+    assert "overlapping meshes" in msg and "FSDP2 at _fsdp_param.py" in msg
+
 
 def test_titan_llama3_under_fully_shard_verified():
     """torchtitan's Llama 3 debug model, 1 layer, sharded by torchtitan's own apply_fsdp_to_decoder (its divide
