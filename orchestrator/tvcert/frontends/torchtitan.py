@@ -69,10 +69,11 @@ A job config (``tvcert trace --torchtitan llama3-debug --config JOB.toml``)
 :mod:`.titan_config` reads the TOML with torchtitan's own config dataclasses; :func:`trace_titan_job` routes it.
 TP (+ SP) jobs run as above with the job's batch, sequence length and activation-checkpointing policy;
 ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree`` > 1 go through torchtitan's SimpleFSDP
-(graph_trainer's ``apply_simple_fsdp`` on the job's ``ParallelDims``), since FSDP2's ``fully_shard`` -- what
-``parallelize_llama`` applies -- communicates in hooks the trace cannot see.  examples/torchtitan/*.toml: TP 2,
-FSDP 2, HSDP 2 x 2, FSDP 2 x TP 2 each VERIFIED; pp, cp, async TP, selective / memory-budget checkpointing are
-UNKNOWN naming the field (tests/test_trace_torchtitan.py).
+(graph_trainer's ``apply_simple_fsdp`` on the job's ``ParallelDims``) on the default ``spmd_types`` backend, whose
+FSDP2 takes the full SPMD mesh (``dp_mesh_dims``, not traced); with ``spmd_backend = "partial_dtensor"``,
+``parallelize_llama`` itself -- TP, then FSDP2 ``fully_shard`` -- is traced with FSDP2's hooks (:mod:`.titan_fsdp2`).
+examples/torchtitan/*.toml: TP 2, FSDP 2, HSDP 2 x 2, FSDP 2 x TP 2 (both routes) each VERIFIED; pp, cp, async TP,
+selective / memory-budget checkpointing are UNKNOWN naming the field (tests/test_trace_torchtitan.py).
 
 Environment shims (only inside this process, nothing is written to site-packages)
 --------------------------------------------------------------------------------
