@@ -2,7 +2,7 @@
 interpreter.  Prints per case: verdict, trace and verify seconds, parallel op count, the first divergence's
 source line.  Figures, not asserts (the test suite keeps one trace per configuration it needs).
 
-    python bench/fsdp2_tp.py            # the MLP (tp 2 x dp 2) and torchtitan Llama 3 debug (tp 2 x fsdp 2, 1 layer)
+    python bench/fsdp2_tp.py            # the MLP (tp 2 x dp 2, tp 2 x rep 2 x dp 2) and torchtitan Llama 3 debug (tp 2 x fsdp 2, 1 layer)
     python bench/fsdp2_tp.py mlp        # the MLP cases only
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "torch"))
 
 MLP = [{"mode": "fsdp_tp"}, {"mode": "fsdp_tp", "optimizer": "adamw"},
-       {"mode": "fsdp_tp", "bug": "double_avg"}, {"mode": "fsdp_tp", "bug": "left_out"}]
+       {"mode": "fsdp_tp", "bug": "double_avg"}, {"mode": "fsdp_tp", "bug": "left_out"},
+       {"mode": "hsdp_tp"}, {"mode": "hsdp_tp", "bug": "wrong_mesh_dim"}]
 TITAN = [{"mode": "fsdp_tp"}, {"mode": "fsdp_tp", "optimizer": "adamw"}, {"mode": "fsdp_tp", "bug": "local_mean"}]
 
 

@@ -8,6 +8,7 @@
     tvcert trace examples/torch/fsdp2_mlp.py --set bug=left_out --verify             # REFUTED
     tvcert trace examples/torch/fsdp2_mlp.py --set mode=fsdp_tp --set optimizer=adamw --verify  # FSDP2 x TP
     tvcert trace examples/torch/fsdp2_mlp.py --set mode=fsdp_tp --set bug=left_out --verify     # REFUTED
+    tvcert trace examples/torch/fsdp2_mlp.py --set mode=hsdp_tp --verify     # HSDP x TP, tp 2 x rep 2 x dp 2
 
 FSDP2 keeps each parameter as a ``Shard(0)`` DTensor over the mesh it is given; its pre-forward hook
 all-gathers a layer group's parameters as one flat buffer, its post-backward hook reduce-scatters the
@@ -23,7 +24,8 @@ mean over its local batch; FSDP2's average over the ranks makes it the global me
 ``mode=fsdp_tp`` (tp 2 x dp 2): ``parallelize_module`` makes ``up`` colwise and ``down`` rowwise on the tp
 slice, then ``fully_shard`` shards those DTensor parameters over dp (FSDP2 + TP, as torchtitan composes them);
 each tp pair of ranks reads the same batch.  ``double_avg`` and ``left_out`` (``down`` then a TP-only
-parameter whose gradient is never reduced over dp) are the same lines.
+parameter whose gradient is never reduced over dp) are the same lines.  ``mode=hsdp_tp``: the same over a 2-D
+(rep, dp) FSDP2 mesh (tp 2 x rep 2 x dp 2); ``wrong_mesh_dim`` there too.
 """
 import torch
 import torch.nn as nn
@@ -44,7 +46,8 @@ class MLP(nn.Module):
 
 # fsdp_tp: tp listed first -- FSDP2 shards up's TP-sharded rows inside TP's blocks (_StridedShard), which the
 # plan nests as Shard(0) on tp outside Shard(0) on dp
-MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2}, "fsdp_tp": {"tp": 2, "dp": 2}}
+MESHES = {"fully_shard": {"dp": 2}, "hybrid_shard": {"rep": 2, "dp": 2}, "fsdp_tp": {"tp": 2, "dp": 2},
+          "hsdp_tp": {"tp": 2, "rep": 2, "dp": 2}}
 OPTIMIZERS = {  # run per tensor (foreach=False): one optimizer step on the sharded parameters
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
@@ -59,8 +62,8 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
     from tvcert.frontends.fsdp2 import trace_fully_shard_plan
 
     if mode not in MESHES or bug not in BUGS or (optimizer and optimizer not in OPTIMIZERS) or \
-            (bug == "wrong_mesh_dim" and mode != "hybrid_shard"):
-        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug one of {BUGS} (wrong_mesh_dim: hybrid_shard), "
+            (bug == "wrong_mesh_dim" and mode not in ("hybrid_shard", "hsdp_tp")):
+        raise ValueError(f"mode must be one of {sorted(MESHES)}, bug one of {BUGS} (wrong_mesh_dim: HSDP), "
                          f"optimizer '' or one of {sorted(OPTIMIZERS)}")
     mesh = MESHES[mode]
     world = 1  # the data-parallel ranks (tp ranks share a batch)
@@ -73,14 +76,14 @@ def tvcert_trace(mode: str = "fully_shard", bug: str = "", optimizer: str = ""):
 
     def shard(model, ctx):
         dm = ctx.device_mesh
-        if mode == "fsdp_tp":  # TP first (DTensor parameters on tp), then FSDP2 over dp on the same mesh
+        if mode in ("fsdp_tp", "hsdp_tp"):  # TP first (DTensor parameters on tp), then FSDP2 on the same mesh
             parallelize_module(model, dm["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         if bug == "left_out":
             fully_shard(model.up, mesh=dm["dp"])  # BUG left_out: down is not sharded, and its gradient is
             for p in model.down.parameters():     # divided by the world size but never summed over the ranks
                 p.register_hook(lambda g: g / world)
             return model
-        if mode == "hybrid_shard":
+        if mode in ("hybrid_shard", "hsdp_tp"):
             # BUG wrong_mesh_dim: the shard dim only
             return fully_shard(model, mesh=dm["dp"] if bug == "wrong_mesh_dim" else dm["rep", "dp"])
         return fully_shard(model, mesh=dm["dp"])
