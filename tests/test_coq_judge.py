@@ -212,12 +212,15 @@ def _layouts() -> dict:
         N("ux", "mul", ["x", "u"]),                                # u [a, 1, c]: replicated over tp, size 1 on b
         N("tq", "permute", ["x"], dims=[0, 2, 1]),                 # [a, c, b]: dp S(0), tp S(2)
         N("tq2", "square", ["tq"]),
+        N("k4", "const", [], value=4),
     ]
     rms = [N("rs", "add_scalar", ["ms"], value=0.5), N("rr", "rsqrt", ["rs"]),
            N("nx", "mul", ["tq", "rr"])]                           # RMSNorm: [a, c, b] * [a, c, 1] (size-1 broadcast)
     logical = common + [N("ms", "mean", ["tq2"], dims=[-1], keepdim=True)] + rms + [
         N("xr", "reshape", ["x"], shape=["a", 24]),                # reshape_shard: merged dims after the shard
         N("xe", "expand", ["u"], shape=["a", "b", "c"]),           # expand_shard (u is Shard(0) over dp)
+        N("xs2", "sum", ["x"], dims=[0, 2]),                       # sum over several dims of a shard
+        N("xd", "div", ["xs2", "k4"]), N("xm", "mul", ["k4", "xs2"]),  # a partial sum over / times a replicated
         N("m1", "mean", ["cat"], dims=[0]),                        # reduce_mean_sharded_dim (tp)
         N("mx", "amax", ["xs"], dims=[1]),                         # reduce_max_sharded_dim (dp)
         N("s2", "sum", ["sm"], dims=[0]),
@@ -230,6 +233,9 @@ def _layouts() -> dict:
         copy.deepcopy(rms) + [
         N("xr", "reshape", ["x"], shape=["a/dp", 12]),             # each rank reshapes to its local shape
         N("xe", "expand", ["u"], shape=["a/dp", "b", "c"]),
+        N("xs2p", "sum", ["x"], dims=[0, 2]),                      # dp: Partial(sum), tp: Shard(0)
+        N("xdp", "div", ["xs2p", "k4"]), ar("xd", "xdp", "dp", "sum"),
+        N("xmp", "mul", ["k4", "xs2p"]), ar("xm", "xmp", "dp", "sum"),
         N("m1p", "mean", ["cat"], dims=[0]), ar("m1", "m1p", "tp", "avg"),
         ar("sskr", "ssk", "dp", "sum"),
         N("mxp", "amax", ["xs"], dims=[1]), ar("mx", "mxp", "dp", "max"),
@@ -242,11 +248,11 @@ def _layouts() -> dict:
         ar("wg", "wgt", "dp", "sum"), N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx", "xr", "xe"]
+            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx", "xr", "xe", "xd", "xm"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
     place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm", "ux", "xr")})
-    place.update(xe={"dp": "Shard(0)"})
+    place.update(xe={"dp": "Shard(0)"}, xd={"tp": "Shard(0)"}, xm={"tp": "Shard(0)"})
     place.update(nx={"dp": "Shard(0)", "tp": "Shard(2)"})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
                  zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={})
@@ -476,6 +482,10 @@ def _layout_mutations(v) -> None:
         d["outputs"]["xr"]["placement"] = {"dp": "Shard(0)", "tp": "Shard(0)"}
 
     v("reshape: a tp shard merged with the dim outside it, read as a row block", lay, reshape_inner)
+    v("sum: the dp partial sum over / times a constant read without its all_reduce", lay,
+      lambda d: d["outputs"]["xd"].update(local="xdp"))
+    v("sum: the dp partial sum times a constant all_reduced over tp instead of dp", lay,
+      lambda d: _nodes(d)["xm"]["attrs"].update(axis="tp"))
     v("layout: rank slice blocks reversed", lay,
       lambda d: _nodes(d)["zs1"]["attrs"].update(start="(1-rank.tp)*2", end="(1-rank.tp)*2+2"))
 

@@ -41,6 +41,14 @@ Definition swapi (d0 d1 d : nat) : nat := if d == d0 then d1 else if d == d1 the
 
 Definition sh (pl : placement) : option nat := if pl is Shard d then Some d else None.
 
+(** The placement of a sum over the dims [es] (in that order) of an operand placed [pl]: a
+    shard's dim is renumbered by each dim removed before it and becomes a partial sum when summed. *)
+Definition sum_pl (es : seq nat) (pl : placement) : placement :=
+  foldl (fun pl e => if pl is Shard d then (if e == d then Partial RSum else Shard (if e < d then d.-1 else d))
+                     else pl) pl es.
+
+Definition sum_in (pl : placement) : bool := is_psum pl || (sh pl != None).
+
 (** Placement rules for a local op [o] whose logical operands have shapes [ss]
     and whose local operands have placements [pls]; [pl] is the claimed result.
     Each line names the rule. *)
@@ -59,11 +67,8 @@ Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement)
       | Transpose d0 d1 =>                                  (* transpose of a shard *)
           (d0 < size s0) && (d1 < size s0) &&
           (if sh a is Some d then sh pl == Some (swapi d0 d1 d) else false)
-      | Sum [:: e] =>
-          if sh a is Some d then
-            if e == d then is_psum pl                       (* sum over the sharded dim *)
-            else (e < size s0) && (sh pl == Some (if e < d then d.-1 else d))  (* other dim *)
-          else false
+      | Sum ds =>                                           (* sum of a shard or of a partial sum *)
+          uniq ds && all (fun e => e < size s0) ds && sum_in a && placement_eqb pl (sum_pl (sum_order ds) a)
       | _ => false
       end
   | [:: a; b] =>
@@ -71,7 +76,13 @@ Definition rule (o : op) (ss : seq shape) (pls : seq placement) (pl : placement)
       | Add | Sub =>
           (if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false)
           || (is_psum a && is_psum b && is_psum pl && (s0 == so) && (s1 == so))
-      | Mul | Div => if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false
+      | Mul =>
+          (if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false)
+          || (is_psum a && is_rep b && is_psum pl)                   (* partial sum times a replicated *)
+          || (is_rep a && is_psum b && is_psum pl)                   (* replicated times a partial sum *)
+      | Div =>
+          (if sh pl is Some d then bin_shard so s0 a d && bin_shard so s1 b d else false)
+          || (is_psum a && is_rep b && is_psum pl)                   (* partial sum over a replicated *)
       | MM => mm_ok ss &&
           ((is_rep a && (sh b == Some 1) && (sh pl == Some 1))        (* column parallel *)
            || ((sh a == Some 0) && is_rep b && (sh pl == Some 0))     (* rows of the lhs *)

@@ -390,4 +390,30 @@ move=> io ao ka; rewrite /proj (nth_map (0, 0)); last by rewrite size_zip size_d
 by rewrite nth_zip ?size_drop ?io ?subKn //= nth_drop.
 Qed.
 
+(** ** Removing a dim after inserting one *)
+Lemma size_ins_at_any e t (i : seq nat) : size (ins_at e t i) = (size i).+1.
+Proof. by rewrite /ins_at size_cat /= size_take size_drop; case: ltnP => h; nat_lia. Qed.
+
+Lemma rem_ins_at e t (i : seq nat) : e <= size i -> rem_at e (ins_at e t i) = i.
+Proof.
+move=> ei; have st : size (take e i) = e by rewrite size_take; case: ltnP => // h; apply/eqP; rewrite eqn_leq h ei.
+rewrite /rem_at /ins_at (take_size_cat _ st) drop_cat st ltnNge leqnSn /= subSnn /= drop0.
+exact: cat_take_drop.
+Qed.
+
+Lemma inb_rem_at e s j : e < size s -> inb s j -> inb (rem_at e s) (rem_at e j).
+Proof.
+move=> es /inbP [sz H]; apply/inbP; have ej : e < size j by rewrite sz.
+rewrite !size_rem_at // sz; split=> // k ks.
+rewrite !nth_rem_at //; case: ifP => ke; apply: H; first by nat_lia.
+by move: ks; rewrite -ltnS prednK //; nat_lia.
+Qed.
+
+Lemma inb_ins_rem e t s i : e < size s -> inb s (ins_at e t i) -> inb (rem_at e s) i.
+Proof.
+move=> es ii; have sz := inb_size ii; rewrite size_ins_at_any in sz.
+have ei : e <= size i by rewrite -ltnS sz.
+by rewrite -(rem_ins_at t ei); apply: inb_rem_at.
+Qed.
+
 End JLists.

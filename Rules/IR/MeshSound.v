@@ -68,11 +68,6 @@ Qed.
 Definition marg_ok ms (s : shape) pls (T : tensor) (ps : shape) (L : mfamily) : Prop :=
   [/\ mplaced ms s pls T L, ps = mlocal_shape ms s pls, mpl_ok ms s pls, zmask s T & forall c, zmask ps (L c)].
 
-Lemma zmask_mask s (T : tensor) : zmask s T -> mask s T = T.
-Proof.
-move=> z; apply: functional_extensionality => i; rewrite /mask.
-by case: ifP => // /negbT /z ->.
-Qed.
 
 (** The head axis's witness can be taken 0 outside the local shape. *)
 Lemma mplaced_cons p ms s pl pls (T : tensor) (L : mfamily) :

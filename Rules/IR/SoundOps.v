@@ -414,6 +414,84 @@ rewrite H //; first by rewrite shift_ins_same.
 by apply: inb_rem_ins; rewrite ?size_set_nth_lt ?nth_set_nth_lt ?eqxx // rem_at_set_nth_same.
 Qed.
 
+(** ** torch.sum over several dims: one dim at a time, largest first ([sum_order]) *)
+Lemma zmask_mask s (T : tensor) : zmask s T -> mask s T = T.
+Proof.
+move=> z; apply: functional_extensionality => i; rewrite /mask.
+by case: ifP => // /negbT /z ->.
+Qed.
+
+Lemma zmask_sum1 s e T : (e < size s)%N -> zmask s T -> zmask (rem_at e s) (sum1 s e T).
+Proof.
+move=> es z i ni; rewrite /sum1 sumRE big1_seq // => k _; apply: z.
+by apply/negP => /(@inb_ins_rem e k s i es); apply/negP.
+Qed.
+
+Lemma sum1_partial p s e T (L : family) : (e < size s)%N ->
+  placed p s (Partial RSum) T L ->
+  placed p (rem_at e s) (Partial RSum) (sum1 s e T) (fun r => sum1 s e (L r)).
+Proof.
+move=> es H i ii /=; under eq_bigr do rewrite /sum1 sumRE.
+rewrite /sum1 sumRE exchange_big /=; apply: eq_big_nat => k /andP [_ kn].
+by apply: H; apply: inb_rem_ins.
+Qed.
+
+Lemma sum_many_sound p es : forall s pl T (L : family),
+  sorted geq es -> uniq es -> all (fun e => e < size s)%N es -> sum_in pl ->
+  placed p s pl T L -> pl_ok p s pl -> zmask s T -> (forall r, zmask (local_shape p s pl) (L r)) ->
+  let so := foldl (fun s e => rem_at e s) s es in
+  let pl' := sum_pl es pl in
+  [/\ foldl (fun s e => rem_at e s) (local_shape p s pl) es = local_shape p so pl',
+      placed p so pl' (sum_many es s T) (fun r => sum_many es (local_shape p s pl) (L r)),
+      pl_ok p so pl', zmask so (sum_many es s T) &
+      forall r, zmask (local_shape p so pl') (sum_many es (local_shape p s pl) (L r))].
+Proof.
+elim: es => [|e es IH] s pl T L //= srt /andP [ne ues] /andP [es0 ess] spl H ok zT zL.
+have srt' : sorted geq es := path_sorted srt.
+have le : all (fun x => x <= e)%N es.
+  have tr : transitive geq by move=> a b c h1 h2; exact: (leq_trans h2 h1).
+  exact: (order_path_min tr srt).
+have ess' : all (fun x => x < size (rem_at e s))%N es.
+  apply/allP => x xe; rewrite size_rem_at //.
+  have xle := allP le x xe; have xne : x != e by apply: contraNneq ne => <-.
+  by move: (allP ess x xe) => xs; nat_lia.
+case: pl spl H ok zL => [|d|[]] //= _ H ok zL.
+- (* Shard d *)
+  have A : arg_ok p s (Shard d) T (local_shape p s (Shard d)) L by [].
+  case: (e =P d) => [ed|/eqP ed].
+  + subst e; have [sh1 pl1] := sum_shard_same A.
+    have e1 : op_val (Sum [:: d]) [:: s] [:: T] = sum1 s d T by rewrite op_val_sum1 zmask_mask //; apply: zmask_sum1.
+    have hl : rem_at d (local_shape p s (Shard d)) = rem_at d s by rewrite rem_at_set_nth_same.
+    have szl : size (local_shape p s (Shard d)) = size s by rewrite size_local_shape.
+    have zl1 : forall r, zmask (rem_at d s) (sum1 (local_shape p s (Shard d)) d (L r)).
+      by move=> r; rewrite -hl; apply: zmask_sum1; rewrite ?szl.
+    have e2 : forall r, op_val (Sum [:: d]) [:: local_shape p s (Shard d)] [:: L r] =
+                       sum1 (local_shape p s (Shard d)) d (L r).
+      by move=> r; rewrite op_val_sum1 zmask_mask //; apply: zmask_sum1; rewrite ?szl.
+    rewrite e1 (functional_extensionality _ _ e2) in pl1.
+    have [c1 c2 c3 c4 c5] := IH (rem_at d s) (Partial RSum) _ _ srt' ues ess' isT pl1 isT (zmask_sum1 es0 zT) zl1.
+    by rewrite hl; split.
+  + have [sh1 pl1] := sum_shard_other es0 ed A.
+    set d' := if (e < d)%N then d.-1 else d in sh1 pl1 *.
+    have hls : rem_at e (local_shape p s (Shard d)) = local_shape p (rem_at e s) (Shard d') by rewrite -sh1.
+    have e1 : op_val (Sum [:: e]) [:: s] [:: T] = sum1 s e T by rewrite op_val_sum1 zmask_mask //; apply: zmask_sum1.
+    have szl : size (local_shape p s (Shard d)) = size s by rewrite size_local_shape.
+    have zl1 : forall r, zmask (local_shape p (rem_at e s) (Shard d')) (sum1 (local_shape p s (Shard d)) e (L r)).
+      by move=> r; rewrite -hls; apply: zmask_sum1; rewrite ?szl.
+    have e2 : forall r, op_val (Sum [:: e]) [:: local_shape p s (Shard d)] [:: L r] =
+                       sum1 (local_shape p s (Shard d)) e (L r).
+      by move=> r; rewrite op_val_sum1 zmask_mask //; apply: zmask_sum1; rewrite ?szl.
+    rewrite e1 (functional_extensionality _ _ e2) in pl1.
+    have ok1 : pl_ok p (rem_at e s) (Shard d') by case: pl1 => d'l dv _; rewrite /= /shard_ok d'l dv eqxx.
+    have [c1 c2 c3 c4 c5] := IH (rem_at e s) (Shard d') _ _ srt' ues ess' isT pl1 ok1 (zmask_sum1 es0 zT) zl1.
+    by rewrite hls; split.
+- (* Partial(sum) *)
+  have pl1 := sum1_partial es0 H.
+  have [c1 c2 c3 c4 c5] := IH (rem_at e s) (Partial RSum) _ _ srt' ues ess' isT pl1 isT (zmask_sum1 es0 zT)
+                            (fun r => zmask_sum1 es0 (zL r)).
+  by split.
+Qed.
+
 (** ** Linear ops on Partial(sum) *)
 Lemma unary_partial p o g s T ps (L : family) :
   ufun o = Some g -> (o = Neg \/ exists c, o = Scale c) ->
@@ -452,6 +530,48 @@ have i1 : inb s1 i by rewrite {1}e1.
 rewrite -(H0 i i0) -(H1 i i1).
 case: ho hg => -> [<-]; first by rewrite big_split.
 by rewrite sumrB.
+Qed.
+
+(** A Partial(sum) times (or over) a replicated operand, broadcasting: each rank scales its
+    partial sum by the same factor.  Out-of-bounds reads are 0 on both sides ([zmask]). *)
+Lemma binary_partial_rep p (g : R -> R -> R) s0 s1 T0 T1 ps0 ps1 (L0 L1 : family) :
+  (forall (x : nat -> R) y, g (\sum_(0 <= r < p) x r) y = \sum_(0 <= r < p) g (x r) y) ->
+  arg_ok p s0 (Partial RSum) T0 ps0 L0 -> arg_ok p s1 Replicate T1 ps1 L1 ->
+  bshape ps0 ps1 = bshape s0 s1 /\
+  placed p (bshape s0 s1) (Partial RSum)
+    (mask (bshape s0 s1) (fun i => g (T0 (proj s0 (bshape s0 s1) i)) (T1 (proj s1 (bshape s0 s1) i))))
+    (fun r => mask (bshape ps0 ps1)
+                (fun i => g (L0 r (proj ps0 (bshape ps0 ps1) i)) (L1 r (proj ps1 (bshape ps0 ps1) i)))).
+Proof.
+move=> lin [H0 -> _ z0 zL0] [H1 -> _ z1 zL1] /=; split => // i ii.
+set so := bshape s0 s1 in ii *; set j0 := proj s0 so i; set j1 := proj s1 so i.
+have e0 : \sum_(0 <= r < p) L0 r j0 = T0 j0.
+  case sj: (inb s0 j0); first exact: H0.
+  have nj : ~~ inb s0 j0 by rewrite sj.
+  by rewrite (z0 _ nj); apply: big1_seq => q _; apply: zL0.
+have e1 : forall q, (q < p)%N -> L1 q = T1 by move=> q qp; exact: (rep_fun H1 z1 (zL1 q) qp).
+rewrite /mask ii -e0 lin; apply: eq_big_nat => r /andP [_ rp].
+by rewrite (e1 r rp).
+Qed.
+
+Lemma binary_rep_partial p (g : R -> R -> R) s0 s1 T0 T1 ps0 ps1 (L0 L1 : family) :
+  (forall x (y : nat -> R), g x (\sum_(0 <= r < p) y r) = \sum_(0 <= r < p) g x (y r)) ->
+  arg_ok p s0 Replicate T0 ps0 L0 -> arg_ok p s1 (Partial RSum) T1 ps1 L1 ->
+  bshape ps0 ps1 = bshape s0 s1 /\
+  placed p (bshape s0 s1) (Partial RSum)
+    (mask (bshape s0 s1) (fun i => g (T0 (proj s0 (bshape s0 s1) i)) (T1 (proj s1 (bshape s0 s1) i))))
+    (fun r => mask (bshape ps0 ps1)
+                (fun i => g (L0 r (proj ps0 (bshape ps0 ps1) i)) (L1 r (proj ps1 (bshape ps0 ps1) i)))).
+Proof.
+move=> lin [H0 -> _ z0 zL0] [H1 -> _ z1 zL1] /=; split => // i ii.
+set so := bshape s0 s1 in ii *; set j0 := proj s0 so i; set j1 := proj s1 so i.
+have e1 : \sum_(0 <= r < p) L1 r j1 = T1 j1.
+  case sj: (inb s1 j1); first exact: H1.
+  have nj : ~~ inb s1 j1 by rewrite sj.
+  by rewrite (z1 _ nj); apply: big1_seq => q _; apply: zL1.
+have e0 : forall q, (q < p)%N -> L0 q = T0 by move=> q qp; exact: (rep_fun H0 z0 (zL0 q) qp).
+rewrite /mask ii -e1 lin; apply: eq_big_nat => r /andP [_ rp].
+by rewrite (e0 r rp).
 Qed.
 
 (** ** All rules of [Check.rule] *)
@@ -529,12 +649,20 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
     rewrite (shP ha') (shP hpl) in A0 e0 *.
     rewrite !(@op_val_unary (Fn f) _ _ _ _ _ erefl) e0.
     by split=> //; apply: (@unary_shard p (fn f)); rewrite -e0.
-  + case: ds => [|e [|? ?]] //.
-    case ha: (sh a) => [d|] //; rewrite (shP ha) in A0 e0 *.
-    case: (e =P d) => [->|/eqP ed].
-      by move=> /is_psumP -> _; exact: sum_shard_same A0.
-    move=> /andP [es /eqP hpl] ok; rewrite (shP hpl).
-    exact: sum_shard_other A0.
+  + move=> /andP [/andP [/andP [uds alld] sin] /placement_eqbP ->] _.
+    have [H e0' okp zT zL] := A0; rewrite e0' in zL *.
+    have gt : total geq by move=> x y; rewrite orbC leq_total.
+    have srt : sorted geq (sum_order ds) := sort_sorted gt ds.
+    have us : uniq (sum_order ds) by rewrite sort_uniq.
+    have als : all (fun e => e < size s0)%N (sum_order ds) by rewrite /sum_order (perm_all _ (permEl (perm_sort _ _))).
+    have [c1 c2 c3 c4 c5] := sum_many_sound srt us als sin H okp zT zL.
+    rewrite /op_shape /sum_shape c1; split => //.
+    rewrite /op_val /op_shape /sum_shape c1 zmask_mask //.
+    rewrite /=; set so := foldl _ s0 (sum_order ds).
+    have -> : (fun r => mask (local_shape p so (sum_pl (sum_order ds) a)) (sum_many (sum_order ds) (local_shape p s0 a) (L0 r)))
+            = (fun r => sum_many (sum_order ds) (local_shape p s0 a) (L0 r)).
+      by apply: functional_extensionality => r; exact: zmask_mask (c5 r).
+    exact: c2.
   + case/andP => [/andP [h0 h1]]; case ha: (sh a) => [d|] // /eqP hpl ok.
     rewrite (shP ha) (shP hpl) in A0 e0 *.
     exact: transpose_shard A0.
@@ -556,13 +684,23 @@ case: pls A hss hTs hps hLs nallr => [|a [|b [|c pls']]] A hss hTs hps hLs nallr
     move=> /andP [/andP [/andP [/andP [/is_psumP ha /is_psumP hb] /is_psumP hpl] /eqP e0] /eqP e1] _.
     rewrite ha hb hpl in A0 A1 *.
     by apply: (@binary_partial p Sub (fun x y => x - y)) => //; right.
-  + 
-    case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
-    rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
-    exact: (@binary_shard p (fun x y => x * y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
-  + (* div *) case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
-    rewrite !(@op_val_binary Div (fun x y => x / y)) //.
-    exact: (@binary_shard p (fun x y => x / y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+  + case/orP => [/orP [|]|].
+    * case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+      rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
+      exact: (@binary_shard p (fun x y => x * y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+    * move=> /andP [/andP [/is_psumP ha /is_repP hb] /is_psumP hpl] _; rewrite ha hb hpl in A0 A1 *.
+      rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
+      by apply: (@binary_partial_rep p (fun x y => x * y)) => // x y; rewrite mulr_suml.
+    * move=> /andP [/andP [/is_repP ha /is_psumP hb] /is_psumP hpl] _; rewrite ha hb hpl in A0 A1 *.
+      rewrite !(@op_val_binary Mul (fun x y => x * y)) //.
+      by apply: (@binary_rep_partial p (fun x y => x * y)) => // x y; rewrite mulr_sumr.
+  + (* div *) case/orP => [|].
+    * case hpl: (sh pl) => [d|] // /andP [b0 b1] ok; rewrite (shP hpl) in ok *.
+      rewrite !(@op_val_binary Div (fun x y => x / y)) //.
+      exact: (@binary_shard p (fun x y => x / y) _ d s0 s1 a b T0 T1 ps0 ps1 L0 L1 erefl ok b0 b1 A0 A1).
+    * move=> /andP [/andP [/is_psumP ha /is_repP hb] /is_psumP hpl] _; rewrite ha hb hpl in A0 A1 *.
+      rewrite !(@op_val_binary Div (fun x y => x / y)) //.
+      by apply: (@binary_partial_rep p (fun x y => x / y)) => // x y; rewrite mulr_suml.
   + rewrite /mm_ok /=; case/andP => /andP [/andP [z0 z1] /eqP k01].
     case: s0 z0 A0 k01 => [|a0 [|k0 [|]]] // _ A0 k01.
     case: s1 z1 A1 k01 => [|k1 [|n1 [|]]] // _ A1 /= k01; rewrite -k01 in A1 *.

@@ -469,9 +469,13 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
             d0, d1 = op[1], op[2]
             d = d1 if a.dim == d0 else d0 if a.dim == d1 else a.dim
             cands.append(Pl("S", d))
-        if k == "Sum" and len(op[1]) == 1 and a.kind == "S":
-            e = op[1][0]
-            cands.append(PSUM if e == a.dim else Pl("S", a.dim - 1 if e < a.dim else a.dim))
+        if k == "Sum" and (a.kind == "S" or a == PSUM) and len(set(op[1])) == len(op[1]) \
+                and all(e < len(ss[0]) for e in op[1]):
+            pl = a   # Check.sum_pl over the dims largest first
+            for e in sorted(op[1], reverse=True):
+                if pl.kind == "S":
+                    pl = PSUM if e == pl.dim else Pl("S", pl.dim - 1 if e < pl.dim else pl.dim)
+            cands.append(pl)
     elif len(pls) == 2:
         a, b = pls
         if k in ("Add", "Sub", "Mul", "Div"):
@@ -482,6 +486,8 @@ def _rule(op: tuple, ss: list, pls: list[Pl], p: int) -> Pl | None:
                         cands.append(Pl("S", d))
             if k in ("Add", "Sub") and a == PSUM and b == PSUM and tuple(ss[0]) == so and tuple(ss[1]) == so:
                 cands.append(PSUM)
+            if k in ("Mul", "Div") and a == PSUM and b.kind == "R" or k == "Mul" and a.kind == "R" and b == PSUM:
+                cands.append(PSUM)  # SoundOps.binary_partial_rep / binary_rep_partial
         if k == "MM" and len(ss[0]) == 2 and len(ss[1]) == 2 and ss[0][1] == ss[1][0]:
             if a.kind == "R" and b == Pl("S", 1):
                 cands.append(Pl("S", 1))
