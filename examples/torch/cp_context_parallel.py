@@ -22,16 +22,16 @@ import torch.nn.functional as F
 from cp_attention import HD, NH, H, heads, injected, rope
 
 
-def make_logical():
+def make_logical(causal: bool = True):
     def logical(x, wq, wk, wv, target, cos, sin):
         q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
         pos = torch.arange(x.shape[0])
         q, k = rope(q, pos, cos, sin), rope(k, pos, cos, sin)
-        return ((F.scaled_dot_product_attention(q, k, v, is_causal=True) - target) ** 2).sum()
+        return ((F.scaled_dot_product_attention(q, k, v, is_causal=causal) - target) ** 2).sum()
     return logical
 
 
-def make_parallel(bug: str):
+def make_parallel(bug: str, causal: bool = True):
     from torch.distributed.tensor.experimental import context_parallel
 
     def parallel(ctx, x, wq, wk, wv, target, cos, sin):
@@ -44,12 +44,12 @@ def make_parallel(bug: str):
                 pos = torch.arange(x.shape[0])
             q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
             q, k = rope(q, pos, cos, sin), rope(k, pos, cos, sin)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             return ((o - target) ** 2).sum()
     return parallel
 
 
-def tvcert_trace(cp: int = 2, tp: int = 1, lb: bool = True, bug: str = "", seq: int = 0):
+def tvcert_trace(cp: int = 2, tp: int = 1, lb: bool = True, bug: str = "", seq: int = 0, causal: bool = True):
     from torch.distributed.tensor.experimental._context_parallel import _attention as A
 
     from tvcert.frontends.context_parallel import trace_cp
@@ -65,7 +65,7 @@ def tvcert_trace(cp: int = 2, tp: int = 1, lb: bool = True, bug: str = "", seq: 
     A._cp_options.enable_load_balance = lb  # what context_parallel() reads to pick the head-tail load balancer
     try:
         with injected(bug):
-            return trace_cp(logical=make_logical(), parallel=make_parallel(bug), mesh=mesh, output_placements=out_pl,
+            return trace_cp(logical=make_logical(causal), parallel=make_parallel(bug, causal), mesh=mesh, output_placements=out_pl,
                             inputs={"x": {"shape": [s, H]}, "wq": w, "wk": w, "wv": w,
                                     "target": {"shape": [1, NH, s, HD], "placement": dict(col)},
                                     "cos": {"shape": [s, HD]}, "sin": {"shape": [s, HD]}},

@@ -128,7 +128,8 @@ class _Walk:
     """Abstract values of the tensors before op ``index``, per ring-axis coordinate."""
 
     def __init__(self, g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx, A: str):
-        self.g, self.facts, self.kc, self.A = g, facts, kc, A
+        self.g, self.facts, self.kc, self.A, self.index = g, facts, kc, A, index
+        self.fw: dict[int, Att] | None = None
         self.ai = kc.axes.index(A)
         self.p = kc.sizes[A]
         self.prod = ProducersBefore(g, index)
@@ -585,7 +586,9 @@ class _Walk:
         return B2(e, pv.rows, pv.cols, pv.pl, "ds")
 
     def forward(self, eS: int) -> Att:
-        got = self.fw.get(eS) if hasattr(self, "fw") else None
+        if self.fw is None:  # scanned once, only when a backward reaches dS
+            self.fw = _forwards(self.g, self.index, self.facts, self.kc)
+        got = self.fw.get(eS)
         if got is None:
             raise MergeMismatch("the forward attention of these scores is not proved")
         return got
@@ -633,7 +636,7 @@ def match_merge(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
     raise RuleFailure(str(last) if last else "not a merge")
 
 
-def _forwards(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx, A: str) -> dict[int, Att]:
+def _forwards(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> dict[int, Att]:
     """The proved forward merges before ``index``: scores expression -> the merged pair."""
     out = {}
     for j in range(index):
@@ -659,9 +662,6 @@ def match_merge_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KC
     last = None
     for A in _ring_axis(kc):
         w = _Walk(g, index + 1, facts, kc, A)
-        w.fw = _forwards(g, index, facts, kc, A)
-        if not w.fw:
-            raise RuleFailure("no proved forward merge")
         try:
             v = w.val(n.outputs[0])
         except MergeMismatch:
