@@ -89,6 +89,7 @@ class Prover:
         self._lnorm: dict[int, int] = {}
         self._rnorm: dict[int, int] = {}
         self._sf: ScalarFactors | None = None
+        self._lmap: dict = {}  # layout_map.index_map per expression
 
     # ------------------------------------------------------------------ public
     def equal(self, a: int, b: int) -> bool:
@@ -134,7 +135,7 @@ class Prover:
         if interleaved_equal(X, a, b, self.equal) or interleaved_equal(X, b, a, self.equal):
             self.used.add(INTERLEAVE_EQ)
             return True
-        if layout_map_equal(X, a, b, self.equal):  # layout chains reading the same index everywhere
+        if layout_map_equal(X, a, b, self.equal, self._lmap):  # layout chains reading the same index everywhere
             self.used.add(LAYOUT_MAP)
             return True
         if factored_equal(self.scalar_factors(), a, b, self.equal):  # 0-d factors such as 1 / global count

@@ -40,9 +40,13 @@ def _eval_attrs(op: str, at: dict) -> dict:
     return out
 
 
-def index_map(X: Exprs, i: int) -> tuple[int, np.ndarray | None] | None:
+def index_map(X: Exprs, i: int, cache: dict | None = None) -> tuple[int, np.ndarray | None] | None:
     """(base, map): ``i`` reads ``base`` at flat index ``map[j]`` for every index j (map None: ``i`` is no layout
-    chain); None when the base is too large to enumerate."""
+    chain); None when the base is too large to enumerate.  ``cache``: expression id -> answer (one table)."""
+    if cache is not None:
+        if i not in cache:
+            cache[i] = index_map(X, i)
+        return cache[i]
     ops = []
     j = i
     while X[j].op in LAYOUT and len(X[j].args) == 1:
@@ -63,8 +67,8 @@ def index_map(X: Exprs, i: int) -> tuple[int, np.ndarray | None] | None:
     return j, idx
 
 
-def layout_map_equal(X: Exprs, a: int, b: int, equal: Callable[[int, int], bool]) -> bool:
-    ma, mb = index_map(X, a), index_map(X, b)
+def layout_map_equal(X: Exprs, a: int, b: int, equal: Callable[[int, int], bool], cache: dict | None = None) -> bool:
+    ma, mb = index_map(X, a, cache), index_map(X, b, cache)
     if ma is None or mb is None or (ma[1] is None and mb[1] is None):
         return False
     (ba, ia), (bb, ib) = ma, mb
