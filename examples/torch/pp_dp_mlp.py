@@ -1,6 +1,6 @@
 """DP + PP on a (pp x dp) mesh with hand-built pipeline groups, for `tvcert trace`: a stage sending to the wrong peer.
 
-    tvcert trace examples/torch/pp_dp_mlp.py --verify                       # UNKNOWN (see below), interpreter agrees
+    tvcert trace examples/torch/pp_dp_mlp.py --verify                       # VERIFIED (one micro-batch per replica)
     tvcert trace examples/torch/pp_dp_mlp.py --set bug=wrong_peer --verify  # REFUTED: activations cross dp replicas
 
 Each data-parallel replica d runs its own 2-stage pipeline (1F1B) on its shard of the batch; the code builds
@@ -8,9 +8,10 @@ the pipeline process groups itself (``dist.new_group``, one per replica, as code
 and averages the gradients over the replicas after the step (``p.grad / dp``, then ``dist.all_reduce``).
 ``wrong_peer``: the groups pair stage 0 of replica d with stage 1 of replica dp-1-d (rank list
 ``[d, world-1-d]`` instead of ``[d, dp+d]``), so each replica's activations are trained against the other
-replica's targets.  The correct program is UNKNOWN today: the engine has no rule for micro-batches of a
-data-parallel shard (it verifies pipelines against gradient accumulation over the whole batch's micro-batches,
-examples/torch/pp_mlp.py); the reference interpreter finds no difference.
+replica's targets.  With one micro-batch per replica (the default) the correct program is VERIFIED
+(tests/test_trace_pipelining.py); with more (``--set microbatches=2``) it is UNKNOWN: the engine has no rule for
+micro-batches of a data-parallel shard (a slice along a ``Shard(0)`` dim), and the reference interpreter finds no
+difference.
 """
 import torch
 import torch.distributed as dist

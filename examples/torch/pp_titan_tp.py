@@ -101,6 +101,6 @@ def tvcert_trace(bug: str = "", schedule: str = "1F1B", layers: int = 2, sp: boo
         f.write(text)
         f.flush()
         job = load_job(f.name, "llama3-debug")
-        patch = {"wrong_peer": _wrong_peer_groups, "no_loss_scale": _per_microbatch_mean}.get(bug, contextlib.nullcontext)
-        with patch():
+        patches = {"wrong_peer": _wrong_peer_groups, "no_loss_scale": _per_microbatch_mean}
+        with patches.get(bug, contextlib.nullcontext)():
             return trace_titan_job(job, layers=layers, name=f"pp_titan_tp{'_' + bug if bug else ''}")

@@ -35,6 +35,11 @@ of the mesh on the fake process group, unmodified:
   full-batch loss and gradients is UNKNOWN): ``reference="full"`` compares with the full batch and is
   UNKNOWN with more than one micro-batch.  Every parameter and buffer is an input of the stage holding it (held
   by no stage: bad input; by two, a tied weight: UNKNOWN).
+* **Plain local shards.**  A framework whose TP parameters are plain local tensors (torchtitan's ``spmd_types``)
+  declares their placements (``param_placements``, checked against the local shapes), runs the step in its own
+  context (``step_context``: the SPMD mesh) and reduces pending gradients outside autograd (``grad_sync``):
+  :func:`trace_titan_pp_job`.  A ``ppermute`` before a send whose stack has no user frame is located where its
+  process group was created (``dist.new_group``'s caller).
 * **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's), never REFUTED; building the stage or schedule failing is bad input.
 """
 from __future__ import annotations
@@ -374,12 +379,12 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
     last stage and None elsewhere (default: torchtitan's step, the mean of the micro-batch losses).  ``data``:
     name -> input spec (:func:`.trace.trace_plan`), the whole batch on every rank of the stage that reads it.
     The stage modules' parameters and buffers are the model's, found by module identity, else by name
-    (:func:`_held_params`).  Placements: a DTensor parameter's own; a parameter held as a plain local shard (torchtitan's
-    ``spmd_types`` TP) gets ``param_placements(stage module)[name]`` ({axis: placement}, checked against its local
-    shape; absent: Replicate).  ``step_context(ctx)``: a context manager entered around the rank's traced step and its
-    shape inference (torchtitan's SPMD mesh context).  ``grad_sync(ctx, {logical name: gradient})``: the rank's
-    gradient reductions that run outside autograd (FSDP's all-reduce of pending TP gradients), applied after the
-    step."""
+    (:func:`_held_params`).  Placements: a DTensor parameter's own; a parameter held as a plain local shard
+    (torchtitan's ``spmd_types`` TP) gets ``param_placements(stage module)[name]`` ({axis: placement}, checked
+    against its local shape; absent: Replicate).  ``step_context(ctx)``: a context manager entered around the rank's
+    traced step and its shape inference (torchtitan's SPMD mesh context).  ``grad_sync(ctx, {logical name:
+    gradient})``: the rank's gradient reductions that run outside autograd (FSDP's all-reduce of pending TP
+    gradients), applied after the step."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
