@@ -89,17 +89,30 @@ def _placements(fqn: str, fp, order) -> dict[str, str]:
     plan that nests tp outside dp, else TraceError -- :func:`.dtensor.param_placements`)."""
     from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
-    from .dtensor import param_placements
-
     p = fp.sharded_param
     for a, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
         if not isinstance(pl, (Shard, _StridedShard, Replicate)):
             raise TraceError(f"FSDP2 parameter placement {pl} on {a!r} is not traced", "unsupported", "fully_shard")
+    return _dtensor_placements(fqn, p, order)
+
+
+def _dtensor_placements(fqn: str, p, order) -> dict[str, str]:
+    """:func:`.dtensor.param_placements` of DTensor parameter ``fqn``, without its Replicate axes."""
+    from .dtensor import param_placements
+
     try:
         pls = param_placements(p, list(order))
     except TraceError as exc:
         raise TraceError(f"FSDP2 parameter {fqn!r}: {exc}", exc.kind, "fully_shard") from None
     return {a: t for a, t in pls.items() if t != "Replicate"}
+
+
+def _tp_rest(model, rest, order) -> dict[str, dict[str, str]]:
+    """The placements of TP's DTensor parameters left outside every fully_shard."""
+    from torch.distributed.tensor import DTensor
+
+    return {n: _dtensor_placements(n, p, order) for n, p in model.named_parameters()
+            if n in rest and isinstance(p, DTensor)}
 
 
 @contextlib.contextmanager
@@ -152,9 +165,6 @@ def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dic
     gradient divide factors and the mesh axes FSDP2 reduces over."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    from .dtensor import param_placements
 
     axes, sizes = tuple(mesh), tuple(mesh.values())
     world = 1
@@ -180,9 +190,7 @@ def _probe(model_factory, shard, mesh: Mapping[str, int]) -> tuple[dict[str, dic
                              ": not traced", "unsupported", "fully_shard")
         pl = {n: _placements(n, fp, axes) for n, fp in fps}
         rest = [n for n, _ in model.named_parameters() if n not in pl]
-        for n, p in model.named_parameters():  # outside fully_shard but TP's DTensor: its TP placement
-            if n in rest and isinstance(p, DTensor):
-                pl[n] = {a: t for a, t in param_placements(p, list(axes)).items() if t != "Replicate"}
+        pl.update(_tp_rest(model, rest, axes))  # outside fully_shard but TP's DTensor: its TP placement
         divide = {m._get_fsdp_state()._fsdp_param_group.gradient_divide_factor for m in model.modules()
                   if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None}
         dp_axes = {a for _, fp in fps for a in fp.mesh_info.mesh.mesh_dim_names}
@@ -274,7 +282,8 @@ def trace_fully_shard_plan(model_factory: Callable[[], Any], shard: Callable[[An
         model = model if res is None else res
         fps = fsdp_params(model)
         got = {n: _placements(n, fp, tuple(mesh)) for n, fp in fps}
-        if got != {n: v for n, v in placements.items() if n not in rest}:
+        got.update({n: v for n, v in _tp_rest(model, rest, tuple(mesh)).items() if v})
+        if got != placements:
             raise TraceError(f"FSDP2 places the parameters differently on rank {ctx.rank}: {got} vs rank 0's "
                              f"{placements}", "spmd", "fully_shard")
         for mod in model.modules():  # FSDP2's lazy init (outside the trace: it compares real storages)
