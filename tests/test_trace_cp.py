@@ -121,6 +121,22 @@ def test_uniform_ring_traces_one_program_interpreter_agrees(uniform_ring):
     assert {"ring_sigmoid_merge", "ring_sigmoid_merge_backward"} <= used_rules(res)
 
 
+@pytest.mark.parametrize("which", [0, -1])
+def test_unrolled_ring_block_twice_or_grads_not_home_refuted(uniform_ring, which):
+    """Near misses of the unrolled-ring rules, edited into the traced plan: the first K / V ppermute with shift 0
+    (each rank attends its own block twice, another never) or the last dK / dV ppermute with shift 0 (the
+    gradients never come home): not VERIFIED, REFUTED by the interpreter."""
+    import copy
+
+    from tvcert.engine.verify import verify
+
+    d = copy.deepcopy(uniform_ring)
+    perms = [n for n in d["parallel"][0]["nodes"] if n["op"] == "ppermute"]
+    perms[which]["attrs"]["shift"] = 0
+    res = verify(load_plan(d))
+    assert res.verdict == "REFUTED", res.reasons
+
+
 def test_tp_cp_unrolled_ring_verified_broken_kernel_caught():
     """TP + CP (cp 2 x tp 2, all-gather rotater, non-causal): VERIFIED.  The merged lse left at the first block's
     (``lse_not_updated``) is refused by the kernel; with the kernel's whole-row premise of the recomputed

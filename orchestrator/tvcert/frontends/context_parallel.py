@@ -106,8 +106,9 @@ def why_not_spmd(load_balance: bool, rotate: str, is_causal: bool = True, cp: in
                      f"{_torch_line(A._AllGatherRotater.next_buffer, '.chunk(')}, an offset that wraps around the ring "
                      f"(not affine in the rank)")
     return ("torch's ring attention runs a different program on each cp rank: " + "; ".join(parts) +
-            "; tvcert's ring-attention rules (kernel/ring.py) match one program for every rank (a ring_loop over cp "
-            "passing K / V with ppermute), so there is no verdict")
+            "; tvcert's ring-attention rules match one program for every rank (kernel/ring.py: a ring_loop over cp "
+            "passing K / V with ppermute; kernel/ring_merge.py: torch's unrolled ring, every block unmasked, on one "
+            "schedule), so there is no verdict")
 
 
 def ring_sdpa(q, k, v, group, *, is_causal: bool = True, load_balance: bool = True, rotate: str = "allgather",
