@@ -33,6 +33,19 @@ def plans():
     return {bug: pp_titan_tp.tvcert_trace(bug=bug, layers=1) for bug in pp_titan_tp.BUGS}
 
 
+@pytest.fixture
+def smt_budget(monkeypatch):
+    """A wrong plan's failing obligations are what cost solver time; the correct plan verifies in under a second,
+    so 5 s (tests/mutation_check.py's bound) costs no strength.  REFUTED still needs the interpreter's difference,
+    confirmed by a 60-digit run of these ~600-op programs: its wall-clock budget (30 s) is raised so that a loaded
+    machine does not turn the verdict into UNKNOWN ("no counterexample search past its budget")."""
+    from tvcert.engine import verify as V
+    from tvcert.kernel import equality
+
+    monkeypatch.setattr(equality, "SMT_TOTAL_SECONDS", 5.0)
+    monkeypatch.setattr(V, "REFUTE_SECONDS", 600.0)
+
+
 def _nodes(raw, prog):
     return next(p for p in raw["parallel"] if p["name"] == prog)["nodes"]
 
@@ -62,7 +75,7 @@ def test_pp_tp_verified(plans):
     assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
 
 
-def test_pp_tp_pending_norm_gradients_not_summed_refuted(plans):
+def test_pp_tp_pending_norm_gradients_not_summed_refuted(plans, smt_budget):
     """Without the all-reduce of the SP norms' pending gradients each tp rank reads back its partial sum."""
     raw = json.loads(json.dumps(plans[""]))
     # the grad_sync hook is the only all_reduce producing a program output directly
@@ -81,7 +94,7 @@ def test_pp_tp_pending_norm_gradients_not_summed_refuted(plans):
 
 
 @pytest.mark.parametrize("bug", ["wrong_peer", "no_loss_scale"])
-def test_pp_tp_bugs_refuted(plans, bug):
+def test_pp_tp_bugs_refuted(plans, bug, smt_budget):
     raw = plans[bug]
     plan = load_plan(raw)
     assert not run_plan(plan).equal  # the interpreter confirms
