@@ -9,10 +9,11 @@ operand of the logical graph, the values it can hold -- a union of intervals: an
 [0, hi) when lo < 0 < hi (the padded labels the interpreter draws, ``interp.random_value``), else [lo, hi);
 shape-only ops keep values; ``where`` / ``masked_fill`` arms are recomputed under their condition when it compares a
 tensor with a constant (cross-entropy's ``where(t != -100, t, 0)``, wrapped negative indices ``where(i < 0, i + n,
-i)``); +, -, * and min / max by interval arithmetic; concat, pad and constants by union -- and refuses the plan
-(exit 3, naming the input) when a value leaves [0, size).  An index whose values cannot be bounded this way
-(computed by other ops), or that no declared input reaches, is not checked here: the interpreter refuses it when
-it runs.
+i)``); +, -, *, abs, relu, square, min / max by interval arithmetic, a cast to int of x / c by truncation; casts,
+concat, pad and constants keep or join values -- and refuses the plan (exit 3, naming the input) when a value
+leaves [0, size), or when a declared input reaches the index through ops it cannot bound (``cast(float(ids))`` and
+``ids / -1`` were ways around it): no proof that the logical graph is defined on the declared range.  An index
+no declared int input reaches (constants, iota, topk's indices) is not checked here.
 """
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def _mul(x, y):
     return (min(c), max(c))
 
 
+UNARY = {"neg": lambda a, b: (-b, -a), "abs": lambda a, b: (0 if a <= 0 <= b else min(abs(a), abs(b)), max(abs(a), abs(b))),
+         "relu": lambda a, b: (max(a, 0), max(b, 0)),
+         "square": lambda a, b: (0 if a <= 0 <= b else min(a * a, b * b), max(a * a, b * b))}
 BINARY = {"add": lambda x, y: (x[0] + y[0], x[1] + y[1]), "sub": lambda x, y: (x[0] - y[1], x[1] - y[0]),
           "mul": _mul, "maximum": lambda x, y: (max(x[0], y[0]), max(x[1], y[1])),
           "minimum": lambda x, y: (min(x[0], y[0]), min(x[1], y[1]))}
@@ -101,6 +105,11 @@ def _leaves(v):
         yield v
 
 
+def _trunc(a: int, c: int) -> int:
+    q = abs(a) // abs(c)
+    return q if (a >= 0) == (c > 0) else -q
+
+
 def input_domain(lo: int, hi: int) -> Dom:
     """The values a declared int range [lo, hi) stands for (what the interpreter draws)."""
     return ((lo, lo), (0, hi - 1)) if lo < 0 < hi else ((lo, hi - 1),)
@@ -112,6 +121,7 @@ class _Domains:
         self.prod = graph.producers()
         self.dom: dict[str, Optional[Dom]] = {}
         self.cval: dict[str, int] = {}  # scalar constants of any dtype with an integer value
+        self.quot: dict[str, tuple] = {}  # x / c with c a nonzero integer constant: (x's values, c)
         self.src: dict[str, frozenset] = {}
         for t in graph.inputs:
             if t.dtype == "int" and t.name in ranges:
@@ -172,7 +182,7 @@ class _Domains:
     def step(self, n, dom_of=None) -> Optional[Dom]:
         op, ins, at = n.op, n.inputs, self.attrs(n)
         ds = [(dom_of or self.dom.get)(i) for i in ins]
-        if op == "const" and at.get("dtype") == "int":
+        if op == "const":  # (a float constant too: a domain is a set of integer values, whatever the dtype)
             vals = [_int_value(v) for v in _leaves(at.get("value"))]
             if not vals or None in vals:
                 return None
@@ -180,8 +190,11 @@ class _Domains:
         if op == "iota" and at.get("dtype", "int") == "int" and at.get("size"):
             a, b = at["start"], at["start"] + (at["size"] - 1) * at["step"]
             return _norm([(min(a, b), max(a, b))])
-        if op in SAME_VALUES or (op == "cast" and at.get("dtype") == "int" and self.is_int(ins[0])):
-            return ds[0]
+        if op == "cast" and at.get("dtype") == "int" and ins[0] in self.quot:  # trunc(x / c), monotone in x
+            d, c = self.quot[ins[0]]
+            return _norm([(min(_trunc(a, c), _trunc(b, c)), max(_trunc(a, c), _trunc(b, c))) for a, b in d])
+        if op in SAME_VALUES or op == "cast":  # integer values survive a cast either way (float64: |v| < 2^53)
+            return ds[0] if ds[0] is None or all(abs(b) < 2 ** 53 for p in ds[0] for b in p) else None
         if op in BOOLS:
             return ((0, 1),)
         if op == "concat":
@@ -189,8 +202,8 @@ class _Domains:
         if op == "pad":
             v = _int_value(at.get("value", 0))
             return None if v is None else _union(ds[0], ((v, v),))
-        if op == "neg":
-            return None if ds[0] is None else _norm([(-b, -a) for a, b in ds[0]])
+        if op in UNARY and ds and ds[0] is not None:
+            return _norm([UNARY[op](a, b) for a, b in ds[0]])
         if op in ("add_scalar", "scale"):
             v = _int_value(at.get("value"))
             if v is None or ds[0] is None:
@@ -204,10 +217,6 @@ class _Domains:
             v = _int_value(at.get("value"))
             return None if v is None else _union(self.arm(ins[1], ins[0], False), ((v, v),))
         return None
-
-    def is_int(self, name: str) -> bool:
-        t = self.types.get(name)
-        return t is not None and t[1] == "int"
 
 
 def _indexed(n, at, types) -> list[tuple[str, int, str]]:
@@ -232,23 +241,36 @@ def _indexed(n, at, types) -> list[tuple[str, int, str]]:
 
 
 def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types) -> None:
-    """IndexDomainError when an index operand of ``graph`` can hold a value outside [0, size) for some input in
-    its declared range ``ranges`` (name -> [lo, hi)); ``types``: the graph's inferred (shape, dtype) at ``env``."""
+    """IndexDomainError when an index operand of ``graph`` that a declared int input reaches can hold a value outside
+    [0, size) for some input in its declared range ``ranges`` (name -> [lo, hi)), or when its values cannot be
+    bounded (computed by ops this analysis does not read: no proof that the logical graph is defined there);
+    ``types``: the graph's inferred (shape, dtype) at ``env``."""
     D = _Domains(graph, ranges, env, types)
     for n in graph.nodes:
         at = D.attrs(n)
         if n.op == "const" and _int_value(at.get("value")) is not None:
             D.cval[n.outputs[0]] = _int_value(at.get("value"))
+        if n.op == "div" and len(n.inputs) == 2 and D.dom.get(n.inputs[0]) and D.const_of(n.inputs[1]):
+            D.quot[n.outputs[0]] = (D.dom[n.inputs[0]], D.const_of(n.inputs[1]))
         for ix, size, what in _indexed(n, at, types):
+            names = ", ".join(map(repr, sorted(D.src.get(ix, ()))))
+            if not names:  # an index of constants only is the same on every input: not a range's fault
+                continue
             d = D.dom.get(ix)
+            if d is None:
+                raise IndexDomainError(n.path, f"input {names}: {n.op} indexes {what} (size {size}) with {ix!r}, "
+                                               f"computed from it by ops whose values tvcert does not bound: no proof "
+                                               f"that the logical graph has a value on every input in the declared "
+                                               f"range (clamp, or mask with where(i op c, ...))")
             bad = [v for v in (d[0][0], d[-1][1]) if not 0 <= v < size] if d else []
-            if bad and D.src.get(ix):  # (an index of constants only is the same on every input: not a range's fault)
-                names = ", ".join(map(repr, sorted(D.src[ix])))
+            if bad:
                 raise IndexDomainError(n.path, f"input {names}: its declared range admits inputs for which {ix!r} "
                                                f"is {bad[0]}, but {n.op} indexes {what} (size {size}) with it: the "
                                                f"logical graph has no value there (declare a range inside the table)")
         d = D.step(n)
+        reach = frozenset().union(*(D.src.get(i, frozenset()) for i in n.inputs))
         for o in n.outputs[:1] if n.op != "split" else n.outputs:
-            if d is not None and D.is_int(o):
+            if reach:
+                D.src[o] = reach
+            if d is not None:
                 D.dom[o] = d
-                D.src[o] = frozenset().union(*(D.src.get(i, frozenset()) for i in n.inputs))
