@@ -2,7 +2,16 @@
 and the pipeline bugs of examples/torch/pp_titan_tp.py, at 2 layers.  Prints, per case: trace seconds, parallel ops,
 verdict, verify seconds, whether the interpreter agrees, and the first divergence of a REFUTED plan.
 
-    python bench/titan_pp_tp.py [--layers 2] [--only 1F1B,wrong_peer,...]
+    TVCERT_REFUTE_SECONDS=900 python bench/titan_pp_tp.py [--layers 2] [--only 1F1B,wrong_peer,...]
+
+The counterexample search has a 30 s wall-clock budget (engine/verify.REFUTE_SECONDS): on the loaded shared machine
+the 60-digit confirming run of these ~1 250-op plans passes it and a wrong plan is UNKNOWN ("no counterexample
+search past its budget"), hence the variable.  Seen (2 layers, load 8-12): 1F1B / GPipe / Interleaved1F1B VERIFIED
+(trace 40-75 s, verify 1-1.4 s); wrong_peer REFUTED at the ppermute, pp_titan_tp.py's new_group line (verify 48 s);
+wrong_peer without SP UNKNOWN, the interpreter agreeing (every tp rank holds the same activation: harmless, but
+the engine has no rule for the shift); no_loss_scale REFUTED, blamed at the cross-entropy's ne (pp_titan_tp.py:76:
+the scaled loss is explained as a scalar multiple of the logical one), verify 92 s; swapped_layers REFUTED at a mul
+of stage 0 (no source line: torchtitan's frames are skipped as torch's), verify 97 s.
 """
 from __future__ import annotations
 
