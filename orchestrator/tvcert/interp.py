@@ -25,6 +25,7 @@ from .graph import Graph, Node, int_bounds, loop_body
 from .ops import REGISTRY, Ctx, resolve_attrs
 from .ops.base import TablesNeeded
 from .ops.collectives import axes_of
+from .kernel.concat_groups import layout_spec
 from .plan import Binding, Placement, Plan
 from .shapes import dim_value
 
@@ -405,7 +406,7 @@ def run_graph(g: Graph, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int
 
 def apply_layout(b: Binding, v: np.ndarray, dims: Mapping[str, int], ctx: Ctx) -> np.ndarray:
     for op, attrs in b.layout:
-        spec = REGISTRY[op]
+        spec = layout_spec(op)
         v = spec.eval([v], resolve_attrs(spec, attrs, dims), ctx)[0]
     return v
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .graph import Graph, GraphError, Node, TensorDecl, int_bounds
+from .kernel.concat_groups import layout_spec
 from .kernel.index_domain import IndexDomainError, check_index_domains
 from .ops import REGISTRY, AttrError, resolve_attrs
 from .shapes import MAX_DIM, DimError, dim_value, rank_axes_in
@@ -92,7 +93,8 @@ class ProgramSpec(GraphSpec):
 
 
 class LayoutStep(_Strict):
-    op: str = Field(description="a layout op: reshape, view, permute, transpose, pad, flatten, squeeze, unsqueeze, slice")
+    op: str = Field(description="a layout op: reshape, view, permute, transpose, pad, flatten, squeeze, unsqueeze, slice, "
+                               "concat_groups (kernel/concat_groups.py)")
     attrs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -174,7 +176,8 @@ def parse_placement(text: str) -> Placement:
     return Placement("P", reduce=arg)
 
 
-LAYOUT_OPS = {"reshape", "view", "permute", "transpose", "pad", "flatten", "squeeze", "unsqueeze", "slice"}
+LAYOUT_OPS = {"reshape", "view", "permute", "transpose", "pad", "flatten", "squeeze", "unsqueeze", "slice",
+              "concat_groups"}  # the last a macro over registered ops: kernel/concat_groups.py
 
 
 @dataclass
@@ -609,7 +612,7 @@ def _bindings(plan: Plan, specs: Mapping[str, PlacementSpec], field_: str, allow
 
 def layout_shape(b: Binding, shape: tuple[int, ...], env: Mapping[str, int]) -> tuple[int, ...]:
     for j, (op, attrs) in enumerate(b.layout):
-        spec = REGISTRY[op]
+        spec = layout_spec(op)
         try:
             ra = resolve_attrs(spec, attrs, env)
             shape = spec.infer([shape], ra)[0]
@@ -636,7 +639,7 @@ def _check_layout_reads_all(b: Binding, shape: tuple[int, ...], env: Mapping[str
     """An output is compared through its layout, so the layout must carry every element of the logical
     output: every layout op but slice is injective (pads are non-negative); a slice must keep its whole dim."""
     for j, (op, attrs) in enumerate(b.layout):
-        spec = REGISTRY[op]
+        spec = layout_spec(op)
         ra = resolve_attrs(spec, attrs, env)
         out = spec.infer([shape], ra)[0]
         if op == "slice":

@@ -10,6 +10,7 @@ from typing import Mapping
 from ..graph import bind_shape
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Binding, Plan
+from .concat_groups import NAME as CONCAT_GROUPS, build_expr as build_concat_groups, layout_spec
 from .expr import Exprs
 from .rules import Fact, KCtx
 
@@ -68,7 +69,8 @@ def laid_out(plan: Plan, b: Binding, exprs: Exprs, e: int) -> int:
     """The logical expression a binding places: its layout ops applied to ``e``."""
     env = rank0_env(plan)
     for op, attrs in b.layout:
-        e = exprs.mk(op, resolve_attrs(REGISTRY[op], attrs, env), [e])
+        ra = resolve_attrs(layout_spec(op), attrs, env)
+        e = build_concat_groups(exprs, e, ra) if op == CONCAT_GROUPS else exprs.mk(op, ra, [e])
     return e
 
 
