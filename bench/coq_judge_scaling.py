@@ -8,9 +8,13 @@ Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc 
     python bench/coq_judge_scaling.py [L ...]        # default: 4 16 64
     python bench/coq_judge_scaling.py llama          # how much of the llama3-8b 2-layer tp2 dp2 zero1 step
                                                      # (small dims) has a Coq term and a fact, first blockers
+    python bench/coq_judge_scaling.py llama0         # the same for zero 0, then Coq-checks the part with facts:
+                                                     # forward, backward and gradient all_reduce (outputs: the
+                                                     # loss and every all_reduced gradient), coqc s / peak MB
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "orchestrator"))
 
 from tvcert import proofkit  # noqa: E402
-from tvcert.coqjudge.emit import NotCovered, emit, probe_rules, probe_uncovered, translate  # noqa: E402
+from tvcert.coqjudge.emit import NotCovered, emit, probe_facts, probe_uncovered, translate  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
 
@@ -68,19 +72,23 @@ def coqc(text: str) -> tuple[bool, float, float, str]:
     return ok, secs, ru.ru_maxrss / 1024, out[-300:]
 
 
-LLAMA = ["llama3-8b", "--layers", "2", "--tp", "2", "--dp", "2", "--zero", "1",
-         "--dims", "h=8,f=16,v=16,s=4,hd=4,nh=4,nkv=2"]
+LLAMA = ["llama3-8b", "--layers", "2", "--tp", "2", "--dp", "2", "--dims", "h=8,f=16,v=16,s=4,hd=4,nh=4,nkv=2"]
 
 
-def llama_coverage() -> None:
+def llama_plan(zero: int) -> dict:
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "llama.json"
+        subprocess.run([sys.executable, "-m", "tvcert.cli", "plan", *LLAMA, "--zero", str(zero), "-o", str(out)],
+                       check=True, capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "orchestrator")})
+        return json.loads(out.read_text())
+
+
+def llama_coverage(d: dict):
     """The issue's first-stage plan: steps with a Coq term, steps with a fact, the first blockers by kind."""
     from collections import Counter
 
-    with tempfile.TemporaryDirectory() as td:
-        out = Path(td) / "llama.json"
-        subprocess.run([sys.executable, "-m", "tvcert.cli", "plan", *LLAMA, "-o", str(out)], check=True,
-                       capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "orchestrator")})
-        plan = load_plan(out, check_run_dims=False)
+    plan = load_plan(d, check_run_dims=False)
     try:
         translate(plan)
         print("translation: every step has a Coq term")
@@ -89,15 +97,48 @@ def llama_coverage() -> None:
     kinds = Counter((u.op, u.why) for u in probe_uncovered(plan))
     for (op, why), k in kinds.items():
         print(f"  no Coq term: {op} x{k}: {why}")
-    k, n, missing = probe_rules(plan)
-    print(f"fact search: {k} of {n} program nodes get a fact (a node reading one without a fact is skipped)")
+    named, missing, cp = probe_facts(plan)
+    n = len(plan.programs[next(iter(plan.programs))].nodes)
+    print(f"fact search: {len(named)} of {n} program nodes get a fact (a node reading one without a fact is skipped)")
     for (op, why), c in Counter((u.op, u.why) for u in missing).items():
-        print(f"  no rule: {op} x{c}: {why}")
+        print(f"  no rule: {op} x{c}: {why}  (first: {next(u.node for u in missing if (u.op, u.why) == (op, why))})")
+    return named, cp
+
+
+def llama_prefix(d: dict, named: dict, cp) -> dict:
+    """The plan cut to the program nodes with a fact: its outputs are the loss and every gradient the
+    program all_reduces (their logical nodes and placements from the facts)."""
+    ni = len(cp.l_inputs)
+    lname = lambda l: cp.l_inputs[l][0] if l < ni else cp.l_nodes[l - ni].name  # noqa: E731
+    prog = d["parallel"][0]
+    keep = [n for n in prog["nodes"] if n["name"] in named]
+    outs = {}
+    for n in keep:
+        if n["op"] == "all_reduce" and (n.get("src", "").endswith("grad_all_reduce") or n.get("src") == "head.loss.all_reduce"):
+            l, pls = named[n["name"]]
+            outs[lname(l)] = {"local": n["name"], "placement": {a: str(pl) for (a, _), pl in zip(cp.mesh, pls)
+                                                                if pl.kind != "R"}}
+    d = {**d, "name": d["name"] + " (forward, backward, gradient all_reduce)",
+         "logical": {**d["logical"], "outputs": list(outs)},
+         "parallel": [{**prog, "nodes": keep, "outputs": [b["local"] for b in outs.values()]}], "outputs": outs}
+    d.pop("run_dims", None)
+    return d
 
 
 def main(argv: list[str]) -> None:
     if argv == ["llama"]:
-        llama_coverage()
+        llama_coverage(llama_plan(1))
+        return
+    if argv == ["llama0"]:
+        d = llama_plan(0)
+        named, cp = llama_coverage(d)
+        pre = llama_prefix(d, named, cp)
+        proofkit.build(ROOT)
+        text, pcp, _ = emit(load_plan(pre, check_run_dims=False))
+        ok, secs, mb, tail = coqc(text)
+        print(f"Coq-checked part: {len(pcp.p_nodes)} program / {len(pcp.l_nodes)} logical nodes, "
+              f"{len(pre['outputs'])} outputs (loss + all_reduced gradients), file {len(text) / 1024:.0f} kB: "
+              f"coqc {secs:.1f} s, peak {mb:.0f} MB, accepted {ok}" + ("" if ok else "  " + " ".join(tail.split())))
         return
     proofkit.build(ROOT)
     print(f"{'layers':>6} {'p_nodes':>8} {'file kB':>8} {'coqc s':>7} {'peak MB':>8}  accepted")

@@ -22,6 +22,7 @@ from tvcert import proofkit
 from tvcert.cli import main
 from tvcert.coqjudge.coq import check_text
 from tvcert.coqjudge.emit import PSUM, R_, NotCovered, Pl, coq_op, emit, render, search, translate
+from tvcert.coqjudge.terms import _rat
 from tvcert.interp import run_plan
 from tvcert.ops import REGISTRY, Ctx, resolve_attrs
 from tvcert.ops.base import table_value
@@ -297,7 +298,7 @@ def test_layout_plans_coq_checked(tmp_path):
               "(GL (Reduce RdMax [:: 1] false))", "(GL (Reduce RdSum [:: 1] true))", "(GL (Reshape [:: 2; 8]))",
               "PColl (CSliceRank 0 2) 1", "PColl (CSliceRank 1 3) 0", "[:: (Partial RMax); (Shard 0)]",
               "[:: (Shard 0); (Partial RAvg)]", "[:: Replicate; (Partial RSum)]", "(GL (OneHot 6))",
-              "(GL (Iota 6 0 1))", "(GL (Cmp CGt))", "(GL (MaskedFill (true, 2, 1)))",
+              "(GL (Iota 6 0 1))", "(GL (Cmp CGt))", "(GL (MaskedFill (true, (Npos 2%positive), (Npos 1%positive))))",
               "(GL (Einsum [:: [:: 0; 1; 2]; [:: 2; 3]] [:: 0; 1; 3]))", "(GL (Reshape [:: 2; 12]))",
               "(GL (Expand [:: 2; 4; 6]))"):
         assert c in text, c
@@ -581,7 +582,7 @@ def test_soundness_plans_get_no_coq_theorem():
 
 # ------------------------------------------------------------------ link: Coq denotation = interpreter
 def _frac_coq(x: Fraction) -> str:
-    return f"(lit Q ({'true' if x < 0 else 'false'}, {abs(x.numerator)}, {x.denominator}))"
+    return f"(lit Q {_rat(x)})"
 
 
 def _tensor_coq(a: np.ndarray) -> str:
@@ -671,7 +672,7 @@ def test_link_denotation_matches_exact_interpreter():
                 blocks.append(f"Eval vm_compute in map (fun i => let v := coll_step [:: 2; 2] {ccoll} {k} "
                               f"[:: {'; '.join(map(str, shape))}] {fam} [:: {r[0]}; {r[1]}] i in (numq v, denq v)) {ix}.")
                 expect.append((f"{op}{attrs} axis {k} rank {r}", [Fraction(want[r][tuple(i)]) for i in idxs], None))
-    head = ("From mathcomp Require Import all_ssreflect all_algebra.\n"
+    head = ("From mathcomp Require Import all_ssreflect all_algebra.\nFrom Coq Require Import BinPosDef.\n"
             "From TVCert Require Import IR.Syntax IR.Denote IR.Mesh.\nImport JSyntax JDenote JMesh.\n"
             "Notation Q := rat_realFieldType.\n"
             "Definition tab (xs : seq (seq nat * rat)) : tensor Q :=\n"

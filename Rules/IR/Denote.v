@@ -85,7 +85,7 @@ Definition family := nat -> tensor.     (* the tensor held by each rank *)
 Definition mask (s : shape) (t : tensor) : tensor := fun i => if inb s i then t i else 0.
 
 Definition lit (c : rat_lit) : R :=
-  let: (neg, n, d) := c in (if neg then -1 else 1) * n%:R / d%:R.
+  let: (neg, n, d) := c in (if neg then -1 else 1) * (nat_of_bin n)%:R / (nat_of_bin d)%:R.
 
 (** The index of an operand of shape [a] read by output index [i] of shape [o]
     under broadcasting: the trailing dims, 0 where the operand has size 1. *)

@@ -6,11 +6,14 @@
     theorem is about the plan at its declared dims.  Plans themselves are
     [Mesh.mplan]. *)
 From mathcomp Require Import all_ssreflect.
+From Coq Require Import BinNat.
 
 Module JSyntax.
 
-(** A rational constant: (negative?, numerator, denominator); the emitter writes den > 0. *)
-Definition rat_lit := (bool * nat * nat)%type.
+(** A rational constant: (negative?, numerator, denominator) in binary ([N]: a float's exact
+    decimal has a 16-digit numerator, far too large for a unary [nat] under [vm_compute]); the
+    emitter writes den > 0. *)
+Definition rat_lit := (bool * N * N)%type.
 
 (** The reduction of a [Partial] placement or of an all_reduce. *)
 Inductive reduce_op := RSum | RAvg | RMax.
@@ -47,7 +50,8 @@ Definition placement_eqb (a b : placement) : bool :=
   | _, _ => false
   end.
 
-Definition rat_lit_eqb (a b : rat_lit) : bool := a == b.
+Definition rat_lit_eqb (a b : rat_lit) : bool :=
+  let: (s, n, d) := a in let: (s', n', d') := b in (s == s') && N.eqb n n' && N.eqb d d'.
 
 Definition op_eqb (a b : op) : bool :=
   match a, b with
@@ -72,7 +76,10 @@ by move/reduce_op_eqbP->.
 Qed.
 
 Lemma rat_lit_eqbP a b : rat_lit_eqb a b -> a = b.
-Proof. by move/eqP. Qed.
+Proof.
+case: a => [[s n] d]; case: b => [[s' n'] d'] /= /andP [/andP [/eqP -> /BinNat.N.eqb_eq ->] /BinNat.N.eqb_eq ->].
+by [].
+Qed.
 
 Lemma op_eqbP a b : op_eqb a b -> a = b.
 Proof.

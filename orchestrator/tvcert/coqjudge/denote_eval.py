@@ -21,7 +21,7 @@ import numpy as np
 from .. import proofkit
 from ..ops import Ctx
 from .lops import coq_lop, fn_id, lop_of  # noqa: F401 (fn_id: tests)
-from .terms import _seq
+from .terms import _rat, _seq
 
 SENTINEL = Fraction(-13, 17)  # not a table value (those are positive integers) nor a test input
 
@@ -35,7 +35,7 @@ def lop_term(op: str, ra: dict, shapes: list[tuple[int, ...]], fns: list[str]) -
 
 def frac(x) -> str:
     q = Fraction(x)
-    return f"(lit Q ({'true' if q < 0 else 'false'}, {abs(q.numerator)}, {q.denominator}))"
+    return f"(lit Q {_rat(q)})"
 
 
 class TableCtx:

@@ -606,26 +606,36 @@ def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
     return cert
 
 
-def probe_rules(plan: Plan) -> tuple[int, int, list[Uncovered]]:
-    """Diagnostics: (parallel nodes with a fact, program nodes, the nodes without one whose operands have
-    facts) over the probe translation; a node reading a node without a fact is skipped."""
+def probe_facts(plan: Plan) -> tuple[dict[str, tuple[int, Pls]], list[Uncovered], CoqPlan | None]:
+    """Diagnostics: the fact the search finds for each program node (by name) over the probe translation,
+    the nodes without one whose operands have facts (a node reading a node without a fact is skipped),
+    and the probe translation."""
     try:
         cp = translate(plan, probe=True)
     except NotCovered as exc:
         cp = getattr(exc, "partial", None)
     if cp is None:
-        return 0, 0, []
+        return {}, [], None
     by_key = _by_key(cp)
     facts = {i: (li, pls) for i, (_, li, pls) in zip(cp.p_input_ids, cp.p_inputs)}
-    missing = []
+    named, missing = {}, []
     for n in cp.p_nodes:
         if all(a in facts for a in n.args):
             f, why = _derive(cp, by_key, n, [facts[a] for a in n.args])
             if f is None:
                 missing.append(Uncovered("parallel", n.name, _ir_name(n.op), why))
             else:
-                facts[n.id] = f
-    return len(facts) - len(cp.p_inputs), len(plan.programs[next(iter(plan.programs))].nodes), missing
+                facts[n.id] = named[n.name] = f
+    return named, missing, cp
+
+
+def probe_rules(plan: Plan) -> tuple[int, int, list[Uncovered]]:
+    """Diagnostics: (parallel nodes with a fact, program nodes, the nodes without one whose operands have
+    facts); see ``probe_facts``."""
+    named, missing, cp = probe_facts(plan)
+    if cp is None:
+        return 0, 0, []
+    return len(named), len(plan.programs[next(iter(plan.programs))].nodes), missing
 
 
 def _ir_name(op: tuple) -> str:

@@ -27,9 +27,14 @@ def _nat(n) -> str:
     return str(n) if n < BIG else f"(Pos.to_nat {n}%positive)"
 
 
+def _bin(n: int) -> str:
+    """A binary ``N`` literal (MathComp's ``%N`` is nat's scope, so the constructors are written)."""
+    return "N0" if n == 0 else f"(Npos {n}%positive)"
+
+
 def _rat(c: Fraction) -> str:
-    """A ``Syntax.rat_lit``: (negative?, numerator, denominator)."""
-    return f"({'true' if c < 0 else 'false'}, {_nat(abs(c.numerator))}, {_nat(c.denominator)})"
+    """A ``Syntax.rat_lit``: (negative?, numerator, denominator) in binary."""
+    return f"({'true' if c < 0 else 'false'}, {_bin(abs(c.numerator))}, {_bin(c.denominator)})"
 
 
 def _seq(xs) -> str:
