@@ -125,6 +125,98 @@ def llama_prefix(d: dict, named: dict, cp) -> dict:
     return d
 
 
+def _mutants(pre: dict) -> list[tuple[str, dict]]:
+    """Wrong variants of the Coq-checked llama part (each must be shown wrong by the interpreter)."""
+    import copy
+
+    def v(name, f):
+        d = copy.deepcopy(pre)
+        nodes = {n["name"]: n for n in d["parallel"][0]["nodes"]}
+        f(d, nodes)
+        out.append((name, d))
+
+    def reroute(d, old, new):  # every reader of old reads new (the collective is skipped)
+        for n in d["parallel"][0]["nodes"]:
+            n["inputs"] = [new if x == old else x for x in n["inputs"]]
+        for b in d["outputs"].values():
+            b["local"] = new if b["local"] == old else b["local"]
+        d["parallel"][0]["outputs"] = [new if x == old else x for x in d["parallel"][0]["outputs"]]
+
+    by_src = {n.get("src"): n["name"] for n in pre["parallel"][0]["nodes"]}
+    bwd_ar = next(n for n in pre["parallel"][0]["nodes"] if n["op"] == "all_reduce" and "bwd" in n.get("src", "")
+                  and n["attrs"]["axis"] == "tp")
+    emb, wo = by_src["optim.embedding.grad_all_reduce"], by_src["optim.layer0.wo.grad_all_reduce"]
+    out: list[tuple[str, dict]] = []
+    v("embedding gradient without its dp all_reduce", lambda d, n: reroute(d, emb, n[emb]["inputs"][0]))
+    v("embedding gradient all_reduced over tp instead of dp", lambda d, n: n[emb]["attrs"].update(axis="tp"))
+    v("wo gradient all_reduced with avg instead of sum", lambda d, n: n[wo]["attrs"].update(reduce="avg"))
+    v("row-parallel o_proj without its tp all_reduce", lambda d, n: reroute(d, by_src["layer0.o_proj.all_reduce"],
+                                                                            by_src["layer0.o_proj"]))
+    v("vocab-parallel embedding lookup without its tp all_reduce",
+      lambda d, n: reroute(d, by_src["embed.all_reduce"], by_src["embed.lookup"]))
+    v("RMSNorm's mean-square over the partial (pre all_reduce) embedding",
+      lambda d, n: n[by_src["layer0.attn_norm.sq"]].update(inputs=[by_src["embed.lookup"]]))
+    v("loss read without its dp all_reduce", lambda d, n: reroute(d, by_src["head.loss.all_reduce"],
+                                                                   by_src["head.loss.mean"]))
+    v("cross-entropy target picked without its tp all_reduce",
+      lambda d, n: reroute(d, by_src["head.ce.target"], by_src["head.ce.local_target"]))
+    v("this rank's vocab block slice reversed", lambda d, n: n[by_src["embed.vocab_block"]]["attrs"].update(
+        start="(1-rank.tp)*(v/tp)", end="(2-rank.tp)*(v/tp)"))
+    v("loss mean over a dp rank's token count", lambda d, n: n[by_src["head.loss.count"]]["attrs"].update(
+        value="b/dp*s"))
+    v("q_proj reads the residual stream instead of the normed one",
+      lambda d, n: n[by_src["layer0.q_proj"]].update(inputs=[by_src["embed.all_reduce"], "layer0.wq"]))
+    v(f"backward {bwd_ar['src']} skipped", lambda d, n: reroute(d, bwd_ar["name"], bwd_ar["inputs"][0]))
+    return out
+
+
+def llama_mutants(pre: dict) -> None:
+    """Each mutant: the interpreter shows it wrong; the search finds no certificate; Coq's mcheck says false
+    on the correct plan's facts reused by node name (what a buggy search might claim)."""
+    from tvcert.coqjudge.emit import R_, render, search
+    from tvcert.interp import run_plan
+
+    gcp = translate(load_plan(pre, check_run_dims=False))
+    good = {n.name: f for n, f in zip(gcp.p_nodes, search(gcp))}
+    lines, names = [], []
+    for name, d in _mutants(pre):
+        plan = load_plan(d, check_run_dims=False)
+        wrong = not run_plan(plan, plan.dims, seed=0, exact=False).equal
+        try:
+            cp = translate(plan)
+        except NotCovered:
+            print(f"  {name}: interpreter wrong {wrong}; no Coq term")
+            continue
+        try:
+            search(cp)
+            print(f"  {name}: interpreter wrong {wrong}; the search FOUND a certificate")
+            continue
+        except NotCovered:
+            pass
+        cert = [good.get(n.name, (len(cp.l_inputs), (R_,) * len(cp.mesh))) for n in cp.p_nodes]
+        k = len(names)
+        body = render(cp, cert)
+        body = body[body.index("Definition the_plan"):body.index("(* Printer check")]
+        lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}"))
+        lines.append(f"Eval vm_compute in mcheck plan_{k} cert_{k}.")
+        names.append((name, wrong))
+    head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
+            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
+            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
+    with tempfile.TemporaryDirectory() as td:
+        f = Path(td) / "Mut.v"
+        f.write_text(head + "\n".join(lines))
+        t0 = time.monotonic()
+        r = subprocess.run(["coqc", "-q", "-w", proofkit.COQ_WARNINGS, "-Q", str(ROOT / "Rules"), "TVCert", str(f)],
+                           cwd=td, capture_output=True, text=True)
+    import re
+
+    verdicts = re.findall(r"=\s*(true|false)\s*:\s*bool", r.stdout)
+    print(f"  Coq mcheck on reused facts ({time.monotonic() - t0:.0f} s):")
+    for (name, wrong), v in zip(names, verdicts + ["?"] * len(names)):
+        print(f"    {name}: interpreter wrong {wrong}; no certificate from the search; mcheck {v}")
+
+
 def main(argv: list[str]) -> None:
     if argv == ["llama"]:
         llama_coverage(llama_plan(1))
@@ -139,6 +231,8 @@ def main(argv: list[str]) -> None:
         print(f"Coq-checked part: {len(pcp.p_nodes)} program / {len(pcp.l_nodes)} logical nodes, "
               f"{len(pre['outputs'])} outputs (loss + all_reduced gradients), file {len(text) / 1024:.0f} kB: "
               f"coqc {secs:.1f} s, peak {mb:.0f} MB, accepted {ok}" + ("" if ok else "  " + " ".join(tail.split())))
+        print("wrong variants of that part:")
+        llama_mutants(pre)
         return
     proofkit.build(ROOT)
     print(f"{'layers':>6} {'p_nodes':>8} {'file kB':>8} {'coqc s':>7} {'peak MB':>8}  accepted")
