@@ -51,7 +51,7 @@ def _norm(pieces) -> Optional[Dom]:
             out.append([a, b])
     if len(out) > MAX_PIECES:
         out = [[out[0][0], max(b for _, b in out)]]
-    return tuple(map(tuple, out)) if out else None
+    return tuple(map(tuple, out))  # () when no value is possible (an arm its condition rules out), not unknown
 
 
 def _union(*ds) -> Optional[Dom]:
@@ -79,12 +79,12 @@ BINARY = {"add": lambda x, y: (x[0] + y[0], x[1] + y[1]), "sub": lambda x, y: (x
 
 def _refine(d: Optional[Dom], op: str, c: int) -> Optional[Dom]:
     """The values of ``d`` for which ``x op c`` holds."""
-    if d is None:
-        return None
+    if not d:
+        return d
     big = max(abs(c), max(abs(b) for p in d for b in p)) + 1
     keep = {"lt": [(-big, c - 1)], "le": [(-big, c)], "gt": [(c + 1, big)], "ge": [(c, big)], "eq": [(c, c)],
             "ne": [(-big, c - 1), (c + 1, big)]}[op]
-    return _norm([(max(a, u), min(b, v)) for a, b in d for u, v in keep]) or ()
+    return _norm([(max(a, u), min(b, v)) for a, b in d for u, v in keep])
 
 
 def _int_value(v) -> Optional[int]:
