@@ -128,9 +128,14 @@ def prepare() -> None:
 
     from . import trace
 
+    import torchtitan.protocols as protocols
+
     sd = os.path.dirname(os.path.abspath(spmd_types.__file__))
-    if sd not in trace.SKIP_FRAME_DIRS:  # its runtime wraps every op: locate ops at torchtitan's lines
-        trace.SKIP_FRAME_DIRS.append(sd)
+    # spmd_types' runtime and torchtitan's Module wrapper (protocols/module.py: forward_with_redistribution) wrap
+    # every op: locate ops at the model's lines
+    for d in (sd, os.path.dirname(os.path.abspath(protocols.__file__))):
+        if d not in trace.SKIP_FRAME_DIRS:
+            trace.SKIP_FRAME_DIRS.append(d)
 
     pdm.device_type = "cpu"
     du.set_spmd_backend("spmd_types")

@@ -219,6 +219,12 @@ SKIP_FRAME_DIRS: list[str] = []
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+def _dir_prefix(path: str) -> str:
+    """A directory as a path prefix that matches only files inside it (``.../torch`` must not match
+    ``.../torchtitan``); a file (``contextlib.py``) stays itself."""
+    return path if path.endswith(".py") else path.rstrip(os.sep) + os.sep
+
+
 @contextlib.contextmanager
 def _user_stack_traces():
     """Record on every fx node the user frames below the traced joint function.
@@ -232,7 +238,7 @@ def _user_stack_traces():
     import torch.fx.proxy as fxp
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    skip = (torch_dir, _FRONTEND_DIR, *SKIP_FRAME_DIRS)
+    skip = tuple(_dir_prefix(d) for d in (torch_dir, _FRONTEND_DIR, *SKIP_FRAME_DIRS))
     kept_file: dict[str, bool] = {}  # code filename -> not under a skipped directory
     joint_file: dict[str, bool] = {}  # code filename -> in this package
 
