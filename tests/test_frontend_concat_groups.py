@@ -2,21 +2,28 @@
 counts differ, rank r holding its heads of each part.
 
 The macro's value is the index equation on every position (against :func:`source_index`, and the interleave when
-the parts are equal); bad attributes are a plan error; whole programs (examples/torch/realcode/fused_qkv_gqa.py):
-the correct one is never REFUTED and torch agrees with it, wrong splits and wrong layouts are REFUTED and torch
-confirms each difference on real tensors.
+the parts are equal); bad attributes are a plan error; the kernel's split / concat / equality step and their near
+misses; the generators hold and catch broken kernels; whole programs (examples/torch/realcode/fused_qkv_gqa.py):
+the correct one VERIFIED through the three rules and torch agrees with it, wrong splits and wrong layouts REFUTED
+and torch confirms each difference on real tensors.
 """
 from __future__ import annotations
 
 import importlib.util
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tvcert.conform.core import OpCase, P, R, S, TIn, conclude, run_case
+from tvcert.conform.gens import Draw
+from tvcert.conform.gens_concat_groups import CONCAT_GROUPS_EQ_GENERATORS, CONCAT_GROUPS_GENERATORS
 from tvcert.kernel import concat_groups as cg
 from tvcert.kernel import interleave as il
+from tvcert.kernel.equality import Prover
 from tvcert.kernel.expr import Exprs
+from tvcert.kernel.rules import RuleFailure
 from tvcert.ops import Ctx
 from tvcert.ops.base import ShapeError
 
@@ -64,6 +71,79 @@ def test_bad_attributes_are_refused(attrs, why):
         cg.SPEC.infer([(16, 8)], attrs)
 
 
+def _lay(sizes, groups, dim=0):
+    return lambda X, e: cg.build_expr(X, e, {"dim": dim, "sizes": sizes, "groups": groups})
+
+
+def _split(local, pl=(S(0),), mesh=None, sizes=(8, 4, 4), groups=2):
+    mesh = mesh or {"tp": 2}
+    return OpCase("split", {"dim": 0, "sizes": list(local)}, [TIn((sum(sizes), 3), tuple(pl), layout=_lay(list(sizes),
+                  groups))], tuple(mesh), dict(mesh))
+
+
+def test_split_of_a_grouped_shard_is_the_parts_and_near_misses_are_refused():
+    X, _, _, _, d = conclude(_split([4, 2, 2]))
+    assert not isinstance(d, RuleFailure), d
+    assert d.rules == [cg.SPLIT_RULE] and [X[f.expr].shape for f in d.facts] == [(8, 3), (4, 3), (4, 3)]
+    assert all(run_case(_split([4, 2, 2]), s).status == "ok" for s in range(3))
+    assert run_case(_split([2, 4, 2], mesh={"dp": 2, "tp": 2}, pl=(R, S(0))), 0).status == "refused"
+    for bad in (_split([2, 2, 4]), _split([3, 3, 2]),  # another order, the q / k boundary off by a row
+                _split([4, 2, 2], groups=1),  # the layout over one group (a plain shard of [Wq; Wk; Wv])
+                _split([2, 1, 1], mesh={"dp": 2, "tp": 2}, pl=(S(0), S(0))),  # the fused dim sharded twice
+                _split([4, 2, 2], mesh={"dp": 2, "tp": 2}, pl=(P("sum"), S(0)))):
+        assert run_case(bad, 0).status == "refused", bad
+
+
+def test_concat_of_unequal_part_shards_and_its_near_misses():
+    ok = OpCase("concat", {"dim": 1}, [TIn((2, 8), (S(1),)), TIn((2, 4), (S(1),)), TIn((2, 4), (S(1),))],
+                ("tp",), {"tp": 2})
+    X, _, _, _, d = conclude(ok)
+    assert d.rules == [cg.CONCAT_RULE] and cg.match(X, d.facts[0].expr).sizes == (8, 4, 4)
+    assert all(run_case(ok, s).status == "ok" for s in range(3))
+    mixed = OpCase("concat", {"dim": 1}, [TIn((2, 8), (S(1),)), TIn((2, 4), (R,))], ("tp",), {"tp": 2})
+    assert run_case(mixed, 0).status == "refused"
+
+
+def test_prover_reads_the_grouped_layout_through_the_matmuls():
+    X = Exprs()
+    x, w = X.leaf("x", (5, 4), "float"), X.leaf("w", (16, 4), "float")
+    lay = _lay([8, 4, 4], 2)
+    y = X.mk("matmul", {}, [x, X.mk("permute", {"dims": (1, 0)}, [lay(X, w)])])
+    plain = X.mk("matmul", {}, [x, X.mk("permute", {"dims": (1, 0)}, [w])])
+    pv = Prover(X)
+    assert pv.equal(y, cg.build_expr(X, plain, {"dim": 1, "sizes": [8, 4, 4], "groups": 2})) and cg.EQ_RULE in pv.used
+    for sizes, groups in (([4, 8, 4], 2), ([8, 4, 4], 1), ([8, 4, 4], 4)):
+        assert not Prover(X).equal(y, cg.build_expr(X, plain, {"dim": 1, "sizes": sizes, "groups": groups}))
+
+
+def _statuses(gen, rule, n=200, eq=False):
+    out = []
+    for i in range(n):
+        dr = Draw(np.random.default_rng([i, zlib.crc32(rule.encode())]))
+        try:
+            out.append(gen(dr, i)[0].status if eq else run_case(gen(dr), i).status)
+        except ValueError:
+            out.append("skip")
+    return out
+
+
+def test_generators_hold_and_catch_broken_kernels(monkeypatch):
+    gens = {**CONCAT_GROUPS_GENERATORS, **CONCAT_GROUPS_EQ_GENERATORS}
+    for rule, gen in gens.items():
+        got = _statuses(gen, rule, eq=rule == cg.EQ_RULE)
+        assert "DISAGREE" not in got and "crash" not in got and got.count("ok") > 60, (rule, got.count("ok"))
+        assert got.count("refused") > 20, rule
+    build = cg.build_expr  # broken: the concat's layout over one group (the parts' plain concat)
+    monkeypatch.setitem(cg.derive_concat.__globals__, "build_expr",
+                        lambda X, e, a: build(X, e, {**a, "groups": 1}))
+    assert "DISAGREE" in _statuses(CONCAT_GROUPS_GENERATORS[cg.CONCAT_RULE], cg.CONCAT_RULE, 60)
+    monkeypatch.setitem(cg.derive_concat.__globals__, "build_expr", build)
+    match = cg.match  # broken: the base case not checking the group count against the axis size
+    monkeypatch.setitem(cg.find.__globals__, "find", lambda X, e, d, p: None if match(X, e) is None or
+                        match(X, e).dim != d else (match(X, e).core, ("groups", match(X, e).sizes)))
+    assert "DISAGREE" in _statuses(CONCAT_GROUPS_GENERATORS[cg.SPLIT_RULE], cg.SPLIT_RULE, 200)
+
+
 def _example():
     path = ROOT / "examples" / "torch" / "realcode" / "fused_qkv_gqa.py"
     spec = importlib.util.spec_from_file_location("fused_qkv_gqa", path)
@@ -106,6 +186,6 @@ def test_gqa_programs(gqa, bug):
     diff = _torch_differs(gqa, bug)
     if bug:
         assert res.verdict == "REFUTED" and diff > 1e-3, (res.verdict, diff, res.reasons[:2])
-    else:  # no rule reads the grouped layout yet: sound UNKNOWN at the split, never REFUTED
-        assert res.verdict != "REFUTED" and diff < 1e-9, (res.verdict, diff, res.reasons[:2])
-        assert res.verdict == "VERIFIED" or any("split" in r for r in res.reasons), res.reasons[:2]
+    else:
+        assert res.verdict == "VERIFIED" and diff < 1e-9, (res.verdict, diff, res.reasons[:2])
+        assert {cg.SPLIT_RULE, cg.CONCAT_RULE, cg.EQ_RULE} <= {r for s in res.prop.steps for r in s.rules}

@@ -130,6 +130,10 @@ RULES: dict[str, str] = {
     "split_interleaved_shard": f"{_T}.Interleave.split_interleaved_shard",
     "concat_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
     "interleave_commutes": f"{_T}.Interleave.interleave_commutes",
+    # the same with parts of different sizes, a GQA w_qkv (kernel/concat_groups.py)
+    "split_grouped_shard": f"{_T}.ConcatGroups.split_grouped_shard",
+    "concat_grouped_shard": f"{_T}.ConcatGroups.concat_grouped_shard",
+    "concat_groups_commutes": f"{_T}.ConcatGroups.concat_groups_commutes",
     # a count of in-range labels is the token count (kernel/int_range.py)
     "int_range_count": f"{_T}.IntRange.int_range_fold",
     # ring attention (kernel/ring.py)

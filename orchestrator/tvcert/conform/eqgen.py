@@ -326,6 +326,10 @@ from .gens_interleave import INTERLEAVE_EQ_GENERATORS  # noqa: E402  (interleave
 
 EQUALITY.update(INTERLEAVE_EQ_GENERATORS)
 
+from .gens_concat_groups import CONCAT_GROUPS_EQ_GENERATORS  # noqa: E402  (concat_groups_commutes)
+
+EQUALITY.update(CONCAT_GROUPS_EQ_GENERATORS)
+
 from .gens_int_range import INT_RANGE_GENERATORS  # noqa: E402  (int_range_count)
 
 EQUALITY.update(INT_RANGE_GENERATORS)

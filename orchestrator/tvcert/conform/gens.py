@@ -1013,9 +1013,10 @@ from .gens_fsdp import FSDP_GENERATORS  # noqa: E402  (FSDP2's reduce-scatter(av
 from .gens_fsdp_nested import FSDP_NESTED_GENERATORS  # noqa: E402  (the same inside TP's shards)
 
 from .gens_interleave import INTERLEAVE_GENERATORS  # noqa: E402  (fused tensors sharded per part)
+from .gens_concat_groups import CONCAT_GROUPS_GENERATORS  # noqa: E402  (the same, parts of different sizes)
 
 for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *INTERLEAVE_RESHAPE_GENERATORS.items(), *FSDP_GENERATORS.items(),
-               *INTERLEAVE_GENERATORS.items(), *FSDP_NESTED_GENERATORS.items()]:
+               *INTERLEAVE_GENERATORS.items(), *FSDP_NESTED_GENERATORS.items(), *CONCAT_GROUPS_GENERATORS.items()]:
     SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
 
 SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}

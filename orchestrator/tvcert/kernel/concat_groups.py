@@ -13,18 +13,39 @@ group g in order, block g of every part in part order::
 so its plain Shard(dim) over an axis of size ``groups`` is rank r's block of each part.  It is a macro over
 registered ops (split, reshape to [.., groups, n_i, ..], concat along the new dim, reshape back), so the
 interpreter evaluates and the kernel's input facts spell it with ops whose semantics are already defined; with
-equal sizes it is the interleave.  No kernel rule reads the spelling yet: a program over such an input is
-VERIFIED only through rules that hold for any expression, else UNKNOWN, and a wrong program is REFUTED by the
-interpreter.  ``Rules/ConcatGroups.v`` proves the index equation and the split / concat facts a rule would use.
+equal sizes it is the interleave.  Three rules read the spelling (``Rules/ConcatGroups.v``):
+
+* ``split_grouped_shard``: splitting the rank's local dim d into the parts' local sizes ``sizes[i] / p`` gives
+  Shard(d) of ``split(E, sizes)[i]``;
+* ``concat_grouped_shard``: concatenating Shard(d) operands of different sizes along d (the split's backward)
+  is Shard(d) of ``concat_groups(concat(E_1..E_k), d, sizes, p)``;
+* ``concat_groups_commutes`` (an equality step and the premise of the split): the layout is a reindexing of one
+  dim, pulled through the ops that read it index by index (:func:`.interleave.pull`'s steps).
+
+Side conditions, checked at every use: exactly one mesh axis shards dim d and its size is the layout's
+``groups``; every other axis is Replicate or shards another dim; the split's sizes are the parts' local sizes in
+order.  Anything else is a RuleFailure (UNKNOWN) or, for a split, the interleave rules' path.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from ..ops import REGISTRY, resolve_attrs
 from ..ops.base import Attr, ShapeError
 
 NAME = "concat_groups"
+SPLIT_RULE = "split_grouped_shard"
+CONCAT_RULE = "concat_grouped_shard"
+EQ_RULE = "concat_groups_commutes"
+STATEMENTS = {
+    SPLIT_RULE: "part i of rank r's block of concat_groups(E, d, sizes, p) is block r of part i of E: splitting a "
+                "Shard(d) of the grouped layout (read as one by concat_groups_commutes) into the parts' local sizes "
+                "gives Shard(d) of E's parts",
+    CONCAT_RULE: "Shard(d) operands of different sizes concatenated along d are Shard(d) of the grouped layout of "
+                 "their logical concatenation",
+    EQ_RULE: "the grouped layout is a reindexing of one dim and commutes with ops reading it index by index "
+             "(matmul row / column, permute, a reshape keeping it whole, pointwise ops)",
+}
 
 
 class ConcatGroupsSpec:
@@ -99,4 +120,119 @@ def source_index(sizes: Sequence[int], groups: int, j: int) -> int:
     raise IndexError(j)
 
 
-__all__ = ["NAME", "SPEC", "build_expr", "expand", "layout_spec", "source_index"]
+class Grouped(NamedTuple):
+    core: int  # E
+    dim: int  # d
+    sizes: tuple[int, ...]  # the logical parts' sizes
+    groups: int  # p
+
+
+def match(X, e: int) -> Grouped | None:
+    """``e`` read as ``concat_groups(E, d, sizes, groups)`` (exactly :func:`build_expr`'s spelling), or None."""
+    x = X[e]
+    if x.op != "reshape" or X[x.args[0]].op != "concat":
+        return None
+    c = X[x.args[0]]
+    d = c.attr_dict()["dim"] - 1
+    blocks = [X[b] for b in c.args]
+    if d < 0 or any(b.op != "reshape" for b in blocks):
+        return None
+    parts = [X[b.args[0]] for b in blocks]
+    if any(q.op != "split" for q in parts) or len({b.args[0] for b in blocks}) != len(blocks):
+        return None
+    if len({q.args for q in parts}) != 1:
+        return None
+    core = parts[0].args[0]
+    s = list(X[core].shape)
+    outs = [q.attr_dict() for q in parts]
+    inner = outs[0]["attrs"]
+    if any(o["attrs"] != inner for o in outs) or [o["output"] for o in outs] != list(range(len(outs))):
+        return None
+    sizes = tuple(inner["sizes"])
+    if inner["dim"] != d or d >= len(s) or len(sizes) != len(outs) or tuple(x.shape) != tuple(s):
+        return None
+    g = c.shape[d]
+    if g < 1 or any(n % g for n in sizes):
+        return None
+    if any(list(b.shape) != s[:d] + [g, n // g] + s[d + 1:] for b, n in zip(blocks, sizes)):
+        return None
+    try:
+        if build_expr(X, core, {"dim": d, "sizes": list(sizes), "groups": g}) != e:  # the exact spelling only
+            return None
+    except (ValueError, KeyError):  # ExprError, ShapeError
+        return None
+    return Grouped(core, d, sizes, g)
+
+
+def find(X, e: int, d: int, p: int):
+    """:func:`.interleave.pull`'s base case for the grouped layout along ``d`` over ``p`` groups."""
+    m = match(X, e)
+    return (m.core, ("groups", m.sizes)) if m is not None and m.dim == d and m.groups == p else None
+
+
+def _pull(X, e: int, d: int, p: int):
+    from .interleave import pull
+    got = pull(X, e, d, p, find=find)
+    return None if got is None else (got[0], got[1][1])
+
+
+def _cites(X, e: int, d: int, p: int) -> list[str]:
+    return [] if find(X, e, d, p) is not None else [EQ_RULE]
+
+
+def grouped_equal(X, a: int, b: int, equal) -> bool:
+    """``concat_groups_commutes`` as an equality step: ``b`` is concat_groups(G, d, sizes, p) and ``a`` pulls to
+    concat_groups(Y, d, sizes, p) with ``equal(Y, G)`` (the layout is a bijection of dim d)."""
+    m = match(X, b)
+    if m is None:
+        return False
+    got = _pull(X, a, m.dim, m.groups)
+    return got is not None and got[1] == m.sizes and got[0] != a and equal(got[0], m.core)
+
+
+def derive_split(kc, ra, f, dim: int, failure):
+    """Facts of ``split(dim, sizes)`` of Shard(dim) of the grouped layout (rule ``split_grouped_shard``), or None
+    when the input is not that layout over the sharding axis (the interleave rules' path)."""
+    from .interleave import _axis
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    ai = _axis(kc, f, dim, failure, SPLIT_RULE)
+    p = kc.sizes[kc.axes[ai]]
+    got = _pull(X, f.expr, dim, p)
+    if got is None:
+        return None
+    core, sizes = got
+    local = [n // p for n in sizes]
+    if list(ra["sizes"]) != local:
+        raise failure(f"{SPLIT_RULE}: the split sizes {list(ra['sizes'])} are not the parts {local} a rank holds")
+    outs = X.mk_multi("split", {"dim": dim, "sizes": tuple(sizes)}, [core])
+    rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
+    rules[ai] = SPLIT_RULE
+    return Derivation([Fact(o, f.pl) for o in outs], rules + _cites(X, f.expr, dim, p))
+
+
+def derive_concat(kc, facts, dim: int, failure):
+    """Fact of ``concat(dim)`` of Shard(dim) operands of different sizes (rule ``concat_grouped_shard``)."""
+    from .expr import ExprError
+    from .interleave import _axis
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    if len({f.pl for f in facts}) != 1:
+        raise failure(f"{CONCAT_RULE}: operands placed differently")
+    ai = _axis(kc, facts[0], dim, failure, CONCAT_RULE)
+    p = kc.sizes[kc.axes[ai]]
+    sizes = [X[f.expr].shape[dim] for f in facts]
+    try:
+        cat = X.mk("concat", {"dim": dim}, [f.expr for f in facts])
+        expr = build_expr(X, cat, {"dim": dim, "sizes": sizes, "groups": p})
+    except (ExprError, ShapeError) as exc:
+        raise failure(f"{CONCAT_RULE}: {exc}") from None
+    rules = ["replicate_any" if q.kind == "R" else "concat_other_dim" for q in facts[0].pl]
+    rules[ai] = CONCAT_RULE
+    return Derivation([Fact(expr, facts[0].pl)], rules)
+
+
+__all__ = ["NAME", "SPEC", "build_expr", "derive_concat", "derive_split", "expand", "find", "grouped_equal",
+           "layout_spec", "match", "source_index"]

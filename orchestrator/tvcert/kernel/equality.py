@@ -35,6 +35,7 @@ from typing import Callable
 from ..ops import REGISTRY
 from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
+from .concat_groups import EQ_RULE as GROUPED_EQ, grouped_equal
 from .int_range import RULE as INT_RANGE, const_value
 from .layout_map import RULE as LAYOUT_MAP, layout_map_equal
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
@@ -134,6 +135,9 @@ class Prover:
             return True
         if interleaved_equal(X, a, b, self.equal) or interleaved_equal(X, b, a, self.equal):
             self.used.add(INTERLEAVE_EQ)
+            return True
+        if grouped_equal(X, a, b, self.equal) or grouped_equal(X, b, a, self.equal):  # unequal parts
+            self.used.add(GROUPED_EQ)
             return True
         if layout_map_equal(X, a, b, self.equal, self._lmap):  # layout chains reading the same index everywhere
             self.used.add(LAYOUT_MAP)

@@ -89,19 +89,26 @@ def match(X: Exprs, e: int) -> Inter | None:
     return Inter(core, d, k, p, n)
 
 
-def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH) -> tuple[int, int] | None:
+def _find(X: Exprs, e: int, d: int, p: int):
+    m = match(X, e)
+    return (m.core, m.k) if m is not None and m.dim == d and m.p == p else None
+
+
+def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH, find=None) -> tuple[int, int] | None:
     """(E, k) with ``e`` = interleave(E, d, k, p) by ``interleave_commutes`` steps, or None.  Deterministic,
-    bounded by ``depth``; expressions made on a failed path are harmless (interned, unused)."""
+    bounded by ``depth``; expressions made on a failed path are harmless (interned, unused).  ``find``: another
+    reindexing of dim d as the base case (kernel/concat_groups.py), its key in place of k."""
     if depth <= 0:
         return None
-    m = match(X, e)
-    if m is not None and m.dim == d and m.p == p:
-        return m.core, m.k
+    find = find or _find
+    got = find(X, e, d, p)
+    if got is not None:
+        return got
     x = X[e]
     try:
         if x.op == "permute":
             perm = tuple(x.attr_dict()["dims"])
-            got = pull(X, x.args[0], perm[d], p, depth - 1)
+            got = pull(X, x.args[0], perm[d], p, depth - 1, find)
             return None if got is None else (X.mk("permute", {"dims": perm}, [got[0]]), got[1])
         if x.op == "matmul":
             a, b = x.args
@@ -109,13 +116,13 @@ def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH) -> tuple[int,
             if ra < 2 or rb < 2:
                 return None
             if d == ro - 1:  # a column of the product reads the same column of the rhs
-                got = pull(X, b, rb - 1, p, depth - 1)
+                got = pull(X, b, rb - 1, p, depth - 1, find)
                 return None if got is None else (X.mk("matmul", {}, [a, got[0]]), got[1])
             if d == ro - 2:  # a row reads the same row of the lhs
-                got = pull(X, a, ra - 2, p, depth - 1)
+                got = pull(X, a, ra - 2, p, depth - 1, find)
                 return None if got is None else (X.mk("matmul", {}, [got[0], b]), got[1])
             if ra == rb == ro and X[a].shape[d] == X[b].shape[d]:  # a batch dim: product j reads element j of
-                ga, gb = pull(X, a, d, p, depth - 1), pull(X, b, d, p, depth - 1)  # both (the pointwise clause)
+                ga, gb = pull(X, a, d, p, depth - 1, find), pull(X, b, d, p, depth - 1, find)  # both (the pointwise clause)
                 if ga is not None and gb is not None and ga[1] == gb[1]:
                     return X.mk("matmul", {}, [ga[0], gb[0]]), ga[1]
             return None
@@ -123,7 +130,7 @@ def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH) -> tuple[int,
             si, so = X[x.args[0]].shape, x.shape
             for di in range(len(si)):  # the input dim that is output dim d, kept whole
                 if si[di] == so[d] and prod(si[:di]) == prod(so[:d]):
-                    got = pull(X, x.args[0], di, p, depth - 1)
+                    got = pull(X, x.args[0], di, p, depth - 1, find)
                     if got is not None:
                         return X.mk("reshape", {"shape": tuple(so)}, [got[0]]), got[1]
             return None
@@ -136,7 +143,7 @@ def pull(X: Exprs, e: int, d: int, p: int, depth: int = MAX_DEPTH) -> tuple[int,
                 if X[a].shape == ():
                     cores.append(a)
                     continue
-                got = pull(X, a, d, p, depth - 1)
+                got = pull(X, a, d, p, depth - 1, find)
                 if got is None:
                     return None
                 cores.append(got[0])

@@ -33,6 +33,8 @@ from .allgather_layout import RULE as _AG_LAYOUT_RULE, STATEMENT as _AG_LAYOUT_S
 from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as derive_interleaved_concat
 from .interleave import derive_pad as derive_interleaved_pad, derive_slice as derive_interleaved_slice
 from .interleave import derive_split as derive_interleaved_split
+from .concat_groups import STATEMENTS as _GROUPED_STATEMENTS, derive_concat as derive_grouped_concat
+from .concat_groups import derive_split as derive_grouped_split
 from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMENT
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
@@ -151,6 +153,7 @@ RULES: dict[str, str] = {
     _PAD_BLOCK_RULE: _PAD_BLOCK_STATEMENT,
     _AG_LAYOUT_RULE: _AG_LAYOUT_STATEMENT,
     **_INTERLEAVE_STATEMENTS,
+    **_GROUPED_STATEMENTS,
     _INT_RANGE_RULE: _INT_RANGE_STATEMENT,
     "scale_commutes_linear": "a scalar factor moves across any linear op",
     "layout_commutes_pointwise": "a reshape / permute of a pointwise op on same-shaped operands is the pointwise op of the reshaped operands; layouts compose",
@@ -945,6 +948,9 @@ def _slice(kc, op, ra, raw, facts):
             return _slice_block(kc, ra, raw, f, dim, rank_axes)
     multi = op == "split"
     if any(q.kind == "S" and q.dim == dim for q in f.pl):  # a fused tensor's parts (kernel/interleave.py)
+        got = derive_grouped_split(kc, ra, f, dim, RuleFailure) if multi else None  # parts of unequal sizes
+        if got is not None:  # (kernel/concat_groups.py)
+            return got
         return (derive_interleaved_split if multi else derive_interleaved_slice)(kc, ra, f, dim, RuleFailure)
     exprs = X.mk_multi(op, ra, [f.expr]) if multi else [X.mk(op, ra, [f.expr])]
     per_axis = []
@@ -1008,6 +1014,8 @@ def _concat(kc, op, ra, raw, facts):
     shape = X[facts[0].expr].shape
     dim = ra["dim"] % len(shape)
     if any(q.kind == "S" and q.dim == dim for f in facts for q in f.pl):  # parts of a fused tensor (interleave.py)
+        if len({X[f.expr].shape for f in facts}) > 1:  # parts of unequal sizes (kernel/concat_groups.py)
+            return derive_grouped_concat(kc, facts, dim, RuleFailure)
         return derive_interleaved_concat(kc, facts, dim, RuleFailure)
     expr = X.mk("concat", {"dim": dim}, [f.expr for f in facts])
     per_axis = []
