@@ -8,6 +8,7 @@ has ``NH*HD`` query rows but ``NKV*HD`` key and value rows.  TP code gives rank 
 ``concat_groups(dim=0, sizes=[NH*HD, NKV*HD, NKV*HD], groups=tp)`` then ``Shard(0)`` (kernel/concat_groups.py).
 
     tvcert trace examples/torch/realcode/fused_qkv_gqa.py --verify                         # VERIFIED (tp=2)
+    tvcert trace examples/torch/realcode/fused_qkv_gqa.py --set tp=4 --set nh=8 --set nkv=4 --verify   # VERIFIED
     tvcert trace examples/torch/realcode/fused_qkv_gqa.py --set bug=qk_boundary --verify   # REFUTED
     tvcert trace examples/torch/realcode/fused_qkv_gqa.py --set bug=kv_swap --verify       # REFUTED
     tvcert trace examples/torch/realcode/fused_qkv_gqa.py --set bug=plain_shard --verify   # REFUTED
@@ -49,37 +50,37 @@ def attention(x, w_qkv, wo, nh, nkv, bug=""):
     return o.transpose(1, 2).reshape(b, s, -1) @ wo.t()
 
 
-def make(tp, bug=""):
+def make(tp, bug="", nh=NH, nkv=NKV):
     def logical(x, w_qkv, wo, target):
-        return ((attention(x, w_qkv, wo, NH, NKV) - target) ** 2).sum()
+        return ((attention(x, w_qkv, wo, nh, nkv) - target) ** 2).sum()
 
     def parallel(ctx, x, w_qkv, wo, target):
         g = ctx.group("tp")
-        y = attention(CopyToTP.apply(x, g), w_qkv, wo, NH // tp, NKV // tp, bug)
+        y = attention(CopyToTP.apply(x, g), w_qkv, wo, nh // tp, nkv // tp, bug)
         return ((ReduceFromTP.apply(y, g) - target) ** 2).sum()
     return logical, parallel
 
 
-def gqa_layout(tp: int, sizes=(NH * HD, NKV * HD, NKV * HD)) -> list:
+def gqa_layout(tp: int, sizes) -> list:
     """Rank r's rows: its query heads, then its key heads, then its value heads."""
     return [{"op": "concat_groups", "attrs": {"dim": 0, "sizes": list(sizes), "groups": tp}}]
 
 
-def tvcert_trace(tp: int = 2, bug: str = "", dtype: str = "float64"):
+def tvcert_trace(tp: int = 2, bug: str = "", dtype: str = "float64", nh: int = NH, nkv: int = NKV):
     if bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r} (one of {', '.join(b for b in BUGS if b)})")
-    if NKV % tp:
-        raise ValueError(f"tp={tp} must divide the kv heads ({NKV})")
-    rows = (NH + 2 * NKV) * HD
+    if nkv % tp or nh % nkv or nkv < 2:
+        raise ValueError(f"tp={tp} must divide the kv heads ({nkv}), at least 2, which divide the heads ({nh})")
+    rows = (nh + 2 * nkv) * HD
     f = {"dtype": dtype}
     fused = {"shape": [rows, H], "param": True, "placement": {"tp": "Shard(0)"}, **f}
     if bug == "plan_boundary":
-        fused["layout"] = gqa_layout(tp, ((NH + 1) * HD, (NKV - 1) * HD, NKV * HD))
+        fused["layout"] = gqa_layout(tp, ((nh + 1) * HD, (nkv - 1) * HD, nkv * HD))
     elif bug != "plain_shard":
-        fused["layout"] = gqa_layout(tp)
+        fused["layout"] = gqa_layout(tp, (nh * HD, nkv * HD, nkv * HD))
     inputs = {"x": {"shape": [B, S, H], **f}, "w_qkv": fused,
-              "wo": {"shape": [H, NH * HD], "param": True, "placement": {"tp": "Shard(1)"}, **f},
+              "wo": {"shape": [H, nh * HD], "param": True, "placement": {"tp": "Shard(1)"}, **f},
               "target": {"shape": [B, S, H], **f}}
-    logical, parallel = make(tp, bug if bug in ("qk_boundary", "kv_swap") else "")
+    logical, parallel = make(tp, bug if bug in ("qk_boundary", "kv_swap") else "", nh, nkv)
     return dict(logical=logical, parallel=parallel, inputs=inputs, mesh={"tp": tp},
                 name=f"fused_qkv_gqa_tp{tp}{'_' + bug if bug else ''}")
