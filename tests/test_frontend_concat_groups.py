@@ -138,10 +138,22 @@ def test_generators_hold_and_catch_broken_kernels(monkeypatch):
                         lambda X, e, a: build(X, e, {**a, "groups": 1}))
     assert "DISAGREE" in _statuses(CONCAT_GROUPS_GENERATORS[cg.CONCAT_RULE], cg.CONCAT_RULE, 60)
     monkeypatch.setitem(cg.derive_concat.__globals__, "build_expr", build)
-    match = cg.match  # broken: the base case not checking the group count against the axis size
+    match, find = cg.match, cg.find  # broken: the base case not checking the group count against the axis size
     monkeypatch.setitem(cg.find.__globals__, "find", lambda X, e, d, p: None if match(X, e) is None or
                         match(X, e).dim != d else (match(X, e).core, ("groups", match(X, e).sizes)))
     assert "DISAGREE" in _statuses(CONCAT_GROUPS_GENERATORS[cg.SPLIT_RULE], cg.SPLIT_RULE, 200)
+    monkeypatch.setitem(find.__globals__, "find", find)
+    split = cg.derive_split  # broken: the first two parts' facts swapped (k before q)
+
+    def swapped(*a):
+        d = split(*a)
+        if d is not None and len(d.facts) > 1:
+            d.facts[0], d.facts[1] = d.facts[1], d.facts[0]
+        return d
+    from tvcert.kernel import rules
+
+    monkeypatch.setitem(rules._slice.__globals__, "derive_grouped_split", swapped)
+    assert "DISAGREE" in _statuses(CONCAT_GROUPS_GENERATORS[cg.SPLIT_RULE], cg.SPLIT_RULE, 60)
 
 
 def _example():
