@@ -121,6 +121,7 @@ class _Domains:
         self.prod = graph.producers()
         self.dom: dict[str, Optional[Dom]] = {}
         self.cval: dict[str, int] = {}  # scalar constants of any dtype with an integer value
+        self._attrs: dict[int, dict] = {}  # node id -> resolved attributes (arms are recomputed under conditions)
         self.quot: dict[str, tuple] = {}  # x / c with c a nonzero integer constant: (x's values, c)
         self.src: dict[str, frozenset] = {}
         for t in graph.inputs:
@@ -129,10 +130,14 @@ class _Domains:
                 self.src[t.name] = frozenset([t.name])
 
     def attrs(self, n) -> dict:
-        try:
-            return resolve_attrs(REGISTRY[n.op], n.attrs, self.env)
-        except (AttrError, ValueError, TypeError):
-            return {}
+        got = self._attrs.get(id(n))
+        if got is None:
+            try:
+                got = resolve_attrs(REGISTRY[n.op], n.attrs, self.env)
+            except (AttrError, ValueError, TypeError):
+                got = {}
+            self._attrs[id(n)] = got
+        return got
 
     def const_of(self, name: str) -> Optional[int]:
         if name in self.cval:
