@@ -13,6 +13,7 @@ import pytest
 
 from tvcert.kernel.equality import Prover
 from tvcert.kernel.expr import Exprs
+from tvcert.kernel import concat_groups as cg
 from tvcert.kernel import interleave as il
 from tvcert.kernel.rules import RULES, Fact, KCtx, P, R, RuleFailure, S, derive, local_shape
 from tvcert.kernel.zigzag import Z
@@ -217,6 +218,13 @@ def case_table():
     add("concat_interleaved_shard", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0),
         lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], S(0))], dim=0))  # parts of different sizes
     add("interleave_commutes", None, None)  # equality step: tests/test_frontend_interleave.py
+    # the same, parts of different sizes (kernel/concat_groups.py; tests/test_frontend_concat_groups.py)
+    add("split_grouped_shard", lambda e: e.apply("split", [Fact(cg.build_expr(
+        e.X, e.X.leaf("w", (8, 2), "float"), {"dim": 0, "sizes": [4, 2, 2], "groups": 2}), (S(0),))],
+        dim=0, sizes=[2, 1, 1]), lambda e: e.apply("split", [e.t([8, 2], S(0))], dim=0, sizes=[2, 1, 1]))
+    add("concat_grouped_shard", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], S(0))], dim=0),
+        lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], R)], dim=0))  # placed differently
+    add("concat_groups_commutes", None, None)  # equality step: tests/test_frontend_concat_groups.py
     add("merge_interleaved_shard", None, None)  # Megatron's batch x heads merge: test_trace_mcore.py, conform
     add("split_interleaved_reshape", None, None)  # its inverse view: test_trace_mcore.py, conform
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
