@@ -4,9 +4,9 @@ and the ``concat_groups_commutes`` equality step.
 
 The split's input is the grouped layout of a leaf, pushed through an op real code applies before the split (the
 projection matmul with the fused weight as rhs column or lhs row, a permute, a pointwise op), or a near miss:
-the split sizes in another order or off by a row, the layout over another group count or along another dim, a
-plain leaf, a pointwise op of a laid-out and a plain operand, and on the other axes the fused dim sharded again
-or a Partial.  The kernel must refuse them or conclude a fact that holds on every rank (:func:`.core.run_case`).
+the split sizes in another order or off by a row, the layout's parts in another order or over one group (a plain
+shard), a plain leaf, a pointwise op of a laid-out and a plain operand, and on the other axes the fused dim
+sharded again or a Partial.  The kernel must refuse them or conclude a fact that holds on every rank (:func:`.core.run_case`).
 """
 from __future__ import annotations
 
