@@ -197,7 +197,10 @@ def derive_split(kc, ra, f, dim: int, failure):
     from .rules import Derivation, Fact
 
     X = kc.exprs
-    ai = _axis(kc, f, dim, failure, SPLIT_RULE)
+    try:
+        ai = _axis(kc, f, dim, failure, SPLIT_RULE)
+    except failure:  # not one Shard of the dim: the interleave path refuses it with its own message
+        return None
     p = kc.sizes[kc.axes[ai]]
     got = _pull(X, f.expr, dim, p)
     if got is None:
