@@ -121,6 +121,24 @@ Variable ls : seq shape.   (* the logical graph's shapes, [lrun_s]: [mcheck] com
 Let ms := mesh P.
 Let ni := size (ml_inputs P).
 
+(** x / p over axis [k]: x replicated on [k], p the size of axis [k] as a replicated scalar
+    constant (a logical const node, possibly one the certificate appends): each rank's copy of x
+    over p is one of p equal parts of a partial sum on [k] (a gradient-norm term that a later
+    all_reduce over [k] must count once). *)
+Definition dedup_ok (o : gop) (af : seq mfact) (f : mfact) : bool :=
+  let: (l, pls) := f in
+  match o, af with
+  | GO Div, [:: (l1, pls1); (lk, plsk)] =>
+      let lnk := nth (GNode (GO Add) [::]) (ml_nodes P) (lk - ni) in
+      (l == l1) && (l1 < size ls) && (ni <= lk) && (lk < size ls) && (g_args lnk == [::]) &&
+      (size pls1 == size ms) && pls_eqb plsk (nseq (size ms) Replicate) &&
+      has (fun k => placement_eqb (nth Replicate pls1 k) Replicate && (0 < nth 0 ms k) &&
+                    gop_eqb (g_op lnk) (GO (Const (false, bin_of_nat (nth 0 ms k), bin_of_nat 1) [::])) &&
+                    pls_eqb pls (set_nth Replicate pls1 k (Partial RSum)))
+          (iota 0 (size ms))
+  | _, _ => false
+  end.
+
 Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   let: (l, pls) := f in
   match n, af with
@@ -133,6 +151,7 @@ Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
       (g_args ln == map fst af) && all (fun a => a < l) (g_args ln) &&
       mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls &&
       mpl_ok ms (nth [::] ls l) pls
+      || dedup_ok o af f
   end.
 
 Fixpoint mcheck_nodes (facts : seq mfact) (ns : seq pnode) (c : seq mfact) : bool :=
@@ -158,5 +177,14 @@ Definition mcheck (P : mplan) (c : seq mfact) : bool :=
   all (fun b => (b.1 < size (ml_inputs P)) && mpl_ok (mesh P) (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) &&
   mcheck_nodes P ls (mp_inputs P) (mp_nodes P) c &&
   all (mcheck_output ls (mp_inputs P ++ c)) (mp_outputs P).
+
+(** A certificate may name auxiliary logical values ([xs], appended to the logical graph: a
+    constant the program uses and the logical graph never computes); the outputs still read the
+    plan's own logical nodes, so the plan's meaning is unchanged ([MeshSound.mcheckx_sound]). *)
+Definition with_lnodes (P : mplan) (xs : seq gnode) : mplan :=
+  MPlan (mesh P) (ml_inputs P) (ml_nodes P ++ xs) (mp_inputs P) (mp_nodes P) (mp_outputs P).
+
+Definition mcheckx (P : mplan) (xs : seq gnode) (c : seq mfact) : bool :=
+  all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_outputs P) && mcheck (with_lnodes P xs) c.
 
 End JMeshCheck.

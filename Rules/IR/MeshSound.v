@@ -64,6 +64,68 @@ elim: ms s pls T L L' => [|p ms IH] s [|pl pls] T L L' E //=.
   by apply: (IH _ _ _ (fun c => L (r :: c))) => [c i ii|]; [apply: E | apply: H2].
 Qed.
 
+(** ** Dividing by a replicated positive constant (the tp-size const of a gradient-norm term) *)
+Lemma placed_scale p s pl (T : tensor) (M : family) c : 0 < c -> placed p s pl T M ->
+  placed p s pl (fun i => T i * c) (fun r i => M r i * c).
+Proof.
+move=> c0; case: pl => [|d|[]] /=.
+- by move=> H r i rp ii; rewrite H.
+- by move=> [ds dv H]; split=> // r i rp ii; rewrite H.
+- by move=> H i ii; rewrite -mulr_suml H.
+- by move=> H i ii; rewrite -mulr_suml mulrA H.
+- move=> H i ii; have [H1 [r rp H2]] := H i ii; split; last by exists r; rewrite ?H2.
+  by move=> r' rp'; rewrite ler_pmul2r // H1.
+Qed.
+
+Lemma mplaced_divc ms s pls (A : tensor) (Lx Ly : mfamily) v : 0 < v ->
+  mplaced ms s pls A Lx -> mplaced ms [::] (nseq (size ms) Replicate) (fun _ => v) Ly ->
+  mplaced ms s pls (fun i => A i / v) (fun c i => Lx c i / Ly c [::]).
+Proof.
+move=> v0; elim: ms s pls A Lx Ly => [|p ms IH] s [|pl pls] A Lx Ly //=.
+- by move=> Hx Hy i ii; rewrite Hx // Hy.
+- case=> M [H1 H2] [N [Hn1 Hn2]].
+  exists (fun r i => M r i / v); split; first by apply: placed_scale; rewrite ?invr_gt0.
+  move=> r rp; apply: (IH _ _ (M r) (fun c => Lx (r :: c)) (fun c => Ly (r :: c))); first exact: H2.
+  by apply: mplaced_ext (Hn2 r rp) => i; case: i => //= _; rewrite (Hn1 r [::] rp).
+Qed.
+
+(** A value replicated on axis [k], divided there by the axis size, is a partial sum on [k]. *)
+Lemma mplaced_dedup ms k s pls (T : tensor) (Lx Ly : mfamily) :
+  (k < size ms)%N -> (0 < nth 0%N ms k)%N -> nth Replicate pls k = Replicate ->
+  mplaced ms s pls T Lx -> mplaced ms [::] (nseq (size ms) Replicate) (fun _ => (nth 0%N ms k)%:R) Ly ->
+  mplaced ms s (set_nth Replicate pls k (Partial RSum)) T (fun c i => Lx c i / Ly c [::]).
+Proof.
+elim: ms k s pls T Lx Ly => [|p ms IH] k s [|pl pls] T Lx Ly //=; try by [rewrite ltn0 | move=> _ _ _ []].
+case: k => [|k] /= kms p0 hpl.
+- move=> [M [H1 H2]] [N [Hn1 Hn2]]; rewrite hpl in H1 H2 *.
+  have pv : 0 < p%:R :> R by rewrite ltr0n.
+  exists (fun r i => M r i / p%:R); split.
+    move=> i ii /=; rewrite -mulr_suml.
+    rewrite (eq_big_nat _ _ (F2 := fun _ => T i)); last by move=> r /andP [_ rp]; rewrite H1.
+    by rewrite sumr_const_nat subn0 -[T i *+ p]mulr_natr mulfK // pnatr_eq0 -lt0n.
+  move=> r rp; apply: (@mplaced_divc _ _ _ (fun i => M r i) (fun c => Lx (r :: c)) (fun c => Ly (r :: c))) => //;
+    first exact: H2.
+  by apply: mplaced_ext (Hn2 r rp) => i; case: i => //= _; rewrite (Hn1 r [::] rp).
+- move=> [M [H1 H2]] [N [Hn1 Hn2]].
+  exists M; split => // r rp; apply: (IH _ _ _ (M r) (fun c => Lx (r :: c)) (fun c => Ly (r :: c))) => //;
+    first exact: H2.
+  by apply: mplaced_ext (Hn2 r rp) => i; case: i => //= _; rewrite (Hn1 r [::] rp).
+Qed.
+
+Lemma mlocal_shape_partial ms k s pls : (k < size pls)%N -> nth Replicate pls k = Replicate ->
+  mlocal_shape ms s (set_nth Replicate pls k (Partial RSum)) = mlocal_shape ms s pls.
+Proof.
+elim: ms k s pls => [|p ms IH] k s [|pl pls] //=; try by rewrite ltn0.
+by case: k => [|k] /= kp; [move=> -> | move=> h; rewrite IH].
+Qed.
+
+Lemma mpl_ok_partial ms k s pls : (k < size pls)%N -> nth Replicate pls k = Replicate ->
+  mpl_ok ms s (set_nth Replicate pls k (Partial RSum)) = mpl_ok ms s pls.
+Proof.
+elim: ms k s pls => [|p ms IH] k s [|pl pls] //=; try by rewrite ltn0.
+all: case: k => [|k] /= kp h //; first [by rewrite h | by rewrite IH].
+Qed.
+
 (** What the invariant knows about an operand under nested placements. *)
 Definition marg_ok ms (s : shape) pls (T : tensor) (ps : shape) (L : mfamily) : Prop :=
   [/\ mplaced ms s pls T L, ps = mlocal_shape ms s pls, mpl_ok ms s pls, zmask s T & forall c, zmask ps (L c)].
@@ -797,6 +859,50 @@ Qed.
 Lemma gop_eqbP a b : gop_eqb a b -> a = b.
 Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. Qed.
 
+Lemma mlocal_nil_rep ms' : mlocal_shape ms' [::] (nseq (size ms') Replicate) = [::].
+Proof. by elim: ms' => //= p ms' IH. Qed.
+
+Lemma bshape_nil s : bshape s [::] = s.
+Proof. by rewrite /bshape /= (_ : bc_rev (rev s) [::] = rev s) ?revK //; case: (rev s). Qed.
+
+Lemma mdedup_sound fs E o args f :
+  minv fs E -> all (fun a => a < size fs)%N args ->
+  dedup_ok P ls o (map (nth dmfact fs) args) f ->
+  mfact_ok f (mrun_node fn ms E (PLocal o args)).
+Proof.
+move=> [szf I] aa; case: f => l pls; rewrite /dedup_ok.
+case: o => // -[] //; case: args aa => [|x [|y [|? ?]]] //=; try by move=> _; case: (nth dmfact fs x).
+  2: by move=> _; case: (nth dmfact fs x); case: (nth dmfact fs y).
+move=> /andP [xs /andP [ys _]].
+case Ex: (nth dmfact fs x) => [l1 pls1]; case Ey: (nth dmfact fs y) => [lk plsk].
+move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [/eqP -> l1s] nlk] lks] /eqP nargs] /eqP szp] /pls_eqbP eplsk] Hk].
+case/hasP: Hk => k; rewrite mem_iota add0n => /andP [_ kms].
+move=> /andP [/andP [/andP [/placement_eqbP hk p0] /gop_eqbP eop] /pls_eqbP ->].
+have := I x xs; rewrite Ex /= => -[l1e [Hx ex okx zTx zLx]].
+have := I y ys; rewrite Ey /= => -[lke [Hy ey oky zTy zLy]].
+set lnk := nth (GNode (GO Add) [::]) (ml_nodes P) (lk - ni) in nargs eop.
+have hlk : nth ldflt le lk = lrun_node le lnk by apply: mle_node; rewrite ?nargs // -msize_ls.
+rewrite hlk /JMesh.lrun_node nargs eop /= in Hy ey.
+rewrite eplsk mlocal_nil_rep in ey.
+rewrite eplsk in Hy.
+set pk := nth 0%N ms k in p0 eop Hy.
+have Hy' : mplaced ms [::] (nseq (size ms) Replicate) (fun _ => pk%:R) (nth mdflt E y).2.
+  apply: mplaced_ext Hy => i; case: i => //= _.
+  by rewrite /op_val /mask /lit bin_of_natK /= mul1r divr1.
+have kp : (k < size pls1)%N by rewrite szp.
+have HD := mplaced_dedup kms p0 hk Hx Hy'.
+split => //; split.
+- apply: mplaced_Lext HD => c i; rewrite mlocal_shape_partial // -ex => ii.
+  rewrite /mrun_node /= /op_val /= ey bshape_nil /mask ii.
+  have p1 : proj (nth mdflt E x).1 (nth mdflt E x).1 i = i by rewrite (proj_drop ii) ?subnn ?drop0.
+  have p2 : proj [::] (nth mdflt E x).1 i = [::] by rewrite /proj; case: (drop _ i).
+  by rewrite p1 p2.
+- by rewrite /= ey bshape_nil mlocal_shape_partial.
+- by rewrite mpl_ok_partial.
+- exact: zTx.
+- by move=> c i ni'; rewrite /mrun_node /= /op_val /mask ifN.
+Qed.
+
 Lemma mderive_sound fs E n f :
   minv fs E -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N (pargs n) ->
@@ -804,7 +910,8 @@ Lemma mderive_sound fs E n f :
   mfact_ok f (mrun_node fn ms E n).
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
-- rewrite /mderive => /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP ea] al] ru] ok].
+- rewrite /mderive; case/orP => [|dd]; last exact: (mdedup_sound I aa dd).
+  move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP ea] al] ru] ok].
   exact: (mlocal_sound I p0 aa loc nl ll eo ea al ru ok).
 - by move: aa => /= /andP [xs _]; apply: mcoll_sound.
 Qed.
@@ -864,5 +971,22 @@ Qed.
 (** The soundness theorem of the mesh checker. *)
 Theorem mcheck_sound (P : mplan) (c : seq mfact) : mcheck P c = true -> mplan_equiv P.
 Proof. by move=> C R fn; apply: mcheck_sound_at C. Qed.
+
+Lemma mequiv_with_lnodes (R : realFieldType) (fn : nat -> R -> R) P xs :
+  all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P))%N (mp_outputs P) ->
+  mequiv_at fn (with_lnodes P xs) -> mequiv_at fn P.
+Proof.
+move=> ok H X L HL /= lo po pls Hin.
+have := H X L HL lo po pls Hin; rewrite /= lrun_cat.
+have lo' : (lo < size (lrun fn (ml_init P X) (ml_nodes P)))%N.
+  by rewrite size_lrun size_mkseq; have /= := all_In ok Hin.
+by rewrite lrun_prefix.
+Qed.
+
+Theorem mcheckx_sound (P : mplan) xs (c : seq mfact) : mcheckx P xs c = true -> mplan_equiv P.
+Proof.
+case/andP => ok C R fn; apply: (mequiv_with_lnodes ok).
+exact: (mcheck_sound C).
+Qed.
 
 End JMeshSound.

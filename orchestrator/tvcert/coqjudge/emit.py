@@ -19,7 +19,7 @@ exists only when it returns true.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..graph import Graph
@@ -70,6 +70,7 @@ class CNode:
     args: list[int]
     name: str
     id: int = -1        # its id in the program (= its position, except in a probe translation)
+    src: str | None = None  # the IR node's source tag (the search prefers a logical node with the same)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class CoqPlan:
     l_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_input_ids: list[int] = field(default_factory=list)  # ids of p_inputs (positions, except in a probe)
+    x_nodes: list[CNode] = field(default_factory=list)    # auxiliary logical consts (search): MeshCheck.mcheckx
 
     @property
     def sizes(self) -> list[int]:
@@ -334,7 +336,7 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
             continue
         ids[name] = len(shapes)
         shapes.append(s)
-        out.append(CNode(op, [ids[x] for x in n.inputs], name, ids[name]))
+        out.append(CNode(op, [ids[x] for x in n.inputs], name, ids[name], n.src))
     return out
 
 
@@ -559,10 +561,12 @@ def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, P
     ni = len(cp.l_inputs)
     cands = by_key.get((op_key(n.op), tuple(x[0] for x in af)), [])
     if not cands:
-        return None, "no logical node applies this op to the logical values of its operands"
+        f = _dedup(cp, n, af)
+        return (f, "") if f else (None, "no logical node applies this op to the logical values of its operands")
     # a logical graph may compute one value twice (two iotas of one size): prefer the node of the same name,
     # so that the steps reading it find theirs (any choice is re-checked by Coq)
-    cands = sorted(cands, key=lambda c: cp.l_nodes[c - ni].name != n.name)
+    cands = sorted(cands, key=lambda c: (cp.l_nodes[c - ni].name != n.name,
+                                         n.src is None or cp.l_nodes[c - ni].src != n.src))
     why = ""
     for l in cands:
         lop = cp.l_nodes[l - ni].op
@@ -577,6 +581,35 @@ def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, P
     return None, why
 
 
+def _dedup(cp: CoqPlan, n: CNode, af: list) -> tuple[int, Pls] | None:
+    """Mirror of MeshCheck.dedup_ok: x / p with x replicated on an axis of size p and p a logical (or
+    auxiliary) replicated scalar const: x's logical value as a Partial(sum) on that axis."""
+    ni, sizes = len(cp.l_inputs), cp.sizes
+    if n.op != ("Div",) or len(af) != 2 or af[1][0] < ni:
+        return None
+    (l1, pls1), (lk, plsk) = af
+    c = cp.l_nodes[lk - ni]
+    if c.args or c.op[0] != "Const" or tuple(c.op[2]) != () or any(x != R_ for x in plsk) or len(pls1) != len(sizes):
+        return None
+    for k, p in enumerate(sizes):
+        if pls1[k] == R_ and 0 < p == c.op[1]:
+            return l1, pls1[:k] + (PSUM,) + pls1[k + 1:]
+    return None
+
+
+def _augment(cp: CoqPlan) -> CoqPlan:
+    """cp with the auxiliary logical consts appended (the program's scalar consts equal to an axis size that
+    no logical node computes), as MeshCheck.mcheckx checks it; sets cp.x_nodes."""
+    have = {(op_key(n.op), tuple(n.args)) for n in cp.l_nodes}
+    xs: list[CNode] = []
+    for n in cp.p_nodes:
+        if (n.op[0] == "Const" and not n.args and tuple(n.op[2]) == () and n.op[1] in cp.sizes and n.op[1] > 0
+                and (n.op, ()) not in have and all(x.op != n.op for x in xs)):
+            xs.append(CNode(n.op, [], f"aux const {n.op[1]}", len(cp.l_inputs) + len(cp.l_nodes) + len(xs)))
+    cp.x_nodes = xs
+    return replace(cp, l_nodes=cp.l_nodes + xs, l_shapes=cp.l_shapes + [()] * len(xs))
+
+
 def _by_key(cp: CoqPlan) -> dict:
     ni = len(cp.l_inputs)
     by_key: dict[tuple, list[int]] = {}
@@ -586,12 +619,14 @@ def _by_key(cp: CoqPlan) -> dict:
 
 
 def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
-    """The certificate: one fact per parallel node (raises NotCovered at the first node without one)."""
-    by_key = _by_key(cp)
+    """The certificate: one fact per parallel node (raises NotCovered at the first node without one);
+    sets cp.x_nodes, the auxiliary logical consts the facts may name."""
+    acp = _augment(cp)
+    by_key = _by_key(acp)
     facts: list[tuple[int, Pls]] = [(li, pls) for _, li, pls in cp.p_inputs]
     cert = []
     for n in cp.p_nodes:
-        f, why = _derive(cp, by_key, n, [facts[a] for a in n.args])
+        f, why = _derive(acp, by_key, n, [facts[a] for a in n.args])
         if f is None:
             raise NotCovered([Uncovered("parallel", n.name, _ir_name(n.op), why)])
         facts.append(f)
@@ -616,6 +651,7 @@ def probe_facts(plan: Plan) -> tuple[dict[str, tuple[int, Pls]], list[Uncovered]
         cp = getattr(exc, "partial", None)
     if cp is None:
         return {}, [], None
+    cp = _augment(cp)
     by_key = _by_key(cp)
     facts = {i: (li, pls) for i, (_, li, pls) in zip(cp.p_input_ids, cp.p_inputs)}
     named, missing = {}, []
@@ -701,6 +737,8 @@ def render(cp: CoqPlan, cert: list[tuple[int, Pls]], header: str = "") -> str:
     pno = [f"    {_pnode(n)}  (* {pi + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.p_nodes)]
     pout = [f"    ({_nat(lo)}, {_nat(po)}, {coq_pls(pls)})  (* {_cmt(n)} *)" for n, lo, po, pls in cp.p_outputs]
     facts = [f"    ({_nat(l)}, {coq_pls(pls)})  (* {pi + i}: {_cmt(cp.p_nodes[i].name)} *)" for i, (l, pls) in enumerate(cert)]
+    nl = ni + len(cp.l_nodes)
+    xno = [f"    GNode {coq_gop(n.op)} [::]  (* {nl + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.x_nodes)]
     fns = "".join(f"   Fn {k} = {_cmt(name)}\n" for k, name in enumerate(cp.fns))
     axes = ", ".join(f"{_cmt(a)} = {p}" for a, p in cp.mesh)
     return f"""(* Generated by tvcert (coqjudge) for plan {_cmt(cp.name)}.{(' ' + _cmt(header)) if header else ''}
@@ -730,11 +768,14 @@ Lemma the_shapes :
     (mp_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.
 Proof. split; vm_compute; reflexivity. Qed.
 
-Lemma the_check : mcheck the_plan the_cert = true.
+(* Auxiliary logical values the certificate names (appended to the logical graph; outputs read the plan's own). *)
+Definition the_xs : seq gnode := {_rows(xno)}.
+
+Lemma the_check : mcheckx the_plan the_xs the_cert = true.
 Proof. vm_compute. reflexivity. Qed.
 
 Theorem plan_verified : mplan_equiv the_plan.
-Proof. exact: (mcheck_sound the_check). Qed.
+Proof. exact: (mcheckx_sound the_check). Qed.
 """
 
 
