@@ -8,9 +8,10 @@ Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc 
     python bench/coq_judge_scaling.py [L ...]        # default: 4 16 64
     python bench/coq_judge_scaling.py llama          # how much of the llama3-8b 2-layer tp2 dp2 zero1 step
                                                      # (small dims) has a Coq term and a fact, first blockers
-    python bench/coq_judge_scaling.py llama0         # the same for zero 0, then Coq-checks the part with facts:
-                                                     # forward, backward and gradient all_reduce (outputs: the
-                                                     # loss and every all_reduced gradient), coqc s / peak MB
+    python bench/coq_judge_scaling.py llama0         # the same for zero 0, then Coq-checks the plan (or, while
+                                                     # some node has no fact, the part with facts: outputs the
+                                                     # loss and every all_reduced gradient), coqc s / peak MB,
+                                                     # and wrong variants of it
 """
 from __future__ import annotations
 
@@ -167,6 +168,13 @@ def _mutants(pre: dict) -> list[tuple[str, dict]]:
     v("q_proj reads the residual stream instead of the normed one",
       lambda d, n: n[by_src["layer0.q_proj"]].update(inputs=[by_src["embed.all_reduce"], "layer0.wq"]))
     v(f"backward {bwd_ar['src']} skipped", lambda d, n: reroute(d, bwd_ar["name"], bwd_ar["inputs"][0]))
+    if "optim.layer0.wo.sq" in by_src:   # the optimizer part (the whole plan)
+        v("clip norm: wo's sum of squares over its partial (pre dp all_reduce) gradient",
+          lambda d, n: n[by_src["optim.layer0.wo.sq"]].update(inputs=[n[wo]["inputs"][0]]))
+        v("clip norm: a replicated parameter's sum of squares not divided by tp",
+          lambda d, n: reroute(d, by_src["optim.final_norm.sumsq_dedup"], by_src["optim.final_norm.sumsq"]))
+        v("AdamW: wo's first moment from the unclipped gradient",
+          lambda d, n: n[by_src["optim.layer0.wo.m_new"]].update(inputs=[wo]))
     return out
 
 
@@ -194,11 +202,13 @@ def llama_mutants(pre: dict) -> None:
         except NotCovered:
             pass
         cert = [good.get(n.name, (len(cp.l_inputs), (R_,) * len(cp.mesh))) for n in cp.p_nodes]
+        cp.x_nodes = gcp.x_nodes
         k = len(names)
-        body = render(cp, cert)
-        body = body[body.index("Definition the_plan"):body.index("(* Printer check")]
-        lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}"))
-        lines.append(f"Eval vm_compute in mcheck plan_{k} cert_{k}.")
+        text = render(cp, cert)
+        body = text[text.index("Definition the_plan"):text.index("(* Printer check")] + \
+            text[text.index("Definition the_xs"):text.index("Lemma the_check")]
+        lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}"))
+        lines.append(f"Eval vm_compute in mcheckx plan_{k} xs_{k} cert_{k}.")
         names.append((name, wrong))
     head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
             "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
@@ -224,12 +234,13 @@ def main(argv: list[str]) -> None:
     if argv == ["llama0"]:
         d = llama_plan(0)
         named, cp = llama_coverage(d)
-        pre = llama_prefix(d, named, cp)
+        n = len(d["parallel"][0]["nodes"])
+        pre = d if len(named) == n else llama_prefix(d, named, cp)   # the whole plan once every node has a fact
         proofkit.build(ROOT)
         text, pcp, _ = emit(load_plan(pre, check_run_dims=False))
         ok, secs, mb, tail = coqc(text)
-        print(f"Coq-checked part: {len(pcp.p_nodes)} program / {len(pcp.l_nodes)} logical nodes, "
-              f"{len(pre['outputs'])} outputs (loss + all_reduced gradients), file {len(text) / 1024:.0f} kB: "
+        print(f"Coq-checked {'plan' if pre is d else 'part'}: {len(pcp.p_nodes)} program / {len(pcp.l_nodes)} "
+              f"logical nodes, {len(pre['outputs'])} outputs, file {len(text) / 1024:.0f} kB: "
               f"coqc {secs:.1f} s, peak {mb:.0f} MB, accepted {ok}" + ("" if ok else "  " + " ".join(tail.split())))
         print("wrong variants of that part:")
         llama_mutants(pre)
