@@ -72,12 +72,15 @@ def _candidates(axes: list[str], ndim: int, uniform: set[str], zigzag: bool) -> 
 
 
 def explain(plan: Plan, res: RunResult, program: str, tensor: str,
-            by_shape: Mapping[tuple, list[tuple[str, np.ndarray]]], zigzag: bool | None = None) -> Explanation | None:
+            by_shape: Mapping[tuple, list[tuple[str, np.ndarray]]], zigzag: bool | None = None,
+            dtype: str | None = None) -> Explanation | None:
+    """``dtype``: the tensor's IR dtype where the caller knows it (an exact run holds ints and bools as Python
+    objects, which the array's own dtype does not tell from reals)."""
     mesh = res.mesh
     ranks = mesh.ranks(plan.programs[program].stage)
     locals_ = {r: res.parallel.values[program][r][tensor] for r in ranks}
     first = locals_[ranks[0]]
-    if first.dtype == np.int64:
+    if dtype in ("int", "bool") or first.dtype in (np.int64, np.bool_):
         return Explanation("<index tensor>", {})
     axes = plan.program_axes(program)
     dummy = Binding(tensor, program, tensor, {}, [], "")
@@ -148,10 +151,11 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
             for o in n.outputs:
                 kn.pop(o, None)
             continue
+        dtypes = _out_dtypes(n)
         for o in n.outputs:
             verdict = judge(pname, i, o) if judge else None
             ex = verdict if isinstance(verdict, str) else (None if verdict is False else
-                                                          explain(plan, res, pname, o, by_shape, zigzag))
+                                                          explain(plan, res, pname, o, by_shape, zigzag, dtypes.get(o)))
             if ex is None and (pname, o) in loop_only:
                 # an auxiliary value (e.g. a row sum a ring backward needs) is judged with the loop that reads it
                 kn[o] = "an input of a ring loop (judged with the loop)"
@@ -163,6 +167,14 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
                                   _module(n))
             kn[o] = str(ex)
     return _output_misread(plan, res, known)
+
+
+def _out_dtypes(n) -> dict[str, str]:
+    """The IR dtype of each output, from shape inference (``meta['shape@...']``; dtypes are the same at every
+    instantiation)."""
+    meta = getattr(n, "meta", None) or {}
+    types = next((v for k, v in meta.items() if k.startswith("shape") and isinstance(v, list)), ())
+    return {o: t[1] for o, t in zip(n.outputs, types)}
 
 
 def _module(n) -> str | None:

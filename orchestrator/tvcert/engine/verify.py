@@ -390,6 +390,8 @@ def _judge(res: Result):
     concluding = {(s.program, s.node) for s in res.prop.steps if s.pattern}
     inside = res.prop.pattern_nodes()
 
+    producers: dict[str, dict] = {}
+
     def judge(program: str, node: int, tensor: str):
         # an op inside a proved multi-op rule is explained by it, even when a single-op rule also gave it a fact
         # that names no logical tensor (e.g. a partial sum split into chunks before a zig-zag reduce_scatter)
@@ -407,7 +409,11 @@ def _judge(res: Result):
         # the caller asks only when every input is explained: an op whose proved value is an input's own expression
         # under another placement (a collective) is explained, and so is a proved permute of an explained input's
         # partial sum (sequence parallelism's relayout before its reduce_scatter)
-        ins = [res.prop.facts[program].get(i) for i in res.plan.programs[program].nodes[node].inputs]
+        # (a constant is "explained" as a constant, not as a logical tensor: a slice of a wrong literal stays a candidate)
+        g = res.plan.programs[program]
+        made = producers.get(program) or producers.setdefault(program, g.producers())
+        ins = [res.prop.facts[program].get(i) for i in g.nodes[node].inputs
+               if i not in made or made[i].spec.category != "source"]
         if any(fi is not None and (fi.expr == f.expr or (x.op == "permute" and "Partial" in shown and
                                                          fi.expr == x.args[0])) for fi in ins):
             return f"{X.show(f.expr, 1)} as {shown} (proved)"
