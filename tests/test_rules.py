@@ -230,6 +230,9 @@ def case_table():
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
     add("scalar_factor_commutes", None, None)  # equality step: tests/test_scalar_factor.py, conform gen_scalar_factor
     add("layout_map_equal", None, None)  # equality step: tests/test_layout_map.py, conform gen_layout_map
+    # multi-op patterns over torch's unrolled ring (traced plans): tests/test_trace_cp.py, conform gens_ring_merge
+    add("ring_sigmoid_merge", None, None)
+    add("ring_sigmoid_merge_backward", None, None)
     return c
 
 
