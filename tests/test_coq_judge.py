@@ -229,6 +229,7 @@ def _layouts() -> dict:
         N("yr", "reshape", ["y"], shape=[2, 8]),                   # reshape of a Partial(sum)
         N("wg", "einsum", ["x", "x"], equation="abc,abd->cd"),     # einsum_contracted_letter on both axes
         N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),  # its norm
+        N("dn", "add", ["wss", "wss"]),
     ]
     par = copy.deepcopy(common) + [N("msp", "mean", ["tq2"], dims=[-1], keepdim=True), ar("ms", "msp", "tp", "avg")] + \
         copy.deepcopy(rms) + [
@@ -247,16 +248,19 @@ def _layouts() -> dict:
         N("zs2", "slice", ["zs1"], dim=1, start="rank.dp*3", end="(rank.dp+1)*3"),  # then over dp, tp inside
         N("wgp", "einsum", ["x", "x"], equation="abc,abd->cd"), ar("wgt", "wgp", "tp", "sum"),
         ar("wg", "wgt", "dp", "sum"), N("wsq", "square", ["wg"]), N("wss", "sum", ["wsq"], dims=[0, 1]), N("wn", "sqrt", ["wss"]),
+        # a replicated norm term over the tp size: a Partial(sum) on tp that the all_reduce counts once (dedup_ok)
+        N("tpc", "const", [], value="tp"), N("wssd", "div", ["wss", "tpc"]), N("dnp", "add", ["wssd", "wssd"]),
+        ar("dn", "dnp", "tp", "sum"),
     ]
     outs = ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "ssk", "m1", "mx", "s2p", "yr", "zc", "mn", "mx2", "xu",
-            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx", "xr", "xe", "xd", "xm"]
+            "oh", "g", "mf", "bm", "wg", "wn", "ux", "nx", "xr", "xe", "xd", "xm", "dn"]
     sh = {"dp": "Shard(1)", "tp": "Shard(0)"}
     place = {o: sh for o in ["xs", "sm", "ls", "sb", "lb", "cat", "cf", "mx1", "mn", "mx2"]}
     place.update({o: {"dp": "Shard(0)", "tp": "Shard(1)"} for o in ("oh", "g", "mf", "bm", "ux", "xr")})
     place.update(xe={"dp": "Shard(0)"}, xd={"tp": "Shard(0)"}, xm={"tp": "Shard(0)"})
     place.update(nx={"dp": "Shard(0)", "tp": "Shard(2)"})
     place.update(xu={"dp": "Shard(2)", "tp": "Shard(1)"}, ssk={"tp": "Shard(0)"}, m1={"dp": "Shard(0)"}, mx={"tp": "Shard(0)"}, s2p={"dp": "Shard(1)"}, yr={},
-                 zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={})
+                 zc={"dp": "Shard(1)", "tp": "Shard(0)"}, wg={}, wn={}, dn={})
     local = {o: o for o in outs}
     local.update(zc="zs2", ssk="sskr")
     return {
@@ -485,6 +489,8 @@ def _layout_mutations(v) -> None:
     v("reshape: a tp shard merged with the dim outside it, read as a row block", lay, reshape_inner)
     v("sum: the dp partial sum over / times a constant read without its all_reduce", lay,
       lambda d: d["outputs"]["xd"].update(local="xdp"))
+    v("norm: a replicated term all_reduced over tp without its division by tp", lay,
+      lambda d: _nodes(d)["dnp"].update(inputs=["wss", "wss"]))
     v("sum: the dp partial sum times a constant all_reduced over tp instead of dp", lay,
       lambda d: _nodes(d)["xm"]["attrs"].update(axis="tp"))
     v("layout: rank slice blocks reversed", lay,

@@ -71,6 +71,7 @@ class CNode:
     name: str
     id: int = -1        # its id in the program (= its position, except in a probe translation)
     src: str | None = None  # the IR node's source tag (the search prefers a logical node with the same)
+    hint: str | None = None  # a const's value as written (an axis name: the search's dedup axis first)
 
 
 @dataclass
@@ -336,7 +337,8 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
             continue
         ids[name] = len(shapes)
         shapes.append(s)
-        out.append(CNode(op, [ids[x] for x in n.inputs], name, ids[name], n.src))
+        out.append(CNode(op, [ids[x] for x in n.inputs], name, ids[name], n.src,
+                         str(n.attrs.get("value")) if op[0] == "Const" else None))
     return out
 
 
@@ -591,8 +593,9 @@ def _dedup(cp: CoqPlan, n: CNode, af: list) -> tuple[int, Pls] | None:
     c = cp.l_nodes[lk - ni]
     if c.args or c.op[0] != "Const" or tuple(c.op[2]) != () or any(x != R_ for x in plsk) or len(pls1) != len(sizes):
         return None
-    for k, p in enumerate(sizes):
-        if pls1[k] == R_ and 0 < p == c.op[1]:
+    axes = [a for a, _ in cp.mesh]
+    for k in sorted(range(len(sizes)), key=lambda k: axes[k] != c.hint):
+        if pls1[k] == R_ and 0 < sizes[k] == c.op[1]:
             return l1, pls1[:k] + (PSUM,) + pls1[k + 1:]
     return None
 
@@ -605,7 +608,8 @@ def _augment(cp: CoqPlan) -> CoqPlan:
     for n in cp.p_nodes:
         if (n.op[0] == "Const" and not n.args and tuple(n.op[2]) == () and n.op[1] in cp.sizes and n.op[1] > 0
                 and (n.op, ()) not in have and all(x.op != n.op for x in xs)):
-            xs.append(CNode(n.op, [], f"aux const {n.op[1]}", len(cp.l_inputs) + len(cp.l_nodes) + len(xs)))
+            xs.append(CNode(n.op, [], f"aux const {n.op[1]}", len(cp.l_inputs) + len(cp.l_nodes) + len(xs),
+                            hint=n.hint))
     cp.x_nodes = xs
     return replace(cp, l_nodes=cp.l_nodes + xs, l_shapes=cp.l_shapes + [()] * len(xs))
 
