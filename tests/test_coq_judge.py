@@ -503,8 +503,10 @@ def _forged_cert(cp, good: dict[str, tuple]) -> list[tuple]:
 
 
 def _body(text: str, k: int) -> str:
-    body = text[text.index("Definition the_plan"):text.index("(* Printer check")]
-    return body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}")
+    """The plan, certificate and auxiliary consts of an emitted file, renamed for the k-th ``mcheckx``."""
+    body = text[text.index("Definition the_plan"):text.index("(* Printer check")] + \
+        text[text.index("Definition the_xs"):text.index("Lemma the_check")]
+    return body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}")
 
 
 def test_mutants_are_wrong_and_coq_check_is_false():
@@ -523,9 +525,10 @@ def test_mutants_are_wrong_and_coq_check_is_false():
         key = base["name"]
         if key not in goods:
             gcp = translate(load_plan(base))
-            goods[key] = {n.name: f for n, f in zip(gcp.p_nodes, search(gcp))}
-        lines.append(_body(render(cp, _forged_cert(cp, goods[key])), len(names)))
-        lines.append(f"Eval vm_compute in mcheck plan_{len(names)} cert_{len(names)}.")
+            goods[key] = ({n.name: f for n, f in zip(gcp.p_nodes, search(gcp))}, gcp.x_nodes)
+        cp.x_nodes = goods[key][1]  # the correct plan's auxiliary consts, as its facts name them
+        lines.append(_body(render(cp, _forged_cert(cp, goods[key][0])), len(names)))
+        lines.append(f"Eval vm_compute in mcheckx plan_{len(names)} xs_{len(names)} cert_{len(names)}.")
         names.append(name)
     assert len(names) >= 30, names
     # the correct 2-axis plan with tampered facts
@@ -546,20 +549,24 @@ def test_mutants_are_wrong_and_coq_check_is_false():
         c = list(good_cert)
         c[idx[node]] = (c[idx[node]][0], pls)
         lines.append(_body(render(good_cp, c), len(names)))
-        lines.append(f"Eval vm_compute in mcheck plan_{len(names)} cert_{len(names)}.")
+        lines.append(f"Eval vm_compute in mcheckx plan_{len(names)} xs_{len(names)} cert_{len(names)}.")
         names.append(what)
     k = len(names)
     lines.append(_body(render(good_cp, good_cert), k))
-    lines.append(f"Eval vm_compute in mcheck plan_{k} cert_{k}.")
+    lines.append(f"Eval vm_compute in mcheckx plan_{k} xs_{k} cert_{k}.")
+    # the control on the (dp, tp) layout plan too (its facts name an auxiliary const)
+    lay_cp = translate(load_plan(_layouts()))
+    lines.append(_body(render(lay_cp, search(lay_cp)), k + 1))
+    lines.append(f"Eval vm_compute in mcheckx plan_{k + 1} xs_{k + 1} cert_{k + 1}.")
     head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
             "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
             "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
     out = _coqc(head + "\n".join(lines))
     verdicts = re.findall(r"=\s*(true|false)\s*:\s*bool", out)
-    assert len(verdicts) == len(names) + 1, out
+    assert len(verdicts) == len(names) + 2, out
     for name, v in zip(names, verdicts):
         assert v == "false", f"Coq's check accepted {name}"
-    assert verdicts[-1] == "true"  # the control: the untampered certificate
+    assert verdicts[-2:] == ["true", "true"]  # the controls: the untampered certificates
 
 
 def test_tampered_certificate_rejected_by_coqc():
