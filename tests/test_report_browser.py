@@ -216,7 +216,9 @@ def test_traced_report_has_module_path_and_progress(tmp_path):
     out = tmp_path / "t.html"
     r = CliRunner().invoke(main, ["trace", str(spec), "--verify", "--report", str(out)])
     assert r.exit_code == 1, r.output
-    assert "[tvcert] tracing rank 2/2" in r.stderr and "[tvcert] verifying" in r.stderr
+    # off a terminal a progress line is written at most once a second: a quick rank's line may give way to the next
+    assert re.search(r"\[tvcert\] (tracing rank [12]/2|checking the 2 ranks)", r.stderr), r.stderr
+    assert "[tvcert] verifying" in r.stderr
     page = out.read_text()
     assert _by_id(page, "verdict") == "REFUTED"
     assert _by_id(page, "module") == "head"  # the square of the partial sum, in Head.forward
