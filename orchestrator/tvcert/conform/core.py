@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ops import REGISTRY, Ctx, resolve_attrs
+from ..ops import REGISTRY, Ctx, concrete_attrs, resolve_attrs
 from ..ops.base import TablesNeeded
 from ..ops.collectives import axes_of
 from ..plan import Placement
@@ -244,17 +244,6 @@ def reassemble(local: Mapping[tuple[int, ...], np.ndarray], axes: Sequence[str],
 
 
 # ------------------------------------------------------------------ evaluating expressions
-def _attrs_for_eval(op: str, at: dict) -> dict:
-    spec = REGISTRY[op]
-    out = dict(at)
-    for k, a in spec.attrs.items():
-        if k in out and isinstance(out[k], list) and a.kind in ("ints", "dims", "strs"):
-            out[k] = tuple(out[k])
-        if k not in out and not a.required:
-            out[k] = a.default
-    return out
-
-
 def eval_expr(X: Exprs, root: int, leaves: Mapping[int, np.ndarray], ctx: Ctx,
               memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
     memo = {} if memo is None else memo
@@ -269,10 +258,10 @@ def eval_expr(X: Exprs, root: int, leaves: Mapping[int, np.ndarray], ctx: Ctx,
             at = e.attr_dict()
             args = [ev(a) for a in e.args]
             if set(at) == {"attrs", "output"}:  # output k of a multi-output op
-                outs = REGISTRY[e.op].eval(args, _attrs_for_eval(e.op, at["attrs"]), ctx)
+                outs = REGISTRY[e.op].eval(args, concrete_attrs(e.op, at["attrs"]), ctx)
                 v = outs[at["output"]]
             else:
-                v = REGISTRY[e.op].eval(args, _attrs_for_eval(e.op, at), ctx)[0]
+                v = REGISTRY[e.op].eval(args, concrete_attrs(e.op, at), ctx)[0]
             v = v if isinstance(v, np.ndarray) else np.asarray(v, dtype=object if ctx.exact else np.float64)
         memo[i] = v
         return v

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ops import REGISTRY, Ctx
+from ..ops import REGISTRY, Ctx, concrete_attrs
 from .expr import Exprs
 
 RULE = "layout_map_equal"
@@ -27,17 +27,6 @@ STATEMENT = ("two chains of reshape / permute / expand / slice / flip over equal
              "same base index at every output index (computed at every index) are equal")
 LAYOUT = frozenset({"reshape", "permute", "expand", "slice", "flip"})
 MAX_ELEMS = 1 << 20
-
-
-def _eval_attrs(op: str, at: dict) -> dict:
-    spec = REGISTRY[op]
-    out = dict(at)
-    for k, a in spec.attrs.items():
-        if k in out and isinstance(out[k], list) and a.kind in ("ints", "dims", "strs"):
-            out[k] = tuple(out[k])
-        if k not in out and not a.required:
-            out[k] = a.default
-    return out
 
 
 def index_map(X: Exprs, i: int, cache: dict | None = None) -> tuple[int, np.ndarray | None] | None:
@@ -61,7 +50,7 @@ def index_map(X: Exprs, i: int, cache: dict | None = None) -> tuple[int, np.ndar
     ctx = Ctx()
     for k in reversed(ops):
         e = X[k]
-        idx = np.asarray(REGISTRY[e.op].eval([idx], _eval_attrs(e.op, e.attr_dict()), ctx)[0])
+        idx = np.asarray(REGISTRY[e.op].eval([idx], concrete_attrs(e.op, e.attr_dict()), ctx)[0])
         if idx.shape != e.shape or idx.dtype.kind not in "iu":
             return None
     return j, idx

@@ -73,6 +73,19 @@ def resolve_attrs(spec: "OpSpec", attrs: Mapping[str, Any], env: Mapping[str, in
     return out
 
 
+def concrete_attrs(op: str, attrs: Mapping[str, Any]) -> dict:
+    """Attributes of an expression node (already concrete: no dim names) as ``eval`` takes them: lists as tuples,
+    the defaults filled in (the prover's expression tables and the conformance runner evaluate through this)."""
+    spec = REGISTRY[op]
+    out = dict(attrs)
+    for k, a in spec.attrs.items():
+        if k in out and isinstance(out[k], list) and a.kind in ("ints", "dims", "strs"):
+            out[k] = tuple(out[k])
+        if k not in out and not a.required:
+            out[k] = a.default
+    return out
+
+
 def _resolve_one(op: str, key: str, a: Attr, v: Any, env: Mapping[str, int]) -> Any:
     where = f"attribute {key!r} of op {op!r}"
     try:
