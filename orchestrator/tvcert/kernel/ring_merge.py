@@ -606,6 +606,19 @@ def _conclude(w: _Walk, expr: int, pl: tuple, d: int, rule: str, local) -> Deriv
     return Derivation([Fact(expr, out_pl)], rules)
 
 
+def _walks(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
+    """(walk, value of node ``index``'s output) over each candidate ring axis; the value is the RuleFailure that
+    stopped that axis's walk (a MergeMismatch, a near miss naming its reason, is raised at once)."""
+    for A in _ring_axis(kc):
+        w = _Walk(g, index + 1, facts, kc, A)
+        try:
+            yield w, w.val(g.nodes[index].outputs[0])
+        except MergeMismatch:
+            raise
+        except RuleFailure as exc:
+            yield w, exc
+
+
 def match_merge(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tuple[Derivation, list[int]]:
     """The merged output of every key block: softmax(S) V over all keys (Coq: ring_sigmoid_merge)."""
     n = g.nodes[index]
@@ -615,14 +628,9 @@ def match_merge(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx) -> tu
     if r is None or r[1].op != "mul":
         raise RuleFailure("not an output merge")
     last = None
-    for A in _ring_axis(kc):
-        w = _Walk(g, index + 1, facts, kc, A)
-        try:
-            v = w.val(n.outputs[0])
-        except MergeMismatch:
-            raise
-        except RuleFailure as exc:
-            last = exc
+    for w, v in _walks(g, index, facts, kc):
+        if isinstance(v, RuleFailure):
+            last = v
             continue
         if not isinstance(v, Att) or v.which != "out":
             continue
@@ -660,14 +668,9 @@ def match_merge_backward(g: Graph, index: int, facts: Mapping[str, Fact], kc: KC
     if n.op not in ("add", "reshape", "view", "scale"):
         raise RuleFailure("not a ring gradient")
     last = None
-    for A in _ring_axis(kc):
-        w = _Walk(g, index + 1, facts, kc, A)
-        try:
-            v = w.val(n.outputs[0])
-        except MergeMismatch:
-            raise
-        except RuleFailure as exc:
-            last = exc
+    for w, v in _walks(g, index, facts, kc):
+        if isinstance(v, RuleFailure):
+            last = v
             continue
         if not isinstance(v, Part):
             raise RuleFailure("not a ring gradient")
