@@ -227,3 +227,22 @@ def test_state_from_the_logical_trace_or_a_middle_rank_is_unknown():
     _CALLS[0] = 0  # the correct control: every rank picks its block by its coordinate
     v, why = _trace_verdict(_lg_blocks, lambda ctx, x, w: _par_middle_counter(ctx, x, w, False), ins, {"tp": 3})
     assert v == "VERIFIED", why
+
+
+# ---------------------------------------------------------------- review of session 8's equality steps
+REVIEW8 = Path(__file__).parent / "data" / "review8"
+
+
+@pytest.mark.parametrize("name, verdict", [
+    ("scalar_factor_exp_of_partial", "REFUTED"),      # exp of a rank's partial sum is no factor of the all_reduce
+    ("scalar_factor_div_by_partial", "REFUTED"),      # x / partial summed over ranks is not x / sum
+    ("scalar_factor_linear_partial", "VERIFIED"),     # control: x * partial, all_reduced, is x * sum
+    ("layout_map_reshape_for_transpose", "REFUTED"),  # same shapes, another index map
+    ("layout_map_unit_dim_transpose", "VERIFIED"),    # control: a transpose spelled through a unit dim
+    ("layout_map_size_one_coincidence", "UNKNOWN"),   # equal at a = 1 only: the second instantiation refuses it
+])
+def test_new_equality_steps_near_misses(name, verdict):
+    res = verify(load_plan(REVIEW8 / f"{name}.json"))
+    assert res.verdict == verdict, res.reasons
+    if verdict == "REFUTED":
+        assert any(not o["equal"] for o in res.counterexample["outputs"])
