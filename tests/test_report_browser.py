@@ -350,7 +350,7 @@ def test_hf_llama_doubled_all_reduce_report(tmp_path):
     r = CliRunner().invoke(main, ["trace", str(EX / "torch" / "hf_llama_tp.py"), "--set", "layers=1", "--set",
                                   'tp_plan={"model.layers.*.mlp": "all_reduce"}', "--verify", "--report", str(out)])
     assert r.exit_code == 1, r.output[-3000:]
-    assert "tracing rank 2/2" in r.stderr
+    assert re.search(r"\[tvcert\] (tracing rank [12]/2|checking the 2 ranks)", r.stderr), r.stderr  # throttled progress
     page = out.read_text()
     _self_contained(page)
     assert _by_id(page, "verdict") == "REFUTED"
