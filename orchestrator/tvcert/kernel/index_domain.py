@@ -7,7 +7,7 @@ vocab-parallel embedding over ids in [-100, v) (each rank masks the ids outside 
 was VERIFIED.  The loader (``plan.check_shapes``, at every instantiation it checks) computes, for each index
 operand of the logical graph, the values it can hold -- a union of intervals: an input in [lo, hi) holds lo and
 [0, hi) when lo < 0 < hi (the padded labels the interpreter draws, ``interp.random_value``), else [lo, hi);
-shape-only ops keep values; ``where`` / ``masked_fill`` arms are recomputed under their condition when it compares a
+shape-only ops keep values; ``where`` / ``masked_fill`` arms are recomputed (through elementwise ops) under their condition when it compares a
 tensor with a constant (cross-entropy's ``where(t != -100, t, 0)``, wrapped negative indices ``where(i < 0, i + n,
 i)``); +, -, *, abs, relu, square, min / max by interval arithmetic, a cast to int of x / c by truncation; casts,
 concat, pad and constants keep or join values -- and refuses the plan (exit 3, naming the input) when a value
@@ -172,7 +172,10 @@ class _Domains:
         cmp = self.comparison(cond)
         if cmp is None:
             return self.dom.get(x)
-        return self.under(x, (cmp[0], cmp[1] if holds else NEGATE[cmp[1]], cmp[2]), UNDER_DEPTH)
+        assume = (cmp[0], cmp[1] if holds else NEGATE[cmp[1]], cmp[2])
+        if _refine(self.dom.get(cmp[0]), assume[1], assume[2]) == ():  # the condition never holds: no value read
+            return ()
+        return self.under(x, assume, UNDER_DEPTH)
 
     def under(self, x: str, assume, depth: int) -> Optional[Dom]:
         """The values of ``x`` where ``t op c`` holds (``assume`` = (t, op, c)), recomputed up to ``depth`` ops."""
@@ -180,7 +183,10 @@ class _Domains:
         if x == t:
             return _refine(self.dom.get(t), op, c)
         n = self.prod.get(x)
-        if n is None or depth <= 0 or x not in self.dom:
+        if n is None or depth <= 0 or x not in self.dom or REGISTRY[n.op].category != "elementwise":
+            # only an elementwise op reads t at the index the condition does: through a flip, an amax, a slice or
+            # an unsqueeze the arm's values come from other elements of t than the one the condition tested
+            # (where(ids < 0, flip(ids) + 8, flip(ids)) was passed as [0, 8) and can be -8 or 15)
             return self.dom.get(x)
         return self.step(n, lambda i: self.under(i, assume, depth - 1))
 

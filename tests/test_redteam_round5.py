@@ -1,0 +1,99 @@
+"""Red team round 5 (H34): what sessions 7-8 added, plans and traced code.
+
+Each class below was a false VERIFIED on main (or a hole the brief named); per class a wrong case (the two sides
+differ, or the logical side has no value, shown by torch / the interpreter) is not VERIFIED and a correct control
+of the same shape still loads / verifies.
+
+* index domains refined under a where's condition through ops that move elements (kernel/index_domain.py): the
+  condition ``ids < 0`` tests element j of ids, but ``flip(ids)[j]`` or ``amax(ids)`` reads other elements, so
+  ``where(ids < 0, flip(ids) + 8, flip(ids))`` over ids in [-8, v) was bounded as [0, v) and a vocab-parallel
+  embedding of it VERIFIED although the logical lookup is -8 or 15 (the interpreter and torch refuse it).  Now an
+  arm is recomputed under its condition through elementwise ops only: exit 3 naming the input.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvcert.engine.verify import verify
+from tvcert.interp import RunError, run_plan
+from tvcert.plan import IndexRangePlanError, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+VPE = json.loads((ROOT / "examples" / "vocab_parallel_embedding.json").read_text())
+
+
+def _n(name, op, *inputs, **attrs):
+    return {"name": name, "op": op, "inputs": list(inputs), **({"attrs": attrs} if attrs else {})}
+
+
+def _c(name, v):
+    return {"name": name, "op": "const", "attrs": {"value": v, "dtype": "int"}}
+
+
+# ------------------------------------------------------------- index domains: a where's arm through ops that move elements
+def _vpe_of(pre, range_=(-8, "v")):
+    """The vocab-parallel embedding example looking up ``s`` (computed from ids by ``pre``) on both sides."""
+    raw = copy.deepcopy(VPE)
+    for g in [raw["logical"], *raw["parallel"]]:
+        for t in g["inputs"]:
+            if t["name"] == "ids":
+                t["range"] = list(range_)
+    raw["logical"]["nodes"] = copy.deepcopy(pre) + [_n("y", "embedding", "w", "s")]
+    par = raw["parallel"][0]
+    for n in par["nodes"]:
+        n["inputs"] = ["s" if i == "ids" else i for i in n["inputs"]]
+    par["nodes"] = copy.deepcopy(pre) + par["nodes"]
+    return raw
+
+
+def _wrap(moved):
+    """where(ids < 0, m + 8, m) with m = ``moved`` of ids (the arm reads m, the condition reads ids)."""
+    return [_c("z", 0), _n("k", "lt", "ids", "z"), *moved, _n("u", "add_scalar", "m", value=8),
+            _n("s", "where", "k", "u", "m")]
+
+
+MOVED = {  # the arm's values come from other elements of ids than the one the condition tested
+    "flip": _wrap([_n("m", "flip", "ids", dims=[0])]),
+    "amax": _wrap([_n("m", "amax", "ids", dims=[0])]),
+    "roll_by_slices": _wrap([_n("a", "slice", "ids", dim=0, start=1, end="n", step=1),
+                             _n("b", "slice", "ids", dim=0, start=0, end=1, step=1),
+                             _n("m", "concat", "a", "b", dim=0)]),
+    "unsqueeze_broadcast": [_c("z", 0), _n("k", "lt", "ids", "z"), _n("m", "unsqueeze", "ids", dim=1),
+                            _n("u", "add_scalar", "m", value=8), _n("s", "where", "k", "u", "m")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_where_arm_through_an_element_moving_op_is_bad_input(name):
+    raw = _vpe_of(MOVED[name])
+    raw["dims"]["n"] = 4  # the broadcast case looks up an [n, n] index: keep it small
+    with pytest.raises(IndexRangePlanError, match="input 'ids'"):
+        load_plan(copy.deepcopy(raw))
+    for g in [raw["logical"], *raw["parallel"]]:  # the same graphs over ids in [0, v) load
+        g["inputs"][0]["range"] = "v"
+    if name != "unsqueeze_broadcast":  # (8 + m is out of the table there for any id)
+        load_plan(raw)
+
+
+def test_where_arm_through_flip_has_no_logical_value_and_the_elementwise_control_verifies():
+    torch = pytest.importorskip("torch")
+    ids = torch.tensor([-3, 5, 1, 7])
+    f = ids.flip(0)
+    s = torch.where(ids < 0, f + 8, f)  # [15, 1, 5, -3]
+    with pytest.raises(IndexError):
+        torch.nn.functional.embedding(s, torch.zeros(8, 3, dtype=torch.float64))
+    good = _vpe_of(_wrap([_n("m", "scale", "ids", value=1)]))  # the arm reads the tested element: [0, 8)
+    good["dims"]["n"] = 4
+    plan = load_plan(good)
+    assert verify(plan).verdict == "VERIFIED"
+    raw = _vpe_of(MOVED["flip"], range_=(-8, "v"))
+    for g in [raw["logical"], *raw["parallel"]]:
+        g["inputs"][0]["range"] = "v"
+    raw["dims"]["n"] = 4
+    with pytest.raises(RunError, match="out of range"):  # the interpreter agrees with torch on the padded ids
+        run_plan(load_plan(raw), inputs={"ids": ids.numpy(), "w": np.zeros((8, 3))})
