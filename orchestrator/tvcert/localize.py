@@ -40,10 +40,14 @@ class Divergence:
     sample: dict[str, list]  # a few rank-local values
     module: str | None = None  # the user's module path (traced plans)
     note: str | None = None  # set when every op is explained and an output is read back wrongly
+    factor: str | None = None  # set when the op is where the outputs' common scalar factor starts
 
     def describe(self) -> str:
         where = f" ({self.src})" if self.src else ""
         mod = f" in module {self.module}" if self.module else ""
+        if self.factor:
+            return (f"first divergence: op {self.op!r} producing {self.tensor!r} at {self.node_path}{where}{mod} in "
+                    f"program {self.program!r}: {self.factor}")
         if self.note:
             return (f"first divergence: output {self.note}; it is produced by op {self.op!r} ({self.tensor!r}) at "
                     f"{self.node_path}{where}{mod}")
@@ -117,7 +121,8 @@ Judge = Callable[[str, int, str], "str | bool | None"]
 
 
 def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> Divergence | None:
-    """First op whose inputs are explained and whose output is not.
+    """First op whose inputs are explained and whose output is not (or, when every differing output is one
+    constant multiple of its logical value, the op where that factor starts: :func:`_factor_start`).
 
     ``judge(program, node index, tensor)`` may settle a tensor from the prover's side: a string
     (explained, with that text), False (not explained), None (decide numerically).
@@ -132,6 +137,15 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     sent: dict[tuple[str, int], str] = {}  # (program, send node) -> explanation of the sent tensor
     zigzag = uses_zigzag(plan)
     loop_only = _loop_only_inputs(plan)
+    factors = getattr(judge, "factors", {})
+    scaled: dict[tuple[str, str], frozenset] = {}  # tensor -> its factors k (it is k x a logical value)
+    starts: list[tuple] = []  # (factors, explanation, Divergence): ops with a factor no input carries
+    div = _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts)
+    div = div or _output_misread(plan, res, known)
+    return _factor_start(plan, res, starts) or div
+
+
+def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts) -> Divergence | None:
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
         g = plan.programs[pname]
         n = g.nodes[i]
@@ -161,12 +175,76 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
                 kn[o] = "an input of a ring loop (judged with the loop)"
                 continue
             if ex is None:
-                ranks = res.mesh.ranks(g.stage)
-                sample = {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in ranks[:4]}
-                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, sample,
+                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, _sample(res, g, pname, o),
                                   _module(n))
             kn[o] = str(ex)
-    return _output_misread(plan, res, known)
+            ks = factors.get((pname, i, o))
+            if ks:
+                held = frozenset().union(*[scaled.get((pname, x), frozenset()) for x in n.inputs])
+                if ks - held:
+                    starts.append((ks - held, kn[o], Divergence(pname, n.path, n.op, o, n.src,
+                                                                {x: kn[x] for x in n.inputs},
+                                                                _sample(res, g, pname, o), _module(n))))
+                scaled[(pname, o)] = ks
+    return None
+
+
+def _sample(res: RunResult, g, pname: str, o: str) -> dict:
+    return {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in res.mesh.ranks(g.stage)[:4]}
+
+
+def _factor_start(plan: Plan, res: RunResult, starts: list[tuple]) -> Divergence | None:
+    """When every output that differs is one constant multiple k of its logical value, the op where a value first
+    became k x a logical value (its inputs exact) is where the plans part: a loss divided by the wrong count is
+    explained as "a scalar multiple" (correct code scales intermediates too, e.g. DDP's local mean its average
+    undoes), so the first unexplained op is only a later consequence.  Blame only; the verdict is the run's."""
+    if not starts:
+        return None
+    k = _output_factor(plan, res)
+    if k is None:
+        return None
+    for ks, ex, d in starts:
+        f = next((f for f in ks if abs(float(f) - k) <= 1e-9 * abs(k)), None)
+        if f is not None:
+            d.factor = (f"its result is {ex}, no input carries the factor {f}, and every output that differs is "
+                        f"the same {f} x its logical value: a scalar factor no later op undoes starts here")
+            return d
+    return None
+
+
+def _output_factor(plan: Plan, res: RunResult) -> float | None:
+    """The common ratio k (!= 1) of every differing output to its logical value, read back by its placement, or
+    None (some output differs otherwise, or by another ratio)."""
+    from .interp import apply_layout
+    from .ops import Ctx
+
+    ctx = Ctx(exact=res.mode != "float64")
+    ks = []
+    for o in res.outputs:
+        if o.equal:
+            continue
+        b = plan.outputs.get(o.name)
+        if b is None or o.name not in res.logical:
+            return None
+        ranks = res.mesh.ranks(plan.programs[b.program].stage)
+        try:
+            want = np.asarray(apply_layout(b, res.logical[o.name], res.dims, ctx), dtype=float)
+            asm = assemble(b, {r: res.parallel.values[b.program][r][b.local] for r in ranks}, res.mesh, ranks[0], ctx)
+            got = None if asm.value is None else np.asarray(asm.value, dtype=float)
+        except (TypeError, ValueError, ArithmeticError):
+            return None
+        if got is None or got.shape != want.shape:
+            return None
+        nz = np.abs(want) > 1e-12 * max(1.0, float(np.max(np.abs(want))))
+        if not nz.any() or not np.allclose(got[~nz], 0.0, atol=1e-9 * max(1.0, float(np.max(np.abs(got))))):
+            return None
+        r = got[nz] / want[nz]
+        if not np.allclose(r, r.flat[0], rtol=1e-7, atol=0):
+            return None
+        ks.append(float(r.flat[0]))
+    if not ks or any(abs(k - ks[0]) > 1e-7 * abs(ks[0]) for k in ks) or abs(ks[0] - 1) < 1e-7:
+        return None
+    return ks[0]
 
 
 def _out_dtypes(n) -> dict[str, str]:

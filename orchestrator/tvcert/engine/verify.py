@@ -314,7 +314,7 @@ def _refuted(res: Result, run, note: str) -> None:
                     for o in run.outputs],
         "first_divergence": None if div is None else {
             "program": div.program, "node": div.node_path, "op": div.op, "tensor": div.tensor, "src": div.src,
-            "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
+            "module": div.module, "inputs": div.inputs, "sample": div.sample, "text": div.describe()},
         "engine_stuck_at": _stuck(res),
     }
 
@@ -362,6 +362,8 @@ def _judge(res: Result):
     for e in logical:
         index.setdefault((X[e].shape, leafset(e)), []).append(e)
     memo: dict[int, bool] = {}
+    scaled: dict[int, dict] = {}  # expr -> {factor k: logical expr l}: the expr is k x l (for each candidate l)
+    lname = {e: n for n, e in res.lexpr.items()}
 
     def grounded(e: int) -> bool:
         if e in memo:
@@ -373,13 +375,21 @@ def _judge(res: Result):
         if not ok and x.op in ("reshape", "permute"):
             core, chain = layout_core(e)
             ok = chain in approved and grounded(core)
+            if ok and core in scaled:
+                scaled[e] = scaled[core]
         if not ok and x.op == "reshape":  # a proved reshape of an explained value (FSDP2's flat buffers)
             ok = grounded(x.args[0])
+            if ok and x.args[0] in scaled:
+                scaled[e] = scaled[x.args[0]]
         if not ok:
             ok = any(prover.equal(e, l) for l in cands)
-        if not ok:  # a scalar multiple of a logical value
+        if not ok:  # a scalar multiple of a logical value (the factor kept: the localizer follows it to its start)
             c, core = prover.norm(e)
-            ok = core != e and any(prover.norm(l)[1] == core or prover.equal(prover.norm(l)[1], core) for l in cands)
+            same = [(cl, l) for l in (cands if core != e else ()) for cl, lcore in [prover.norm(l)]
+                    if lcore == core or prover.equal(lcore, core)]
+            ok = bool(same)
+            if same and all(cl != c for cl, _ in same):  # else a candidate of factor 1 explains it
+                scaled[e] = {c / cl: l for cl, l in reversed(same) if cl}
         if not ok:  # a layout applied uniformly to a pointwise expression of logical values
             pulled, sig = prover._pull(e) if is_region_op(X, e) else (e, ())
             ok = bool(sig) and pulled != e and tuple(op for op, *_ in sig) in approved and grounded(pulled)
@@ -405,6 +415,10 @@ def _judge(res: Result):
         # a proved chunk of an explained partial sum (before a reduce_scatter: zig-zag's paired halves) is explained;
         # a slice of a Shard / Replicate value stays a candidate (a rank reading the wrong rows is a slice)
         if grounded(f.expr) or (x.op == "slice" and "Partial" in shown and grounded(x.args[0])):
+            if f.expr in scaled:
+                judge.factors[(program, node, tensor)] = frozenset(scaled[f.expr])
+                return (f"{X.show(f.expr, 1)} as {shown} (proved; " + ", ".join(
+                    f"{k} x logical {lname.get(l, X.show(l, 1))}" for k, l in scaled[f.expr].items()) + ")")
             return f"{X.show(f.expr, 1)} as {shown} (proved)"
         # the caller asks only when every input is explained: an op whose proved value is an input's own expression
         # under another placement (a collective) is explained, and so is a proved permute of an explained input's
@@ -419,6 +433,7 @@ def _judge(res: Result):
             return f"{X.show(f.expr, 1)} as {shown} (proved)"
         return False
 
+    judge.factors = {}  # (program, node, tensor) -> the scalar factors of a value explained as a multiple
     return judge
 
 
