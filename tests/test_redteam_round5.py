@@ -9,6 +9,10 @@ of the same shape still loads / verifies.
   ``where(ids < 0, flip(ids) + 8, flip(ids))`` over ids in [-8, v) was bounded as [0, v) and a vocab-parallel
   embedding of it VERIFIED although the logical lookup is -8 or 15 (the interpreter and torch refuse it).  Now an
   arm is recomputed under its condition through elementwise ops only: exit 3 naming the input.
+* indices the range check never looked at: an int input declaring no range (any integer; the interpreter drew only
+  0), ``cast(x, int)`` of a float input, topk's indices over a dim longer than the table they index.  Each
+  vocab-parallel lookup of them VERIFIED, the logical lookup undefined (-100, -2, 11).  Now every input is a
+  source of the analysis (a float one unbounded), topk's indices hold [0, size of their dim): exit 3.
 """
 from __future__ import annotations
 
@@ -97,3 +101,51 @@ def test_where_arm_through_flip_has_no_logical_value_and_the_elementwise_control
     raw["dims"]["n"] = 4
     with pytest.raises(RunError, match="out of range"):  # the interpreter agrees with torch on the padded ids
         run_plan(load_plan(raw), inputs={"ids": ids.numpy(), "w": np.zeros((8, 3))})
+
+
+# ------------------------------------------------------------- indices from a rangeless int input, a float input, topk
+def _vpe_from(extra, pre, ix):
+    """The vocab-parallel embedding example looking up ``ix``, computed by ``pre`` from an extra input on both sides."""
+    raw = copy.deepcopy(VPE)
+    if extra is None:
+        for g in [raw["logical"], *raw["parallel"]]:
+            g["inputs"][0].pop("range")
+    else:
+        for g in [raw["logical"], *raw["parallel"]]:
+            g["inputs"].append(copy.deepcopy(extra))
+        raw["inputs"][extra["name"]] = {"local": extra["name"]}
+    raw["dims"]["m"] = 12
+    raw["logical"]["nodes"] = copy.deepcopy(pre) + [_n("y", "embedding", "w", ix)]
+    par = raw["parallel"][0]
+    for n in par["nodes"]:
+        n["inputs"] = [ix if i == "ids" else i for i in n["inputs"]]
+    par["nodes"] = copy.deepcopy(pre) + par["nodes"]
+    return raw
+
+
+UNCHECKED = {  # (extra input, nodes, index, a value the logical index takes, its message)
+    "rangeless_ids": (None, [], "ids", -100, "int input 'ids' declares no range"),
+    "cast_of_a_float": ({"name": "x", "shape": ["n"]}, [_n("s", "cast", "x", dtype="int")], "s", -2, "input 'x'"),
+    "topk_over_a_longer_dim": ({"name": "x", "shape": ["n", "m"]},
+                               [{"outputs": ["tv", "ti"], "op": "topk", "inputs": ["x"], "attrs": {"k": 1, "dim": 1}},
+                                _n("s", "reshape", "ti", shape=["n"])], "s", 11, "input 'x'.* is 11"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNCHECKED))
+def test_index_of_an_unchecked_source_is_bad_input(name):
+    extra, pre, ix, bad, msg = UNCHECKED[name]
+    raw = _vpe_from(extra, pre, ix)
+    with pytest.raises(IndexRangePlanError, match=msg):
+        load_plan(copy.deepcopy(raw))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(IndexError):  # torch has no value for the logical lookup there
+        torch.nn.functional.embedding(torch.tensor([bad]), torch.zeros(8, 3, dtype=torch.float64))
+
+
+def test_topk_indices_inside_the_table_verify():
+    # the control: topk over a dim of the table's size (MoE routing's expert indices) loads and verifies
+    raw = _vpe_from({"name": "x", "shape": ["n", "v"]},
+                    [{"outputs": ["tv", "ti"], "op": "topk", "inputs": ["x"], "attrs": {"k": 1, "dim": 1}},
+                     _n("s", "reshape", "ti", shape=["n"])], "s")
+    assert verify(load_plan(raw)).verdict == "VERIFIED"

@@ -12,8 +12,11 @@ tensor with a constant (cross-entropy's ``where(t != -100, t, 0)``, wrapped nega
 i)``); +, -, *, abs, relu, square, min / max by interval arithmetic, a cast to int of x / c by truncation; casts,
 concat, pad and constants keep or join values -- and refuses the plan (exit 3, naming the input) when a value
 leaves [0, size), or when a declared input reaches the index through ops it cannot bound (``cast(float(ids))`` and
-``ids / -1`` were ways around it): no proof that the logical graph is defined on the declared range.  An index
-no declared int input reaches (constants, iota, topk's indices) is not checked here.
+``ids / -1`` were ways around it): no proof that the logical graph is defined on the declared range.  An int input
+with no declared range holds any integer, so an index it reaches is refused too (a rangeless vocab-parallel
+embedding VERIFIED, the logical lookup of -100 undefined); so is one a float input reaches (``cast(x, int)``;
+topk's indices hold [0, size) of their dim, not the size of the table they index).  An index no input reaches
+(constants, iota) is the same on every input and is not checked here.
 """
 from __future__ import annotations
 
@@ -124,10 +127,14 @@ class _Domains:
         self._attrs: dict[int, dict] = {}  # node id -> resolved attributes (arms are recomputed under conditions)
         self.quot: dict[str, tuple] = {}  # x / c with c a nonzero integer constant: (x's values, c)
         self.src: dict[str, frozenset] = {}
-        for t in graph.inputs:
-            if t.dtype == "int" and t.name in ranges:
-                self.dom[t.name] = input_domain(*ranges[t.name])
-                self.src[t.name] = frozenset([t.name])
+        self.undeclared = set()  # int inputs with no declared range: any integer (the loader bounds nothing)
+        for t in graph.inputs:  # every input is a source: cast(x) or topk(x)'s indices of a float x index too
+            self.src[t.name] = frozenset([t.name])
+            if t.dtype == "int":
+                if t.name in ranges:
+                    self.dom[t.name] = input_domain(*ranges[t.name])
+                else:
+                    self.undeclared.add(t.name)
 
     def attrs(self, n) -> dict:
         got = self._attrs.get(id(n))
@@ -268,6 +275,11 @@ def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types
             if not names:  # an index of constants only is the same on every input: not a range's fault
                 continue
             d = D.dom.get(ix)
+            free = sorted(D.src.get(ix, frozenset()) & D.undeclared)
+            if free:
+                raise IndexDomainError(n.path, f"int input {free[0]!r} declares no range, but {n.op} indexes {what} "
+                                               f"(size {size}) with {ix!r}, computed from it: no proof that the logical "
+                                               f"graph has a value on every input (declare its range)")
             if d is None:
                 raise IndexDomainError(n.path, f"input {names}: {n.op} indexes {what} (size {size}) with {ix!r}, "
                                                f"computed from it by ops whose values tvcert does not bound: no proof "
@@ -285,3 +297,9 @@ def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types
                 D.src[o] = reach
             if d is not None:
                 D.dom[o] = d
+        if n.op == "topk" and len(n.outputs) == 2 and n.inputs[0] in types:  # indices along dim: [0, size)
+            shp = tuple(types[n.inputs[0]][0])
+            if reach:
+                D.src[n.outputs[1]] = reach
+            if shp and at:
+                D.dom[n.outputs[1]] = _norm([(0, shp[at.get("dim", -1) % len(shp)] - 1)])
