@@ -330,3 +330,7 @@ PLAN_RULES: dict[str, Callable] = {
     "zigzag_all_gather": plan_gen(b_zigzag_ag, "zigzag_all_gather"),
     "zigzag_reduce_scatter": plan_gen(b_zigzag_ag, "zigzag_reduce_scatter"),
 }
+
+from .gens_prefix_scan import PREFIX_SCAN_GENERATORS  # noqa: E402  (cumsum with a carried offset, hand-built plans)
+
+PLAN_RULES.update(PREFIX_SCAN_GENERATORS)

@@ -759,3 +759,9 @@ from .ring_merge import RULE as _MERGE, RULE_BWD as _MERGE_BWD, match_merge, mat
 PATTERNS[_MERGE] = _rank_checked(match_merge, frozenset({("slice", "start"), ("slice", "end")}))
 PATTERNS[_MERGE_BWD] = _rank_checked(match_merge_backward, frozenset({("slice", "start"), ("slice", "end")}))
 PATTERN_OPS.update({"sub", "add"})
+
+from .prefix_scan import RULE as _SCAN, block_prefix_sum  # noqa: E402
+
+# cumsum over a sharded dim with a carried offset (kernel/prefix_scan.py): the coefficient row's rank-dependent
+# attributes are evaluated there on every rank; every other matched op is checked rank-free there
+PATTERNS[_SCAN] = block_prefix_sum

@@ -191,19 +191,6 @@ class KCtx:
     # int input name -> its values [lo, hi) (the plan contract, int_range.input_ranges): whether labels may hold
     # the ignore index, so whether a vocab-parallel loss pattern concludes the masked form (patterns._keeps_ignored)
     ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    # logical expression id, or (head op, attrs, shape) -> the shapes the logical program reshapes that expression
-    # (or one with that head) into (setup.logical_exprs): decides between true reshape readings before the shape-only
-    # ``hints`` (one program can reshape a shape two ways: Megatron merges [sq, b, np, hn] into [sq, b*np, hn] for
-    # q and k, and the context, a permute's result, into [sq, b, np*hn])
-    reshape_into: Mapping[Any, frozenset] = field(default_factory=dict)
-
-    def reshaped_into(self, e: int) -> frozenset | None:
-        """The shapes the logical program reshapes expression ``e`` into (else one with its head op), or None."""
-        got = self.reshape_into.get(e)
-        if got is None and self.reshape_into:
-            x = self.exprs[e]
-            got = self.reshape_into.get((x.op, x.attrs, tuple(x.shape)))
-        return got
 
     def env0(self) -> dict[str, int]:
         """The dims with every rank coordinate at 0 (rank-independent attributes resolve the same anywhere)."""
@@ -827,9 +814,7 @@ def _layout(kc, op, ra, raw, facts):
             intended = None
     else:
         intended = _intended_shape(kc, raw, shape)
-    into = kc.reshaped_into(f.expr)  # what the logical program reshapes this expression into, else any of its shape
-    mapping = _reshape_targets(shape, local_out, facs, intended,
-                               frozenset((tuple(shape), t) for t in into) if into else kc.hints)
+    mapping = _reshape_targets(shape, local_out, facs, intended, kc.hints)
     out_logical = list(local_out)
     for d, e in mapping.items():
         out_logical[e] *= facs[d]
@@ -883,9 +868,9 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None,
     heads, or [.., 1, p*HD] Shard on the last dim (and local [S, 1, 3H/p] from [S, 3H/p] is
     [S, 1, 3H], batch 1, or [S, p, 3H/p]).  Each is a true fact (the theorem holds for every
     qualifying one), so the choice decides completeness, never soundness: the written logical
-    target when the attrs give one (``intended``), else a reshape the logical program does of this
-    expression, or from this shape (``hints``, KCtx.reshaped_into), else the earliest output dims (a
-    size-1 local dim heading the group is the rank's 1/p of it: one head, one sample, one row).
+    target when the attrs give one (``intended``), else a reshape the logical program does
+    from this shape (``hints``), else the earliest output dims (a size-1 local dim heading the group is
+    the rank's 1/p of it: one head, one sample, one row).
     """
     import itertools
 
@@ -1226,3 +1211,7 @@ def _no_mixed_partial_inside(kc, op, pl, idx) -> None:
 from .zigzag import RULES as _ZIGZAG_RULES, derive_zigzag, zigzag_axes  # noqa: E402  (zigzag reuses these rules)
 
 RULES.update(_ZIGZAG_RULES)
+
+from .prefix_scan import RULE as _PREFIX_SCAN_RULE, STATEMENT as _PREFIX_SCAN_STATEMENT  # noqa: E402  (a pattern)
+
+RULES[_PREFIX_SCAN_RULE] = _PREFIX_SCAN_STATEMENT

@@ -1,0 +1,79 @@
+(** * A prefix scan over a sharded dim: each block's local cumsum plus the carried offset
+    ([kernel/prefix_scan.py], multi-op rule [block_prefix_sum]).
+
+    Real code computes [cumsum] along a sequence sharded over an axis of [p] ranks (blocks of [b] rows) as
+    rank [r]'s local cumsum plus the sum of the totals of the ranks before it: an all_gather of the per-rank
+    totals ([sum(x, d, keepdim)], one row per rank) and a sum over the gathered dim weighted by a rank-dependent
+    coefficient row [M r] (a mask [arange(p) < r] cast to reals, [where(mask, tots, 0)], or row [r] of a strictly
+    lower-triangular mask times the totals).  The IR spells cumsum along [n] as a matmul with [triu(ones(n, n))]:
+    [y i = \sum_j x j * [j <= i]] ([cumsum] below).  The engine checks, by evaluating the coefficient row on
+    every rank, that [M r j = [j < r]]; the theorem then gives the logical cumsum's block [r]. *)
+From mathcomp Require Import all_ssreflect all_algebra.
+From TVCert Require Import Semantics.
+Set Implicit Arguments.
+Unset Strict Implicit.
+Unset Printing Implicit Defensive.
+Import GRing.Theory.
+Local Open Scope ring_scope.
+
+(** cumsum along the first index, as the IR spells it: [x^T @ triu(ones(n, n))] (entry [(j, i)] is 1 iff [j <= i]). *)
+Definition cumsum {I : Type} {R : ringType} (n : nat) (X : nat -> I -> R) : nat -> I -> R :=
+  fun i x => \sum_(0 <= j < n) X j x * (if (j <= i)%N then 1 else 0).
+
+(** Row [s*b + k] of block [s] precedes row [r*b + i] of block [r] iff [s < r], or [s = r] and [k <= i]. *)
+Lemma block_le (b s r k i : nat) : (k < b)%N -> (i < b)%N ->
+  (s * b + k <= r * b + i)%N = (s < r)%N || (s == r) && (k <= i)%N.
+Proof.
+move=> kb ib.
+have up : forall t j, (j < b)%N -> (t * b + j < t.+1 * b)%N.
+  by move=> t j jb; rewrite mulSn addnC ltn_add2r.
+case: (ltngtP s r) => [sr|rs|->] /=; last by rewrite leq_add2l.
+  have h2 : (s.+1 * b <= r * b)%N by rewrite leq_mul2r sr orbT.
+  exact: leq_trans (ltnW (leq_trans (up s k kb) h2)) (leq_addr _ _).
+apply/negbTE; rewrite -ltnNge.
+have h2 : (r.+1 * b <= s * b)%N by rewrite leq_mul2r rs orbT.
+exact: leq_trans (leq_trans (up r i ib) h2) (leq_addr _ _).
+Qed.
+
+(** Block [s] of the logical cumsum's sum at row [r*b + i]: its total if [s < r], the local cumsum if [s = r], 0
+    after. *)
+Lemma cumsum_block {I : Type} {R : comRingType} (b : nat) (E : nat -> I -> R) (L : nat -> nat -> I -> R)
+  (r i s : nat) (x : I) :
+  (forall k, (k < b)%N -> L s k x = E (s * b + k)%N x) -> (i < b)%N ->
+  \sum_(0 <= k < b) E (s * b + k)%N x * (if (s * b + k <= r * b + i)%N then 1 else 0) =
+  (if (s < r)%N then 1 else 0) * (\sum_(0 <= k < b) L s k x) +
+  (if s == r then cumsum b (L s) i x else 0).
+Proof.
+move=> hL ib; rewrite /cumsum.
+rewrite (eq_big_nat _ _ (fun k kb => congr2 (fun u v => u * (if v then 1 else 0)) (esym (hL k (andP kb).2))
+                                                (block_le s r (andP kb).2 ib))).
+case: (ltngtP s r) => [sr|rs|->] /=.
+- by rewrite mul1r addr0; apply: eq_bigr => k _; rewrite mulr1.
+- by rewrite mul0r addr0 big1 // => k _; rewrite mulr0.
+- by rewrite mul0r add0r.
+Qed.
+
+(** The block prefix sum: on rank [r] of an axis of [p] ranks holding blocks of [b] rows, the local cumsum plus
+    [\sum_j M r j * G j] -- [G] the all_gather (blocks of 1) of the per-rank totals, [M r j = [j < r]] -- is block
+    [r] of the logical cumsum over [p * b] rows. *)
+Theorem block_prefix_sum {I : Type} {R : comRingType} (p b : nat) (E : nat -> I -> R)
+  (L : nat -> nat -> I -> R) (M : nat -> nat -> R) :
+  (forall r k x, (r < p)%N -> (k < b)%N -> L r k x = E (r * b + k)%N x) ->
+  (forall r j, (r < p)%N -> (j < p)%N -> M r j = if (j < r)%N then 1 else 0) ->
+  forall r i x, (r < p)%N -> (i < b)%N ->
+    cumsum b (L r) i x + \sum_(0 <= j < p) M r j * all_gather 1 (fun s _ y => \sum_(0 <= k < b) L s k y) r j x
+    = cumsum (p * b) E (r * b + i)%N x.
+Proof.
+move=> hL hM r i x rp ib.
+rewrite [RHS]/cumsum sum_blocks.
+rewrite (eq_big_nat _ _ (fun s sp => @cumsum_block I R b E L r i s x (fun k kb => hL s k x (andP sp).2 kb) ib)).
+rewrite big_split /= sum_only_one // addrC; congr (_ + _).
+apply: eq_big_nat => j /andP[_ jp].
+by rewrite hM // /all_gather divn1.
+Qed.
+
+(** The coefficient row's spellings: [where(m, g, 0)] is [[m] * g]; a mask cast to reals times [g] is the same;
+    the vector-matrix product [M @ G] along the gathered dim is [\sum_j M j * G j] (its definition). *)
+Lemma where_coefficient {R : ringType} (m : bool) (g : R) :
+  (if m then g else 0) = (if m then 1 else 0) * g.
+Proof. by case: m; rewrite ?mul1r ?mul0r. Qed.

@@ -1,0 +1,132 @@
+"""Conformance generator for ``block_prefix_sum`` (kernel/prefix_scan.py): cumsum over a sharded dim as each rank's
+local cumsum plus the carried offset.
+
+Draws a plan spelled as frontends/aten.py traces real code: x of rank 2 or 3 sharded along the scanned dim d over
+axis ``a`` (sizes 1-4, blocks of 1-3 rows), sometimes a second axis ``b`` (outer or inner) replicating x or sharding
+another dim; the local cumsum ``x @ triu(ones(B, B))`` along d, the totals ``sum(x, d, keepdim)`` (or unsqueezed
+after a plain sum) all_gathered over ``a`` along d, a coefficient row ``arange(p) < rank.a`` cast to reals and
+reshaped, multiplied (either side) or used as a where condition, or row ``rank.a`` of ``tril(ones(p, p), -1)``
+times the totals, summed over d and added to the local cumsum.  Near misses (the bugs of
+examples/torch/realcode/cumsum_sp.py and more): the row ``<=`` or ``>`` the rank, the rank plus one, the other
+axis's coordinate, the global rank on a 2-D mesh, a lower triangle with its diagonal, the gather over the other
+axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``.  A
+VERIFIED plan must agree with the exact interpreter on every rank."""
+from __future__ import annotations
+
+from .core import Result
+from .gens import Draw
+
+RULE = "block_prefix_sum"
+NEAR = ["le", "gt", "plus_one", "other_axis", "global_rank", "diag_tri", "gather_b", "sum_other", "triu1", "twos",
+        "scaled_totals"]
+
+
+def gen_prefix_scan(dr: Draw, seed: int):
+    from .plans import _check_plan
+
+    two = dr.coin(0.4)
+    axes = ["a", "b"] if two else ["a"]
+    if two and dr.coin():
+        axes.reverse()
+    p, q = dr.pick([1, 2, 3, 4]), dr.pick([2, 3])
+    r = dr.pick([2, 2, 3])
+    d = dr.int(0, r - 1)
+    B = dr.int(1, 3)
+    full = [dr.int(1, 3) for _ in range(r)]
+    full[d] = p * B
+    xb = None
+    if two:
+        others = [k for k in range(r) if k != d]
+        xb = "Replicate" if dr.coin(0.4) else f"Shard({dr.pick(others)})"
+        if xb != "Replicate":
+            full[int(xb[6:-1])] *= q
+    near = dr.pick(NEAR) if dr.coin(0.35) else ""
+    if near in ("other_axis", "global_rank", "gather_b") and not two:
+        near = ""
+    kind = dr.pick(["mul", "mul_rev", "where", "matmul"] if r == 2 and d == 0 else ["mul", "mul_rev", "where"])
+    if near == "diag_tri" and kind != "matmul":
+        near = ""
+    flat = dr.coin(0.3)
+    dims = {f"n{k}": v for k, v in enumerate(full)}
+    dims.update({"a": p, "b": q})
+    local = list(full)
+    local[d] //= p
+    if xb and xb != "Replicate":
+        local[int(xb[6:-1])] //= q
+    tsh = list(local)
+    tsh[d] = 1
+    gsh = list(tsh)
+    gsh[d] = p
+
+    par = []
+
+    def op(name, o, inputs, **attrs):
+        par.append({"name": name, "op": o, "inputs": inputs, "attrs": attrs})
+        return name
+
+    def scan(src, n, out, ones_value=1, diag=0):
+        """The IR's cumsum along d over n rows (frontends/aten.py)."""
+        nodes = []
+        t = src
+        if d != r - 1:
+            nodes.append({"name": f"{out}_t", "op": "transpose", "inputs": [src], "attrs": {"dim0": d, "dim1": r - 1}})
+            t = f"{out}_t"
+        nodes.append({"name": f"{out}_c", "op": "const", "inputs": [], "attrs": {"value": ones_value, "shape": [n, n]}})
+        nodes.append({"name": f"{out}_U", "op": "triu", "inputs": [f"{out}_c"], "attrs": {"diagonal": diag}})
+        mm = out if d == r - 1 else f"{out}_mm"
+        nodes.append({"name": mm, "op": "matmul", "inputs": [t, f"{out}_U"], "attrs": {}})
+        if d != r - 1:
+            nodes.append({"name": out, "op": "transpose", "inputs": [mm], "attrs": {"dim0": d, "dim1": r - 1}})
+        return nodes
+
+    par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0)
+    src = op("x2", "scale", ["x"], value=2) if near == "scaled_totals" else "x"
+    if flat:
+        op("tot0", "sum", [src], dims=[d], keepdim=False)
+        op("tot", "unsqueeze", ["tot0"], dim=d)
+    else:
+        op("tot", "sum", [src], dims=[d], keepdim=True)
+    op("G", "all_gather", ["tot"], axis="b" if near == "gather_b" else "a", dim=d)
+    rank = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, "rank.a")
+    if near == "global_rank":
+        rank = "rank.b*a+rank.a" if axes[0] == "b" else "rank.a*b+rank.b"
+    if kind == "matmul":
+        op("tri1", "const", [], value=1, shape=[p, p])
+        op("tri", "tril", ["tri1"], diagonal=0 if near == "diag_tri" else -1)
+        start = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, rank)
+        op("M", "slice", ["tri"], dim=0, start=start, end=f"{start}+1", step=1)
+        op("off", "matmul", ["M", "G"])
+    else:
+        op("j", "iota", [], size=p, start=0, step=1, dtype="int")
+        op("rk", "const", [], value=rank, dtype="int")
+        op("m", {"le": "le", "gt": "gt"}.get(near, "lt"), ["j", "rk"])
+        shape = [1] * r
+        shape[d] = p
+        if kind == "where":
+            op("M", "reshape", ["m"], shape=shape)
+            op("z", "const", [], value=0)
+            op("W", "where", ["M", "G", "z"])
+        else:
+            op("mf", "cast", ["m"], dtype="float")
+            op("M", "reshape", ["mf"], shape=shape)
+            op("W", "mul", ["G", "M"] if kind == "mul_rev" else ["M", "G"])
+        op("off", "sum", ["W"], dims=[d, (d + 1) % r] if near == "sum_other" else [d], keepdim=True)
+    op("y", "add", ["off", "lc"] if dr.coin() else ["lc", "off"])
+    lg = scan("x", full[d], "y")
+    pl = {"a": f"Shard({d})", **({"b": xb} if two else {})}
+    local_s = [f"n{k}" for k in range(r)]
+    local_s[d] += "/a"
+    if xb and xb != "Replicate":
+        local_s[int(xb[6:-1])] += "/b"
+    dd = {"tvcert_plan": 1, "name": "prefix_scan", "dims": dims, "mesh": {k: k for k in axes},
+          "logical": {"inputs": [{"name": "x", "shape": [f"n{k}" for k in range(r)], "dtype": "float"}], "nodes": lg,
+                      "outputs": ["y"]},
+          "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": local_s, "dtype": "float"}], "nodes": par,
+                        "outputs": ["y"]}],
+          "inputs": {"x": {"local": "x", "placement": pl}}, "outputs": {"y": {"local": "y", "placement": pl}}}
+    desc = (f"x {full} {pl} scan dim {d} {kind}{' flat' if flat else ''}{' near ' + near if near else ''} "
+            f"mesh {axes} a={p} b={q}")
+    return _check_plan(dd, RULE), desc
+
+
+PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan}

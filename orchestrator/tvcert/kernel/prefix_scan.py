@@ -1,0 +1,302 @@
+"""A multi-op rule: cumsum over a sharded dim as each rank's local cumsum plus the carried offset.
+
+Real code scans a sequence sharded over axis ``a`` (blocks of B rows along dim d) as
+
+    tots = all_gather_a(sum(t, d, keepdim))            (or unsqueeze(sum(t, d), d): one row per rank)
+    off  = sum(M * tots, d, keepdim)                    (or where(M, tots, 0), or M @ tots for a 2-D t, d = 0)
+    y    = cumsum_local(t, d) + off
+
+with ``M`` a rank-dependent coefficient row built from constants (``arange(p) < r`` cast to reals, row ``r`` of
+``tril(ones(p, p), -1)``).  The IR spells cumsum as ``x @ triu(ones(B, B))`` along d (transposed there and back
+when d is not last: frontends/aten.py's conversion), so ``cumsum_local`` is that spelling with a [B, B] mask.
+``y`` is then Shard(d) over ``a`` of the logical cumsum spelled with the [p*B, p*B] mask
+(``Rules/PrefixScan.v``: ``block_prefix_sum``).
+
+Side conditions, checked here: ``t`` is Shard(d) over exactly ``a`` and Replicate or Shard of another dim on every
+other axis (no Partial); the local mask is ``triu(const 1 [B, B], 0)`` and p*B is the logical size; the totals are
+of ``t`` itself (its fact), summed over exactly d, gathered over exactly ``a`` along d; the offset sums over exactly
+the gathered dim and broadcasts as one row per block (shape t's with 1 at d, up to leading unit dims, through
+reshapes that keep the row-major order); ``M`` is computed from constants alone, and evaluated exactly on every rank
+of the mesh it is ``[j < rank.a]`` at every position along the gathered dim.  Every other matched op is rank-free.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Mapping
+
+import numpy as np
+
+RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads these two at its end
+STATEMENT = ("cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
+             "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the "
+             "logical cumsum")
+
+from ..graph import Graph, Node  # noqa: E402
+from ..ops import REGISTRY, Ctx  # noqa: E402
+from .producers import ProducersBefore, out_shape, producer, rank_free_attrs, shape_of, single_axis  # noqa: E402
+from .rules import Fact, KCtx, RuleFailure, conclude  # noqa: E402
+
+# ops a coefficient row may be computed with (from constants only; evaluated exactly on every rank)
+_COEF_OPS = frozenset({"const", "iota", "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or",
+                       "logical_not", "cast", "reshape", "view", "unsqueeze", "squeeze", "expand", "select", "slice",
+                       "tril", "triu", "where", "add", "sub", "mul", "neg", "add_scalar", "transpose", "permute",
+                       "flip"}) & frozenset(REGISTRY)
+_REORDER_FREE = ("reshape", "view", "unsqueeze", "squeeze")  # keep the row-major order of the elements
+
+
+def _node(producers, t: str, what: str) -> Node:
+    n = producer(producers, t)
+    if n is None:
+        raise RuleFailure(f"{what} is not computed by an op before the scan")
+    return n
+
+
+def _transposes(n: Node, kc: KCtx, d: int, r: int) -> bool:
+    if n.op != "transpose":
+        return False
+    at = rank_free_attrs(n, kc)
+    return {at["dim0"] % r, at["dim1"] % r} == {d, r - 1}
+
+
+def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
+    """The IR's cumsum of a tensor with a fact: returns (t, dim, [transpose in, matmul, triu, const, transpose out]
+    nodes or None where absent, matched node indices)."""
+    lc = _node(producers, lc_t, "the local scan")
+    outer = None
+    if lc.op == "transpose":
+        outer, mm = lc, _node(producers, lc.inputs[0], "the scan's product")
+    else:
+        mm = lc
+    if mm.op != "matmul" or len(mm.inputs) != 2:
+        raise RuleFailure("the scanned term is not the IR's cumsum (a matmul with triu(ones))")
+    inner = None
+    x_t = mm.inputs[0]
+    if outer is not None:
+        inner = _node(producers, x_t, "the scan's transposed input")
+        x_t = inner.inputs[0]
+    tf = facts.get(x_t)
+    if tf is None:
+        raise RuleFailure("the scanned tensor has no fact")
+    r = len(kc.exprs[tf.expr].shape)
+    if r == 0:
+        raise RuleFailure("a scan of a 0-d tensor")
+    if outer is None:
+        d = r - 1
+    else:
+        if inner.op != "transpose" or r < 2:
+            raise RuleFailure("the scan's input is not transposed to the last dim")
+        at = rank_free_attrs(inner, kc)
+        ds = {at["dim0"] % r, at["dim1"] % r}
+        if r - 1 not in ds or len(ds) != 2:
+            raise RuleFailure("the scan's input is not transposed with its last dim")
+        d = min(ds)
+        if not _transposes(outer, kc, d, r):
+            raise RuleFailure("the scan's result is not transposed back")
+    tri = _node(producers, mm.inputs[1], "the scan's mask")
+    if tri.op != "triu" or rank_free_attrs(tri, kc).get("diagonal", 0) != 0:
+        raise RuleFailure("the scan's mask is not triu(., 0)")
+    one = _node(producers, tri.inputs[0], "the scan's ones")
+    oat = rank_free_attrs(one, kc)
+    if one.op != "const" or oat.get("value") not in (1, 1.0) or isinstance(oat.get("value"), bool):
+        raise RuleFailure("the scan's mask is not of ones")
+    B = list(out_shape(one))
+    return x_t, tf, d, (inner, mm, tri, one, outer), B
+
+
+def _rows(producers, o_t: str, kc: KCtx) -> tuple[str, list[Node]]:
+    """Strip the reshapes between the offset's reduction and the add (the row-major order is kept)."""
+    chain = []
+    while True:
+        n = producer(producers, o_t)
+        if n is None or n.op not in _REORDER_FREE:
+            return o_t, chain
+        rank_free_attrs(n, kc)
+        chain.append(n)
+        o_t = n.inputs[0]
+
+
+def _coef_graph(producers, m_t: str) -> list[Node]:
+    """The ops computing the coefficient row, in program order; every leaf is a constant."""
+    seen: dict[str, Node] = {}
+    stack = [m_t]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        got = producers.get(t)
+        if got is None:
+            raise RuleFailure("the coefficient row reads a tensor no constant op computes (an input)")
+        n = got[1]
+        if n.op not in _COEF_OPS or len(n.outputs) != 1:
+            raise RuleFailure(f"the coefficient row is computed with {n.op}, which a constant row may not use")
+        seen[t] = n
+        stack.extend(n.inputs)
+    return sorted(seen.values(), key=lambda n: producers[n.outputs[0]][0])
+
+
+def _coef_values(nodes: list[Node], m_t: str, kc: KCtx):
+    """The coefficient row on every rank of the mesh: {rank coordinates: exact array}."""
+    from ..interp import RunError, eval_node
+
+    out = {}
+    ctx = Ctx(exact=True)
+    for coords in itertools.product(*(range(kc.sizes[a]) for a in kc.axes)):
+        env = dict(kc.dims)
+        env.update({f"rank.{a}": c for a, c in zip(kc.axes, coords)})
+        vals: dict[str, np.ndarray] = {}
+        try:
+            for n in nodes:
+                vals[n.outputs[0]] = eval_node(n, vals, env, ctx)[0]
+        except (RunError, ValueError, KeyError) as exc:
+            raise RuleFailure(f"the coefficient row does not evaluate on rank {coords}: {exc}") from None
+        out[coords] = np.asarray(vals[m_t], dtype=object)
+    return out
+
+
+def _check_prefix_row(vals, gshape: tuple[int, ...], g: int, ai: int) -> None:
+    """Every rank's row is [j < rank.a] at every position of the gathered dim g (broadcast over the rest)."""
+    for coords, v in vals.items():
+        try:
+            if tuple(np.broadcast_shapes(v.shape, gshape)) != tuple(gshape):
+                raise ValueError
+            full = np.broadcast_to(v, gshape)
+        except ValueError:
+            raise RuleFailure(f"the coefficient row of shape {list(v.shape)} does not broadcast into the gathered "
+                              f"totals {list(gshape)}") from None
+        r = coords[ai]
+        for j in range(gshape[g]):
+            want = 1 if j < r else 0
+            for e in np.take(full, j, axis=g).reshape(-1):
+                if not e == want:  # exact values (a bool condition is 0 / 1 there)
+                    raise RuleFailure(f"on rank {coords} the coefficient of the totals of rank {j} is {e!r}, not "
+                                      f"{want} (the carried offset must sum the ranks before it)")
+
+
+def block_prefix_sum(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
+    """Match ``cumsum_local(t) + offset`` ending at the add ``index``; returns the derivation and matched nodes."""
+    n = g.nodes[index]
+    if n.op != "add" or len(n.inputs) != 2:
+        raise RuleFailure("not an add")
+    producers = ProducersBefore(g, index)
+    rank_free_attrs(n, kc)
+    last = None
+    for lc_t, o_t in (n.inputs, n.inputs[::-1]):
+        try:
+            found = _local_cumsum(producers, lc_t, facts, kc)
+        except RuleFailure as exc:
+            last = exc
+            continue
+        return _conclude(g, index, producers, found, lc_t, o_t, facts, kc)
+    raise last or RuleFailure("no operand is a local scan")
+
+
+def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
+    X = kc.exprs
+    n = g.nodes[index]
+    t, tf, d, (inner, mm, tri, one, outer), Bs = found
+    E = X[tf.expr]
+    shape = E.shape
+    r = len(shape)
+    axes = [a for a, q in zip(kc.axes, tf.pl) if q.kind in ("S", "Z") and q.dim == d]
+    if len(axes) != 1 or tf.pl[kc.axes.index(axes[0])].kind != "S":
+        raise RuleFailure(f"the scanned dim {d} is not Shard({d}) over exactly one axis")
+    a = axes[0]
+    ai = kc.axes.index(a)
+    p = kc.sizes[a]
+    for b, q in zip(kc.axes, tf.pl):
+        if q.kind not in ("R", "S"):
+            raise RuleFailure(f"the scanned tensor is {q} on axis {b!r}: only Replicate or Shard are covered")
+    L = shape[d]
+    if L % p or Bs != [L // p, L // p]:
+        raise RuleFailure(f"the local mask is {Bs}, not [{L // p}, {L // p}] (block {L} / {p})")
+    B = L // p
+    tl = [s for s in out_shape(mm)]  # local shape after the inner transpose
+    local_t = list(tl)
+    if outer is not None:
+        local_t[d], local_t[r - 1] = tl[r - 1], tl[d]
+    if out_shape(n) != tuple(local_t):
+        raise RuleFailure("the offset broadcasts the scan to another shape")
+    tsh = list(local_t)
+    tsh[d] = 1
+    # the offset: reshapes of a reduction of the weighted gathered totals
+    core_t, chain = _rows(producers, o_t, kc)
+    core = _node(producers, core_t, "the carried offset")
+    want_pad = [1] * (r - len(out_shape(chain[0] if chain else core))) + list(out_shape(chain[0] if chain else core))
+    if want_pad != tsh:
+        raise RuleFailure(f"the offset of shape {list(out_shape(chain[0] if chain else core))} is not one row per "
+                          f"block {tsh}")
+    if core.op == "sum":
+        sat = rank_free_attrs(core, kc)
+        wm = _node(producers, core.inputs[0], "the weighted totals")
+        gs = out_shape(wm)
+        if sorted({x % len(gs) for x in sat["dims"]}) != [d] or len(gs) != r:
+            raise RuleFailure(f"the offset does not sum over exactly the gathered dim {d}")
+        rank_free_attrs(wm, kc)
+        if wm.op == "mul" and len(wm.inputs) == 2:
+            ops = [getattr(producer(producers, x), "op", None) for x in wm.inputs]
+            gi = ops.index("all_gather") if "all_gather" in ops else None
+            kind = "mul"
+        elif wm.op == "where" and len(wm.inputs) == 3:
+            z = producer(producers, wm.inputs[2])
+            zat = rank_free_attrs(z, kc) if z is not None else {}
+            if z is None or z.op != "const" or zat.get("value") not in (0, 0.0) or zat.get("shape"):
+                raise RuleFailure("the masked totals are not where(mask, totals, 0)")
+            gi, kind = 1, "where"
+        else:
+            raise RuleFailure("the offset is not a sum of masked gathered totals")
+        if gi is None:
+            raise RuleFailure("no factor of the weighted totals is an all_gather")
+        g_t = wm.inputs[gi]
+        m_t = wm.inputs[1 - gi] if kind == "mul" else wm.inputs[0]
+        if out_shape(wm) != shape_of(producers, g_t):
+            raise RuleFailure("the coefficient row broadcasts the gathered totals to another shape")
+        offset_nodes = [core, wm]
+    elif core.op == "matmul" and len(core.inputs) == 2 and r == 2 and d == 0:
+        rank_free_attrs(core, kc)
+        m_t, g_t, kind = core.inputs[0], core.inputs[1], "mul"
+        ms = shape_of(producers, m_t)
+        if ms not in ((p,), (1, p)):
+            raise RuleFailure(f"the coefficient row of a product with the totals has shape {ms}, not [{p}]")
+        offset_nodes = [core]
+    else:
+        raise RuleFailure("the offset is not a sum of masked gathered totals")
+    ag = _node(producers, g_t, "the gathered totals")
+    if ag.op != "all_gather" or single_axis(ag) != a:
+        raise RuleFailure(f"the totals are not all_gathered over exactly {a!r}")
+    gat = rank_free_attrs(ag, kc)
+    gshape = out_shape(ag)
+    if gat["dim"] % r != d or list(gshape) != tsh[:d] + [p] + tsh[d + 1:]:
+        raise RuleFailure(f"the totals are not gathered along the scanned dim {d}")
+    tot_t, tchain = _rows(producers, ag.inputs[0], kc)
+    tot = _node(producers, tot_t, "the totals")
+    tat = rank_free_attrs(tot, kc) if tot.op == "sum" else {}
+    if tot.op != "sum" or sorted({x % r for x in tat["dims"]}) != [d] or facts.get(tot.inputs[0]) != tf:
+        raise RuleFailure("the gathered totals are not the scanned tensor summed over the scanned dim")
+    if list(shape_of(producers, ag.inputs[0])) != tsh:
+        raise RuleFailure("the gathered totals are not one row per rank")
+    cnodes = _coef_graph(producers, m_t)
+    vals = _coef_values(cnodes, m_t, kc)
+    if core.op == "matmul":
+        vals = {c: v.reshape(p, 1) for c, v in vals.items()}
+        _check_prefix_row(vals, (p, gshape[1]), 0, ai)
+    else:
+        _check_prefix_row(vals, tuple(gshape), d, ai)
+    for q in (mm, tri, one, inner, outer, ag, tot):
+        if q is not None:
+            rank_free_attrs(q, kc)
+    # the conclusion: the logical cumsum, spelled as frontends/aten.py spells it at the logical size
+    e = tf.expr
+    if inner is not None:
+        e = X.mk("transpose", rank_free_attrs(inner, kc), [e])
+    oat = rank_free_attrs(one, kc)
+    ones = X.mk("const", {**oat, "shape": [L, L]}, [])
+    U = X.mk("triu", rank_free_attrs(tri, kc), [ones])
+    e = X.mk("matmul", rank_free_attrs(mm, kc), [e, U])
+    if outer is not None:
+        e = X.mk("transpose", rank_free_attrs(outer, kc), [e])
+    if X[e].shape != shape:
+        raise RuleFailure("the concluded cumsum has another shape")
+    d_ = conclude(kc, e, [(q, RULE) for q in tf.pl], out_shape(n))
+    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *chain, *tchain, *offset_nodes, *cnodes) if x is not None]
+    idx = sorted({producers[m.outputs[0]][0] for m in matched})
+    return d_, idx
