@@ -176,6 +176,17 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.layout_gather_stack", {"tp": 4}, "VERIFIED"),
     ("realcode.layout_gather_stack", {"bug": "stack_inner"}, "REFUTED"),
     ("realcode.layout_gather_stack", {"bug": "reversed"}, "REFUTED"),
+    # cumsum over a sequence sharded across ranks: local cumsum + the carried offset (realcode/cumsum_sp.py, block_prefix_sum)
+    ("realcode.cumsum_sp", {}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "where", "sp": 3}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "matmul", "sp": 4}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "exclusive", "block": 5}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "dim1"}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "flat", "sp": 4, "block": 1}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"bug": "self"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"bug": "after", "sp": 3}, "REFUTED"),
+    ("realcode.cumsum_sp", {"variant": "dim1", "bug": "global_rank"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),
