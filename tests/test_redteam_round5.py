@@ -149,3 +149,25 @@ def test_topk_indices_inside_the_table_verify():
                     [{"outputs": ["tv", "ti"], "op": "topk", "inputs": ["x"], "attrs": {"k": 1, "dim": 1}},
                      _n("s", "reshape", "ti", shape=["n"])], "s")
     assert verify(load_plan(raw)).verdict == "VERIFIED"
+
+
+def test_certificate_of_an_unchecked_index_is_not_accepted(tmp_path, monkeypatch):
+    """The certificates old main wrote for these plans (forged here by loading with the check switched off) are
+    refused by ``tvcert check``: it loads the plan with the same check (exit 3)."""
+    from click.testing import CliRunner
+
+    import tvcert.plan as P
+    from tvcert.certificate.emit import build_certificate, dump_certificate
+    from tvcert.cli import main
+
+    plans = {"flip": _vpe_of(MOVED["flip"]), "cast": _vpe_from(*UNCHECKED["cast_of_a_float"][:3])}
+    for name, raw in plans.items():
+        with monkeypatch.context() as m:
+            m.setattr(P, "check_index_domains", lambda *a, **k: None)
+            res = verify(load_plan(copy.deepcopy(raw)))
+            assert res.verdict == "VERIFIED", res.reasons  # what main said before
+            cert = dump_certificate(build_certificate(res))
+        (tmp_path / f"{name}.json").write_text(json.dumps(raw))
+        (tmp_path / f"{name}.cert.json").write_text(cert)
+        r = CliRunner().invoke(main, ["check", str(tmp_path / f"{name}.cert.json"), "--plan", str(tmp_path / f"{name}.json")])
+        assert r.exit_code == 3 and ("no value there" in r.output or "does not bound" in r.output), r.output
