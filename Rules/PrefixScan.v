@@ -77,3 +77,30 @@ Qed.
 Lemma where_coefficient {R : ringType} (m : bool) (g : R) :
   (if m then g else 0) = (if m then 1 else 0) * g.
 Proof. by case: m; rewrite ?mul1r ?mul0r. Qed.
+
+(** The offset read off a cumsum of the gathered totals: the inclusive prefix at row [r] minus row [r] itself is the
+    masked sum with [M r j = [j < r]]. *)
+Lemma exclusive_prefix {I : Type} {R : comRingType} (p r : nat) (G : nat -> I -> R) (x : I) :
+  (r < p)%N ->
+  cumsum p G r x - G r x = \sum_(0 <= j < p) (if (j < r)%N then 1 else 0) * G j x.
+Proof.
+move=> rp; rewrite /cumsum -(sum_only_one (fun j => G j x) rp) -sumrB.
+apply: eq_bigr => j _; case: (ltngtP j r) => [jr|rj|->] /=.
+- by rewrite mulr1 subr0 mul1r.
+- by rewrite mulr0 subr0 mul0r.
+- by rewrite mulr1 subrr mul0r.
+Qed.
+
+(** The block prefix sum with the offset spelled [cumsum(G)[r] - G[r]] over the gathered totals [G]
+    ([block_prefix_sum_scanned]: real code's [torch.cumsum(tots, 0)[r] - tots[r]]). *)
+Theorem block_prefix_sum_scanned {I : Type} {R : comRingType} (p b : nat) (E : nat -> I -> R)
+  (L : nat -> nat -> I -> R) :
+  (forall r k x, (r < p)%N -> (k < b)%N -> L r k x = E (r * b + k)%N x) ->
+  forall r i x, (r < p)%N -> (i < b)%N ->
+    cumsum b (L r) i x + (cumsum p (all_gather 1 (fun s _ y => \sum_(0 <= k < b) L s k y) r) r x -
+                          all_gather 1 (fun s _ y => \sum_(0 <= k < b) L s k y) r r x)
+    = cumsum (p * b) E (r * b + i)%N x.
+Proof.
+move=> hL r i x rp ib; rewrite exclusive_prefix //.
+by apply: (@block_prefix_sum I R p b E L (fun r j => if (j < r)%N then 1 else 0)).
+Qed.

@@ -180,6 +180,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "where", "sp": 3}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "matmul", "sp": 4}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 3}, "VERIFIED"),  # cumsum(tots)[r] - tots[r]
     ("realcode.cumsum_sp", {"variant": "exclusive", "block": 5}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "dim1"}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "flat", "sp": 4, "block": 1}, "VERIFIED"),
@@ -187,6 +188,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"bug": "after", "sp": 3}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "dim1", "bug": "global_rank"}, "REFUTED"),
     ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 4, "bug": "self"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),

@@ -114,6 +114,7 @@ RULES: dict[str, str] = {
     "partial_sum_as_avg": f"{_T}.CollectivesReal.partial_sum_as_avg",
     "allgather_partial_sum": f"{_T}.CollectivesReal.allgather_partial_sum",
     "block_prefix_sum": f"{_T}.PrefixScan.block_prefix_sum",  # cumsum with a carried offset (kernel/prefix_scan.py)
+    "block_prefix_sum_scanned": f"{_T}.PrefixScan.block_prefix_sum_scanned",
     "allreduce_avg_partial_sum_nested": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_nested",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
     "reduce_max_sharded_dim": f"{_T}.Reductions.reduce_max_sharded_dim",

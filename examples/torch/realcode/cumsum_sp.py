@@ -9,18 +9,19 @@ from an all_gather of the per-rank totals and a masked sum over the gathered dim
 
 ``variant``: ``masked`` (mask ``arange(p) < r``, a product and a sum), ``where`` (the totals selected with
 ``where(mask, tots, 0)``), ``matmul`` (the row ``r`` of a strictly lower-triangular mask times the totals),
-``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``dim1`` (a [B, S, D] batch sharded over ``dp`` on dim 0
-and the sequence over ``sp`` on dim 1, cumsum along dim 1), ``flat`` (totals reduced without keepdim and
+``gcumsum`` (the cumsum of the gathered totals read at row ``r``, minus row ``r``: ``torch.cumsum(tots, 0)[r] -
+tots[r]``), ``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``dim1`` (a [B, S, D] batch sharded over ``dp``
+on dim 0 and the sequence over ``sp`` on dim 1, cumsum along dim 1), ``flat`` (totals reduced without keepdim and
 unsqueezed before the gather).  ``bug``: ``self`` (offset from the ranks up to and including its own),
 ``after`` (offset from the ranks after it), ``global_rank`` (the global rank instead of the ``sp`` coordinate,
 on the 2-D mesh of ``dim1``), ``no_offset`` (the local cumsum alone).  Each bug is wrong in float64 by torch's
-own run (``python examples/torch/realcode/cumsum_sp.py`` checks every variant and bug).
+own run (``python examples/torch/realcode/cumsum_sp.py`` checks every variant and bug at sp 2, 3 and 4).
 """
 import torch
 import torch.distributed._functional_collectives as funcol
 
 D = 3
-VARIANTS = ("masked", "where", "matmul", "exclusive", "dim1", "flat")
+VARIANTS = ("masked", "where", "matmul", "gcumsum", "exclusive", "dim1", "flat")
 BUGS = ("", "self", "after", "global_rank", "no_offset")
 
 
@@ -59,6 +60,11 @@ def carried(x, dim, gather, p, r, variant, bug):
     shape[dim] = p
     if variant == "where":
         return torch.where(m.view(shape), tots, 0.0).sum(dim, keepdim=True)
+    if variant == "gcumsum":  # dim 0 only: the exclusive prefix of the gathered totals, read at row r
+        pref = torch.cumsum(tots, 0)
+        if bug in ("self", "after"):
+            return pref[r] if bug == "self" else pref[p - 1] - pref[r]
+        return pref[r] - tots[r]
     if variant == "matmul":  # dim 0 only: row r of tril(ones(p, p), -1) is the mask
         tri = torch.tril(torch.ones(p, p, dtype=x.dtype), -1)
         if bug:

@@ -6,10 +6,12 @@ axis ``a`` (sizes 1-4, blocks of 1-3 rows), sometimes a second axis ``b`` (outer
 another dim; the local cumsum ``x @ triu(ones(B, B))`` along d, the totals ``sum(x, d, keepdim)`` (or unsqueezed
 after a plain sum) all_gathered over ``a`` along d, a coefficient row ``arange(p) < rank.a`` cast to reals and
 reshaped, multiplied (either side) or used as a where condition, or row ``rank.a`` of ``tril(ones(p, p), -1)``
-times the totals, summed over d and added to the local cumsum.  Near misses (the bugs of
+times the totals, summed over d, or the totals' own cumsum read at row ``rank.a`` minus their row ``rank.a``
+(``block_prefix_sum_scanned``), added to the local cumsum.  Near misses (the bugs of
 examples/torch/realcode/cumsum_sp.py and more): the row ``<=`` or ``>`` the rank, the rank plus one, the other
 axis's coordinate, the global rank on a 2-D mesh, a lower triangle with its diagonal, the gather over the other
-axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``.  A
+axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``; in the scanned form the row of the cumsum alone,
+or both rows read from the cumsum.  A
 VERIFIED plan must agree with the exact interpreter on every rank."""
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ def gen_prefix_scan(dr: Draw, seed: int):
     near = dr.pick(NEAR) if dr.coin(0.35) else ""
     if near in ("other_axis", "global_rank", "gather_b") and not two:
         near = ""
-    kind = dr.pick(["mul", "mul_rev", "where", "matmul"] if r == 2 and d == 0 else ["mul", "mul_rev", "where"])
+    kinds = ["mul", "mul_rev", "where", "gcumsum", "gcumsum"]
+    kind = dr.pick(kinds + ["matmul"] if r == 2 and d == 0 else kinds)
+    if kind == "gcumsum" and near in ("plus_one", "diag_tri", "global_rank", "sum_other") or \
+            kind == "matmul" and near in ("le", "gt", "sum_other"):
+        near = ""  # no such near miss in this spelling
     if near == "diag_tri" and kind != "matmul":
         near = ""
     flat = dr.coin(0.3)
@@ -90,7 +96,19 @@ def gen_prefix_scan(dr: Draw, seed: int):
     rank = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, "rank.a")
     if near == "global_rank":
         rank = "rank.b*a+rank.a" if axes[0] == "b" else "rank.a*b+rank.b"
-    if kind == "matmul":
+    if kind == "gcumsum":  # cumsum(G, d)[rank] - G[rank]; near: no difference ("le"), both rows of the cumsum ("gt")
+        par += scan("G", p, "GC")
+        at = "rank.b" if near == "other_axis" else "rank.a"
+        op("A0", "slice", ["GC"], dim=d, start=at, end=f"{at}+1", step=1)
+        op("B0", "slice", ["GC" if near == "gt" else "G"], dim=d, start=at, end=f"{at}+1", step=1)
+        sq = d == 0 and dr.coin()
+        a_t = op("A", "squeeze", ["A0"], dims=[0]) if sq else "A0"
+        b_t = op("B", "squeeze", ["B0"], dims=[0]) if sq else "B0"
+        if near == "le":
+            op("off", "scale", [a_t], value=1)
+        else:
+            op("off", "sub", [a_t, b_t])
+    elif kind == "matmul":
         op("tri1", "const", [], value=1, shape=[p, p])
         op("tri", "tril", ["tri1"], diagonal=0 if near == "diag_tri" else -1)
         start = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, rank)
@@ -129,4 +147,4 @@ def gen_prefix_scan(dr: Draw, seed: int):
     return _check_plan(dd, RULE), desc
 
 
-PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan}
+PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan}

@@ -10,14 +10,18 @@ with ``M`` a rank-dependent coefficient row built from constants (``arange(p) < 
 ``tril(ones(p, p), -1)``).  The IR spells cumsum as ``x @ triu(ones(B, B))`` along d (transposed there and back
 when d is not last: frontends/aten.py's conversion), so ``cumsum_local`` is that spelling with a [B, B] mask.
 ``y`` is then Shard(d) over ``a`` of the logical cumsum spelled with the [p*B, p*B] mask
-(``Rules/PrefixScan.v``: ``block_prefix_sum``).
+(``Rules/PrefixScan.v``: ``block_prefix_sum``).  The offset may also be read off a cumsum of the gathered totals,
+``off = cumsum(tots, d)[rank] - tots[rank]`` (rows read as ``slice(., d, rank.a, rank.a + 1)``, maybe squeezed):
+rule ``block_prefix_sum_scanned``, no coefficient row.
 
 Side conditions, checked here: ``t`` is Shard(d) over exactly ``a`` and Replicate or Shard of another dim on every
 other axis (no Partial); the local mask is ``triu(const 1 [B, B], 0)`` and p*B is the logical size; the totals are
 of ``t`` itself (its fact), summed over exactly d, gathered over exactly ``a`` along d; the offset sums over exactly
 the gathered dim and broadcasts as one row per block (shape t's with 1 at d, up to leading unit dims, through
 reshapes that keep the row-major order); ``M`` is computed from constants alone, and evaluated exactly on every rank
-of the mesh it is ``[j < rank.a]`` at every position along the gathered dim.  Every other matched op is rank-free.
+of the mesh it is ``[j < rank.a]`` at every position along the gathered dim (or both rows of the scanned form are
+read at exactly ``rank.a`` of the same gathered tensor, scanned with a [p, p] mask).  Every other matched op is
+rank-free.
 """
 from __future__ import annotations
 
@@ -26,13 +30,18 @@ from typing import Mapping
 
 import numpy as np
 
-RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads these two at its end
-STATEMENT = ("cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
-             "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the "
-             "logical cumsum")
+RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads these at its end
+RULE_SCANNED = "block_prefix_sum_scanned"
+STATEMENTS = {
+    RULE: "cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
+          "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the logical "
+          "cumsum",
+    RULE_SCANNED: "the same with the offset read off a cumsum of the gathered totals: cumsum(G)[rank] - G[rank]",
+}
 
 from ..graph import Graph, Node  # noqa: E402
 from ..ops import REGISTRY, Ctx  # noqa: E402
+from ..shapes import affine_in_rank  # noqa: E402
 from .producers import ProducersBefore, out_shape, producer, rank_free_attrs, shape_of, single_axis  # noqa: E402
 from .rules import Fact, KCtx, RuleFailure, conclude  # noqa: E402
 
@@ -58,10 +67,10 @@ def _transposes(n: Node, kc: KCtx, d: int, r: int) -> bool:
     return {at["dim0"] % r, at["dim1"] % r} == {d, r - 1}
 
 
-def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
-    """The IR's cumsum of a tensor with a fact: returns (t, dim, [transpose in, matmul, triu, const, transpose out]
-    nodes or None where absent, matched node indices)."""
-    lc = _node(producers, lc_t, "the local scan")
+def _scan_spelling(producers, lc_t: str, kc: KCtx):
+    """The IR's cumsum ending at ``lc_t``: returns (scanned tensor, dim, [transpose in, matmul, triu, const,
+    transpose out] with None where absent, the mask's shape)."""
+    lc = _node(producers, lc_t, "the scan")
     outer = None
     if lc.op == "transpose":
         outer, mm = lc, _node(producers, lc.inputs[0], "the scan's product")
@@ -71,18 +80,12 @@ def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
         raise RuleFailure("the scanned term is not the IR's cumsum (a matmul with triu(ones))")
     inner = None
     x_t = mm.inputs[0]
-    if outer is not None:
-        inner = _node(producers, x_t, "the scan's transposed input")
-        x_t = inner.inputs[0]
-    tf = facts.get(x_t)
-    if tf is None:
-        raise RuleFailure("the scanned tensor has no fact")
-    r = len(kc.exprs[tf.expr].shape)
-    if r == 0:
-        raise RuleFailure("a scan of a 0-d tensor")
+    r = len(out_shape(mm))
     if outer is None:
         d = r - 1
     else:
+        inner = _node(producers, x_t, "the scan's transposed input")
+        x_t = inner.inputs[0]
         if inner.op != "transpose" or r < 2:
             raise RuleFailure("the scan's input is not transposed to the last dim")
         at = rank_free_attrs(inner, kc)
@@ -99,8 +102,37 @@ def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
     oat = rank_free_attrs(one, kc)
     if one.op != "const" or oat.get("value") not in (1, 1.0) or isinstance(oat.get("value"), bool):
         raise RuleFailure("the scan's mask is not of ones")
-    B = list(out_shape(one))
-    return x_t, tf, d, (inner, mm, tri, one, outer), B
+    rank_free_attrs(mm, kc)
+    return x_t, d, (inner, mm, tri, one, outer), list(out_shape(one))
+
+
+def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
+    """The IR's cumsum of a tensor with a fact: (t, its fact, dim, the spelling's nodes, the mask's shape)."""
+    x_t, d, nodes, B = _scan_spelling(producers, lc_t, kc)
+    tf = facts.get(x_t)
+    if tf is None:
+        raise RuleFailure("the scanned tensor has no fact")
+    if len(kc.exprs[tf.expr].shape) != len(out_shape(nodes[1])):
+        raise RuleFailure("the scanned tensor's rank differs from the scan's")
+    return x_t, tf, d, nodes, B
+
+
+def _rank_row(producers, t: str, kc: KCtx, a: str, d: int) -> tuple[str, list[Node]]:
+    """``t`` (up to reshapes) is ``slice(src, d, rank.a, rank.a + 1)``, exactly over every rank: (src, nodes)."""
+    top, chain = _rows(producers, t, kc)
+    sl = _node(producers, top, "the row read at the rank")
+    if sl.op != "slice":
+        raise RuleFailure("the offset's term is not a row read at the rank")
+    at = rank_free_attrs(sl, kc, ("start", "end"))
+    env = kc.env0()
+    try:
+        lo, hi = affine_in_rank(sl.attrs.get("start"), env, a), affine_in_rank(sl.attrs.get("end"), env, a)
+    except ValueError:
+        lo = hi = None
+    r = len(out_shape(sl))
+    if at["dim"] % r != d or at.get("step", 1) != 1 or lo != (0, 1) or hi != (1, 1):
+        raise RuleFailure(f"the offset's row is not [rank.{a}, rank.{a} + 1) along dim {d}")
+    return sl.inputs[0], [*chain, sl]
 
 
 def _rows(producers, o_t: str, kc: KCtx) -> tuple[str, list[Node]]:
@@ -190,6 +222,57 @@ def block_prefix_sum(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
     raise last or RuleFailure("no operand is a local scan")
 
 
+def _weighted(producers, core: Node, kc: KCtx, p: int, d: int, r: int) -> tuple[str, str, list[Node]]:
+    """``sum(M * G, d)`` / ``sum(G * M, d)`` / ``sum(where(M, G, 0), d)``, or ``M @ G`` for a 2-D scan along dim 0:
+    (G, the coefficient row M, nodes)."""
+    if core.op == "sum":
+        sat = rank_free_attrs(core, kc)
+        wm = _node(producers, core.inputs[0], "the weighted totals")
+        gs = out_shape(wm)
+        if len(gs) != r or sorted({x % r for x in sat["dims"]}) != [d]:
+            raise RuleFailure(f"the offset does not sum over exactly the gathered dim {d}")
+        rank_free_attrs(wm, kc)
+        if wm.op == "mul" and len(wm.inputs) == 2:
+            ops = [getattr(producer(producers, x), "op", None) for x in wm.inputs]
+            if "all_gather" not in ops:
+                raise RuleFailure("no factor of the weighted totals is an all_gather")
+            gi = ops.index("all_gather")
+            g_t, m_t = wm.inputs[gi], wm.inputs[1 - gi]
+        elif wm.op == "where" and len(wm.inputs) == 3:
+            z = producer(producers, wm.inputs[2])
+            zat = rank_free_attrs(z, kc) if z is not None else {}
+            if z is None or z.op != "const" or zat.get("value") not in (0, 0.0) or zat.get("shape"):
+                raise RuleFailure("the masked totals are not where(mask, totals, 0)")
+            g_t, m_t = wm.inputs[1], wm.inputs[0]
+        else:
+            raise RuleFailure("the offset is not a sum of masked gathered totals")
+        if out_shape(wm) != shape_of(producers, g_t):
+            raise RuleFailure("the coefficient row broadcasts the gathered totals to another shape")
+        return g_t, m_t, [core, wm]
+    if core.op == "matmul" and len(core.inputs) == 2 and r == 2 and d == 0:
+        rank_free_attrs(core, kc)
+        ms = shape_of(producers, core.inputs[0])
+        if ms not in ((p,), (1, p)):
+            raise RuleFailure(f"the coefficient row of a product with the totals has shape {ms}, not [{p}]")
+        return core.inputs[1], core.inputs[0], [core]
+    raise RuleFailure("the offset is not a sum of masked gathered totals")
+
+
+def _scanned(producers, core: Node, kc: KCtx, a: str, p: int, d: int) -> tuple[str, list[Node]]:
+    """``cumsum(G, d)[rank.a] - G[rank.a]`` (rows read as slices, maybe squeezed): (G, nodes)."""
+    if len(core.inputs) != 2 or not (shape_of(producers, core.inputs[0]) == shape_of(producers, core.inputs[1])
+                                     == out_shape(core)):
+        raise RuleFailure("the offset's difference broadcasts")
+    rank_free_attrs(core, kc)
+    cs_t, an = _rank_row(producers, core.inputs[0], kc, a, d)
+    g_t, bn = _rank_row(producers, core.inputs[1], kc, a, d)
+    x_t, sd, nodes, ms = _scan_spelling(producers, cs_t, kc)
+    if x_t != g_t or sd != d or ms != [p, p]:
+        raise RuleFailure("the offset is not the cumsum of the gathered totals along the gathered dim read at the "
+                          "rank, minus their row at the rank")
+    return g_t, [core, *an, *bn, *(q for q in nodes if q is not None)]
+
+
 def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     X = kc.exprs
     n = g.nodes[index]
@@ -209,8 +292,7 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     L = shape[d]
     if L % p or Bs != [L // p, L // p]:
         raise RuleFailure(f"the local mask is {Bs}, not [{L // p}, {L // p}] (block {L} / {p})")
-    B = L // p
-    tl = [s for s in out_shape(mm)]  # local shape after the inner transpose
+    tl = list(out_shape(mm))  # local shape after the inner transpose
     local_t = list(tl)
     if outer is not None:
         local_t[d], local_t[r - 1] = tl[r - 1], tl[d]
@@ -225,41 +307,12 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     if want_pad != tsh:
         raise RuleFailure(f"the offset of shape {list(out_shape(chain[0] if chain else core))} is not one row per "
                           f"block {tsh}")
-    if core.op == "sum":
-        sat = rank_free_attrs(core, kc)
-        wm = _node(producers, core.inputs[0], "the weighted totals")
-        gs = out_shape(wm)
-        if sorted({x % len(gs) for x in sat["dims"]}) != [d] or len(gs) != r:
-            raise RuleFailure(f"the offset does not sum over exactly the gathered dim {d}")
-        rank_free_attrs(wm, kc)
-        if wm.op == "mul" and len(wm.inputs) == 2:
-            ops = [getattr(producer(producers, x), "op", None) for x in wm.inputs]
-            gi = ops.index("all_gather") if "all_gather" in ops else None
-            kind = "mul"
-        elif wm.op == "where" and len(wm.inputs) == 3:
-            z = producer(producers, wm.inputs[2])
-            zat = rank_free_attrs(z, kc) if z is not None else {}
-            if z is None or z.op != "const" or zat.get("value") not in (0, 0.0) or zat.get("shape"):
-                raise RuleFailure("the masked totals are not where(mask, totals, 0)")
-            gi, kind = 1, "where"
-        else:
-            raise RuleFailure("the offset is not a sum of masked gathered totals")
-        if gi is None:
-            raise RuleFailure("no factor of the weighted totals is an all_gather")
-        g_t = wm.inputs[gi]
-        m_t = wm.inputs[1 - gi] if kind == "mul" else wm.inputs[0]
-        if out_shape(wm) != shape_of(producers, g_t):
-            raise RuleFailure("the coefficient row broadcasts the gathered totals to another shape")
-        offset_nodes = [core, wm]
-    elif core.op == "matmul" and len(core.inputs) == 2 and r == 2 and d == 0:
-        rank_free_attrs(core, kc)
-        m_t, g_t, kind = core.inputs[0], core.inputs[1], "mul"
-        ms = shape_of(producers, m_t)
-        if ms not in ((p,), (1, p)):
-            raise RuleFailure(f"the coefficient row of a product with the totals has shape {ms}, not [{p}]")
-        offset_nodes = [core]
+    if core.op == "sub":
+        g_t, onodes = _scanned(producers, core, kc, a, p, d)
+        m_t, rule = None, RULE_SCANNED
     else:
-        raise RuleFailure("the offset is not a sum of masked gathered totals")
+        g_t, m_t, onodes = _weighted(producers, core, kc, p, d, r)
+        rule = RULE
     ag = _node(producers, g_t, "the gathered totals")
     if ag.op != "all_gather" or single_axis(ag) != a:
         raise RuleFailure(f"the totals are not all_gathered over exactly {a!r}")
@@ -274,16 +327,14 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
         raise RuleFailure("the gathered totals are not the scanned tensor summed over the scanned dim")
     if list(shape_of(producers, ag.inputs[0])) != tsh:
         raise RuleFailure("the gathered totals are not one row per rank")
-    cnodes = _coef_graph(producers, m_t)
-    vals = _coef_values(cnodes, m_t, kc)
-    if core.op == "matmul":
-        vals = {c: v.reshape(p, 1) for c, v in vals.items()}
-        _check_prefix_row(vals, (p, gshape[1]), 0, ai)
-    else:
-        _check_prefix_row(vals, tuple(gshape), d, ai)
-    for q in (mm, tri, one, inner, outer, ag, tot):
-        if q is not None:
-            rank_free_attrs(q, kc)
+    cnodes = _coef_graph(producers, m_t) if m_t is not None else []
+    if m_t is not None:
+        vals = _coef_values(cnodes, m_t, kc)
+        if core.op == "matmul":
+            vals = {c: v.reshape(p, 1) for c, v in vals.items()}
+            _check_prefix_row(vals, (p, gshape[1]), 0, ai)
+        else:
+            _check_prefix_row(vals, tuple(gshape), d, ai)
     # the conclusion: the logical cumsum, spelled as frontends/aten.py spells it at the logical size
     e = tf.expr
     if inner is not None:
@@ -296,7 +347,7 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
         e = X.mk("transpose", rank_free_attrs(outer, kc), [e])
     if X[e].shape != shape:
         raise RuleFailure("the concluded cumsum has another shape")
-    d_ = conclude(kc, e, [(q, RULE) for q in tf.pl], out_shape(n))
-    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *chain, *tchain, *offset_nodes, *cnodes) if x is not None]
+    d_ = conclude(kc, e, [(q, rule) for q in tf.pl], out_shape(n))
+    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *chain, *tchain, *onodes, *cnodes) if x is not None]
     idx = sorted({producers[m.outputs[0]][0] for m in matched})
     return d_, idx

@@ -1212,6 +1212,6 @@ from .zigzag import RULES as _ZIGZAG_RULES, derive_zigzag, zigzag_axes  # noqa: 
 
 RULES.update(_ZIGZAG_RULES)
 
-from .prefix_scan import RULE as _PREFIX_SCAN_RULE, STATEMENT as _PREFIX_SCAN_STATEMENT  # noqa: E402  (a pattern)
+from .prefix_scan import STATEMENTS as _PREFIX_SCAN_STATEMENTS  # noqa: E402  (a pattern)
 
-RULES[_PREFIX_SCAN_RULE] = _PREFIX_SCAN_STATEMENT
+RULES.update(_PREFIX_SCAN_STATEMENTS)
