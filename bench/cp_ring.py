@@ -2,7 +2,7 @@
 "cp_context_parallel"`` torch's public ``context_parallel()``): trace and verify seconds, ops in the merged per-rank
 program, verdict, per configuration.  Figures, not asserts.
 
-    python bench/cp_ring.py                 # the default sweep (non-causal VERIFIED, causal cp 2 / 4, x tp 2, bugs)
+    python bench/cp_ring.py                 # the default sweep (non-causal and causal VERIFIED, cp 2 / 4 / 8, x tp 2, bugs)
     python bench/cp_ring.py '{"cp": 4, "tp": 2, "rope": true}' '{"example": "cp_context_parallel", "cp": 4}'
 """
 from __future__ import annotations
@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "torch
 SWEEP = [{"cp": 2, "lb": False, "causal": False}, {"cp": 4, "lb": False, "causal": False, "rotate": "alltoall"},
          {"cp": 2, "tp": 2, "lb": False, "causal": False},
          {"cp": 2, "lb": False, "causal": False, "bug": "plain_average"},
+         {"cp": 2, "lb": False}, {"cp": 4, "lb": False}, {"cp": 2, "tp": 2, "lb": False}, {"cp": 2}, {"cp": 4},
+         {"cp": 2, "tp": 2}, {"cp": 4, "tp": 2}, {"cp": 8, "lb": False}, {"cp": 2, "lb": False, "bug": "future_block_attended"},
+         {"cp": 2, "lb": False, "bug": "mask_diagonal_shifted"}, {"cp": 4, "bug": "last_rank_unmasked"},
          {"cp": 2, "rope": True}, {"cp": 4, "rope": True}, {"cp": 2, "tp": 2, "rope": True},
          {"cp": 4, "tp": 2, "rope": True}, {"cp": 2, "tp": 2, "bug": "positions_not_offset"},
          {"cp": 4, "bug": "positions_not_offset"}, {"cp": 4, "bug": "lb_order"},

@@ -31,7 +31,9 @@ without their log-sum-exp weights), ``dkv_backwards`` (cp >= 3, ``rotate=alltoal
 ``lb_order`` (the load-balanced ring on contiguously sharded data: chunks never put in head-tail order),
 ``positions_not_offset`` (RoPE at positions ``arange(local length)`` on every rank: REFUTED in the cache read),
 ``last_rank_unmasked`` (``_is_causal_behavior`` patched: the last cp rank attends its own block without the causal
-mask; the other ranks' programs are right, so it is seen only if every rank's program is checked).
+mask; the other ranks' programs are right, so it is seen only if every rank's program is checked),
+``future_block_attended`` (``_is_causal_behavior`` patched: a key block entirely in a rank's future attended in full,
+not skipped), ``mask_diagonal_shifted`` (the block kernel's causal mask ``tril(1)``: every query sees the next key).
 ``rope=true``: rotary embeddings of q / k at each rank's positions (its block, or its two head-tail chunks), from
 cos / sin caches given as inputs.
 ``tp=2``: TP + CP on a cp x tp mesh, Wq / Wk / Wv column-parallel (each tp rank holds its heads).
@@ -105,6 +107,29 @@ def injected(bug: str):
                 return A._CausalBehavior.NOT_IS_CAUSAL
             return orig_behavior(rank=rank, world_size=world_size, i=i, is_causal=is_causal)
         patch(A, "_is_causal_behavior", behavior)
+    elif bug == "future_block_attended":  # a block entirely in the future attended in full instead of skipped
+        orig_behavior = A._is_causal_behavior
+
+        def behavior(rank, world_size, i, is_causal):
+            b = orig_behavior(rank=rank, world_size=world_size, i=i, is_causal=is_causal)
+            return A._CausalBehavior.NOT_IS_CAUSAL if b == A._CausalBehavior.SKIP else b
+        patch(A, "_is_causal_behavior", behavior)
+    elif bug == "mask_diagonal_shifted":  # the block kernel's causal mask one key too far: tril(diagonal=1)
+        import math
+
+        import torch
+        from tvcert.frontends import context_parallel as C
+
+        orig_scores = C._scores
+
+        def scores(q, k, is_causal, scale):
+            if not is_causal:
+                return orig_scores(q, k, is_causal, scale)
+            r = math.sqrt((1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale))
+            s = torch.matmul(q * r, (k * r).transpose(-2, -1))
+            keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(1)
+            return torch.where(keep, s, s.amin(-1, keepdim=True)), keep.to(s.dtype), r
+        patch(C, "_scores", scores)
     elif bug == "dkv_backwards":  # K/V gradients sent to rank - 1 while K/V travel to rank + 1
         orig = A._create_rotater
 
@@ -154,7 +179,7 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
     from tvcert.frontends.context_parallel import trace_cp
 
     if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset",
-                   "last_rank_unmasked"):
+                   "last_rank_unmasked", "future_block_attended", "mask_diagonal_shifted"):
         raise ValueError(f"unknown bug {bug!r}")
     if lb and bug in ("lse_not_updated", "plain_average"):
         raise ValueError(f"bug={bug} patches torch's merger for the ring without load balancing (lb=false)")

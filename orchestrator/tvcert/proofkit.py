@@ -165,6 +165,9 @@ RULES: dict[str, str] = {
     # torch's unrolled ring: flash pairs merged in sigmoid form (kernel/ring_merge.py)
     "ring_sigmoid_merge": f"{_T}.RingMerge.ring_sigmoid_merge",
     "ring_sigmoid_merge_backward": f"{_T}.RingMerge.ring_sigmoid_merge_backward",
+    # torch's causal ring: masked / skipped / partial chunks (kernel/ring_causal.py)
+    "ring_masked_merge": f"{_T}.RingMasked.ring_masked_merge",
+    "ring_masked_merge_backward": f"{_T}.RingMasked.ring_masked_merge_backward",
     # arbitrary ops, row-wise ops
     "replicate_any": f"{_T}.AnyOp.replicate_any",
     "rowwise_shard": f"{_T}.AnyOp.rowwise_shard",

@@ -309,6 +309,12 @@ def _unrolled_ring(dr: Draw):
     return b_unrolled_ring(dr)
 
 
+def _causal_ring(dr: Draw):
+    from .gens_ring_merge import b_causal_ring  # torch's causal ring attention (traced; torch needed)
+
+    return b_causal_ring(dr)
+
+
 PLAN_RULES: dict[str, Callable] = {
     "send_recv_preserves": plan_gen(b_pp, "send_recv_preserves"),
     "stage_repeat": plan_gen(b_layers, "stage_repeat"),
@@ -326,6 +332,8 @@ PLAN_RULES: dict[str, Callable] = {
     "ring_attention_zigzag": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_zigzag"),
     "ring_sigmoid_merge": plan_gen(_unrolled_ring, "ring_sigmoid_merge"),
     "ring_sigmoid_merge_backward": plan_gen(_unrolled_ring, "ring_sigmoid_merge_backward"),
+    "ring_masked_merge": plan_gen(_causal_ring, "ring_masked_merge"),
+    "ring_masked_merge_backward": plan_gen(_causal_ring, "ring_masked_merge_backward"),
     "zigzag_from_slices": plan_gen(_mix(b_ring_small, b_zigzag_ag), "zigzag_from_slices"),
     "zigzag_all_gather": plan_gen(b_zigzag_ag, "zigzag_all_gather"),
     "zigzag_reduce_scatter": plan_gen(b_zigzag_ag, "zigzag_reduce_scatter"),

@@ -9,7 +9,9 @@ ranks of one cp coordinate); the merged program is
 * after it, each class's program, renamed, with every collective shared: the k-th collective of every class is
   the same op over the same axis (else no merge: the runtime pairs collectives by their order on a group), and
   its input on rank r is *rank r's class's* tensor, picked by a rank-indexed ``slice`` of the classes' tensors
-  stacked on a new leading dim (``select``); every class continues from the shared result;
+  stacked on a new leading dim (``select``); every class continues from the shared result; the ops that end
+  every class's stretch between two collectives alike (the classes converge again: the loss after the ring)
+  are shared the same way, once, and so is an op a class applies to the same tensors as an earlier class;
 * each output picked the same way.
 
 On each rank the picked values are exactly what that rank's own program computes (the other classes' copies run on
@@ -69,6 +71,19 @@ def _classes(per_rank, outs, start: int, axes, sizes):
                 continue
             return [axes[i] for i in sub], [sizes[i] for i in sub], got
     raise AssertionError("one class per rank always compresses")
+
+
+def _sig(n: Mapping[str, Any]) -> tuple:
+    return n["op"], repr(n.get("attrs")), len(n["inputs"]), len(_names(n))
+
+
+def _common_tail(segs: Sequence[Sequence[Mapping[str, Any]]]) -> int:
+    """How many ops end every class's segment with the same ops and attributes (the classes' programs converge
+    again, e.g. the loss after a ring whose blocks differed): they are emitted once, not once per class."""
+    k = 0
+    while all(k < len(s) for s in segs) and len({_sig(s[len(s) - 1 - k]) for s in segs}) == 1:
+        k += 1
+    return k
 
 
 def _index_expr(class_axes: Sequence[str], class_sizes: Sequence[int]) -> str:
@@ -133,9 +148,17 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
         out_nodes.append({"op": "squeeze", "name": res, "inputs": [sl], "attrs": {"dims": [0]}, "src": src})
         return res
 
+    cse: dict[tuple, list[str]] = {}
+
     def emit(g: int, n: dict) -> None:
         m = dict(n, inputs=[renames[g].get(x, x) for x in n["inputs"]])
+        key = (n["op"], repr(n.get("attrs")), tuple(m["inputs"]))
+        if key in cse:  # another class computed this op of the same tensors already: the same value on every rank
+            renames[g].update(zip(_names(n), cse[key]))
+            return
         new = {x: fresh(f"{x}_mpmd{g}") for x in _names(n)}
+        if REGISTRY[n["op"]].category not in _COMM:
+            cse[key] = [new[x] for x in _names(n)]
         renames[g].update(new)
         if "outputs" in n:
             m["outputs"] = [new[x] for x in n["outputs"]]
@@ -143,16 +166,8 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
             m["name"] = new[n["name"]]
         out_nodes.append(m)
 
-    bounds = [0] * len(classes)
-    for k in range(len(comms[0]) + 1):
-        for g, (_, nodes, _) in enumerate(classes):
-            stop = comms[g][k] if k < len(comms[0]) else len(nodes)
-            for n in nodes[bounds[g]:stop]:
-                emit(g, n)
-            bounds[g] = stop + 1
-        if k == len(comms[0]):
-            break
-        heads = [classes[g][1][comms[g][k]] for g in range(len(classes))]
+    def share(heads: list[dict]) -> None:
+        """One node for the classes' ``heads`` (the same op and attributes), fed on each rank by its class's inputs."""
         ins = [select([renames[g].get(h["inputs"][j], h["inputs"][j]) for g, h in enumerate(heads)],
                       heads[0].get("src")) for j in range(len(heads[0]["inputs"]))]
         shared = dict(heads[0], inputs=ins)
@@ -164,6 +179,20 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
         out_nodes.append(shared)
         for g, h in enumerate(heads):
             renames[g].update(zip(_names(h), names))
+
+    bounds = [0] * len(classes)
+    for k in range(len(comms[0]) + 1):
+        stops = [comms[g][k] if k < len(comms[0]) else len(classes[g][1]) for g in range(len(classes))]
+        tail = _common_tail([classes[g][1][bounds[g]:stops[g]] for g in range(len(classes))])
+        for g, (_, nodes, _) in enumerate(classes):
+            for n in nodes[bounds[g]:stops[g] - tail]:
+                emit(g, n)
+        for j in range(tail, 0, -1):  # the classes run the same ops again: shared, each rank's inputs its class's
+            share([classes[g][1][stops[g] - j] for g in range(len(classes))])
+        bounds = [st + 1 for st in stops]
+        if k == len(comms[0]):
+            break
+        share([classes[g][1][comms[g][k]] for g in range(len(classes))])
     final = []
     for j, o in enumerate(classes[0][2]):
         per_class = [renames[g].get(c[2][j], c[2][j]) for g, c in enumerate(classes)]
@@ -185,13 +214,13 @@ def merge_ranks(per_rank: Mapping[tuple, list[dict]], outs: Mapping[tuple, list[
 @contextlib.contextmanager
 def per_rank_programs():
     """Trace with ranks allowed to differ: merged by :func:`merge_ranks`, and collectives kept though a rank ignores
-    their result (it still sends its data to the others).  Ranks are traced in this process."""
+    their result (it still sends its data to the others)."""
     from . import aten, trace
 
-    saved = trace.spmd_fallback, trace.rank_jobs, aten.LIVE_OPS
-    trace.spmd_fallback, trace.rank_jobs = merge_ranks, 1
+    saved = trace.spmd_fallback, aten.LIVE_OPS
+    trace.spmd_fallback = merge_ranks
     aten.LIVE_OPS = aten.LIVE_OPS | {op for op, s in REGISTRY.items() if s.category == "collective"}
     try:
         yield
     finally:
-        trace.spmd_fallback, trace.rank_jobs, aten.LIVE_OPS = saved
+        trace.spmd_fallback, aten.LIVE_OPS = saved

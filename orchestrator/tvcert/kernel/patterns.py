@@ -765,3 +765,11 @@ from .prefix_scan import RULE as _SCAN, block_prefix_sum  # noqa: E402
 # cumsum over a sharded dim with a carried offset (kernel/prefix_scan.py): the coefficient row's rank-dependent
 # attributes are evaluated there on every rank; every other matched op is checked rank-free there
 PATTERNS[_SCAN] = block_prefix_sum
+
+from .ring_causal import RULE as _CAUSAL, RULE_BWD as _CAUSAL_BWD, match_causal, match_causal_backward  # noqa: E402
+
+# torch's causal ring over per-rank programs (kernel/ring_causal.py): the all-gather offsets and the mpmd selects'
+# rank-indexed slices are rank-dependent, each resolved exactly per ring coordinate there
+PATTERNS[_CAUSAL] = _rank_checked(match_causal, frozenset({("slice", "start"), ("slice", "end")}))
+PATTERNS[_CAUSAL_BWD] = _rank_checked(match_causal_backward, frozenset({("slice", "start"), ("slice", "end")}))
+PATTERN_OPS.update({"squeeze", "scale"})

@@ -23,7 +23,7 @@ premise of ``ring_sigmoid_merge`` (forward: the schedule visits each block once)
 ``ring_sigmoid_merge_backward`` (each gradient holds every block's term once).  Layout steps (flatten, concat,
 slice, reshape back, all-gather, ppermute) are exact index bookkeeping; unary layout / scale ops on a block
 are the engine's own Shard rules (true for every block index, so for ``idx[c]``).  Causal / load-balanced rings
-(per-rank programs merged, kernel/mpmd) are not matched here.
+(per-rank programs merged, frontends/mpmd) are kernel/ring_causal.py's.
 """
 from __future__ import annotations
 
@@ -395,9 +395,8 @@ class _Walk:
         e_t, z_t = dv.inputs
         en = self.node(e_t)
         if en is not None and en.op == "mul":
-            raise MergeMismatch(f"the block at {mm.path} is causally masked (exp(s - m) * mask): torch's causal / "
-                                f"load-balanced ring masks, skips or halves blocks by rank (_is_causal_behavior; per-rank "
-                                f"programs merged by kernel/mpmd), and ring_sigmoid_merge has no masked-block form yet")
+            raise RuleFailure(f"the block at {mm.path} is causally masked (exp(s - m) * mask): torch's causal ring, "
+                              f"ring_masked_merge's (kernel/ring_causal.py)")
         s_t, m_t = self._exp_minus(e_t)
         self._rowsum_of(z_t, e_t)
         self._rowmax_of(m_t, s_t)

@@ -118,6 +118,12 @@ RULES: dict[str, str] = {
     "ring_sigmoid_merge_backward": "torch's unrolled ring backward: P = exp(S - merged lse) per block, dQ summed locally "
                                    "and dK / dV travelling home hold every block's term once (pattern, "
                                    "kernel/ring_merge.py)",
+    "ring_masked_merge": "torch's causal ring (per-rank programs): flash pairs of masked, skipped and partial key chunks "
+                         "merged in sigmoid form, every rank's pairs the causal mask's exactly, give causal attention "
+                         "(pattern, kernel/ring_causal.py)",
+    "ring_masked_merge_backward": "torch's causal ring backward: masked probabilities from the merged lse, every "
+                                  "gradient on its owner holding each causally visible chunk pair's term once "
+                                  "(pattern, kernel/ring_causal.py)",
     "vocab_parallel_embedding_backward": "the masked gradient scattered at the local ids ids - rank*B is the rank's "
                                          "block of rows of the embedding gradient (Megatron's backward)",
     "vocab_parallel_embedding_clamped": "embedding at clamp(ids - rank*B, 0, B-1) in a vocab-sharded table times the "
