@@ -181,8 +181,9 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
     if bug not in ("", "lb_order", "lse_not_updated", "plain_average", "dkv_backwards", "positions_not_offset",
                    "last_rank_unmasked", "future_block_attended", "mask_diagonal_shifted"):
         raise ValueError(f"unknown bug {bug!r}")
-    if lb and bug in ("lse_not_updated", "plain_average"):
-        raise ValueError(f"bug={bug} patches torch's merger for the ring without load balancing (lb=false)")
+    if lb and bug in ("lse_not_updated", "plain_average", "future_block_attended"):
+        raise ValueError(f"bug={bug} patches torch's ring without load balancing (lb=false; the load-balanced ring "
+                         f"skips no block)")
     s = seq or 4 * cp
     zig = lb and bug != "lb_order"  # how the data is sharded
     seq_pl = lambda d: {"cp": f"ZigzagShard({d})" if zig else f"Shard({d})"}  # noqa: E731

@@ -55,6 +55,6 @@ CAUSAL_BUGS = ["", "", "last_rank_unmasked", "future_block_attended", "mask_diag
 
 def b_causal_ring(dr):
     cfg, bug = dict(dr.pick(CAUSAL_CONFIGS)), dr.pick(CAUSAL_BUGS)
-    if bug == "lb_order":
-        cfg["lb"] = True
+    if bug in ("lb_order", "future_block_attended"):
+        cfg["lb"] = bug == "lb_order"  # the load-balanced ring skips no block
     return trace_example(cfg, bug, causal=True), f"cp_attention causal {cfg}{' +bug ' + bug if bug else ''}"
