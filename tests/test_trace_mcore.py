@@ -283,7 +283,11 @@ def test_mcore_sp_without_finalize_is_refuted_at_the_bias_gradient():
 
 
 LAYER = {"tp": {}, "tp_sp": {"sp": True}, "ln_not_marked": {"sp": True, "bug": "ln_not_marked"},
-         "no_finalize": {"sp": True, "bug": "no_finalize"}, "tp_b2": {"b": 2}, "tp_b2_sp": {"b": 2, "sp": True}}
+         "no_finalize": {"sp": True, "bug": "no_finalize"}, "tp_b2": {"b": 2}, "tp_b2_sp": {"b": 2, "sp": True},
+         # one head per rank with b = 2: [sq, b, 1, hn] -> [sq, b, hn] reads as the q / k batch x heads merge or as
+         # the context's heads x hn merge; the logical program's reshape of that expression decides (KCtx.reshape_into;
+         # the shape-only hint has both, and once built an ill-formed matmul [32, 2] @ [8, 8] at layers.py:488)
+         "tp4_b2_sp": {"tp": 4, "b": 2, "sp": True}}
 
 
 @pytest.fixture(scope="module")
@@ -293,12 +297,12 @@ def layer():
 
     def get(key):
         if key not in cache:
-            cache[key] = load_plan(mcore_layer.tvcert_trace(tp=2, **LAYER[key]))
+            cache[key] = load_plan(mcore_layer.tvcert_trace(**{"tp": 2, **LAYER[key]}))
         return cache[key]
     return get
 
 
-@pytest.mark.parametrize("key", ["tp", "tp_sp", "tp_b2", "tp_b2_sp"])
+@pytest.mark.parametrize("key", ["tp", "tp_sp", "tp_b2", "tp_b2_sp", "tp4_b2_sp"])
 def test_mcore_transformer_layer_verifies_with_finalize_model_grads(layer, key):
     plan = layer(key)
     assert run_plan(plan).equal

@@ -76,6 +76,7 @@ class OpCase:
     dims: dict[str, int] = field(default_factory=dict)
     note: str = ""
     hints: tuple = ()  # (input, output) shapes of logical reshapes (KCtx.hints): a choice the kernel may make
+    groupings: tuple = ()  # (sizes, groups) of declared concat_groups layouts (KCtx.groupings): likewise
 
     def describe(self) -> str:
         ins = ", ".join(
@@ -302,7 +303,8 @@ def conclude(case: OpCase):
     dims = dict(case.dims)
     for a in case.axes:
         dims.setdefault(a, case.sizes[a])
-    kc = KCtx(X, tuple(case.axes), dict(case.sizes), dims, frozenset((tuple(a), tuple(b)) for a, b in case.hints))
+    kc = KCtx(X, tuple(case.axes), dict(case.sizes), dims, frozenset((tuple(a), tuple(b)) for a, b in case.hints),
+              groupings=frozenset((tuple(s), g) for s, g in case.groupings))
     facts = build_facts(case, X)
     spec = REGISTRY[case.op]
     try:

@@ -1,8 +1,8 @@
 """Conformance generators for fused tensors of parts of different sizes (kernel/concat_groups.py): a GQA ``w_qkv``
 laid out ``concat_groups`` and sharded, split on the rank into its parts, the parts' gradients concatenated back,
-and the ``concat_groups_commutes`` equality step.
+a part zero-padded back to its offset (a slice's backward), and the ``concat_groups_commutes`` equality step.
 
-The split's input is the grouped layout of a leaf, pushed through an op real code applies before the split (the
+The split (or one part sliced out) reads the grouped layout of a leaf, pushed through an op real code applies before the split (the
 projection matmul with the fused weight as rhs column or lhs row, a permute, a pointwise op), or a near miss:
 the split sizes in another order or off by a row, the layout's parts in another order or over one group (a plain
 shard), a plain leaf, a pointwise op of a laid-out and a plain operand, and on the other axes the fused dim
@@ -130,13 +130,62 @@ def gen_split_grouped(dr: Draw) -> OpCase:
             local[0] -= 1
             local[1] += 1
     dim = d - (2 if m is not None else rank) if dr.coin(0.3) else d
+    if dr.coin(0.35):  # one part sliced out (Phi-3's qkv[..., :a]); near misses: off by one, across two parts
+        i = dr.int(0, len(local) - 1)
+        st = sum(local[:i])
+        en = st + local[i]
+        if near and dr.coin(0.5):
+            if i + 1 < len(local) and dr.coin(0.5):
+                en += local[i + 1]
+            else:
+                st, en = st + 1, en + 1
+        return OpCase("slice", {"dim": dim, "start": st, "end": en, "step": 1}, [TIn(tuple(leaf), pl, layout=lay)],
+                      axes, sizes, note=f"part {i} of grouped parts {parts} sliced" + (" near" if near else ""))
     return OpCase("split", {"dim": dim, "sizes": local}, [TIn(tuple(leaf), pl, layout=lay)], axes, sizes,
                   note=f"grouped parts {parts}" + (" near" if near else ""))
 
 
+def gen_pad_grouped(dr: Draw) -> OpCase:
+    """A Shard(d) part zero-padded back to its offset among declared grouped parts (its slice's backward), near
+    misses: the pad off the part boundary or one row short, a nonzero fill, another dim padded too, the declared
+    layout over another group count or with the part a row longer, the dim sharded again or a Partial elsewhere."""
+    axes, sizes = dr.mesh(max_axes=2)
+    fi = dr.int(0, len(axes) - 1)
+    p = sizes[axes[fi]]
+    near = dr.coin(0.4)
+    rank = dr.int(1, 3)
+    d = dr.int(0, rank - 1)
+    pl = _placement(dr, axes, fi, d, rank, near)
+    twice = any(q.kind == "S" and q.dim == d for j, q in enumerate(pl) if j != fi)
+    parts = _parts(dr, p)
+    local = [n // p for n in parts]
+    i = dr.int(0, len(parts) - 1)
+    shape = _leaf_shape(dr, rank, axes, sizes, pl, d, parts[i] * (2 if twice else 1))
+    pads = [0] * (2 * rank)
+    pads[2 * d], pads[2 * d + 1] = sum(local[:i]), sum(local[i + 1:])
+    value, declared, groups = 0, list(parts), p
+    if near:
+        u = dr.rng.random()
+        if u < 0.2:
+            pads[2 * d + dr.int(0, 1)] += 1
+        elif u < 0.35:
+            value = 1.0
+        elif u < 0.5 and rank > 1:
+            pads[2 * ((d + 1) % rank)] = 1
+        elif u < 0.65:
+            groups = dr.pick([1, p + 1])
+        elif u < 0.8:
+            declared[i] += p
+    return OpCase("pad", {"pads": pads, "value": value}, [TIn(tuple(shape), pl)], axes, sizes,
+                  note=f"part {i} of grouped parts {parts} padded" + (" near" if near else ""),
+                  groupings=((tuple(declared), groups),))
+
+
 def gen_concat_grouped(dr: Draw) -> OpCase:
     """Shard(d) operands of different sizes concatenated along d, near misses: an operand placed differently,
-    the dim sharded again or a Partial on another axis."""
+    the dim sharded again or a Partial on another axis; or (a third of the draws) :func:`gen_pad_grouped`."""
+    if dr.coin(0.35):
+        return gen_pad_grouped(dr)
     axes, sizes = dr.mesh(max_axes=2)
     fi = dr.int(0, len(axes) - 1)
     p = sizes[axes[fi]]

@@ -215,6 +215,79 @@ def derive_split(kc, ra, f, dim: int, failure):
     return Derivation([Fact(o, f.pl) for o in outs], rules + _cites(X, f.expr, dim, p))
 
 
+def derive_slice(kc, ra, f, dim: int, failure):
+    """Fact of ``slice(dim, o_i, o_i + n_i)`` of Shard(dim) of the grouped layout, part i of the rank's block
+    (Phi-3's ``qkv[..., :a]`` on a GQA w_qkv): Shard(dim) of the logical part i, rule ``split_grouped_shard`` (its
+    conclusion is stated per part, at the rank's offset ``off ns i``).  None when the input is not that layout over
+    the sharding axis (the interleave path's refusal and message)."""
+    from .interleave import _axis
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    try:
+        ai = _axis(kc, f, dim, failure, SPLIT_RULE)
+    except failure:
+        return None
+    p = kc.sizes[kc.axes[ai]]
+    got = _pull(X, f.expr, dim, p)
+    if got is None:
+        return None
+    core, sizes = got
+    local = [n // p for n in sizes]
+    offs = [sum(local[:i]) for i in range(len(local))]
+    st, en, step = ra["start"], ra["end"], ra["step"]
+    i = offs.index(st) if st in offs else None
+    if step != 1 or i is None or en != st + local[i]:
+        raise failure(f"{SPLIT_RULE}: slice [{st}:{en}:{step}] is not one of the parts {local} a rank holds")
+    out = X.mk("slice", {"dim": dim, "start": p * st, "end": p * en, "step": 1}, [core])
+    rules = ["replicate_any" if q.kind == "R" else "slice_other_dim" for q in f.pl]
+    rules[ai] = SPLIT_RULE
+    return Derivation([Fact(out, f.pl)], rules + _cites(X, f.expr, dim, p))
+
+
+def derive_pad(kc, ra, f, failure):
+    """Fact of a zero pad of a Shard(d) operand, on dim d only, that puts the rank's part i back at its offset
+    among the parts of a ``concat_groups`` layout the plan declares (``KCtx.groupings``; autograd's slice_backward
+    of a sliced-out part): Shard(d) of that layout of the logical pad by (p * before, p * after), rule
+    ``concat_grouped_shard`` with the other parts zero.  None when no declared layout has a part there (then the
+    interleave path's equal-parts reading); a choice between true facts, the pad being the same logical value."""
+    from .expr import ExprError
+    from .interleave import _axis
+    from .rules import Derivation, Fact
+
+    X = kc.exprs
+    shape = X[f.expr].shape
+    pads, value = list(ra["pads"]), ra.get("value", 0)
+    padded = [d for d in range(len(shape)) if pads[2 * d] or pads[2 * d + 1]]
+    if len(padded) != 1 or value != 0 or not kc.groupings:
+        return None
+    d = padded[0]
+    try:
+        ai = _axis(kc, f, d, failure, CONCAT_RULE)
+    except failure:
+        return None
+    p = kc.sizes[kc.axes[ai]]
+    n, before, after = shape[d] // p, pads[2 * d], pads[2 * d + 1]
+    for sizes, groups in sorted(kc.groupings):
+        local = [m // p for m in sizes]
+        offs = [sum(local[:i]) for i in range(len(local))]
+        if groups != p or any(m % p for m in sizes) or before not in offs or before + n + after != sum(local):
+            continue
+        if local[offs.index(before)] != n:
+            continue
+        lp = [0] * len(pads)
+        lp[2 * d], lp[2 * d + 1] = p * before, p * after
+        try:
+            expr = build_expr(X, X.mk("pad", {"pads": tuple(lp), "value": 0}, [f.expr]),
+                              {"dim": d, "sizes": list(sizes), "groups": p})
+        except (ExprError, ShapeError):
+            continue
+        rules = ["replicate_any" if q.kind == "R" else "concat_other_dim" for q in f.pl]
+        rules[ai] = CONCAT_RULE
+        return Derivation([Fact(expr, f.pl)], rules)
+    return None
+
+
 def derive_concat(kc, facts, dim: int, failure):
     """Fact of ``concat(dim)`` of Shard(dim) operands of different sizes (rule ``concat_grouped_shard``)."""
     from .expr import ExprError
@@ -237,5 +310,5 @@ def derive_concat(kc, facts, dim: int, failure):
     return Derivation([Fact(expr, facts[0].pl)], rules)
 
 
-__all__ = ["NAME", "SPEC", "build_expr", "derive_concat", "derive_split", "expand", "find", "grouped_equal",
-           "layout_spec", "match", "source_index"]
+__all__ = ["NAME", "SPEC", "build_expr", "derive_concat", "derive_pad", "derive_slice", "derive_split", "expand",
+           "find", "grouped_equal", "layout_spec", "match", "source_index"]

@@ -60,6 +60,16 @@ def _one_axis(pl) -> int | None:
     return sh[0] if len(sh) == 1 and pl[sh[0]].kind == "S" else None
 
 
+def _logical_merges(kc, e: int, s: list, d: int) -> bool:
+    """One head per rank (local dim d of size 1): reshape_shard_block also reads the merge (heads x hn), so the
+    logical program decides, as for every choice between true readings: the shapes it reshapes this expression (or
+    one with its head op) into (KCtx.reshaped_into), else those it reshapes any tensor of this shape into
+    (KCtx.hints).  A choice of completeness only: both conclusions are proved facts."""
+    merged = tuple(s[:d - 1] + [s[d - 1] * s[d]] + s[d + 1:])
+    into = kc.reshaped_into(e)
+    return merged in into if into else (tuple(s), merged) in kc.hints
+
+
 def derive_reshape(kc, f, shape, local_in, local_out):
     """The Derivation of a merge / split across an interleaved shard, or None when neither applies."""
     from .rules import Derivation, Fact, Placement
@@ -71,10 +81,7 @@ def derive_reshape(kc, f, shape, local_in, local_out):
     li, lo, s = list(local_in), list(local_out), list(shape)
     rules = ["replicate_any"] * len(kc.axes)
     if (d >= 1 and len(lo) == len(li) - 1 and lo[:d - 1] == li[:d - 1] and lo[d - 1] == li[d - 1] * li[d]
-            and lo[d:] == li[d + 1:] and s[d - 1] > 1
-            and (li[d] > 1 or (tuple(s), tuple(s[:d - 1] + [s[d - 1] * s[d]] + s[d + 1:])) in kc.hints)):
-        # one head per rank (li[d] = 1): reshape_shard_block also reads it (heads x hn merged), so the
-        # logical program's shape decides, as for every choice between true readings (KCtx.hints)
+            and lo[d:] == li[d + 1:] and s[d - 1] > 1 and (li[d] > 1 or _logical_merges(kc, f.expr, s, d))):
         k = s[d - 1]
         merged = X.mk("reshape", {"shape": tuple(s[:d - 1] + [k * s[d]] + s[d + 1:])}, [f.expr])
         rules[ai] = MERGE_RULE

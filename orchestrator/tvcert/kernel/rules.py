@@ -34,6 +34,7 @@ from .interleave import STATEMENTS as _INTERLEAVE_STATEMENTS, derive_concat as d
 from .interleave import derive_pad as derive_interleaved_pad, derive_slice as derive_interleaved_slice
 from .interleave import derive_split as derive_interleaved_split
 from .concat_groups import STATEMENTS as _GROUPED_STATEMENTS, derive_concat as derive_grouped_concat
+from .concat_groups import derive_pad as derive_grouped_pad, derive_slice as derive_grouped_slice
 from .concat_groups import derive_split as derive_grouped_split
 from .int_range import RULE as _INT_RANGE_RULE, STATEMENT as _INT_RANGE_STATEMENT
 from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMENT, derive_pad_block, rank_dependent
@@ -197,6 +198,22 @@ class KCtx:
     # int input name -> its values [lo, hi) (the plan contract, int_range.input_ranges): whether labels may hold
     # the ignore index, so whether a vocab-parallel loss pattern concludes the masked form (patterns._keeps_ignored)
     ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # logical expression id, or (head op, attrs, shape) -> the shapes the logical program reshapes that expression
+    # (or one with that head) into (setup.logical_exprs): decides between true reshape readings before the shape-only
+    # ``hints`` (one program can reshape a shape two ways: Megatron merges [sq, b, np, hn] into [sq, b*np, hn] for
+    # q and k, and the context, a permute's result, into [sq, b, np*hn])
+    reshape_into: Mapping[Any, frozenset] = field(default_factory=dict)
+    # (sizes, groups) of the plan's concat_groups layouts: which parts a zero pad of a rank's part is read among
+    # (concat_groups.derive_pad), a choice between true facts
+    groupings: frozenset = frozenset()
+
+    def reshaped_into(self, e: int) -> frozenset | None:
+        """The shapes the logical program reshapes expression ``e`` into (else one with its head op), or None."""
+        got = self.reshape_into.get(e)
+        if got is None and self.reshape_into:
+            x = self.exprs[e]
+            got = self.reshape_into.get((x.op, x.attrs, tuple(x.shape)))
+        return got
 
     def env0(self) -> dict[str, int]:
         """The dims with every rank coordinate at 0 (rank-independent attributes resolve the same anywhere)."""
@@ -707,7 +724,8 @@ def _rowwise(kc, op, ra, raw, facts):
     if op == "pad" and rank_dependent(raw):  # kernel/pad_block.py
         return derive_pad_block(kc, ra, raw, facts[0], RuleFailure)
     if op == "pad" and any(q.kind == "S" and (ra["pads"][2 * q.dim] or ra["pads"][2 * q.dim + 1]) for q in facts[0].pl):
-        return derive_interleaved_pad(kc, ra, facts[0], RuleFailure)  # a part's slice_backward (interleave.py)
+        got = derive_grouped_pad(kc, ra, facts[0], RuleFailure)  # a part of a declared concat_groups layout
+        return got or derive_interleaved_pad(kc, ra, facts[0], RuleFailure)  # a part's slice_backward (interleave.py)
     maps, rule, linear_in = ROWWISE[op](ra, shapes)
     linear_in = [i for i in linear_in if i in REGISTRY[op].linear_in(ra)]  # only where the op's flag (OpFlags.v) says so
     attrs = dict(ra)
@@ -820,7 +838,9 @@ def _layout(kc, op, ra, raw, facts):
             intended = None
     else:
         intended = _intended_shape(kc, raw, shape)
-    mapping = _reshape_targets(shape, local_out, facs, intended, kc.hints)
+    into = kc.reshaped_into(f.expr)  # what the logical program reshapes this expression into, else any of its shape
+    mapping = _reshape_targets(shape, local_out, facs, intended,
+                               frozenset((tuple(shape), t) for t in into) if into else kc.hints)
     out_logical = list(local_out)
     for d, e in mapping.items():
         out_logical[e] *= facs[d]
@@ -874,9 +894,9 @@ def _reshape_targets(logical_in, local_out, facs: dict[int, int], intended=None,
     heads, or [.., 1, p*HD] Shard on the last dim (and local [S, 1, 3H/p] from [S, 3H/p] is
     [S, 1, 3H], batch 1, or [S, p, 3H/p]).  Each is a true fact (the theorem holds for every
     qualifying one), so the choice decides completeness, never soundness: the written logical
-    target when the attrs give one (``intended``), else a reshape the logical program does
-    from this shape (``hints``), else the earliest output dims (a size-1 local dim heading the group is
-    the rank's 1/p of it: one head, one sample, one row).
+    target when the attrs give one (``intended``), else a reshape the logical program does of this
+    expression, or from this shape (``hints``, KCtx.reshaped_into), else the earliest output dims (a
+    size-1 local dim heading the group is the rank's 1/p of it: one head, one sample, one row).
     """
     import itertools
 
@@ -954,7 +974,7 @@ def _slice(kc, op, ra, raw, facts):
             return _slice_block(kc, ra, raw, f, dim, rank_axes)
     multi = op == "split"
     if any(q.kind == "S" and q.dim == dim for q in f.pl):  # a fused tensor's parts (kernel/interleave.py)
-        got = derive_grouped_split(kc, ra, f, dim, RuleFailure) if multi else None  # parts of unequal sizes
+        got = (derive_grouped_split if multi else derive_grouped_slice)(kc, ra, f, dim, RuleFailure)  # unequal parts
         if got is not None:  # (kernel/concat_groups.py)
             return got
         return (derive_interleaved_split if multi else derive_interleaved_slice)(kc, ra, f, dim, RuleFailure)

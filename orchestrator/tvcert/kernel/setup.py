@@ -11,7 +11,7 @@ from ..graph import bind_shape
 from ..ops import REGISTRY, resolve_attrs
 from ..plan import Binding, Plan
 from .concat_groups import NAME as CONCAT_GROUPS, build_expr as build_concat_groups, layout_spec
-from .expr import Exprs
+from .expr import RESHAPE_LIKE, Exprs
 from .rules import Fact, KCtx
 
 
@@ -39,6 +39,13 @@ def logical_exprs(plan: Plan, exprs: Exprs) -> dict[str, int]:
         else:
             for o, e in zip(n.outputs, exprs.mk_multi(n.op, ra, args)):
                 out[o] = e
+    into: dict = {}  # KCtx.reshape_into: which shapes the logical program reshapes each expression (and each
+    for n in plan.logical.nodes:  # expression of that head op, attributes and shape) into
+        if n.op in RESHAPE_LIKE and n.inputs:
+            x, shp = exprs[out[n.inputs[0]]], tuple(exprs[out[n.outputs[0]]].shape)
+            for key in (out[n.inputs[0]], (x.op, x.attrs, tuple(x.shape))):
+                into.setdefault(key, set()).add(shp)
+    exprs.__dict__["reshape_into"] = {e: frozenset(v) for e, v in into.items()}
     return out
 
 
@@ -46,7 +53,19 @@ def kctx(plan: Plan, program: str, exprs: Exprs) -> KCtx:
     from .int_range import input_ranges
 
     return KCtx(exprs, tuple(plan.program_axes(program)), plan.mesh(), plan.dims, reshape_hints(plan),
-                input_ranges(plan))
+                input_ranges(plan), exprs.__dict__.get("reshape_into", {}), groupings(plan))
+
+
+def groupings(plan: Plan) -> frozenset:
+    """(sizes, groups) of every concat_groups layout the plan's bindings declare (KCtx.groupings)."""
+    env = rank0_env(plan)
+    out = set()
+    for b in list(plan.inputs.values()) + list(plan.outputs.values()):
+        for op, attrs in b.layout:
+            if op == CONCAT_GROUPS:
+                ra = resolve_attrs(layout_spec(op), attrs, env)
+                out.add((tuple(int(n) for n in ra["sizes"]), int(ra["groups"])))
+    return frozenset(out)
 
 
 def reshape_hints(plan: Plan) -> frozenset:
@@ -54,8 +73,6 @@ def reshape_hints(plan: Plan) -> frozenset:
     key = tuple(sorted(plan.dims.items()))
     got = plan.__dict__.get("_reshape_hints")
     if got is None or got[0] != key:
-        from .expr import RESHAPE_LIKE
-
         of = {t.name: bind_shape(t.shape, plan.dims, "") for t in plan.logical.inputs}
         for n in plan.logical.nodes:
             of.update(zip(n.outputs, (tuple(s) for s, _ in (n.meta or {}).get("shape@dims", ()))))
