@@ -7,7 +7,7 @@ Attention is ``torch.distributed.tensor.experimental._context_parallel._attentio
 SDPA dispatch runs (``_sdpa_handler`` -> ``_scaled_dot_product_ring_flash_attention``); the dispatch itself
 needs a CUDA flash kernel, so it is entered at the function it calls (``tvcert.frontends.context_parallel``).
 
-    tvcert trace examples/torch/cp_attention.py --set cp=2 --set rope=true --verify      # UNKNOWN (see below)
+    tvcert trace examples/torch/cp_attention.py --set cp=2 --set tp=2 --verify                      # VERIFIED
 
 Verdict today: non-causal attention on contiguous blocks is VERIFIED (forward and backward; cp 2 with either
 rotater, cp 3 / 4 / 8 with ``rotate=alltoall``, cp x tp) by ``ring_sigmoid_merge`` / ``ring_sigmoid_merge_backward``
@@ -17,9 +17,11 @@ rotater, cp 3 / 4 / 8 with ``rotate=alltoall``, cp x tp) by ``ring_sigmoid_merge
 
 With causal attention torch's ring runs a different program on every cp rank; the trace merges them into one program
 in which every rank runs its own (``tvcert.frontends.mpmd``), which the interpreter runs (it agrees with SDPA), and
-verify is UNKNOWN: the masked diagonal block (and the skipped / halved blocks of the load-balanced ring) has no rule
-yet.  ``rope=true`` with ``lb=false`` is UNKNOWN too: the positions ``arange(r * n, (r + 1) * n)`` are an iota with a
-rank-dependent start, which no rule reads as a shard of the logical positions.
+``ring_masked_merge`` / ``ring_masked_merge_backward`` (``tvcert.kernel.ring_causal``, Coq ``RingMasked``) follow every
+rank's own copy: the masked diagonal block, the skipped future blocks and the load balancer's half blocks, contiguous
+(``lb=false``) or head-tail, cp 2 / 4, with ``tp=2``: VERIFIED.  ``rope=true`` with ``lb=false`` is UNKNOWN: the
+positions ``arange(r * n, (r + 1) * n)`` are an iota with a rank-dependent start, which no rule reads as a shard of
+the logical positions (head-tail positions are: ``zigzag_from_slices``).
 The bugs below are REFUTED (causal or not, cp 2 / 4, with ``tp=2`` too):
 
     tvcert trace examples/torch/cp_attention.py --set cp=2 --set tp=2 --set bug=positions_not_offset --verify
@@ -161,13 +163,14 @@ def make_parallel(lb: bool, causal: bool, rotate: str, with_rope: bool, bug: str
         q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
         if with_rope:  # this rank's positions: its block (or its two head-tail chunks) of the sequence
             n, r, p = x.shape[0], ctx.coord("cp"), ctx.size("cp")
+            full = torch.arange(n * p)  # the sequence's positions, cut as the sequence is (a slice of the buffer)
             if bug == "positions_not_offset":
                 pos = torch.arange(n)
             elif lb:
                 c = n // 2
-                pos = torch.cat([torch.arange(r * c, (r + 1) * c), torch.arange((2 * p - 1 - r) * c, (2 * p - r) * c)])
+                pos = torch.cat([full[r * c:(r + 1) * c], full[(2 * p - 1 - r) * c:(2 * p - r) * c]])
             else:
-                pos = torch.arange(r * n, (r + 1) * n)
+                pos = full[r * n:(r + 1) * n]
             q, k = rope(q, pos, cos, sin), rope(k, pos, cos, sin)
         o = ring_sdpa(q, k, v, ctx.group("cp"), is_causal=causal, load_balance=lb, rotate=rotate)
         return ((o - target) ** 2).sum()

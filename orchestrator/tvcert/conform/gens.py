@@ -417,15 +417,15 @@ def gen_reduce(focus: str):
 
 # ------------------------------------------------------------------ row-wise ops
 def gen_rowwise(focus: str):
-    """focus: softmax | softmaxP | smbwd | smbwdP | ce | cebwd | one_hot | topk | embedding | tri | pad | flip |
-    expand | Zrow (a zig-zag shard through a row-wise op)"""
+    """focus: softmax | softmaxP | smbwd | smbwdP | ce | cebwd | one_hot | topk | embedding | index_select | tri | pad |
+    flip | expand | Zrow (a zig-zag shard through a row-wise op)"""
     def g(dr: Draw) -> OpCase:
         axes, sizes = dr.mesh()
         fi = focus_axis(dr, axes)
         kind = focus
         zig = False
         if focus == "Zrow":
-            kind = dr.pick(["softmax", "smbwd", "ce", "topk", "tri", "flip", "one_hot", "embedding"])
+            kind = dr.pick(["softmax", "smbwd", "ce", "topk", "tri", "flip", "one_hot", "embedding", "index_select"])
             zig = True
         sh = Z if zig else S
         if kind in ("softmax", "softmaxP"):
@@ -506,6 +506,17 @@ def gen_rowwise(focus: str):
             ws[0] = max(ws[0], V) if plw[fi].kind != "S" or plw[fi].dim != 0 else ws[0]
             ids = fit(dr, rid, axes, sizes, [pli])
             return OpCase("embedding", {}, [TIn(tuple(ws), plw), TIn(tuple(ids), pli, "int", hi=ws[0])], axes, sizes)
+        if kind == "index_select":  # a replicated table read at sharded indices (RoPE caches at a rank's positions)
+            rank = dr.int(1, 3)
+            d = dr.int(0, rank - 1)
+            u = dr.rng.random()
+            onw, oni = (R, sh(0)) if u < 0.6 else (sh(dr.pick([i for i in range(rank) if i != d])), R) \
+                if rank > 1 and u < 0.8 else (sh(d), R) if u < 0.9 else (R, P("sum"))  # last two: near misses
+            plw, pli = fill(dr, axes, fi, onw, rank), fill(dr, axes, fi, oni, 1)
+            ws = fit(dr, rank, axes, sizes, [plw])
+            ids = fit(dr, 1, axes, sizes, [pli])
+            return OpCase("index_select", {"dim": neg_dim(dr, d, rank)},
+                          [TIn(tuple(ws), plw), TIn(tuple(ids), pli, "int", hi=ws[d])], axes, sizes)
         if kind == "tri":
             rank = dr.int(2, 3)
             on = dr.pick([sh(0), P(dr.pick(["sum", "avg"])), S(rank - 1), R]) if rank == 3 else \
@@ -947,8 +958,8 @@ SINGLE_OP: dict[str, Callable[[Draw], OpCase]] = {
     "reduce_max_sharded_dim": gen_reduce("Smax"),
     "reduce_other_dim": gen_reduce("other"),
     "softmax_other_dim": _mix(gen_rowwise("softmax"), gen_rowwise("smbwd")),
-    "rowwise_shard": _mix(*(gen_rowwise(k) for k in ("ce", "cebwd", "one_hot", "topk", "embedding", "tri", "pad",
-                                                     "flip", "expand"))),
+    "rowwise_shard": _mix(*(gen_rowwise(k) for k in ("ce", "cebwd", "one_hot", "topk", "embedding", "index_select",
+                                                     "tri", "pad", "flip", "expand"))),
     "permute_shard": gen_permute("S"),
     "reshape_shard_block": gen_reshape("S"),
     "slice_other_dim": _mix(gen_slice("other"), gen_slice("block")),

@@ -688,6 +688,13 @@ def _rw_embedding(ra, shapes):
     return [{1: nid}, {i: i for i in range(nid)}], "rowwise_shard", []
 
 
+def _rw_index_select(ra, shapes):
+    """index_select(T, d, idx): row i along d is T's row idx[i]; T's other dims pass through (T sharded on d: no)."""
+    n = len(shapes[0])
+    d = ra["dim"] % n
+    return [{i: i for i in range(n) if i != d}, {0: d}], "rowwise_shard", []
+
+
 def _rw_tri(ra, shapes):
     n = len(shapes[0])
     return [{i: i for i in range(n - 2)}], "rowwise_shard", [0]
@@ -710,7 +717,7 @@ ROWWISE: dict[str, Callable] = {
     "softmax": _rw_softmax, "log_softmax": _rw_softmax,
     "softmax_backward": _rw_softmax_bwd, "log_softmax_backward": _rw_softmax_bwd,
     "cross_entropy": _rw_ce, "cross_entropy_backward": _rw_ce_bwd, "one_hot": _rw_one_hot,
-    "topk": _rw_topk, "embedding": _rw_embedding, "triu": _rw_tri, "tril": _rw_tri,
+    "topk": _rw_topk, "embedding": _rw_embedding, "index_select": _rw_index_select, "triu": _rw_tri, "tril": _rw_tri,
     "pad": _rw_pad, "flip": _rw_flip, "expand": None,
 }
 
