@@ -91,3 +91,33 @@ def _keyword_grad(ctx, x, w1, w2):
 def test_keyword_autograd_grad_still_traces():
     raw = trace_plan(_logical, _keyword_grad, inputs=INPUTS, mesh={"tp": 1})
     assert set(raw["outputs"]) == {"loss", "grad_w1", "grad_w2"}
+
+
+def _logical_mean(x, w):
+    return (x @ w).pow(2).sum() / x.shape[0]
+
+
+def _local_count(ctx, x, w):
+    """Each rank divides its partial sum by its own row count, not the batch's: loss and gradient are dp x the
+    model's, so every op is "explained" as a scalar multiple of a logical value."""
+    part = (x @ w).pow(2).sum()
+    local = part / x.shape[0]  # BUG: the rank's own row count
+    (g,) = torch.autograd.grad(local, [w])
+    return funcol.all_reduce(local, "sum", ctx.group("dp")), {"w": funcol.all_reduce(g, "sum", ctx.group("dp"))}
+
+
+def test_a_loss_over_the_local_count_is_blamed_where_its_factor_starts():
+    """Every differing output is 2 x its logical value: the first divergence is the div by the local count (the op
+    where a value first becomes 2 x a logical one), not a later op; a correct mean over the global count VERIFIES."""
+    import inspect
+
+    inputs = {"x": {"shape": [4, 3], "placement": {"dp": "Shard(0)"}}, "w": {"shape": [3, 2], "param": True}}
+    plan = load_plan(trace_plan(_logical_mean, _local_count, inputs=inputs, mesh={"dp": 2}))
+    assert not run_plan(plan).equal
+    res = verify(plan)
+    assert res.verdict == "REFUTED"
+    fd = res.counterexample["first_divergence"]
+    src, first = inspect.getsourcelines(_local_count)
+    bug = next(k for k, t in enumerate(src) if "# BUG" in t)
+    assert (fd["op"], fd["src"]) == ("div", f"test_realcode_locator.py:{first + bug}"), fd["text"]
+    assert "2 x its logical value" in fd["text"]

@@ -9,6 +9,7 @@ nothing and is not used to decide verdicts.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -18,6 +19,7 @@ from .interp import RunResult, assemble, values_equal
 from .plan import Binding, Placement, Plan, fmt_placement
 
 MAX_COMBOS = 400
+SCAN_ON_SECONDS = 20.0  # how long the scan goes on past the first unexplained op
 
 
 @dataclass
@@ -141,12 +143,18 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     scaled: dict[tuple[str, str], frozenset] = {}  # tensor -> its factors k (it is k x a logical value)
     starts: list[tuple] = []  # (factors, explanation, Divergence): ops with a factor no input carries
     div = _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts)
-    div = div or _output_misread(plan, res, known)
-    return _factor_start(plan, res, starts) or div
+    misread = _output_misread(plan, res, known, every=div is not None)
+    return _factor_start(plan, res, starts) or (misread if div is None or misread is not None else div)
 
 
 def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts) -> Divergence | None:
+    """The first op whose inputs are explained and whose output is not.  The scan goes on past it (its outputs
+    unexplained, so everything computed from them too; for at most SCAN_ON_SECONDS) so that an output explained
+    independently of it can still be read (see :func:`_output_misread`'s ``every``)."""
+    first, deadline = None, None
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
+        if deadline is not None and time.monotonic() > deadline:
+            break
         g = plan.programs[pname]
         n = g.nodes[i]
         kn = known[pname]
@@ -175,18 +183,22 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
                 kn[o] = "an input of a ring loop (judged with the loop)"
                 continue
             if ex is None:
-                return Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs}, _sample(res, g, pname, o),
-                                  _module(n))
+                if first is None:
+                    first = Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs},
+                                       _sample(res, g, pname, o), _module(n))
+                    deadline = time.monotonic() + SCAN_ON_SECONDS
+                kn.pop(o, None)
+                continue
             kn[o] = str(ex)
             ks = factors.get((pname, i, o))
             if ks:
                 held = frozenset().union(*[scaled.get((pname, x), frozenset()) for x in n.inputs])
-                if ks - held:
+                if ks - held and first is None:  # a factor starting after the first unexplained op is not its cause
                     starts.append((ks - held, kn[o], Divergence(pname, n.path, n.op, o, n.src,
                                                                 {x: kn[x] for x in n.inputs},
                                                                 _sample(res, g, pname, o), _module(n))))
                 scaled[(pname, o)] = ks
-    return None
+    return first
 
 
 def _sample(res: RunResult, g, pname: str, o: str) -> dict:
@@ -259,10 +271,15 @@ def _module(n) -> str | None:
     return (getattr(n, "meta", None) or {}).get("module")
 
 
-def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str, str]]) -> Divergence | None:
+def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str, str]],
+                    every: bool = False) -> Divergence | None:
     """Every op is explained, yet an output differs: its tensor is a logical tensor under another placement
     than the plan declares (a gradient still Partial where Replicate is declared: a missing reduction).  The
-    op that produced it is named."""
+    op that produced it is named.  ``every`` (some op was not explained): only when every output that differs is
+    explained as a pending partial result, computed without the unexplained op (Megatron's layer-norm gradients
+    left unsummed, while its flat all-gather buffer matches no logical tensor)."""
+    if every and not all(o.equal or _pending(plan, known, o.name) for o in res.outputs):
+        return None
     for o in res.outputs:
         b = plan.outputs.get(o.name)
         if o.equal or b is None or b.local not in known.get(b.program, {}):
@@ -280,6 +297,13 @@ def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str,
         sample = {str(list(r)): _short(res.parallel.values[b.program][r][b.local]) for r in ranks[:4]}
         return Divergence(b.program, n.path, n.op, b.local, n.src, {b.local: got}, sample, _module(n), note)
     return None
+
+
+def _pending(plan: Plan, known: Mapping[str, Mapping[str, str]], name: str) -> bool:
+    b = plan.outputs.get(name)
+    got = None if b is None else known.get(b.program, {}).get(b.local)
+    return got is not None and " as " in got and "Partial" in got.split(" as ")[1] and not any(
+        p.kind == "P" for p in b.placement.values())
 
 
 def _loop_only_inputs(plan: Plan) -> set[tuple[str, str]]:
