@@ -50,6 +50,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_layer", {"tp": 4}, "VERIFIED"),  # one head per rank: the merge's unit dims (layout_map_equal)
     ("mcore_layer", {"tp": 4, "sp": True}, "VERIFIED"),
     ("mcore_layer", {"tp": 4, "sp": True, "bug": "no_finalize"}, "REFUTED"),
+    ("mcore_layer", {"tp": 4, "b": 2}, "VERIFIED"),  # both merges of [sq, b, 1, hn]: KCtx.reshape_into decides
+    ("mcore_layer", {"tp": 4, "b": 2, "sp": True}, "VERIFIED"),
+    ("mcore_layer", {"tp": 4, "b": 2, "sp": True, "bug": "ln_not_marked"}, "REFUTED"),
     ("dtensor_llama_block", {}, "VERIFIED"),
     ("dtensor_llama_block", {"sp": True}, "VERIFIED"),
     ("dtensor_llama_block", {"swap": True}, "REFUTED"),
@@ -201,6 +204,31 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.fused_qkv", {"part": "gate_up", "bug": "swap_parts"}, "REFUTED"),
     ("realcode.fused_qkv", {"slices": True}, "VERIFIED"),  # Phi-3's qkv[..., :n] slices and their backward pads
     ("realcode.fused_qkv", {"slices": True, "bug": "swap_parts"}, "REFUTED"),
+    # GQA: parts of different sizes, concat_groups layout (realcode/fused_qkv_gqa.py), and Phi-3's slices of it
+    ("realcode.fused_qkv_gqa", {}, "VERIFIED"),
+    ("realcode.fused_qkv_gqa", {"tp": 4, "nh": 8, "nkv": 4}, "VERIFIED"),
+    ("realcode.fused_qkv_gqa", {"bug": "qk_boundary"}, "REFUTED"),
+    ("realcode.fused_qkv_gqa", {"bug": "kv_swap"}, "REFUTED"),
+    ("realcode.fused_qkv_gqa", {"bug": "plain_shard"}, "REFUTED"),
+    ("realcode.fused_qkv_gqa", {"bug": "plan_boundary"}, "REFUTED"),
+    ("realcode.fused_qkv_gqa_slices", {}, "VERIFIED"),
+    ("realcode.fused_qkv_gqa_slices", {"tp": 4, "nh": 8, "nkv": 4}, "VERIFIED"),
+    ("realcode.fused_qkv_gqa_slices", {"bug": "kv_swap"}, "REFUTED"),
+    ("realcode.fused_qkv_gqa_slices", {"bug": "plan_boundary"}, "REFUTED"),
+    # prefix scan with a carried offset (realcode/cumsum_sp.py, H36)
+    ("realcode.cumsum_sp", {}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "masked"}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"bug": "self"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
+    # rank-reversed blocks (realcode/layout_reversed.py): no rule for a block at (tp-1-r)*n yet
+    ("realcode.layout_reversed", {}, "VERIFIED"),
+    ("realcode.layout_reversed", {"bug": "no_flip"}, "REFUTED"),
+    ("realcode.layout_reversed", {"bug": "own_block"}, "REFUTED"),
+    ("realcode.layout_reversed", {"bug": "no_grad_sum"}, "REFUTED"),
+    # uneven shards padded by a rank-dependent pad before an all_gather (realcode/uneven_pad_gather.py)
+    ("realcode.uneven_pad_gather", {}, "VERIFIED"),
+    ("realcode.uneven_pad_gather", {"tp": 4, "T": 6}, "VERIFIED"),
+    ("realcode.uneven_pad_gather", {"bug": "keep_pad"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),
@@ -237,6 +265,36 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("pp_dp_mlp", {"microbatches": 2}, "VERIFIED"),  # UNKNOWN today: micro-batches of a dp shard (slice of Shard(0))
     ("pp_dp_mlp", {"bug": "wrong_peer"}, "REFUTED"),
 ]
+
+
+# issue 15 §2 / §3 classes of the real-code corpus (examples/torch/realcode/ and the stock-code specs that exercise
+# them): the bench prints the fraction of each class's rows reaching the expected verdict
+CLASSES = {
+    "reshape of one head / sample / row per rank": ("realcode.layout_heads", "realcode.layout_microbatch",
+                                                    "mcore_layer"),
+    "pad whose pads depend on the rank": ("realcode.uneven_pad_gather",),
+    "output facts spelled differently (sum/n vs mean, mean of means)": ("realcode.norm_ddp", "realcode.norm_dtensor_mean",
+                                                                         "realcode.norm_ddp_block"),
+    "reduce_scatter of a Replicate input": ("realcode.norm_rs_replicate",),
+    "all_gather along another dim / of partial statistics": ("realcode.layout_gather_stack", "realcode.norm_tokens"),
+    "all_reduce(avg) over several axes": ("realcode.norm_dp_cp",),
+    "prefix scan with a carried offset": ("realcode.cumsum_sp",),
+    "rank-reversed blocks": ("realcode.layout_reversed",),
+    "mean losses, DDP's averaged gradients, token counts": ("realcode.norm_padded_tokens", "ddp_mlp"),
+    "fused / interleaved layouts (§3)": ("realcode.fused_qkv", "realcode.fused_qkv_gqa", "realcode.fused_qkv_gqa_slices"),
+    "loss_parallel() (§3)": ("realcode.loss_parallel_dtensor", "realcode.loss_parallel_padded"),
+}
+
+
+def class_summary(rows) -> list[str]:
+    out = []
+    for name, mods in CLASSES.items():
+        got = [(v, want) for m, _, want, v in rows if m in mods]
+        if got:
+            dec = sum(v in ("VERIFIED", "REFUTED") for v, _ in got)
+            ok = sum(v == want for v, want in got)
+            out.append(f"| {name} | {len(got)} | {dec} | {ok} |")
+    return out
 
 
 HF_MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3")
@@ -449,6 +507,7 @@ def run_op(fn, shape, ints):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the Hugging Face probe")
+    ap.add_argument("--only", help="only the program rows of these comma-separated modules (and no probes / ops)")
     ap.add_argument("--src", help="the orchestrator directory to import tvcert from (default: this tree's)")
     ap.add_argument("--hf", action="store_true", help="only the `--hf` model table")
     ap.add_argument("--titan", action="store_true", help="only the torchtitan job-config table")
@@ -481,7 +540,10 @@ def main() -> None:
     print("## Programs\n")
     print("| program | --set | expected | verdict | s | blocking op / reason |")
     print("| --- | --- | --- | --- | --- | --- |")
+    only = set(args.only.split(",")) if args.only else None
     for mod, kw, want in PROGRAMS:
+        if only and mod not in only:
+            continue
         v, why, dt = run_spec(mod, kw)
         rows.append((mod, kw, want, v))
         sets = " ".join(f"{k}={v_}" for k, v_ in kw.items()) or "-"
@@ -494,6 +556,12 @@ def main() -> None:
     wrong = [(m, kw, w, v) for m, kw, w, v in rows if v != w]
     for m, kw, w, v in wrong:
         print(f"  not as expected: {m} {kw}: {v} (expected {w})")
+    print("\n## By class (issue 15 §2 / §3)\n")
+    print("| class | rows | reach a verdict | reach the expected one |")
+    print("| --- | --- | --- | --- |")
+    print("\n".join(class_summary(rows)), flush=True)
+    if only:
+        return
     if not args.quick:
         print("\n## Probes\n")
         print("| probe | verdict | s | blocking op / reason |")
