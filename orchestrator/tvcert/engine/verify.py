@@ -157,7 +157,8 @@ def _match(plan, prop: Propagation, prover: Prover, exprs: Exprs, name: str, tar
 def _reasons(res: Result) -> list[str]:
     out = []
     for f in res.prop.open_failures():
-        where = f" ({f.src})" if f.src else ""
+        mod = (res.plan.programs[f.program].nodes[f.node].meta or {}).get("module")  # the user's module path
+        where = f" ({f.src}{', in module ' + mod if mod else ''})" if f.src or mod else ""
         ins = "; ".join(f.inputs) if f.inputs else "no tensor inputs with facts"
         out.append(f"no rule for {f.op!r} at {f.path}{where} in program {f.program!r}: {f.reason} [inputs: {ins}]")
     if res.prop.blocked:
