@@ -19,9 +19,9 @@ With causal attention torch's ring runs a different program on every cp rank; th
 in which every rank runs its own (``tvcert.frontends.mpmd``), which the interpreter runs (it agrees with SDPA), and
 ``ring_masked_merge`` / ``ring_masked_merge_backward`` (``tvcert.kernel.ring_causal``, Coq ``RingMasked``) follow every
 rank's own copy: the masked diagonal block, the skipped future blocks and the load balancer's half blocks, contiguous
-(``lb=false``) or head-tail, cp 2 / 4, with ``tp=2``: VERIFIED.  ``rope=true`` with ``lb=false`` is UNKNOWN: the
-positions ``arange(r * n, (r + 1) * n)`` are an iota with a rank-dependent start, which no rule reads as a shard of
-the logical positions (head-tail positions are: ``zigzag_from_slices``).
+(``lb=false``) or head-tail, cp 2 / 4 / 8, with ``tp=2``: VERIFIED, with ``rope=true`` too (each rank's positions cut
+from the sequence's position buffer as the sequence is: ``slice_block_to_shard``, ``zigzag_from_slices``; the caches
+read there: ``rowwise_shard``).
 The bugs below are REFUTED (causal or not, cp 2 / 4, with ``tp=2`` too):
 
     tvcert trace examples/torch/cp_attention.py --set cp=2 --set tp=2 --set bug=positions_not_offset --verify
