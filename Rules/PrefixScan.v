@@ -104,3 +104,54 @@ Proof.
 move=> hL r i x rp ib; rewrite exclusive_prefix //.
 by apply: (@block_prefix_sum I R p b E L (fun r j => if (j < r)%N then 1 else 0)).
 Qed.
+
+(** ** Reversed scans: [flip(cumsum(flip(x)))], the suffix sums, carry the totals of the ranks after it. *)
+
+(** [flip] along the first index of [n] rows, as the IR's [flip] reads it. *)
+Definition flip {I V : Type} (n : nat) (X : nat -> I -> V) : nat -> I -> V := fun i x => X (n - i.+1)%N x.
+
+Lemma flip_cumsum_flip {I : Type} {R : comRingType} (n : nat) (X : nat -> I -> R) (i : nat) (x : I) :
+  (i < n)%N ->
+  flip n (cumsum n (flip n X)) i x = \sum_(0 <= j < n) X j x * (if (i <= j)%N then 1 else 0).
+Proof.
+move=> iN; rewrite /flip /cumsum big_nat_rev /= add0n.
+apply: eq_big_nat => j /andP[_ jn].
+have e : (n - (n - j.+1).+1)%N = j by rewrite subnSK // subKn // ltnW.
+have c : (n - j.+1 <= n - i.+1)%N = (i <= j)%N.
+  by rewrite leq_subLR -{1}(subnK iN) [(j.+1 + _)%N]addnC leq_add2l ltnS.
+by rewrite e c.
+Qed.
+
+(** The block suffix sum: rank [r]'s local reversed scan plus [\sum_j M r j * G j] with [M r j = [r < j]] is block
+    [r] of the logical reversed scan. *)
+Theorem block_suffix_sum {I : Type} {R : comRingType} (p b : nat) (E : nat -> I -> R)
+  (L : nat -> nat -> I -> R) (M : nat -> nat -> R) :
+  (forall r k x, (r < p)%N -> (k < b)%N -> L r k x = E (r * b + k)%N x) ->
+  (forall r j, (r < p)%N -> (j < p)%N -> M r j = if (r < j)%N then 1 else 0) ->
+  forall r i x, (r < p)%N -> (i < b)%N ->
+    flip b (cumsum b (flip b (L r))) i x +
+      \sum_(0 <= j < p) M r j * all_gather 1 (fun s _ y => \sum_(0 <= k < b) L s k y) r j x
+    = flip (p * b) (cumsum (p * b) (flip (p * b) E)) (r * b + i)%N x.
+Proof.
+move=> hL hM r i x rp ib.
+have rbi : (r * b + i < p * b)%N.
+  apply: (leq_trans (_ : r * b + i < r.+1 * b)%N); first by rewrite mulSn addnC ltn_add2r.
+  by rewrite leq_mul2r rp orbT.
+rewrite flip_cumsum_flip // flip_cumsum_flip // sum_blocks.
+have blk : forall s, (s < p)%N ->
+    \sum_(0 <= k < b) E (s * b + k)%N x * (if (r * b + i <= s * b + k)%N then 1 else 0) =
+    (if (r < s)%N then 1 else 0) * (\sum_(0 <= k < b) L s k x) +
+    (if s == r then \sum_(0 <= k < b) L s k x * (if (i <= k)%N then 1 else 0) else 0).
+  move=> s sp.
+  rewrite (eq_big_nat _ _ (fun k kb => congr2 (fun u v => u * (if v then 1 else 0)) (esym (hL s k x sp (andP kb).2))
+                                                  (block_le r s ib (andP kb).2))).
+  case: (ltngtP r s) => [rs|sr|<-] /=.
+  - by rewrite mul1r addr0; apply: eq_bigr => k _; rewrite mulr1.
+  - by rewrite mul0r addr0 big1 // => k _; rewrite mulr0.
+  - by rewrite mul0r add0r.
+rewrite (eq_big_nat _ _ (fun s sp => blk s (andP sp).2)).
+rewrite big_split /= (sum_only_one (fun s => \sum_(0 <= k < b) L s k x * (if (i <= k)%N then 1 else 0)) rp).
+rewrite addrC; congr (_ + _).
+apply: eq_big_nat => j /andP[_ jp].
+by rewrite hM // /all_gather divn1.
+Qed.

@@ -185,6 +185,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"variant": "matmul", "sp": 4}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 3}, "VERIFIED"),  # cumsum(tots)[r] - tots[r]
     ("realcode.cumsum_sp", {"variant": "exclusive", "block": 5}, "VERIFIED"),
+    ("realcode.cumsum_sp", {"variant": "reverse"}, "VERIFIED"),  # flip(cumsum(flip(x))): the later ranks' totals
     ("realcode.cumsum_sp", {"variant": "dim1"}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "flat", "sp": 4, "block": 1}, "VERIFIED"),
     ("realcode.cumsum_sp", {"bug": "self"}, "REFUTED"),
@@ -192,6 +193,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"variant": "dim1", "bug": "global_rank"}, "REFUTED"),
     ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 4, "bug": "self"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"variant": "reverse", "sp": 3, "bug": "after"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),

@@ -10,10 +10,11 @@ from an all_gather of the per-rank totals and a masked sum over the gathered dim
 ``variant``: ``masked`` (mask ``arange(p) < r``, a product and a sum), ``where`` (the totals selected with
 ``where(mask, tots, 0)``), ``matmul`` (the row ``r`` of a strictly lower-triangular mask times the totals),
 ``gcumsum`` (the cumsum of the gathered totals read at row ``r``, minus row ``r``: ``torch.cumsum(tots, 0)[r] -
-tots[r]``), ``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``dim1`` (a [B, S, D] batch sharded over ``dp``
+tots[r]``), ``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``reverse`` (the suffix sums
+``flip(cumsum(flip(x)))``, carrying the totals of the ranks after it), ``dim1`` (a [B, S, D] batch sharded over ``dp``
 on dim 0 and the sequence over ``sp`` on dim 1, cumsum along dim 1), ``flat`` (totals reduced without keepdim and
 unsqueezed before the gather).  ``bug``: ``self`` (offset from the ranks up to and including its own),
-``after`` (offset from the ranks after it), ``global_rank`` (the global rank instead of the ``sp`` coordinate,
+``after`` (offset from the ranks on the wrong side: after it, or before it for ``reverse``), ``global_rank`` (the global rank instead of the ``sp`` coordinate,
 on the 2-D mesh of ``dim1``), ``no_offset`` (the local cumsum alone).  Each bug is wrong in float64 by torch's
 own run (``python examples/torch/realcode/cumsum_sp.py`` checks every variant and bug at sp 2, 3 and 4).
 """
@@ -21,12 +22,13 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 D = 3
-VARIANTS = ("masked", "where", "matmul", "gcumsum", "exclusive", "dim1", "flat")
+VARIANTS = ("masked", "where", "matmul", "gcumsum", "exclusive", "reverse", "dim1", "flat")
 BUGS = ("", "self", "after", "global_rank", "no_offset")
 
 
-def scan(x, dim):
-    return torch.cumsum(x, dim)
+def scan(x, dim, reverse=False):
+    """cumsum along ``dim``; ``reverse``: the suffix sums, as people write them (flip, cumsum, flip back)."""
+    return torch.cumsum(x.flip(dim), dim).flip(dim) if reverse else torch.cumsum(x, dim)
 
 
 def head(y, w):
@@ -37,25 +39,26 @@ def make_logical(variant):
     dim = 1 if variant == "dim1" else 0
 
     def logical(x, w):
-        y = scan(x, dim)
+        y = scan(x, dim, variant == "reverse")
         if variant == "exclusive":
             y = y - x
         return head(y, w)
     return logical
 
 
-def prefix_mask(p, r, bug):
-    """1 for the ranks whose totals rank ``r`` carries (the ranks before it), 0 elsewhere."""
+def prefix_mask(p, r, bug, reverse=False):
+    """1 for the ranks whose totals rank ``r`` carries (the ranks before it; after it for a reversed scan)."""
     j = torch.arange(p)
-    m = j <= r if bug == "self" else j > r if bug == "after" else j < r
-    return m
+    if reverse:
+        return j >= r if bug == "self" else j < r if bug == "after" else j > r
+    return j <= r if bug == "self" else j > r if bug == "after" else j < r
 
 
 def carried(x, dim, gather, p, r, variant, bug):
     """The sum of the totals of the ranks before ``r`` along ``dim`` (keepdim), from ``gather`` (an all_gather
     along ``dim`` over the sequence axis)."""
     tots = gather(x.sum(dim).unsqueeze(dim) if variant == "flat" else x.sum(dim, keepdim=True))
-    m = prefix_mask(p, r, bug)
+    m = prefix_mask(p, r, bug, variant == "reverse")
     shape = [1] * x.dim()
     shape[dim] = p
     if variant == "where":
@@ -75,7 +78,7 @@ def carried(x, dim, gather, p, r, variant, bug):
 
 def local_scan(x, dim, gather, p, r, variant, bug):
     """What one rank computes: its block of the (inclusive or exclusive) cumsum."""
-    y = scan(x, dim)
+    y = scan(x, dim, variant == "reverse")
     if bug != "no_offset":
         y = y + carried(x, dim, gather, p, r, variant, bug)
     return y - x if variant == "exclusive" else y
@@ -123,7 +126,8 @@ def torch_check(variant: str, bug: str, sp: int = 2, block: int = 3) -> bool:
     dp = 2 if variant == "dim1" or bug == "global_rank" else 1
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*([4, sp * block, D] if variant == "dim1" else [sp * block, D]), generator=g, dtype=torch.float64)
-    want = scan(x, dim) - x if variant == "exclusive" else scan(x, dim)
+    want = scan(x, dim, variant == "reverse")
+    want = want - x if variant == "exclusive" else want
     ok = True
     for c in range(dp):  # x replicated over dp, or its dim 0 sharded there (dim1)
         xc, wc = (x.chunk(dp, 0)[c], want.chunk(dp, 0)[c]) if variant == "dim1" else (x, want)

@@ -7,11 +7,13 @@ another dim; the local cumsum ``x @ triu(ones(B, B))`` along d, the totals ``sum
 after a plain sum) all_gathered over ``a`` along d, a coefficient row ``arange(p) < rank.a`` cast to reals and
 reshaped, multiplied (either side) or used as a where condition, or row ``rank.a`` of ``tril(ones(p, p), -1)``
 times the totals, summed over d, or the totals' own cumsum read at row ``rank.a`` minus their row ``rank.a``
-(``block_prefix_sum_scanned``), added to the local cumsum.  Near misses (the bugs of
+(``block_prefix_sum_scanned``), added to the local cumsum; now and then the reversed scan ``flip(cumsum(flip(x)))``
+with the row ``arange(p) > rank.a`` (``block_suffix_sum``).  Near misses (the bugs of
 examples/torch/realcode/cumsum_sp.py and more): the row ``<=`` or ``>`` the rank, the rank plus one, the other
 axis's coordinate, the global rank on a 2-D mesh, a lower triangle with its diagonal, the gather over the other
 axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``; in the scanned form the row of the cumsum alone,
-or both rows read from the cumsum.  A
+or both rows read from the cumsum; in the reversed scan the row on the wrong side or with its own rank, one flip
+left out.  A
 VERIFIED plan must agree with the exact interpreter on every rank."""
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from .gens import Draw
 
 RULE = "block_prefix_sum"
 NEAR = ["le", "gt", "plus_one", "other_axis", "global_rank", "diag_tri", "gather_b", "sum_other", "triu1", "twos",
-        "scaled_totals"]
+        "scaled_totals", "one_flip"]
 
 
 def gen_prefix_scan(dr: Draw, seed: int):
@@ -47,6 +49,9 @@ def gen_prefix_scan(dr: Draw, seed: int):
         near = ""
     kinds = ["mul", "mul_rev", "where", "gcumsum", "gcumsum"]
     kind = dr.pick(kinds + ["matmul"] if r == 2 and d == 0 else kinds)
+    rev = kind in ("mul", "mul_rev", "where") and dr.coin(0.3)  # the reversed scan flip(cumsum(flip(x)))
+    if near == "one_flip" and not rev:
+        near = ""
     if kind == "gcumsum" and near in ("plus_one", "diag_tri", "global_rank", "sum_other") or \
             kind == "matmul" and near in ("le", "gt", "sum_other"):
         near = ""  # no such near miss in this spelling
@@ -70,10 +75,15 @@ def gen_prefix_scan(dr: Draw, seed: int):
         par.append({"name": name, "op": o, "inputs": inputs, "attrs": attrs})
         return name
 
-    def scan(src, n, out, ones_value=1, diag=0):
-        """The IR's cumsum along d over n rows (frontends/aten.py)."""
+    def scan(src, n, out, ones_value=1, diag=0, reverse=False, one_flip=False):
+        """The IR's cumsum along d over n rows (frontends/aten.py); ``reverse``: flipped along d on both sides
+        (a near miss flips one side only)."""
         nodes = []
         t = src
+        if reverse:
+            nodes.append({"name": f"{out}_f", "op": "flip", "inputs": [src], "attrs": {"dims": [d]}})
+            t = src = f"{out}_f"
+            final, out = out, f"{out}_r"
         if d != r - 1:
             nodes.append({"name": f"{out}_t", "op": "transpose", "inputs": [src], "attrs": {"dim0": d, "dim1": r - 1}})
             t = f"{out}_t"
@@ -83,9 +93,12 @@ def gen_prefix_scan(dr: Draw, seed: int):
         nodes.append({"name": mm, "op": "matmul", "inputs": [t, f"{out}_U"], "attrs": {}})
         if d != r - 1:
             nodes.append({"name": out, "op": "transpose", "inputs": [mm], "attrs": {"dim0": d, "dim1": r - 1}})
+        if reverse:
+            nodes.append({"name": final, "op": "scale" if one_flip else "flip", "inputs": [out],
+                          "attrs": {"value": 1} if one_flip else {"dims": [d]}})
         return nodes
 
-    par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0)
+    par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0, rev, near == "one_flip")
     src = op("x2", "scale", ["x"], value=2) if near == "scaled_totals" else "x"
     if flat:
         op("tot0", "sum", [src], dims=[d], keepdim=False)
@@ -117,7 +130,8 @@ def gen_prefix_scan(dr: Draw, seed: int):
     else:
         op("j", "iota", [], size=p, start=0, step=1, dtype="int")
         op("rk", "const", [], value=rank, dtype="int")
-        op("m", {"le": "le", "gt": "gt"}.get(near, "lt"), ["j", "rk"])
+        cmp = {"le": "ge", "gt": "lt"}.get(near, "gt") if rev else {"le": "le", "gt": "gt"}.get(near, "lt")
+        op("m", cmp, ["j", "rk"])
         shape = [1] * r
         shape[d] = p
         if kind == "where":
@@ -130,7 +144,7 @@ def gen_prefix_scan(dr: Draw, seed: int):
             op("W", "mul", ["G", "M"] if kind == "mul_rev" else ["M", "G"])
         op("off", "sum", ["W"], dims=[d, (d + 1) % r] if near == "sum_other" else [d], keepdim=True)
     op("y", "add", ["off", "lc"] if dr.coin() else ["lc", "off"])
-    lg = scan("x", full[d], "y")
+    lg = scan("x", full[d], "y", reverse=rev)
     pl = {"a": f"Shard({d})", **({"b": xb} if two else {})}
     local_s = [f"n{k}" for k in range(r)]
     local_s[d] += "/a"
@@ -142,9 +156,10 @@ def gen_prefix_scan(dr: Draw, seed: int):
           "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": local_s, "dtype": "float"}], "nodes": par,
                         "outputs": ["y"]}],
           "inputs": {"x": {"local": "x", "placement": pl}}, "outputs": {"y": {"local": "y", "placement": pl}}}
-    desc = (f"x {full} {pl} scan dim {d} {kind}{' flat' if flat else ''}{' near ' + near if near else ''} "
+    desc = (f"x {full} {pl} {'reversed ' if rev else ''}scan dim {d} {kind}{' flat' if flat else ''}{' near ' + near if near else ''} "
             f"mesh {axes} a={p} b={q}")
     return _check_plan(dd, RULE), desc
 
 
-PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan}
+PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan,
+                          "block_suffix_sum": gen_prefix_scan}

@@ -12,7 +12,8 @@ when d is not last: frontends/aten.py's conversion), so ``cumsum_local`` is that
 ``y`` is then Shard(d) over ``a`` of the logical cumsum spelled with the [p*B, p*B] mask
 (``Rules/PrefixScan.v``: ``block_prefix_sum``).  The offset may also be read off a cumsum of the gathered totals,
 ``off = cumsum(tots, d)[rank] - tots[rank]`` (rows read as ``slice(., d, rank.a, rank.a + 1)``, maybe squeezed):
-rule ``block_prefix_sum_scanned``, no coefficient row.
+rule ``block_prefix_sum_scanned``, no coefficient row.  A reversed scan ``flip(cumsum_local(flip(t)))`` (both flips
+along d) with a row ``[j > rank.a]`` (the ranks after it) is block r of ``flip(cumsum(flip(T)))``: ``block_suffix_sum``.
 
 Side conditions, checked here: ``t`` is Shard(d) over exactly ``a`` and Replicate or Shard of another dim on every
 other axis (no Partial); the local mask is ``triu(const 1 [B, B], 0)`` and p*B is the logical size; the totals are
@@ -32,11 +33,14 @@ import numpy as np
 
 RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads these at its end
 RULE_SCANNED = "block_prefix_sum_scanned"
+RULE_SUFFIX = "block_suffix_sum"
 STATEMENTS = {
     RULE: "cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
           "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the logical "
           "cumsum",
     RULE_SCANNED: "the same with the offset read off a cumsum of the gathered totals: cumsum(G)[rank] - G[rank]",
+    RULE_SUFFIX: "a reversed scan flip(cumsum(flip(x))) over a sharded dim: a block's local reversed scan plus the "
+                 "totals of the later blocks (coefficient row [j > rank]) is that block of the logical reversed scan",
 }
 
 from ..graph import Graph, Node  # noqa: E402
@@ -106,15 +110,30 @@ def _scan_spelling(producers, lc_t: str, kc: KCtx):
     return x_t, d, (inner, mm, tri, one, outer), list(out_shape(one))
 
 
+def _flips(n: Node | None, kc: KCtx, d: int, r: int) -> bool:
+    return n is not None and n.op == "flip" and sorted({x % r for x in rank_free_attrs(n, kc)["dims"]}) == [d]
+
+
 def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
-    """The IR's cumsum of a tensor with a fact: (t, its fact, dim, the spelling's nodes, the mask's shape)."""
-    x_t, d, nodes, B = _scan_spelling(producers, lc_t, kc)
+    """The IR's cumsum of a tensor with a fact, or its reversed scan ``flip(cumsum(flip(t)))`` along the same dim:
+    (t, its fact, dim, the spelling's nodes, the mask's shape, None or the (inner, outer) flips)."""
+    top = _node(producers, lc_t, "the local scan")
+    rev = None
+    if top.op == "flip":
+        x_t, d, nodes, B = _scan_spelling(producers, top.inputs[0], kc)
+        fin = producer(producers, x_t)
+        r = len(out_shape(top))
+        if not (_flips(top, kc, d, r) and _flips(fin, kc, d, r)):
+            raise RuleFailure("the reversed scan is not flipped along the scanned dim on both sides")
+        x_t, rev = fin.inputs[0], (fin, top)
+    else:
+        x_t, d, nodes, B = _scan_spelling(producers, lc_t, kc)
     tf = facts.get(x_t)
     if tf is None:
         raise RuleFailure("the scanned tensor has no fact")
     if len(kc.exprs[tf.expr].shape) != len(out_shape(nodes[1])):
         raise RuleFailure("the scanned tensor's rank differs from the scan's")
-    return x_t, tf, d, nodes, B
+    return x_t, tf, d, nodes, B, rev
 
 
 def _rank_row(producers, t: str, kc: KCtx, a: str, d: int) -> tuple[str, list[Node]]:
@@ -185,8 +204,9 @@ def _coef_values(nodes: list[Node], m_t: str, kc: KCtx):
     return out
 
 
-def _check_prefix_row(vals, gshape: tuple[int, ...], g: int, ai: int) -> None:
-    """Every rank's row is [j < rank.a] at every position of the gathered dim g (broadcast over the rest)."""
+def _check_prefix_row(vals, gshape: tuple[int, ...], g: int, ai: int, suffix: bool) -> None:
+    """Every rank's row is [j < rank.a] ([j > rank.a] for a reversed scan) at every position of the gathered dim g
+    (broadcast over the rest)."""
     for coords, v in vals.items():
         try:
             if tuple(np.broadcast_shapes(v.shape, gshape)) != tuple(gshape):
@@ -197,11 +217,12 @@ def _check_prefix_row(vals, gshape: tuple[int, ...], g: int, ai: int) -> None:
                               f"totals {list(gshape)}") from None
         r = coords[ai]
         for j in range(gshape[g]):
-            want = 1 if j < r else 0
+            want = 1 if (j > r if suffix else j < r) else 0
             for e in np.take(full, j, axis=g).reshape(-1):
                 if not e == want:  # exact values (a bool condition is 0 / 1 there)
                     raise RuleFailure(f"on rank {coords} the coefficient of the totals of rank {j} is {e!r}, not "
-                                      f"{want} (the carried offset must sum the ranks before it)")
+                                      f"{want} (the carried offset must sum the ranks "
+                                      f"{'after' if suffix else 'before'} it)")
 
 
 def block_prefix_sum(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
@@ -276,7 +297,7 @@ def _scanned(producers, core: Node, kc: KCtx, a: str, p: int, d: int) -> tuple[s
 def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     X = kc.exprs
     n = g.nodes[index]
-    t, tf, d, (inner, mm, tri, one, outer), Bs = found
+    t, tf, d, (inner, mm, tri, one, outer), Bs, rev = found
     E = X[tf.expr]
     shape = E.shape
     r = len(shape)
@@ -307,12 +328,12 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     if want_pad != tsh:
         raise RuleFailure(f"the offset of shape {list(out_shape(chain[0] if chain else core))} is not one row per "
                           f"block {tsh}")
-    if core.op == "sub":
+    if core.op == "sub" and rev is None:
         g_t, onodes = _scanned(producers, core, kc, a, p, d)
         m_t, rule = None, RULE_SCANNED
     else:
         g_t, m_t, onodes = _weighted(producers, core, kc, p, d, r)
-        rule = RULE
+        rule = RULE if rev is None else RULE_SUFFIX
     ag = _node(producers, g_t, "the gathered totals")
     if ag.op != "all_gather" or single_axis(ag) != a:
         raise RuleFailure(f"the totals are not all_gathered over exactly {a!r}")
@@ -332,11 +353,11 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
         vals = _coef_values(cnodes, m_t, kc)
         if core.op == "matmul":
             vals = {c: v.reshape(p, 1) for c, v in vals.items()}
-            _check_prefix_row(vals, (p, gshape[1]), 0, ai)
+            _check_prefix_row(vals, (p, gshape[1]), 0, ai, rev is not None)
         else:
-            _check_prefix_row(vals, tuple(gshape), d, ai)
+            _check_prefix_row(vals, tuple(gshape), d, ai, rev is not None)
     # the conclusion: the logical cumsum, spelled as frontends/aten.py spells it at the logical size
-    e = tf.expr
+    e = tf.expr if rev is None else X.mk("flip", rank_free_attrs(rev[0], kc), [tf.expr])
     if inner is not None:
         e = X.mk("transpose", rank_free_attrs(inner, kc), [e])
     oat = rank_free_attrs(one, kc)
@@ -345,9 +366,12 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     e = X.mk("matmul", rank_free_attrs(mm, kc), [e, U])
     if outer is not None:
         e = X.mk("transpose", rank_free_attrs(outer, kc), [e])
+    if rev is not None:
+        e = X.mk("flip", rank_free_attrs(rev[1], kc), [e])
     if X[e].shape != shape:
         raise RuleFailure("the concluded cumsum has another shape")
     d_ = conclude(kc, e, [(q, rule) for q in tf.pl], out_shape(n))
-    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *chain, *tchain, *onodes, *cnodes) if x is not None]
+    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *(rev or ()), *chain, *tchain, *onodes, *cnodes)
+               if x is not None]
     idx = sorted({producers[m.outputs[0]][0] for m in matched})
     return d_, idx
