@@ -233,6 +233,9 @@ def case_table():
     # multi-op patterns over torch's unrolled ring (traced plans): tests/test_trace_cp.py, conform gens_ring_merge
     add("ring_sigmoid_merge", None, None)
     add("ring_sigmoid_merge_backward", None, None)
+    # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
+    for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum"):
+        add(rule, None, None)
     return c
 
 
