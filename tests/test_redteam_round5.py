@@ -151,6 +151,16 @@ def test_index_of_an_unchecked_source_is_bad_input(name):
         torch.nn.functional.embedding(torch.tensor([bad]), torch.zeros(8, 3, dtype=torch.float64))
 
 
+def test_a_rangeless_mask_that_only_selects_loads():
+    # where(m != 0, ids, 0) with m an int input of no declared range: m picks, its values never reach the table
+    raw = _vpe_from({"name": "m", "shape": ["n"], "dtype": "int"},
+                    [_c("z", 0), _n("k", "ne", "m", "z"), _n("s", "where", "k", "ids", "z")], "s")
+    load_plan(raw)
+    raw["logical"]["nodes"][2] = _n("s", "where", "k", "m", "z")  # the mask itself as the index: refused
+    with pytest.raises(IndexRangePlanError, match="int input 'm' declares no range"):
+        load_plan(raw)
+
+
 def test_topk_indices_inside_the_table_verify():
     # the control: topk over a dim of the table's size (MoE routing's expert indices) loads and verifies
     raw = _vpe_from({"name": "x", "shape": ["n", "v"]},

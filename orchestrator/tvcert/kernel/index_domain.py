@@ -276,7 +276,7 @@ def check_index_domains(graph, ranges: Mapping[str, tuple[int, int]], env, types
                 continue
             d = D.dom.get(ix)
             free = sorted(D.src.get(ix, frozenset()) & D.undeclared)
-            if free:
+            if d is None and free:  # (a rangeless mask that only selects, where(m != 0, ids, 0), leaves d bounded)
                 raise IndexDomainError(n.path, f"int input {free[0]!r} declares no range, but {n.op} indexes {what} "
                                                f"(size {size}) with {ix!r}, computed from it: no proof that the logical "
                                                f"graph has a value on every input (declare its range)")
