@@ -12,7 +12,9 @@ backward and conversion (ATen -> IR), the wall time of the rank phase (less than
 compression + plan validation, and the rest (the front end's own preparation); then verifying (``--verify``),
 the wall time of the whole cell (with imports), and the peak RSS; ``CPU s`` (user + system, the cell's process and its rank workers) is the figure least disturbed by other
 load on a shared machine.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
-printed as such.  ``--jobs N`` traces the ranks in N forked workers (``TVCERT_TRACE_JOBS``); every rank is traced.
+printed as such.  Each rank is traced once, in its own process forked from the state before the logical trace
+(``frontends/rank_workers.py``); ``--jobs N`` runs up to N of them at once (``TVCERT_TRACE_JOBS``; 1 by default here so
+cells compare); every rank is traced.
 ``--src DIR`` imports tvcert from DIR instead of this tree's ``orchestrator/`` (an older checkout, for
 before / after figures).  Figures, never asserts: this machine is shared and noisy.
 """
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", default="1,2,4,8,32")
     ap.add_argument("--budget", type=float, default=120.0, help="skip a cell predicted to take longer (s)")
     ap.add_argument("--verify", action="store_true", help="also verify each traced plan")
-    ap.add_argument("--jobs", type=int, default=1, help="worker processes tracing ranks (TVCERT_TRACE_JOBS)")
+    ap.add_argument("--jobs", type=int, default=1, help="rank processes at once (TVCERT_TRACE_JOBS)")
     ap.add_argument("--src", type=Path, default=ROOT / "orchestrator", help="the tvcert sources to measure")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)

@@ -8,10 +8,11 @@ of the same shape still loads / verifies.
   embedding over ids in [-100, v) VERIFIED although the logical lookup of -100 has no value (torch raises, the
   interpreter refuses), and each rank's mask turned it into zeros.  Now the loader computes the values every
   index operand can hold and exits 3 naming the input; a traced program is UNKNOWN.
-* the rank probe (frontends/rank_probe.py) re-traced only the last rank, in a child forked after the logical trace:
-  a parallel program reading a global the logical function set, or a middle rank reading a call counter, was
-  VERIFIED (a real rank runs alone and never runs the logical model).  Now every rank is re-traced from the state
-  before the logical trace: UNKNOWN naming the rank and the op.
+* the rank probe re-traced only the last rank, in a child forked after the logical trace: a parallel program
+  reading a global the logical function set, or a middle rank reading a call counter, was VERIFIED (a real rank
+  runs alone and never runs the logical model).  Now every rank is traced once, in a fresh process forked from the
+  state before the logical trace (frontends/rank_workers.py): the program a real rank runs, REFUTED where it is
+  wrong (the interpreter confirms it), UNKNOWN where the ranks' programs have no SPMD form.
 """
 from __future__ import annotations
 
@@ -163,8 +164,9 @@ def test_traced_range_wider_than_the_table_is_unknown():
 # A real rank is its own process and never runs the logical model.  The probe re-traced only the last rank, in a child
 # forked after the logical trace: a parallel program reading a global the logical function set (every traced rank
 # and the probe saw it; a real rank does not), or a middle rank reading a call counter (blocks 0, 1, 2 in one
-# process; the real rank 1 reads block 0) was VERIFIED.  Now every rank is re-traced in a child forked before the
-# logical trace: UNKNOWN naming the rank and the op.
+# process; the real rank 1 reads block 0) was VERIFIED.  Now every rank is traced in its own process forked before
+# the logical trace: the global reads 1.0 as on a real rank (REFUTED, the interpreter confirms it); rank 1 reads block
+# 0 as in the real job (no SPMD form: UNKNOWN naming the slice).
 _STATE: dict = {}
 _CALLS = [0]
 
@@ -195,13 +197,17 @@ def _trace_verdict(lg, par, inputs, mesh):
     from tvcert.frontends.trace import TraceError, trace_plan
 
     try:
-        return verify(load_plan(trace_plan(lg, par, inputs=inputs, mesh=mesh))).verdict, ""
+        plan = load_plan(trace_plan(lg, par, inputs=inputs, mesh=mesh))
     except TraceError as e:
-        assert e.kind == "unsupported", str(e)
+        assert e.kind in ("unsupported", "spmd"), str(e)
         return "UNKNOWN", str(e)
+    v = verify(plan).verdict
+    if v == "REFUTED":
+        assert not run_plan(plan, seed=0).equal  # the interpreter confirms it
+    return v, ""
 
 
-def test_state_from_the_logical_trace_or_a_middle_rank_is_unknown():
+def test_state_from_the_logical_trace_or_a_middle_rank_is_not_verified():
     torch = pytest.importorskip("torch")
     import sys
 
@@ -214,7 +220,7 @@ def test_state_from_the_logical_trace_or_a_middle_rank_is_unknown():
     v, why = _trace_verdict(_lg_sets_state, _par_reads_state, {"x": {"shape": [4, 3], "dtype": "float64"},
                                                                "w": {"shape": [4, 3], "dtype": "float64", "param": True}},
                             {"tp": 2})
-    assert v == "UNKNOWN" and "rank 0's trace depends on Python state" in why, (v, why)
+    assert v == "REFUTED", (v, why)
 
     ins = {"x": {"shape": [3, 6], "dtype": "float64"},
            "w": {"shape": [6, 5], "dtype": "float64", "param": True, "placement": {"tp": "Shard(0)"}}}
@@ -223,7 +229,8 @@ def test_state_from_the_logical_trace_or_a_middle_rank_is_unknown():
     assert ((real_job ** 2).sum() - _lg_blocks(x, w)).abs() > 0.1
     _CALLS[0] = 0
     v, why = _trace_verdict(_lg_blocks, _par_middle_counter, ins, {"tp": 3})
-    assert v == "UNKNOWN" and "rank 1's trace depends on Python state" in why and "slice" in why, (v, why)
+    # the real job's slices: ends 2, 2, 6 on ranks 0, 1, 2 (not affine in the rank)
+    assert v == "UNKNOWN" and "slice at test_redteam_round4.py" in why and "[2, 6]" in why, (v, why)
     _CALLS[0] = 0  # the correct control: every rank picks its block by its coordinate
     v, why = _trace_verdict(_lg_blocks, lambda ctx, x, w: _par_middle_counter(ctx, x, w, False), ins, {"tp": 3})
     assert v == "VERIFIED", why

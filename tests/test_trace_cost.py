@@ -1,6 +1,6 @@
-"""Tracing cost (issue 16): ranks traced by forked worker processes give exactly the plan -- or exactly the error --
-of the sequential per-rank loop, also when one rank (rank 5 of a dp 2 x tp 4 mesh) runs a different program; the
-source locations read off the live frames name the user's lines."""
+"""Tracing cost (issue 16): each rank traced in its own fresh process (frontends/rank_workers.py); two at a time give
+exactly the plan -- or exactly the error -- of one at a time, also when one rank (rank 5 of a dp 2 x tp 4 mesh) runs
+a different program; the source locations read off the live frames name the user's lines."""
 from __future__ import annotations
 
 import inspect
@@ -34,7 +34,11 @@ def logical(x, w1, w2):
     return (torch.tanh(x @ w1) @ w2).pow(2).sum()
 
 
+_SEEN: list = []  # the ranks traced in this process (each rank's own process: its rank alone)
+
+
 def mlp(ctx, x, w1, w2, bug=None):
+    _SEEN.append(ctx.rank)
     g = ctx.group("tp")
     h = CopyToTP.apply(x, g) @ w1  # LINE_MATMUL
     if bug == "extra_op" and ctx.rank == 5:
@@ -76,8 +80,13 @@ def sequential():
 
 
 def test_workers_give_the_sequential_plan(sequential):
+    from tvcert.frontends.rank_workers import channel
+
     plan1, st1 = sequential
-    plan2, st2 = traced(2)
+    got: list = []
+    with channel(lambda: list(_SEEN), got.append):
+        plan2, st2 = traced(2)
+    assert got == [[r] for r in range(8)] and _SEEN == []  # a fresh process per rank, none traced here
     assert (st1["world"], st1["traced_ranks"], st1["jobs"]) == (8, 8, 1)
     assert (st2["world"], st2["traced_ranks"], st2["jobs"]) == (8, 8, 2)
     assert st2["rank_trace_s"] > 0 and st2["rank_setup_s"] >= 0  # measured in the workers, summed here
@@ -119,7 +128,7 @@ def test_worker_output_reaches_the_parent(capfd):
 
 
 def test_a_rank_that_ends_its_worker_is_bad_input():
-    """(Only with workers: in one process ``os._exit`` would end the test run.)"""
+    """A rank's ``os._exit`` ends its own process only."""
     with pytest.raises(TraceError) as ei:
         traced(2, "exit")
     assert ei.value.kind == "input" and "rank 3 exited with status 0" in str(ei.value)

@@ -344,3 +344,42 @@ def _default(sch, ctx, x, target):
     from tvcert.frontends.pipelining import _default_step
 
     return _default_step(sch, ctx, "pp", x, target)
+
+
+# ------------------------------------------------------ state a stage reads from another stage or the tracer's pre-pass
+# Every rank of a real pipeline is its own process.  The stage ranks were traced one after another in the tracing
+# process, after its pre-pass had built every stage's first rank: a stage whose loss scale is a call counter the
+# other stage's step advanced, or the number of stages built in its process, was traced as the leaky value (x 2) and
+# VERIFIED against a logical loss of 2 x MSE, while in the real job the last stage reads x 1.  Now each rank is
+# traced in its own process forked before the pre-pass (frontends/rank_workers.py): REFUTED, the interpreter agrees.
+_PP_STEPS = [0]
+_PP_BUILT: set = set()
+
+
+def _scaled(scale):
+    return lambda out, target: _mse(out, target) * scale()
+
+
+@pytest.mark.parametrize("leak", ["step counter", "stages built"])
+def test_stage_reading_state_left_by_another_stage_is_refuted(leak):
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    base = _stage_builder(4)
+
+    def stage(model, ctx):
+        _PP_BUILT.add(ctx.coord("pp"))
+        return base(model, ctx)
+
+    def step(sch, ctx, x, target):
+        loss = _default(sch, ctx, x, target)
+        _PP_STEPS[0] += 1
+        return loss
+
+    scale = (lambda: 1 + _PP_STEPS[0]) if leak == "step counter" else (lambda: len(_PP_BUILT))
+    _PP_STEPS[0] = 0
+    _PP_BUILT.clear()
+    raw = trace_pipeline_plan(_make, stage, lambda st, ctx: ScheduleGPipe(st, n_microbatches=4, loss_fn=_scaled(scale)),
+                              _scaled(lambda: 2.0), data=_DATA, mesh={"pp": 2}, step=step)
+    plan = load_plan(raw)
+    assert not run_plan(plan, seed=0).equal  # the real job's last stage scales by 1, the logical loss by 2
+    assert verify(plan).verdict == "REFUTED"

@@ -222,13 +222,14 @@ def trace_cp(**kw) -> dict:
     cannot be merged are UNKNOWN naming the torch lines that make them differ (for that call's options)."""
     from . import trace
     from .mpmd import per_rank_programs
+    from .rank_workers import channel
     from .trace import TraceError, trace_plan
 
-    _CALLS.clear()  # ranks in this process (per_rank_programs): _CALLS sees where ring_sdpa was called
+    _CALLS.clear()  # where ring_sdpa was called, sent back from every rank's process (rank_workers.channel)
     # context_parallel()'s buffer sharding runs in its __enter__: located at the user's `with` line, not contextlib's
     trace.SKIP_FRAME_DIRS.append(contextlib.__file__)
     try:
-        with functional_trace(), per_rank_programs(), dtensor_ring():
+        with functional_trace(), per_rank_programs(), dtensor_ring(), channel(lambda: dict(_CALLS), _CALLS.update):
             return trace_plan(**kw)
     except TraceError as exc:
         if exc.kind != "spmd" or exc.src not in _CALLS:

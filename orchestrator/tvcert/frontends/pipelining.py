@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping
 from . import trace as T
 from .aten import reg
 from .dataparallel import _transplant_hooks, check_fully_shard
+from .rank_workers import default_jobs, start as start_ranks
 from .trace import TraceError
 
 _OPS_DEFINED = False
@@ -398,19 +399,14 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         raise TraceError(f"combine must be 'mean' or 'sum', got {combine!r}", "input")
     if pp_axis not in mesh:
         raise TraceError(f"the pipeline axis {pp_axis!r} is not a mesh axis {list(mesh)}", "input")
-    logical_model = model_factory()
-    pnames = [n for n, _ in logical_model.named_parameters()]
-    bufs = dict(logical_model.named_buffers())  # inputs, not differentiated; a complex one (a RoPE cache) as [..., 2]
-    if any(not (b.dtype.is_floating_point or b.is_complex()) for b in bufs.values()):
-        raise TraceError(f"integer buffers {[n for n, b in bufs.items() if not b.is_floating_point()]} are not traced",
-                         "unsupported", "buffer")
-    dnames = list(data)
     axes, sizes = tuple(mesh), tuple(mesh.values())
     pi = axes.index(pp_axis)
     world = 1
-    for s in sizes:
-        world *= s
+    for s_ in sizes:
+        world *= s_
+    dnames = list(data)
     run_step = step or (lambda sch, ctx, **d: _default_step(sch, ctx, pp_axis, *[d[k] for k in dnames]))
+    late: dict[str, Any] = {}
 
     def build(r: int):
         """On rank r (inside its fake world): ctx, the stage, the schedule and the stage's parameters
@@ -442,64 +438,22 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             held.update({(i, sn): v for sn, v in _held_params(model, sg.submod, c[pi], pls, mesh).items()})
         return ctx, stages, sched, held
 
-    # every parameter's placement, from the first rank of the stage holding it
-    holder: dict[str, int] = {}
-    placement: dict[str, dict[str, str]] = {}
-    by_index: dict[int, Any] = {}  # stage index -> (its module, schedule's micro-batch count), from the pre-pass
-    for st in range(mesh[pp_axis]):
-        r0 = T.rank_of([st if i == pi else 0 for i in range(len(axes))], sizes)
-        with T.fake_world(r0, world):
-            _, stages0, sched0, held = build(r0)
-            by_index.update({sg.stage_index: (sg, int(sched0._n_microbatches), r0) for sg in stages0})
-            for sn, (ln, dt) in held.items():
-                if holder.setdefault(ln, st) != st:
-                    raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
-                                     f"not traced", "unsupported", "tied parameter")
-                if ln in bufs and dt is not None and not isinstance(dt, dict):
-                    raise TraceError(f"buffer {ln!r} is a DTensor: not traced", "unsupported", "buffer")
-                placement[ln] = _placement_text(dt, axes)
-    missing = [n for n in [*pnames, *bufs] if n not in holder]
-    if missing:
-        raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
-    inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True, "placement": placement[n],
-                                          "dtype": str(p.dtype).removeprefix("torch.")}
-                               for n, p in logical_model.named_parameters()}
-    for n, b in bufs.items():
-        inputs[_safe(n)] = {"shape": list(b.shape) + ([2] if b.is_complex() else []), "placement": placement[n],
-                            "dtype": str(b.real.dtype if b.is_complex() else b.dtype).removeprefix("torch.")}
-    inputs.update({n: dict(v) for n, v in data.items()})
-    specs = T._parse_inputs(inputs, mesh)
-    names = [s.name for s in specs]
 
-    lshapes = [T.local_shape(s, mesh) for s in specs]
-    first = specs[names.index(dnames[0])]
-    @contextlib.contextmanager
-    def on_its_rank(i):
-        """Stage i's object for the shape inference: the pre-pass's, or rebuilt on its rank in the step context."""
-        if step_context is None:
-            yield by_index[i][0]
-            return
-        r0 = by_index[i][2]
-        with T.fake_world(r0, world):
-            ctx0, stages0, _, _ = build(r0)
-            with step_context(ctx0):
-                yield next(sg for sg in stages0 if sg.stage_index == i)
-
-    metas = _stage_metadata(by_index, first, lshapes[names.index(dnames[0])], on_its_rank)
-    per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
-    stage_outs: dict[int, list[str]] = {}
-    stage_onames: dict[int, list[str]] = {}
-    grad_pl: dict[str, dict[str, str]] = {}
-    n_mbs: dict[int, int] = {}
-    logs: dict[int, list] = defaultdict(list)
-    for r in range(world):
+    def one_rank(r: int):
+        """Rank r's stage program, in its own process (:mod:`.rank_workers`); what it needs from the pre-pass and
+        the logical model's build is ``late``, released to it."""
+        holder, placement, metas, bufs, specs = (late[k] for k in ("holder", "placement", "metas", "bufs", "specs"))
+        names = [s.name for s in specs]
+        lshapes = [T.local_shape(s, mesh) for s in specs]
+        grad_pl: dict[str, dict[str, str]] = {}
+        log: list = []
         c = T.coords_of(r, sizes)
         st = c[pi]
         T._progress_where = f"rank {r + 1}/{world}"
         T._tick(f"tracing rank {r + 1}/{world} (coordinates {dict(zip(axes, c))})")
         with T.fake_world(r, world):
             ctx, stages, sched, held = build(r)
-            n_mbs[r] = int(sched._n_microbatches)
+            n_mb = int(sched._n_microbatches)
             for sg in stages:
                 _give_metadata(sg, metas)
             for sn, (ln, dt) in held.items():
@@ -526,7 +480,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                     for i, sg in enumerate(stages):
                         es.enter_context(_reparametrize_module(sg.submod, {n: v for (j, n), v in leaves.items()
                                                                            if j == i}))
-                    es.enter_context(_captured_p2p(ctx_, resolve, pp_axis, logs[r]))
+                    es.enter_context(_captured_p2p(ctx_, resolve, pp_axis, log))
                     if step_context is not None:
                         es.enter_context(step_context(ctx_))
                     loss = run_step(sched, ctx_, **{k: kw[k] for k in dnames})
@@ -566,110 +520,185 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                                  f"{' '.join(first)[:800]}", "unsupported", type(sched).__name__, src) from exc
             pnodes, pouts = T._convert(gm_r, names, resolve, mesh, T.int_bounds_of(specs))
         nodes_j, outs_j = T._finish_outputs(pnodes, pouts, pout_names, names)
-        if st in stage_outs and (stage_onames[st], stage_outs[st]) != (pout_names, outs_j):
-            raise TraceError(f"rank {r} returns different tensors than the other ranks of stage {st}", "spmd")
-        stage_outs[st], stage_onames[st] = outs_j, pout_names
-        per_stage[st][tuple(x for i, x in enumerate(c) if i != pi)] = nodes_j
-    T._progress_where = ""
-    check_pairing(logs, axes, sizes)
-    n_mb = sorted(set(n_mbs.values()))
-    if len(n_mb) != 1:
-        raise TraceError(f"the ranks' schedules split the batch into different numbers of micro-batches {n_mb}",
-                         "spmd")
-    n_mb = n_mb[0]
-    if reference != "full" and n_mb > 1:
-        _check_reference_is_full_batch(model_factory, loss_fn, data, n_mb, combine)
-
-    def logical(**kw):
-        st = {n: kw[_safe(n)] for n in pnames}
-        st.update({n: _buffer_value(kw[_safe(n)], b) for n, b in bufs.items()})
-        d = [kw[k] for k in dnames]
-        if reference == "full" or n_mb == 1:
-            return loss_fn(torch.func.functional_call(logical_model, st, (d[0],)), *d[1:])
-        # single-device gradient accumulation: each micro-batch's loss back-propagated into .grad; with
-        # combine="mean" (a mean loss per micro-batch) the gradients divided by the number of micro-batches and the
-        # reported loss the micro-batch losses' mean, with "sum" (a loss normalised by the whole batch, torchtitan's)
-        # their sum
-        chunks = [torch.tensor_split(t, n_mb, 0) for t in d]  # the schedule's split (microbatch._split_tensor)
-        losses = []
-        for k in range(n_mb):
-            out = torch.func.functional_call(logical_model, st, (chunks[0][k],))
-            losses.append(loss_fn(out, *[t[k] for t in chunks[1:]]))
-            losses[-1].backward()
-        if combine == "sum":
-            return torch.sum(torch.stack([x.detach() for x in losses]))
-        for n in pnames:
-            st[n].grad.div_(n_mb)
-        return torch.mean(torch.stack([x.detach() for x in losses]))
-
-    T._progress_where = "logical model"
-    T._tick("tracing the logical model")
-    try:
-        gm, out_names = T._trace_joint(logical, specs, [s.shape for s in specs])
-    except TraceError:
-        raise
-    except Exception as exc:
-        src = T._exc_src(exc)
-        raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
-                         "input", None, src) from exc
-    lnodes, louts = T._convert(gm, names, int_bounds=T.int_bounds_of(specs))
-    T._default_int_ranges(specs, [n.to_json() for n in lnodes])
-    lnodes_j, lout_j = T._finish_outputs(lnodes, louts, out_names, names)
-
-    if sorted(o for s in stage_onames.values() for o in s) != sorted(out_names):
-        raise TraceError(f"the stages' outputs {sorted(o for s in stage_onames.values() for o in s)} are not the "
-                         f"logical model's {sorted(out_names)} (the loss is returned by the last stage only)", "input")
-    held_by = {_safe(n): st for n, st in holder.items()}  # parameters and buffers live on the stage holding them
-    oaxes = tuple(a for a in axes if a != pp_axis)
-    osizes = tuple(s for a, s in zip(axes, sizes) if a != pp_axis)
-    spec_of = {s.name: (s, sh) for s, sh in zip(specs, lshapes)}
-    programs, bind, notes = [], {}, []
-    for st in sorted(per_stage):
-        nodes, nts = T.spmd_compress(per_stage[st], oaxes, osizes)
-        notes += [f"stage {st}: {x}" for x in nts]
-        pname = f"stage{st}"
-        used = {i for nd in nodes for i in nd.get("inputs", [])} | set(stage_outs[st])
-        mine = [s.name for s in specs if held_by.get(s.name) == st or (s.name not in held_by and s.name in used)]
-        for nm in mine:
-            if nm in bind:
-                raise TraceError(f"input {nm!r} is read by stages {bind[nm]} and {st}: a logical input lives on one "
-                                 f"stage", "unsupported", "input on two stages")
-            bind[nm] = st
-        programs.append({"name": pname, "stage": {pp_axis: st},
-                         "inputs": [_decl(spec_of[nm][0], spec_of[nm][1]) for nm in mine],
-                         "nodes": nodes, "outputs": list(stage_outs[st])})
-    unread = [nm for nm in names if nm not in bind]
-    if unread:
-        raise TraceError(f"data inputs {unread} are read by no stage", "input")
-    in_pl = {s.name: {"local": s.name, "program": f"stage{bind[s.name]}", "placement": dict(s.placement)}
-             for s in specs}
-    out_pl = {}
-    for st in sorted(stage_outs):
-        for o, local in zip(stage_onames[st], stage_outs[st]):
-            out_pl[o] = {"local": local, "program": f"stage{st}", **T._output_binding(o, specs)}
-    for k, v in {**grad_pl, **(output_placements or {})}.items():
-        if k not in out_pl:
-            raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
-        out_pl[k]["placement"] = dict(v)
-    plan = {
-        "tvcert_plan": 1, "name": name,
-        "description": f"traced from torch.distributed.pipelining ({type(sched).__name__}, {pp_axis}={mesh[pp_axis]}, "
-                       f"{n_mb} micro-batches); logical: "
-                       + ("the unsplit model on the full batch" if reference == "full" or n_mb == 1 else
-                          f"the unsplit model's {combine} of the losses of the same {n_mb} micro-batches (gradient "
-                          f"accumulation)") + (f"; {description}" if description else "")
-                       + ("; rank-dependent attributes: " + "; ".join(notes) if notes else ""),
-        "dims": dict(mesh), "mesh": {a: a for a in mesh},
-        "logical": {"inputs": [_decl(s, s.shape) for s in specs], "nodes": lnodes_j, "outputs": lout_j},
-        "parallel": programs, "inputs": in_pl, "outputs": out_pl,
-    }
-    from ..plan import PlanError, load_plan
+        return nodes_j, outs_j, pout_names, n_mb, log, grad_pl, type(sched).__name__
 
     try:
-        load_plan(plan)
-    except PlanError as exc:
-        raise TraceError(f"the traced pipeline does not form a valid plan: {exc}", "spmd") from None
-    return plan
+        jobs = T.rank_jobs if T.rank_jobs is not None else default_jobs()
+    except ValueError as exc:
+        raise TraceError(str(exc), "input") from None
+    # every rank once, in a fresh process forked now: before the logical model is built and before the pre-pass
+    # builds each stage's first rank here (a real rank runs neither, nor another rank's trace)
+    ranks = start_ranks(one_rank, world, jobs, late.update, (T, "progress_hook"))
+    try:
+        logical_model = model_factory()
+        pnames = [n for n, _ in logical_model.named_parameters()]
+        bufs = dict(logical_model.named_buffers())  # inputs, not differentiated; a complex one (a RoPE cache) as [..., 2]
+        if any(not (b.dtype.is_floating_point or b.is_complex()) for b in bufs.values()):
+            raise TraceError(f"integer buffers {[n for n, b in bufs.items() if not b.is_floating_point()]} are not traced",
+                             "unsupported", "buffer")
+        # every parameter's placement, from the first rank of the stage holding it
+        holder: dict[str, int] = {}
+        placement: dict[str, dict[str, str]] = {}
+        by_index: dict[int, Any] = {}  # stage index -> (its module, schedule's micro-batch count), from the pre-pass
+        for st in range(mesh[pp_axis]):
+            r0 = T.rank_of([st if i == pi else 0 for i in range(len(axes))], sizes)
+            with T.fake_world(r0, world):
+                _, stages0, sched0, held = build(r0)
+                by_index.update({sg.stage_index: (sg, int(sched0._n_microbatches), r0) for sg in stages0})
+                for sn, (ln, dt) in held.items():
+                    if holder.setdefault(ln, st) != st:
+                        raise TraceError(f"parameter {ln!r} is held by stages {holder[ln]} and {st} (a tied weight): "
+                                         f"not traced", "unsupported", "tied parameter")
+                    if ln in bufs and dt is not None and not isinstance(dt, dict):
+                        raise TraceError(f"buffer {ln!r} is a DTensor: not traced", "unsupported", "buffer")
+                    placement[ln] = _placement_text(dt, axes)
+        missing = [n for n in [*pnames, *bufs] if n not in holder]
+        if missing:
+            raise TraceError(f"parameters {missing} are held by no pipeline stage", "input")
+        inputs: dict[str, dict] = {_safe(n): {"shape": list(p.shape), "param": True, "placement": placement[n],
+                                              "dtype": str(p.dtype).removeprefix("torch.")}
+                                   for n, p in logical_model.named_parameters()}
+        for n, b in bufs.items():
+            inputs[_safe(n)] = {"shape": list(b.shape) + ([2] if b.is_complex() else []), "placement": placement[n],
+                                "dtype": str(b.real.dtype if b.is_complex() else b.dtype).removeprefix("torch.")}
+        inputs.update({n: dict(v) for n, v in data.items()})
+        specs = T._parse_inputs(inputs, mesh)
+        names = [s.name for s in specs]
+
+        lshapes = [T.local_shape(s, mesh) for s in specs]
+        first = specs[names.index(dnames[0])]
+        @contextlib.contextmanager
+        def on_its_rank(i):
+            """Stage i's object for the shape inference: the pre-pass's, or rebuilt on its rank in the step context."""
+            if step_context is None:
+                yield by_index[i][0]
+                return
+            r0 = by_index[i][2]
+            with T.fake_world(r0, world):
+                ctx0, stages0, _, _ = build(r0)
+                with step_context(ctx0):
+                    yield next(sg for sg in stages0 if sg.stage_index == i)
+
+        metas = _stage_metadata(by_index, first, lshapes[names.index(dnames[0])], on_its_rank)
+        per_stage: dict[int, dict[tuple, list[dict]]] = defaultdict(dict)
+        stage_outs: dict[int, list[str]] = {}
+        stage_onames: dict[int, list[str]] = {}
+        grad_pl: dict[str, dict[str, str]] = {}
+        n_mbs: dict[int, int] = {}
+        logs: dict[int, list] = {}
+        ranks.release({"holder": holder, "placement": placement, "metas": metas, "bufs": bufs, "specs": specs})
+        for r, (nodes_j, outs_j, pout_names, n_mb_r, log_r, gpl, sched_name) in ranks.results():
+            st = T.coords_of(r, sizes)[pi]
+            n_mbs[r], logs[r] = n_mb_r, log_r
+            grad_pl.update(gpl)
+            if st in stage_outs and (stage_onames[st], stage_outs[st]) != (pout_names, outs_j):
+                raise TraceError(f"rank {r} returns different tensors than the other ranks of stage {st}", "spmd")
+            stage_outs[st], stage_onames[st] = outs_j, pout_names
+            per_stage[st][tuple(x for i, x in enumerate(T.coords_of(r, sizes)) if i != pi)] = nodes_j
+            if ranks.jobs > 1:
+                T._tick(f"traced {r + 1}/{world} ranks")
+        T._progress_where = ""
+        check_pairing(logs, axes, sizes)
+        n_mb = sorted(set(n_mbs.values()))
+        if len(n_mb) != 1:
+            raise TraceError(f"the ranks' schedules split the batch into different numbers of micro-batches {n_mb}",
+                             "spmd")
+        n_mb = n_mb[0]
+        if reference != "full" and n_mb > 1:
+            _check_reference_is_full_batch(model_factory, loss_fn, data, n_mb, combine)
+
+        def logical(**kw):
+            st = {n: kw[_safe(n)] for n in pnames}
+            st.update({n: _buffer_value(kw[_safe(n)], b) for n, b in bufs.items()})
+            d = [kw[k] for k in dnames]
+            if reference == "full" or n_mb == 1:
+                return loss_fn(torch.func.functional_call(logical_model, st, (d[0],)), *d[1:])
+            # single-device gradient accumulation: each micro-batch's loss back-propagated into .grad; with
+            # combine="mean" (a mean loss per micro-batch) the gradients divided by the number of micro-batches and the
+            # reported loss the micro-batch losses' mean, with "sum" (a loss normalised by the whole batch, torchtitan's)
+            # their sum
+            chunks = [torch.tensor_split(t, n_mb, 0) for t in d]  # the schedule's split (microbatch._split_tensor)
+            losses = []
+            for k in range(n_mb):
+                out = torch.func.functional_call(logical_model, st, (chunks[0][k],))
+                losses.append(loss_fn(out, *[t[k] for t in chunks[1:]]))
+                losses[-1].backward()
+            if combine == "sum":
+                return torch.sum(torch.stack([x.detach() for x in losses]))
+            for n in pnames:
+                st[n].grad.div_(n_mb)
+            return torch.mean(torch.stack([x.detach() for x in losses]))
+
+        T._progress_where = "logical model"
+        T._tick("tracing the logical model")
+        try:
+            gm, out_names = T._trace_joint(logical, specs, [s.shape for s in specs])
+        except TraceError:
+            raise
+        except Exception as exc:
+            src = T._exc_src(exc)
+            raise TraceError(f"the logical model fails{' at ' + src if src else ''}: {type(exc).__name__}: {exc}",
+                             "input", None, src) from exc
+        lnodes, louts = T._convert(gm, names, int_bounds=T.int_bounds_of(specs))
+        T._default_int_ranges(specs, [n.to_json() for n in lnodes])
+        lnodes_j, lout_j = T._finish_outputs(lnodes, louts, out_names, names)
+
+        if sorted(o for s in stage_onames.values() for o in s) != sorted(out_names):
+            raise TraceError(f"the stages' outputs {sorted(o for s in stage_onames.values() for o in s)} are not the "
+                             f"logical model's {sorted(out_names)} (the loss is returned by the last stage only)", "input")
+        held_by = {_safe(n): st for n, st in holder.items()}  # parameters and buffers live on the stage holding them
+        oaxes = tuple(a for a in axes if a != pp_axis)
+        osizes = tuple(s for a, s in zip(axes, sizes) if a != pp_axis)
+        spec_of = {s.name: (s, sh) for s, sh in zip(specs, lshapes)}
+        programs, bind, notes = [], {}, []
+        for st in sorted(per_stage):
+            nodes, nts = T.spmd_compress(per_stage[st], oaxes, osizes)
+            notes += [f"stage {st}: {x}" for x in nts]
+            pname = f"stage{st}"
+            used = {i for nd in nodes for i in nd.get("inputs", [])} | set(stage_outs[st])
+            mine = [s.name for s in specs if held_by.get(s.name) == st or (s.name not in held_by and s.name in used)]
+            for nm in mine:
+                if nm in bind:
+                    raise TraceError(f"input {nm!r} is read by stages {bind[nm]} and {st}: a logical input lives on one "
+                                     f"stage", "unsupported", "input on two stages")
+                bind[nm] = st
+            programs.append({"name": pname, "stage": {pp_axis: st},
+                             "inputs": [_decl(spec_of[nm][0], spec_of[nm][1]) for nm in mine],
+                             "nodes": nodes, "outputs": list(stage_outs[st])})
+        unread = [nm for nm in names if nm not in bind]
+        if unread:
+            raise TraceError(f"data inputs {unread} are read by no stage", "input")
+        in_pl = {s.name: {"local": s.name, "program": f"stage{bind[s.name]}", "placement": dict(s.placement)}
+                 for s in specs}
+        out_pl = {}
+        for st in sorted(stage_outs):
+            for o, local in zip(stage_onames[st], stage_outs[st]):
+                out_pl[o] = {"local": local, "program": f"stage{st}", **T._output_binding(o, specs)}
+        for k, v in {**grad_pl, **(output_placements or {})}.items():
+            if k not in out_pl:
+                raise TraceError(f"output_placements names {k!r}, which is not an output {list(out_pl)}", "input")
+            out_pl[k]["placement"] = dict(v)
+        plan = {
+            "tvcert_plan": 1, "name": name,
+            "description": f"traced from torch.distributed.pipelining ({sched_name}, {pp_axis}={mesh[pp_axis]}, "
+                           f"{n_mb} micro-batches); logical: "
+                           + ("the unsplit model on the full batch" if reference == "full" or n_mb == 1 else
+                              f"the unsplit model's {combine} of the losses of the same {n_mb} micro-batches (gradient "
+                              f"accumulation)") + (f"; {description}" if description else "")
+                           + ("; rank-dependent attributes: " + "; ".join(notes) if notes else ""),
+            "dims": dict(mesh), "mesh": {a: a for a in mesh},
+            "logical": {"inputs": [_decl(s, s.shape) for s in specs], "nodes": lnodes_j, "outputs": lout_j},
+            "parallel": programs, "inputs": in_pl, "outputs": out_pl,
+        }
+        from ..plan import PlanError, load_plan
+
+        try:
+            load_plan(plan)
+        except PlanError as exc:
+            raise TraceError(f"the traced pipeline does not form a valid plan: {exc}", "spmd") from None
+        return plan
+    finally:
+        ranks.close()
 
 
 def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Mapping[str, Any]], n_mb: int,

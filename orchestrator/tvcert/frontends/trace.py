@@ -15,7 +15,9 @@ What happens:
 1. **Logical graph.** ``logical`` is traced once at degree 1 with ``make_fx(tracing_mode="fake")``
    as a *joint* program: the loss and ``torch.autograd.grad`` of the loss with respect to every
    ``param=True`` input.  Outputs: ``loss`` and ``grad_<param>``.
-2. **Per-rank graphs.** For every rank of the mesh a fake process group is initialised
+2. **Per-rank graphs.** For every rank of the mesh, in a fresh process of its own forked from the state before
+   the logical trace (:mod:`.rank_workers`: a real rank never runs the logical model nor another rank), a fake
+   process group is initialised
    (``dist.init_process_group("fake", ...)`` + ``init_device_mesh``), each input is given its local
    shape under its placement, and ``parallel(ctx, ...)`` is traced the same way.  ``ctx`` gives the
    process group of each mesh axis (``ctx.group("tp")``), the rank's coordinates (``ctx.coord``) and
@@ -74,8 +76,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ..ops import get_op
 from ..plan import IndexRangePlanError, PlanError, load_plan, parse_placement
 from .aten import Converter, IRNode, Unconverted, fuse_collectives
-from .rank_workers import default_jobs, map_ranks
-from . import rank_probe
+from .rank_workers import default_jobs
+from . import rank_workers
 
 
 class TraceError(Exception):
@@ -291,8 +293,8 @@ joint_transform: Optional[Callable[[Callable], Callable]] = None
 # Progress of a long trace (tvcert.progress.Progress.tick, set by the CLI): called with one line of text.
 progress_hook: Optional[Callable[[str], None]] = None
 _progress_where = ""  # "rank 2/4" while a rank is traced
-# Worker processes tracing ranks at once (:mod:`.rank_workers`); None: ``TVCERT_TRACE_JOBS``, else 1 (set by the CLI's
-# ``--jobs``).
+# Ranks traced at once, each in its own fresh process (:mod:`.rank_workers`); None: ``TVCERT_TRACE_JOBS``, else the
+# CPUs free (set by the CLI's ``--jobs``).
 rank_jobs: Optional[int] = None
 # Called once per trace_plan with {"world", "traced_ranks", "jobs"} (bench/trace_cost.py); None: not called.
 stats_hook: Optional[Callable[[dict], None]] = None
@@ -1288,7 +1290,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     global _progress_where
     lshapes = [local_shape(s, mesh) for s in specs]
     declared = int_bounds_of(specs)  # before inference: an inferred range keeps the ignore mask
-    late: dict[str, Any] = {}  # what a rank's conversion needs from the logical trace (released to the probe)
+    late: dict[str, Any] = {}  # what a rank's conversion needs from the logical trace (released to its process)
 
     def one_rank(r: int):
         global _progress_where
@@ -1337,9 +1339,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         jobs = rank_jobs if rank_jobs is not None else default_jobs()
     except ValueError as exc:
         raise TraceError(str(exc), "input") from None
-    # every rank again, each in a child forked before the logical trace (the state a real rank starts from: it never
-    # runs the logical model), released with the logical outputs' names one at a time beside the real loop (rank_probe.py)
-    probes = rank_probe.start(one_rank, world, late.update)
+    # every rank once, each in a fresh process forked from the state before the logical trace (a real rank never runs
+    # the logical model, nor another rank), released with the logical outputs' names (rank_workers.py)
+    ranks = rank_workers.start(one_rank, world, jobs, late.update, (sys.modules[__name__], "progress_hook"))
     # ---- logical
     _progress_where = "logical model"
     _tick("tracing the logical model")
@@ -1362,12 +1364,9 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         _default_int_ranges(specs, [n.to_json() for n in lnodes])
         lnodes_j, lout_j = _finish_outputs(lnodes, louts, out_names, names)
     except BaseException:
-        if probes is not None:
-            probes.close()
+        ranks.close()
         raise
-    late["out_names"] = out_names
-    if probes is not None:
-        probes.release({"out_names": out_names})  # the ranks, one at a time, beside the real loop
+    ranks.release({"out_names": out_names})
 
     # ---- parallel, per rank
     per_rank: dict[tuple[int, ...], list[dict]] = {}
@@ -1377,7 +1376,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
     t_ranks, c_ranks = time.perf_counter(), time.process_time()
     secs = [0.0, 0.0, 0.0]  # the ranks' setup, make_fx and conversion CPU seconds (summed over ranks)
     try:
-        for r, (nodes_j, outs_j, took) in map_ranks(one_rank, world, jobs, (sys.modules[__name__], "progress_hook")):
+        for r, (nodes_j, outs_j, took) in ranks.results():
             secs = [a + b for a, b in zip(secs, took)]
             if pouts_ref is None:
                 pouts_ref = outs_j
@@ -1385,17 +1384,10 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
                 raise TraceError(f"rank {r} returns different tensors than rank 0", "spmd")
             per_rank[coords_of(r, sizes)] = nodes_j
             outs_by_rank[coords_of(r, sizes)] = outs_j
-            if jobs > 1:
+            if ranks.jobs > 1:
                 _tick(f"traced {r + 1}/{world} ranks")
-        if probes is not None:
-            _tick(f"checking the {world} ranks against their traces in fresh processes")
-            got = dict(probes.results(max(120.0, 2 * (time.perf_counter() - t_ranks))))
-            for r in range(world):
-                _check_probe(r, got.get(r, ("err", "no result")), per_rank[coords_of(r, sizes)],
-                             outs_by_rank[coords_of(r, sizes)])
     finally:
-        if probes is not None:
-            probes.close()
+        ranks.close()
     _progress_where = ""
     t_compress = time.perf_counter()
     try:
@@ -1446,24 +1438,12 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         except PlanError as exc:
             raise TraceError(f"the traced plan does not validate: {exc}", "internal") from None
     if stats_hook is not None:  # where the time went (bench/trace_cost.py): wall seconds, the ranks' CPU seconds
-        stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": min(jobs, world),
+        stats_hook({"world": world, "traced_ranks": len(per_rank), "jobs": ranks.jobs,
                     "logical_s": t_ranks - t_start, "logical_cpu_s": c_ranks - c_start,
                     "ranks_wall_s": t_compress - t_ranks, "rank_setup_s": secs[0], "rank_trace_s": secs[1],
                     "rank_convert_s": secs[2], "compress_s": t_done - t_compress,
                     "validate_s": time.perf_counter() - t_done})
     return plan
-
-
-def _check_probe(rank: int, result: tuple, nodes: list[dict], outs: list) -> None:
-    """Rank ``rank``'s program traced in this process equals its trace in a process forked before the logical
-    model's trace (:mod:`.rank_probe`)."""
-    kind, got = result
-    why = (f"traced alone in a fresh process it fails ({got[:300]})" if kind != "ok" else
-           rank_probe.first_difference(nodes, got[0]) or (None if list(got[1]) == list(outs) else "its outputs differ"))
-    if why:
-        raise TraceError(f"rank {rank}'s trace depends on Python state that tracing the logical model or the other "
-                         f"ranks in this process left behind (a real job runs each rank in its own process): {why}",
-                         "unsupported")
 
 
 def _output_binding(out: str, specs: Sequence[InputSpec]) -> dict:
