@@ -3,7 +3,7 @@
 half blocks), are merged into one in which every rank runs its own (tvcert.frontends.mpmd), and the rule follows
 every rank's own copy.  Near misses are not VERIFIED and are REFUTED by the interpreter; a kernel that stops checking
 the mask's diagonal would verify one, and the conformance check catches it.  One trace per configuration
-(module-scoped); the larger sweep is bench/cp_ring.py."""
+(module-scoped, and cached for the conformance generator's samples); the larger sweep is bench/cp_ring.py."""
 from __future__ import annotations
 
 import sys
@@ -20,10 +20,11 @@ from tvcert.engine.verify import used_rules, verify  # noqa: E402
 from tvcert.plan import load_plan  # noqa: E402
 
 
-def _trace(**kw):
-    import cp_attention
+def _trace(cp, lb, bug=""):
+    """cp_attention.py traced through the conformance generator's cache (its causal samples reuse these traces)."""
+    from tvcert.conform.gens_ring_merge import trace_example
 
-    return cp_attention.tvcert_trace(**kw)
+    return trace_example({"cp": cp, "lb": lb}, bug, causal=True)
 
 
 @pytest.fixture(scope="module")
@@ -78,5 +79,4 @@ def test_broken_kernel_caught_by_conformance(monkeypatch, shifted):
 
     monkeypatch.setattr(ring_causal._Walk, "_tril", lax)
     assert verify(load_plan(plan), refute=False).verdict == "VERIFIED"
-    d = dict(plan, name="llama-" + plan["name"])
-    assert _check_plan(d, "ring_masked_merge", use_float=True).status == "DISAGREE"
+    assert _check_plan(plan, "ring_masked_merge", use_float=True).status == "DISAGREE"
