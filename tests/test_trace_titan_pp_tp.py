@@ -113,6 +113,10 @@ def test_pp_tp_bugs_refuted(plans, bug, smt_budget):
     else:  # the micro-batch mean: the loss divided by 8 tokens, not the step's 16
         divs = [n for n in _nodes(raw, "stage1") if n["op"] == "div" and n.get("src") == _line("BUG no_loss_scale")]
         assert divs
+        # loss and gradients are 2 x the model's: blamed where that factor starts, the div at the bug's line (the
+        # loss-parallel ignore mask before it, `labels != -100`, is an elementwise mask of explained labels)
+        div = res.counterexample["first_divergence"]
+        assert (div["op"], div["program"], div["src"]) == ("div", "stage1", _line("BUG no_loss_scale")), div["text"]
 
 
 def _line(marker: str) -> str:

@@ -174,6 +174,10 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
                 kn.pop(o, None)
             continue
         dtypes = _out_dtypes(n)
+        if _elementwise_index(n, dtypes, kn):
+            for o in n.outputs:
+                kn[o] = "an index / mask tensor computed elementwise from explained values"
+            continue
         for o in n.outputs:
             verdict = judge(pname, i, o) if judge else None
             ex = verdict if isinstance(verdict, str) else (None if verdict is False else
@@ -199,6 +203,18 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
                                                                 _sample(res, g, pname, o), _module(n))))
                 scaled[(pname, o)] = ks
     return first
+
+
+def _elementwise_index(n, dtypes: Mapping[str, str], kn: Mapping[str, str]) -> bool:
+    """An int / bool result (a comparison, a mask) of an elementwise op on explained, non-partial values: on every
+    rank it is that op of the rank's part of logical values, whether or not the logical program spells it
+    (torchtitan's loss-parallel ignore mask ``labels != -100``, which its single-device loss never computes)."""
+    if n.spec.category != "elementwise":
+        return False
+    if not (getattr(n.spec, "result", None) in ("int", "bool") or
+            (n.outputs and all(dtypes.get(o) in ("int", "bool") for o in n.outputs))):
+        return False
+    return not any("Partial" in kn[x] for x in n.inputs)
 
 
 def _sample(res: RunResult, g, pname: str, o: str) -> dict:
