@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import warnings
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tvcert.certificate.check import check_certificate  # noqa: E402
+from tvcert.certificate.emit import build_certificate, dump_certificate  # noqa: E402
+from tvcert.certificate.format import Certificate  # noqa: E402
 from tvcert.conform.gens import Draw  # noqa: E402
 from tvcert.conform.gens_prefix_scan import gen_prefix_scan  # noqa: E402
 from tvcert.engine.verify import used_rules, verify  # noqa: E402
@@ -54,6 +58,8 @@ def test_carried_offset_scan_verifies(spec, variant, sp, block):
     assert res.verdict == "VERIFIED", res.reasons
     want = {"gcumsum": "block_prefix_sum_scanned", "reverse": "block_suffix_sum"}.get(variant, "block_prefix_sum")
     assert want in used_rules(res)
+    # the independent checker replays the pattern its step cites
+    check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
     assert run_plan(plan).equal
 
 

@@ -760,11 +760,11 @@ PATTERNS[_MERGE] = _rank_checked(match_merge, frozenset({("slice", "start"), ("s
 PATTERNS[_MERGE_BWD] = _rank_checked(match_merge_backward, frozenset({("slice", "start"), ("slice", "end")}))
 PATTERN_OPS.update({"sub", "add"})
 
-from .prefix_scan import RULE as _SCAN, block_prefix_sum  # noqa: E402
+from .prefix_scan import MATCHERS as _SCANS  # noqa: E402
 
 # cumsum over a sharded dim with a carried offset (kernel/prefix_scan.py): the coefficient row's rank-dependent
 # attributes are evaluated there on every rank; every other matched op is checked rank-free there
-PATTERNS[_SCAN] = block_prefix_sum
+PATTERNS.update(_SCANS)
 
 from .ring_causal import RULE as _CAUSAL, RULE_BWD as _CAUSAL_BWD, match_causal, match_causal_backward  # noqa: E402
 

@@ -225,22 +225,31 @@ def _check_prefix_row(vals, gshape: tuple[int, ...], g: int, ai: int, suffix: bo
                                       f"{'after' if suffix else 'before'} it)")
 
 
-def block_prefix_sum(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
-    """Match ``cumsum_local(t) + offset`` ending at the add ``index``; returns the derivation and matched nodes."""
-    n = g.nodes[index]
-    if n.op != "add" or len(n.inputs) != 2:
-        raise RuleFailure("not an add")
-    producers = ProducersBefore(g, index)
-    rank_free_attrs(n, kc)
-    last = None
-    for lc_t, o_t in (n.inputs, n.inputs[::-1]):
-        try:
-            found = _local_cumsum(producers, lc_t, facts, kc)
-        except RuleFailure as exc:
-            last = exc
-            continue
-        return _conclude(g, index, producers, found, lc_t, o_t, facts, kc)
-    raise last or RuleFailure("no operand is a local scan")
+def _matcher(want: str):
+    def match(g: Graph, index: int, facts: Mapping[str, Fact], kc: KCtx):
+        n = g.nodes[index]
+        if n.op != "add" or len(n.inputs) != 2:
+            raise RuleFailure("not an add")
+        producers = ProducersBefore(g, index)
+        rank_free_attrs(n, kc)
+        last = None
+        for lc_t, o_t in (n.inputs, n.inputs[::-1]):
+            try:
+                return _conclude(g, index, producers, _local_cumsum(producers, lc_t, facts, kc), o_t, facts, kc, want)
+            except RuleFailure as exc:
+                last = exc
+        raise last
+    match.__name__ = match.__qualname__ = want
+    match.__doc__ = (f"Match ``cumsum_local(t) + offset`` ending at the add ``index`` in the form of rule {want}; "
+                     "returns the derivation and the matched nodes.")
+    return match
+
+
+# one entry per rule id (the certificate checker replays the pattern its step cites)
+block_prefix_sum = _matcher(RULE)
+block_prefix_sum_scanned = _matcher(RULE_SCANNED)
+block_suffix_sum = _matcher(RULE_SUFFIX)
+MATCHERS = {RULE: block_prefix_sum, RULE_SCANNED: block_prefix_sum_scanned, RULE_SUFFIX: block_suffix_sum}
 
 
 def _weighted(producers, core: Node, kc: KCtx, p: int, d: int, r: int) -> tuple[str, str, list[Node]]:
@@ -294,7 +303,7 @@ def _scanned(producers, core: Node, kc: KCtx, a: str, p: int, d: int) -> tuple[s
     return g_t, [core, *an, *bn, *(q for q in nodes if q is not None)]
 
 
-def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
+def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     X = kc.exprs
     n = g.nodes[index]
     t, tf, d, (inner, mm, tri, one, outer), Bs, rev = found
@@ -334,6 +343,8 @@ def _conclude(g, index, producers, found, lc_t, o_t, facts, kc):
     else:
         g_t, m_t, onodes = _weighted(producers, core, kc, p, d, r)
         rule = RULE if rev is None else RULE_SUFFIX
+    if rule != want:
+        raise RuleFailure(f"the scan has the form of {rule}, not {want}")
     ag = _node(producers, g_t, "the gathered totals")
     if ag.op != "all_gather" or single_axis(ag) != a:
         raise RuleFailure(f"the totals are not all_gathered over exactly {a!r}")
