@@ -528,6 +528,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         raise TraceError(str(exc), "input") from None
     # every rank once, in a fresh process forked now: before the logical model is built and before the pre-pass
     # builds each stage's first rank here (a real rank runs neither, nor another rank's trace)
+    T.decompositions()  # tvcert's own table (no user state): built once here, not in every rank's process
     ranks = start_ranks(one_rank, world, jobs, late.update, (T, "progress_hook"))
     try:
         logical_model = model_factory()
@@ -723,7 +724,19 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
             shape = [int(x) for x in spec["shape"]]
             if str(spec.get("dtype", "float")) == "int":
                 r = spec.get("range") or 2  # [lo, hi]: valid labels in [0, hi) (lo is padding)
-                d.append(torch.randint(0, int(r[1] if isinstance(r, list) else r), shape, generator=g))
+                lo, hi = (int(r[0]), int(r[1])) if isinstance(r, list) else (0, int(r))
+                v = torch.randint(max(lo, 0), hi, shape, generator=g)
+                if lo < 0 and shape:
+                    # padded labels, as interp.random_value draws them, in a share growing along the batch dim so
+                    # that micro-batches hold unequal counts of real tokens (a per-micro-batch mean then differs
+                    # from the full-batch mean); each micro-batch's first element keeps a real label
+                    share = (torch.arange(shape[0], dtype=torch.float64) + 1) / (shape[0] + 1) * 0.8
+                    pad = torch.rand(shape, dtype=torch.float64, generator=g) < share.reshape([-1] + [1] * (len(shape) - 1))
+                    for rows in torch.tensor_split(torch.arange(shape[0]), n_mb):
+                        if len(rows):
+                            pad[int(rows[0])].reshape(-1)[0] = False
+                    v = torch.where(pad, torch.full_like(v, lo), v)
+                d.append(v)
             else:
                 d.append(torch.randn(shape, dtype=torch.float64, generator=g))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -742,7 +755,8 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
         b = torch.zeros(()) if b is None else b.detach()
         # (a loss may compute in float32 inside, torchtitan's cross-entropy does; a wrong normalisation is off by
         # a factor, here n_mb, or by the micro-batches' size ratios)
-        if (a.double() - b.double()).abs().max() > 1e-5 * max(1.0, a.double().abs().max().item()):
+        diff = (a.double() - b.double()).abs().max()
+        if not torch.isfinite(diff) or diff > 1e-5 * max(1.0, a.double().abs().max().item()):
             raise TraceError(f"the micro-batch reference is not the full-batch model (its {what} differs): the "
                              f"{combine} of the {n_mb} micro-batch losses is {comb_v.item():.6g}, the loss on the "
                              f"whole batch {full_v.item():.6g} "

@@ -1341,6 +1341,7 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
         raise TraceError(str(exc), "input") from None
     # every rank once, each in a fresh process forked from the state before the logical trace (a real rank never runs
     # the logical model, nor another rank), released with the logical outputs' names (rank_workers.py)
+    decompositions()  # tvcert's own table (no user state): built once here, not in every rank's process
     ranks = rank_workers.start(one_rank, world, jobs, late.update, (sys.modules[__name__], "progress_hook"))
     # ---- logical
     _progress_where = "logical model"
