@@ -6,12 +6,12 @@ For each L it emits the Coq file (``coqjudge.emit``) and runs ``coqc`` on it wit
 Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc alone.
 
     python bench/coq_judge_scaling.py [L ...]        # default: 4 16 64
-    python bench/coq_judge_scaling.py llama          # how much of the llama3-8b 2-layer tp2 dp2 zero1 step
-                                                     # (small dims) has a Coq term and a fact, first blockers
-    python bench/coq_judge_scaling.py llama0         # the same for zero 0, then Coq-checks the plan (or, while
-                                                     # some node has no fact, the part with facts: outputs the
-                                                     # loss and every all_reduced gradient), coqc s / peak MB,
-                                                     # and wrong variants of it
+    python bench/coq_judge_scaling.py llama          # the llama3-8b 2-layer tp2 dp2 zero1 step (small dims):
+                                                     # how much has a Coq term and a fact (first blockers),
+                                                     # then Coq-checks the plan (or, while some node has no
+                                                     # fact, the part with facts: the loss and every all_reduced
+                                                     # gradient), coqc s / peak MB, and wrong variants of it
+    python bench/coq_judge_scaling.py llama0         # the same for zero 0
 """
 from __future__ import annotations
 
@@ -146,11 +146,27 @@ def _mutants(pre: dict) -> list[tuple[str, dict]]:
     by_src = {n.get("src"): n["name"] for n in pre["parallel"][0]["nodes"]}
     bwd_ar = next(n for n in pre["parallel"][0]["nodes"] if n["op"] == "all_reduce" and "bwd" in n.get("src", "")
                   and n["attrs"]["axis"] == "tp")
-    emb, wo = by_src["optim.embedding.grad_all_reduce"], by_src["optim.layer0.wo.grad_all_reduce"]
+    zero = "optim.embedding.grad_reduce_scatter" in by_src   # ZeRO-1: gradients reduce_scattered, state flat
+    sync = "reduce_scatter" if zero else "all_reduce"
+    emb, wo = by_src[f"optim.embedding.grad_{sync}"], by_src[f"optim.layer0.wo.grad_{sync}"]
     out: list[tuple[str, dict]] = []
-    v("embedding gradient without its dp all_reduce", lambda d, n: reroute(d, emb, n[emb]["inputs"][0]))
-    v("embedding gradient all_reduced over tp instead of dp", lambda d, n: n[emb]["attrs"].update(axis="tp"))
-    v("wo gradient all_reduced with avg instead of sum", lambda d, n: n[wo]["attrs"].update(reduce="avg"))
+    if not zero:
+        v("embedding gradient without its dp all_reduce", lambda d, n: reroute(d, emb, n[emb]["inputs"][0]))
+    v(f"embedding gradient {sync} over tp instead of dp", lambda d, n: n[emb]["attrs"].update(axis="tp"))
+    if not zero:
+        v("wo gradient all_reduced with avg instead of sum", lambda d, n: n[wo]["attrs"].update(reduce="avg"))
+    else:
+        lm_perm = next(x["name"] for x in pre["parallel"][0]["nodes"] if x.get("src") == "optim.lm_head.tp_dim_first")
+        v("ZeRO: lm_head gradient flattened without its transpose (wrong flatten order)",
+          lambda d, n: n[by_src["optim.lm_head.grad_flatten"]].update(inputs=n[lm_perm]["inputs"]))
+        v("ZeRO: lm_head parameter shard sliced on the other dp rank", lambda d, n: n[by_src["optim.lm_head.param_shard"]]
+          ["attrs"].update(start="(1-rank.dp)*((h)*(v/tp)/dp)", end="(2-rank.dp)*((h)*(v/tp)/dp)"))
+        v("ZeRO: wo updated parameter all_gathered over tp instead of dp",
+          lambda d, n: n[by_src["optim.layer0.wo.param_all_gather"]]["attrs"].update(axis="tp"))
+        v("ZeRO: clip norm term of wo without its dp all_reduce",
+          lambda d, n: reroute(d, by_src["optim.layer0.wo.sumsq_all_reduce"], by_src["optim.layer0.wo.sumsq"]))
+        v("ZeRO: wo second moment from the unclipped gradient shard",
+          lambda d, n: n[by_src["optim.layer0.wo.g2"]].update(inputs=[wo]))
     v("row-parallel o_proj without its tp all_reduce", lambda d, n: reroute(d, by_src["layer0.o_proj.all_reduce"],
                                                                             by_src["layer0.o_proj"]))
     v("vocab-parallel embedding lookup without its tp all_reduce",
@@ -169,7 +185,7 @@ def _mutants(pre: dict) -> list[tuple[str, dict]]:
       lambda d, n: n[by_src["layer0.q_proj"]].update(inputs=[by_src["embed.all_reduce"], "layer0.wq"]))
     v(f"backward {bwd_ar['src']} skipped", lambda d, n: reroute(d, bwd_ar["name"], bwd_ar["inputs"][0]))
     if "optim.layer0.wo.sq" in by_src:   # the optimizer part (the whole plan)
-        v("clip norm: wo's sum of squares over its partial (pre dp all_reduce) gradient",
+        v(f"clip norm: wo's sum of squares over its partial (pre dp {sync}) gradient",
           lambda d, n: n[by_src["optim.layer0.wo.sq"]].update(inputs=[n[wo]["inputs"][0]]))
         v("clip norm: a replicated parameter's sum of squares not divided by tp",
           lambda d, n: reroute(d, by_src["optim.final_norm.sumsq_dedup"], by_src["optim.final_norm.sumsq"]))
@@ -228,11 +244,8 @@ def llama_mutants(pre: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv == ["llama"]:
-        llama_coverage(llama_plan(1))
-        return
-    if argv == ["llama0"]:
-        d = llama_plan(0)
+    if argv in (["llama"], ["llama0"]):
+        d = llama_plan(0 if argv == ["llama0"] else 1)
         named, cp = llama_coverage(d)
         n = len(d["parallel"][0]["nodes"])
         pre = d if len(named) == n else llama_prefix(d, named, cp)   # the whole plan once every node has a fact

@@ -45,9 +45,13 @@ Record mplan := MPlan {
   mesh : seq nat;                           (* axis sizes, axis 0 outermost *)
   ml_inputs : seq (seq nat);                (* shapes of the logical inputs *)
   ml_nodes : seq gnode;                     (* the single-device graph *)
-  mp_inputs : seq (nat * seq placement);    (* local input j: piece of logical input (fst), one placement per axis *)
+  mp_inputs : seq (nat * seq placement);    (* local input j: piece of logical value (fst), one placement per axis;
+                                               the value is a logical input, or a binding layout of one: a
+                                               node the printer appends to [ml_nodes] (ZeRO's flat optimizer
+                                               state, reshape(permute(x))) *)
   mp_nodes : seq pnode;                     (* the SPMD program every rank runs *)
-  mp_outputs : seq (nat * nat * seq placement)  (* (logical id, parallel id, placements) *)
+  mp_outputs : seq (nat * nat * seq placement)  (* (logical id, parallel id, placements); the logical value is
+                                                   an output, or a binding layout of one, as for inputs *)
 }.
 
 (** Local shape of a tensor of shape [s] under one placement per axis. *)
@@ -63,6 +67,13 @@ Definition coll_shape (p : nat) (cl : coll) (s : shape) : shape :=
   | CAllGather d => set_nth 0%N s d (nth 0%N s d * p)
   | CReduceScatter d => set_nth 0%N s d (nth 0%N s d %/ p)
   | CSliceRank d m => set_nth 0%N s d m
+  end.
+
+(** The shapes of the logical graph's values (inputs first): the shape part of [lrun] below. *)
+Fixpoint lrun_s (ss : seq shape) (ns : seq gnode) : seq shape :=
+  match ns with
+  | [::] => ss
+  | n :: ns' => lrun_s (rcons ss (gop_shape (g_op n) (map (nth [::] ss) (g_args n)))) ns'
   end.
 
 Local Open Scope ring_scope.
@@ -147,18 +158,19 @@ Definition ml_init (P : mplan) (X : seq (tensor R)) : seq lentry :=
 
 Definition mp_init (P : mplan) (L : seq mfamily) : seq mentry :=
   mkseq (fun j => let b := nth (0%N, [::]) (mp_inputs P) j in
-                  let s := mlocal_shape (mesh P) (nth [::] (ml_inputs P) b.1) b.2 in
+                  let s := mlocal_shape (mesh P) (nth [::] (lrun_s (ml_inputs P) (ml_nodes P)) b.1) b.2 in
                   (s, fun c => mask s (nth (fun _ => zero_t R) L j c))) (size (mp_inputs P)).
 
-(** For all logical inputs [X] and all local inputs [L] placed as declared, every
-    declared output of the parallel program has the local shape of its logical
-    output under its placements and holds it under them. *)
+(** For all logical inputs [X] and all local inputs [L] placed as declared (each the
+    piece of its logical value: an input of [X], or a binding layout of one), every
+    declared output of the parallel program has the local shape of its logical value
+    under its placements and holds it under them. *)
 Definition mequiv_at (P : mplan) : Prop :=
   forall (X : seq (tensor R)) (L : seq mfamily),
+  let le := lrun (ml_init P X) (ml_nodes P) in
   (forall j, (j < size (mp_inputs P))%N ->
      let b := nth (0%N, [::]) (mp_inputs P) j in
-     mplaced (mesh P) (nth [::] (ml_inputs P) b.1) b.2 (nth (zero_t R) X b.1) (nth (fun _ => zero_t R) L j)) ->
-  let le := lrun (ml_init P X) (ml_nodes P) in
+     mplaced (mesh P) (nth ldflt le b.1).1 b.2 (nth ldflt le b.1).2 (nth (fun _ => zero_t R) L j)) ->
   let pe := mrun (mesh P) (mp_init P L) (mp_nodes P) in
   forall lo po pls, List.In (lo, po, pls) (mp_outputs P) ->
     (nth mdflt pe po).1 = mlocal_shape (mesh P) (nth ldflt le lo).1 pls /\

@@ -13,8 +13,8 @@
       axis after [k] commutes with it ([inner_ok]): Replicate, a Shard (of another
       dim than the gathered / scattered one), or a Partial(sum|avg) (not under a max). *)
 From mathcomp Require Import all_ssreflect.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.LayoutOps IR.LayoutRule IR.Mesh.
-Import JSyntax JDenote JCheck JSoundOps JLayout JLayoutRule JMesh.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.LayoutOps IR.LayoutSound IR.LayoutRule IR.Mesh.
+Import JSyntax JDenote JCheck JSoundOps JLayout JLayoutSound JLayoutRule JMesh.
 
 Module JMeshCheck.
 
@@ -106,12 +106,6 @@ Fixpoint mrun_s (ms : seq nat) (ss : seq shape) (ns : seq pnode) : seq shape :=
   | n :: ns' => mrun_s ms (rcons ss (pnode_shape ms ss n)) ns'
   end.
 
-(** Shapes of the logical graph: the shape part of [lrun]. *)
-Fixpoint lrun_s (ss : seq shape) (ns : seq gnode) : seq shape :=
-  match ns with
-  | [::] => ss
-  | n :: ns' => lrun_s (rcons ss (gop_shape (g_op n) (map (nth [::] ss) (g_args n)))) ns'
-  end.
 
 Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _ _ a => [:: a] end.
 
@@ -139,18 +133,93 @@ Definition dedup_ok (o : gop) (af : seq mfact) (f : mfact) : bool :=
   | _, _ => false
   end.
 
+(** ** Equal logical values.  A certificate may name auxiliary logical nodes (ZeRO's flat views of
+    a gradient, a moment, a parameter: layout ops with no logical counterpart); [veq b a] says
+    the value of [a] is the value of [b], for the shapes ZeRO's flattening takes. *)
+Definition lnode (l : nat) : gnode := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni).
+Definition arg0 (l : nat) : nat := head 0 (g_args (lnode l)).
+Definition lsh (l : nat) : shape := nth [::] ls l.
+
+(** [l] is a logical node computing [o] from [args], each computed before it. *)
+Definition node_is (l : nat) (o : gop) (args : seq nat) : bool :=
+  (ni <= l) && (l < size ls) && gop_eqb (g_op (lnode l)) o && (g_args (lnode l) == args) &&
+  all (fun a => a < l) args.
+
+(** [a] = reshape(reshape(b, s1), shape of b), s1 of as many elements (a flat view of [b] and back). *)
+Definition rr_back (b a : nat) : bool :=
+  let a1 := arg0 a in
+  node_is a (GL (Reshape (lsh b))) [:: a1] &&
+  match g_op (lnode a1) with
+  | GL (Reshape s1) => node_is a1 (GL (Reshape s1)) [:: b] && (prodn s1 == prodn (lsh b))
+  | _ => false
+  end.
+
+(** [a] = permute(v, [1, 0]) with [v] a flat view and back of permute(b, [1, 0]), [b] 2-D. *)
+Definition pp_back (b a : nat) : bool :=
+  let a1 := arg0 a in
+  let a3 := arg0 (arg0 a1) in
+  node_is a (GL (Permute [:: 1; 0])) [:: a1] && rr_back a3 a1 &&
+  node_is a3 (GL (Permute [:: 1; 0])) [:: b] && (size (lsh b) == 2).
+
+(** [b] sums every dim of a 1-D or 2-D [d]; [a] sums dim 0 of [d] flattened (transposed first or not). *)
+Definition sum_flat (b a : nat) : bool :=
+  let a1 := arg0 a in
+  let d := arg0 b in
+  let sd := lsh d in
+  node_is a (GO (Sum [:: 0])) [:: a1] && node_is b (GO (Sum (iota 0 (size sd)))) [:: d] &&
+  ((size sd == 1) || (size sd == 2)) &&
+  (node_is a1 (GL (Reshape [:: prodn sd])) [:: d] ||
+   (size sd == 2) && node_is a1 (GL (Reshape [:: prodn sd])) [:: arg0 a1] &&
+   node_is (arg0 a1) (GL (Permute [:: 1; 0])) [:: d]).
+
+Definition veq (b a : nat) : bool := (a == b) || rr_back b a || pp_back b a || sum_flat b a.
+
+(** ** Elementwise ops commute with a layout op (every non-scalar operand has the result's shape). *)
+(** The number of operands of an elementwise op (0: not one). *)
+Definition ew_arity (o : gop) : nat :=
+  match o with
+  | GO Add | GO Sub | GO Mul | GO Div => 2
+  | GO Neg | GO Square | GO (Scale _) | GO (Fn _) | GL (AddScalar _) | GL CastF => 1
+  | _ => 0
+  end.
+
+(** A layout op that reads its input through a bijective index map at shape [s]. *)
+Definition reix_ok (lo : lop) (s : shape) : bool :=
+  match lo with
+  | Reshape s' => prodn s' == prodn s
+  | Permute ds => perm_ok ds s
+  | _ => false
+  end.
+
+(** [l] is [o] of [xs], or a layout op [lo] of [l'] where each non-scalar [x] of [xs] is [lo] of an [x']
+    of [l']'s shape and [l'] is (recursively) [o] of the [x']s: the elementwise op on the flat views. *)
+Fixpoint comm_ok (k : nat) (o : gop) (l : nat) (xs : seq nat) : bool :=
+  node_is l o xs ||
+  match k, g_op (lnode l) with
+  | k'.+1, GL lo =>
+      let l' := arg0 l in
+      let xs' := map (fun x => if lsh x == [::] then x else arg0 x) xs in
+      node_is l (GL lo) [:: l'] && reix_ok lo (lsh l') && (lsh l' != [::]) &&
+      all (fun x => (lsh x == [::]) || node_is x (GL lo) [:: arg0 x] && (lsh (arg0 x) == lsh l')) xs &&
+      comm_ok k' o l' xs'
+  | _, _ => false
+  end.
+
 Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   let: (l, pls) := f in
   match n, af with
   | PColl cl k _, [:: (l1, pls1)] => (l == l1) && (l < size ls) && coll_ok ms (nth [::] ls l) cl k pls1 pls
   | PColl _ _ _, _ => false
   | PLocal o _, _ =>
-      let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
+      let ln := lnode l in
       is_glocal (g_op ln) && (ni <= l) && (l < size ls) &&
       gop_eqb (relocal (g_op ln) (mlocal_shape ms (nth [::] ls l) pls)) o &&
-      (g_args ln == map fst af) && all (fun a => a < l) (g_args ln) &&
+      (size (g_args ln) == size af) && all (fun ba => veq ba.1 ba.2) (zip (g_args ln) (map fst af)) &&
+      all (fun a => a < l) (g_args ln) &&
       mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls &&
       mpl_ok ms (nth [::] ls l) pls
+      || (0 < ew_arity o) && (size af == ew_arity o) && (l < size ls) && comm_ok 4 o l (map fst af) &&
+         mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls && mpl_ok ms (nth [::] ls l) pls
       || dedup_ok o af f
   end.
 
@@ -174,7 +243,7 @@ End Checker.
 Definition mcheck (P : mplan) (c : seq mfact) : bool :=
   let ls := lrun_s (ml_inputs P) (ml_nodes P) in
   all (fun p => 0 < p) (mesh P) &&
-  all (fun b => (b.1 < size (ml_inputs P)) && mpl_ok (mesh P) (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) &&
+  all (fun b => (b.1 < size ls) && mpl_ok (mesh P) (nth [::] ls b.1) b.2) (mp_inputs P) &&
   mcheck_nodes P ls (mp_inputs P) (mp_nodes P) c &&
   all (mcheck_output ls (mp_inputs P ++ c)) (mp_outputs P).
 
@@ -185,6 +254,7 @@ Definition with_lnodes (P : mplan) (xs : seq gnode) : mplan :=
   MPlan (mesh P) (ml_inputs P) (ml_nodes P ++ xs) (mp_inputs P) (mp_nodes P) (mp_outputs P).
 
 Definition mcheckx (P : mplan) (xs : seq gnode) (c : seq mfact) : bool :=
-  all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_outputs P) && mcheck (with_lnodes P xs) c.
+  all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_outputs P) &&
+  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_inputs P) && mcheck (with_lnodes P xs) c.
 
 End JMeshCheck.

@@ -1,12 +1,12 @@
 (** * Soundness of the mesh checker: [mcheck P c = true -> mplan_equiv P]. *)
 From mathcomp Require Import all_ssreflect all_algebra.
 From Coq Require Import FunctionalExtensionality.
-From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutRule IR.Mesh IR.MeshCheck.
+From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.Lists IR.SoundOps IR.LayoutOps IR.LayoutSound IR.LayoutRule IR.Mesh IR.MeshCheck IR.MeshFlat.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
-Import JSyntax JDenote JCheck JLists JSoundOps JLayout JLayoutRule JMesh JMeshCheck.
+Import JSyntax JDenote JCheck JLists JSoundOps JLayout JLayoutRule JMesh JMeshCheck JMeshFlat.
 
 Module JMeshSound.
 Local Open Scope ring_scope.
@@ -741,6 +741,7 @@ elim: ns env => [|n ns IH] env //=; rewrite IH map_rcons; congr (lrun_s (rcons _
 by rewrite /JMesh.lrun_node /= -map_comp; congr (gop_shape _ _); apply: eq_map => a /=; rewrite lnth_fst.
 Qed.
 
+
 Section Plan.
 Variable P : mplan.
 Variable X : seq tensor.
@@ -776,6 +777,114 @@ rewrite /le -{2}(cat_take_drop (l - ni) (ml_nodes P)) lrun_cat [in RHS]lrun_pref
 by rewrite size_lrun size_take jl sz subnKC.
 Qed.
 
+
+Lemma gop_eqbP a b : gop_eqb a b -> a = b.
+Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. Qed.
+
+(** ** Equal logical values ([MeshCheck.veq]) and elementwise ops on flat views ([MeshCheck.comm_ok]) *)
+Lemma node_is_sound l o args : node_is P ls l o args -> nth ldflt le l = lrun_node le (GNode o args).
+Proof.
+rewrite /node_is /lnode => /andP [/andP [/andP [/andP [nl ll] /gop_eqbP eo] /eqP ea] al].
+have ll' : (l < size le)%N by rewrite -msize_ls.
+have hm : nth ldflt le l = lrun_node le (nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni)).
+  by apply: mle_node => //; rewrite ea.
+by rewrite hm; case: (nth _ (ml_nodes P) (l - ni)) eo ea => o' a' /= -> ->.
+Qed.
+
+Lemma le_zmask k : zmask (nth ldflt le k).1 (nth ldflt le k).2.
+Proof.
+have sz : size (ml_init P X) = ni by rewrite size_mkseq.
+case: (ltnP k ni) => kn.
+  by rewrite /le lrun_prefix ?sz // /ml_init nth_mkseq // => i /= ii; rewrite /mask (negbTE ii).
+case: (ltnP k (size le)) => kl; last by rewrite nth_default.
+have jl : (k - ni < size (ml_nodes P))%N by move: kl; rewrite /le size_lrun sz ltn_subLR.
+by rewrite /le -(subnKC kn) -{1 3}sz lrun_node_at // => i; apply: gop_val_masked.
+Qed.
+
+Lemma lsh_le k : lsh ls k = (nth ldflt le k).1.
+Proof. exact: mls_le. Qed.
+
+Lemma rr_back_sound b a : rr_back P ls b a -> nth ldflt le a = nth ldflt le b.
+Proof.
+rewrite /rr_back => /andP [ha]; case E: (g_op (lnode P (arg0 P a))) => [?|[s1|||||||||||||||||||||]] //.
+case/andP=> h1 /eqP hp.
+rewrite (node_is_sound ha) /JMesh.lrun_node /= (node_is_sound h1) /JMesh.lrun_node /= lsh_le.
+rewrite lsh_le in hp.
+case: (nth ldflt le b) hp (@le_zmask b) => sb vb /= hp zb.
+by rewrite reshape_back.
+Qed.
+
+Lemma pp_back_sound b a : pp_back P ls b a -> nth ldflt le a = nth ldflt le b.
+Proof.
+rewrite /pp_back => /andP [/andP [/andP [ha hr] h3] /eqP s2].
+rewrite (node_is_sound ha) /JMesh.lrun_node /= (rr_back_sound hr) (node_is_sound h3) /JMesh.lrun_node /=.
+rewrite lsh_le in s2.
+case: (nth ldflt le b) s2 (@le_zmask b) => sb vb /= s2 zb.
+rewrite permute_back //; congr (_, _).
+by case: sb s2 {zb} => [|x [|y [|]]].
+Qed.
+
+Lemma sum_flat_sound b a : sum_flat P ls b a -> nth ldflt le a = nth ldflt le b.
+Proof.
+rewrite /sum_flat !lsh_le => /andP [/andP [/andP [ha hb] hsz] hc].
+rewrite (node_is_sound ha) (node_is_sound hb) /JMesh.lrun_node /=.
+move: hb hsz hc; set d := arg0 P b; set a1 := arg0 P a => hb hsz hc.
+case/orP: hc => [h1 | /andP [/andP [s2 h1] h2]].
+- rewrite (node_is_sound h1) /JMesh.lrun_node /=.
+  case: (nth ldflt le d) hsz => sd vd /=.
+  case: sd => [|x [|y [|]]] //= _.
+  + by rewrite -sum_flat1.
+  + by rewrite -sum_flat2.
+- rewrite (node_is_sound h1) /JMesh.lrun_node /= (node_is_sound h2) /JMesh.lrun_node /=.
+  case: (nth ldflt le d) s2 => sd vd /= s2.
+  case: sd s2 => [|x [|y [|]]] //= _.
+  by rewrite -sum_flat2t.
+Qed.
+
+Lemma veq_sound b a : veq P ls b a -> nth ldflt le a = nth ldflt le b.
+Proof.
+rewrite /veq => /orP [/orP [/orP [/eqP -> //|]|]|]; [exact: rr_back_sound | exact: pp_back_sound | exact: sum_flat_sound].
+Qed.
+
+Lemma veq_map (bs as_ : seq nat) : size bs = size as_ -> all (fun ba => veq P ls ba.1 ba.2) (zip bs as_) ->
+  map (nth ldflt le) bs = map (nth ldflt le) as_.
+Proof.
+elim: bs as_ => [|b bs IH] [|a as_] //= [sz] /andP [h H].
+by rewrite (veq_sound h) (IH as_).
+Qed.
+
+Lemma comm_sound k o l xs : (0 < ew_arity o)%N -> size xs = ew_arity o ->
+  comm_ok P ls k o l xs -> nth ldflt le l = lrun_node le (GNode o xs).
+Proof.
+elim: k l xs => [|k IH] l xs ar sz /=.
+  by rewrite orbF => /node_is_sound.
+case/orP => [/node_is_sound //|].
+case E: (g_op (lnode P l)) => [//|lo].
+move=> /andP [/andP [/andP [/andP [hl rk] ns] hall] hc].
+move: hl rk ns hc; set l' := arg0 P l => hl rk ns hc.
+set f := fun x => if lsh ls x == [::] then x else arg0 P x.
+have sz' : size (map f xs) = ew_arity o by rewrite size_map.
+have IHl := IH l' (map f xs) ar sz' hc.
+rewrite (node_is_sound hl) /JMesh.lrun_node /= IHl /JMesh.lrun_node /=.
+rewrite lsh_le IHl /= in rk ns.
+set es := map (nth ldflt le) (map f xs).
+set s := gop_shape o (map fst es) in rk ns *.
+have M : map (nth ldflt le) xs = map (ew_e fn lo s) es.
+  rewrite /es -!map_comp; apply/eq_in_map => x xin /=.
+  have := allP hall x xin; rewrite /f; case: ifP => [h0 _ | h0 /andP [hx /eqP hs]].
+    by rewrite /ew_e /ew_sh /ew_t -lsh_le h0 lsh_le; case: (nth ldflt le x).
+  rewrite (node_is_sound hx) /JMesh.lrun_node /=.
+  have hs' : (nth ldflt le (arg0 P x)).1 = s by rewrite -lsh_le hs lsh_le IHl.
+  by rewrite /ew_e /ew_sh /ew_t hs' (negbTE ns).
+have hall' : all (fun e => (e.1 == [::]) || (e.1 == s)) es.
+  rewrite /es !all_map; apply/allP => x xin /=; have := allP hall x xin.
+  rewrite /f; case: ifP => [h0 _|_ /andP [_ /eqP h]]; first by rewrite -lsh_le h0.
+  by rewrite -lsh_le h lsh_le IHl eqxx orbT.
+have sz'' : size es = ew_arity o by rewrite /es size_map.
+have [E1 E2] := @ew_gop R fn lo o s es sz'' ar rk ns erefl hall'.
+by rewrite M E1 E2.
+Qed.
+
 Definition mfact_ok (f : mfact) (e : mentry) : Prop :=
   (f.1 < size le)%N /\
   marg_ok ms (nth ldflt le f.1).1 f.2 (nth ldflt le f.1).2 e.1 e.2.
@@ -783,30 +892,27 @@ Definition mfact_ok (f : mfact) (e : mentry) : Prop :=
 Definition minv (fs : seq mfact) (E : seq mentry) : Prop :=
   size fs = size E /\ forall k, (k < size fs)%N -> mfact_ok (nth dmfact fs k) (nth mdflt E k).
 
-Lemma mlocal_sound fs E o args l pls :
+Lemma mlocal_sound fs E o args o' l pls :
   minv fs E -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N args ->
   let af := map (nth dmfact fs) args in
-  let ln := nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni) in
-  is_glocal (g_op ln) ->
-  (ni <= l)%N -> (l < size ls)%N -> relocal (g_op ln) (mlocal_shape ms (nth [::] ls l) pls) = o ->
-  g_args ln = map fst af ->
-  all (fun a => a < l)%N (g_args ln) ->
-  mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls ->
+  is_glocal o' -> (l < size ls)%N ->
+  nth ldflt le l = lrun_node le (GNode o' (map fst af)) ->
+  relocal o' (mlocal_shape ms (nth [::] ls l) pls) = o ->
+  mrule ms o' (map (nth [::] ls) (map fst af)) (map snd af) pls ->
   mpl_ok ms (nth [::] ls l) pls ->
   mfact_ok (l, pls) (mrun_node fn ms E (PLocal o args)).
 Proof.
-move=> [szf I] p0 aa af ln loc nl ll eo ea al ru ok.
+move=> [szf I] p0 aa af loc ll hl eo ru ok.
 have ll' : (l < size le)%N by rewrite -msize_ls.
-have hl := mle_node nl ll' al; rewrite -/ln in hl.
 have szaf : size af = size args by rewrite size_map.
 have Iarg : forall k, (k < size args)%N -> mfact_ok (nth dmfact af k) (nth mdflt E (nth 0%N args k)).
   move=> k ka; rewrite (nth_map 0%N) //; apply: I; exact: (allP aa _ (mem_nth 0%N ka)).
-set lo := g_op ln in loc eo ru.
-set lids := map fst af in ea ru *.
+set lo := o' in loc eo ru hl.
+set lids := map fst af in ru hl *.
 set lss := map (nth [::] ls) lids in ru *.
-have elss : map fst (map (nth ldflt le) (g_args ln)) = lss.
-  by rewrite ea -map_comp /lss; apply: eq_map => a /=; rewrite mls_le.
+have elss : map fst (map (nth ldflt le) lids) = lss.
+  by rewrite -map_comp /lss; apply: eq_map => a /=; rewrite mls_le.
 set Ts := map (fun a => (nth ldflt le a).2) lids.
 set pss := map (fun a => (nth mdflt E a).1) args.
 set Ls := map (fun a => (nth mdflt E a).2) args.
@@ -826,15 +932,12 @@ have z4 : size Ls = size (map snd af) by rewrite !size_map.
 have [hsh hpd] := mrule_sound loc p0 z1 z2 z3 z4 A ru ok.
 rewrite eo in hsh hpd.
 split => //.
-have hle : nth ldflt le l = (gop_shape lo lss, gop_val lo lss (map snd (map (nth ldflt le) (g_args ln)))).
-  by rewrite hl /JMesh.lrun_node elss.
-have hv : (nth ldflt le l).2 = gop_val lo lss Ts.
-  rewrite hle /= -!map_comp; congr (gop_val _ _ _).
-  by rewrite ea /Ts /lids.
+have hle : nth ldflt le l = (gop_shape lo lss, gop_val lo lss Ts).
+  by rewrite hl /JMesh.lrun_node elss /Ts -!map_comp.
 have hrn : mrun_node fn ms E (PLocal o args) = (gop_shape o pss, fun c => gop_val o pss (map (fun L => L c) Ls)).
   rewrite /mrun_node /pss /Ls; congr (_, _); first by rewrite -map_comp.
   by apply: functional_extensionality => c; rewrite -!map_comp.
-rewrite hrn hv hle /=; split => //.
+rewrite hrn hle /=; split => //.
 - by move=> i ni'; rewrite gop_val_masked.
 - by move=> c i ni'; rewrite gop_val_masked.
 Qed.
@@ -856,8 +959,6 @@ split => //; rewrite /mrun_node /=; split => //.
 - by move=> c i ni'; rewrite /coll_step /mask /= ifN.
 Qed.
 
-Lemma gop_eqbP a b : gop_eqb a b -> a = b.
-Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. Qed.
 
 Lemma mlocal_nil_rep ms' : mlocal_shape ms' [::] (nseq (size ms') Replicate) = [::].
 Proof. by elim: ms' => //= p ms' IH. Qed.
@@ -903,6 +1004,9 @@ split => //; split.
 - by move=> c i ni'; rewrite /mrun_node /= /op_val /mask ifN.
 Qed.
 
+Lemma ew_glocal o : (0 < ew_arity o)%N -> is_glocal o /\ forall s, relocal o s = o.
+Proof. by case: o => [[]|[]]. Qed.
+
 Lemma mderive_sound fs E n f :
   minv fs E -> all (fun p => 0 < p)%N ms ->
   all (fun a => a < size fs)%N (pargs n) ->
@@ -910,9 +1014,17 @@ Lemma mderive_sound fs E n f :
   mfact_ok f (mrun_node fn ms E n).
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
-- rewrite /mderive; case/orP => [|dd]; last exact: (mdedup_sound I aa dd).
-  move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP ea] al] ru] ok].
-  exact: (mlocal_sound I p0 aa loc nl ll eo ea al ru ok).
+- rewrite /mderive; case/orP => [/orP [|]|dd]; last exact: (mdedup_sound I aa dd).
+  + move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP sz] hv] al] ru] ok].
+    have ll' : (l < size le)%N by rewrite -msize_ls.
+    have sz' : size (g_args (lnode P l)) = size (map fst (map (nth dmfact fs) args)) by rewrite size_map.
+    apply: (mlocal_sound I p0 aa loc ll _ eo ru ok).
+    rewrite (mle_node nl ll' al) /JMesh.lrun_node /= (veq_map sz' hv).
+    by [].
+  + move=> /andP [/andP [/andP [/andP [/andP [ar /eqP sz] ll] hc] ru] ok].
+    have [loc rel] := ew_glocal ar.
+    have sz' : size (map fst (map (nth dmfact fs) args)) = ew_arity o by move: sz; rewrite /= !size_map.
+    exact: (mlocal_sound I p0 aa loc ll (comm_sound ar sz' hc) (rel _) ru ok).
 - by move: aa => /= /andP [xs _]; apply: mcoll_sound.
 Qed.
 
@@ -933,24 +1045,21 @@ Qed.
 Lemma minit_inv (L : seq mfamily) :
   (forall j, (j < size (mp_inputs P))%N ->
      let b := nth (0%N, [::]) (mp_inputs P) j in
-     mplaced ms (nth [::] (ml_inputs P) b.1) b.2 (nth zero_t X b.1) (nth (fun _ => zero_t) L j)) ->
-  all (fun b => (b.1 < ni)%N && mpl_ok ms (nth [::] (ml_inputs P) b.1) b.2) (mp_inputs P) ->
+     mplaced ms (nth ldflt le b.1).1 b.2 (nth ldflt le b.1).2 (nth (fun _ => zero_t) L j)) ->
+  all (fun b => (b.1 < size ls)%N && mpl_ok ms (nth [::] ls b.1) b.2) (mp_inputs P) ->
   minv (mp_inputs P) (mp_init P L).
 Proof.
 move=> HL ok; split; first by rewrite size_mkseq.
 move=> k kp; have /andP [li okb] := all_nthP (0%N, [::]) ok k kp.
 have /= Hk := HL k kp.
-rewrite /mp_init nth_mkseq //.
+rewrite /mp_init nth_mkseq // -/ls.
 case: (nth _ (mp_inputs P) k) li okb Hk => l pls /= li okb Hk.
-have szi : size (ml_init P X) = ni by rewrite size_mkseq.
-have hle : nth ldflt le l = (nth [::] (ml_inputs P) l, mask (nth [::] (ml_inputs P) l) (nth zero_t X l)).
-  by rewrite /le lrun_prefix ?szi // /ml_init nth_mkseq.
-split; first by rewrite /le size_lrun szi (leq_trans li) ?leq_addr.
-rewrite hle /=; split => //.
-- apply: (mplaced_Lext (L := nth (fun _ => zero_t) L k)); first by move=> c i ii; rewrite /mask ii.
-  by apply: mplaced_ext Hk => i ii; rewrite /mask ii.
-- by move=> i ni'; rewrite /mask ifN.
-- by move=> c i ni'; rewrite /mask ifN.
+split; first by rewrite -msize_ls.
+rewrite -mls_le in Hk *; split => //.
+- apply: (mplaced_Lext (L := nth (fun _ => zero_t) L k)) Hk => c i ii.
+  by rewrite /= /mask ifT.
+- by rewrite /= mls_le; apply: le_zmask.
+- by move=> c i ni'; rewrite /= /mask ifN.
 Qed.
 
 End Plan.
@@ -958,9 +1067,9 @@ End Gen.
 
 Lemma mcheck_sound_at (R : realFieldType) (fn : nat -> R -> R) P c : mcheck P c -> mequiv_at fn P.
 Proof.
-move=> C X L HL le pe lo po pls Hin.
+move=> C X L le HL pe lo po pls Hin.
 move: C; rewrite /mcheck => /andP [/andP [/andP [p0 okin] cn] cout].
-have I0 := minit_inv fn HL okin.
+have I0 := minit_inv HL okin.
 have [_ I1] := mcheck_nodes_sound I0 p0 cn.
 have /= := all_In cout Hin.
 move=> /andP [/andP [/andP [lo_ok po_ok] /eqP e1] /pls_eqbP e2].
@@ -974,18 +1083,36 @@ Proof. by move=> C R fn; apply: mcheck_sound_at C. Qed.
 
 Lemma mequiv_with_lnodes (R : realFieldType) (fn : nat -> R -> R) P xs :
   all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P))%N (mp_outputs P) ->
+  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P))%N (mp_inputs P) ->
   mequiv_at fn (with_lnodes P xs) -> mequiv_at fn P.
 Proof.
-move=> ok H X L HL /= lo po pls Hin.
-have := H X L HL lo po pls Hin; rewrite /= lrun_cat.
-have lo' : (lo < size (lrun fn (ml_init P X) (ml_nodes P)))%N.
-  by rewrite size_lrun size_mkseq; have /= := all_In ok Hin.
-by rewrite lrun_prefix.
+move=> ok oki H X L /= HL lo po pls Hin.
+have sz : size (lrun fn (ml_init P X) (ml_nodes P)) = (size (ml_inputs P) + size (ml_nodes P))%N.
+  by rewrite size_lrun size_mkseq.
+have pre : forall k, (k < size (ml_inputs P) + size (ml_nodes P))%N ->
+    nth (ldflt R) (lrun fn (ml_init P X) (ml_nodes P ++ xs)) k = nth (ldflt R) (lrun fn (ml_init P X) (ml_nodes P)) k.
+  by move=> k kn; rewrite lrun_cat lrun_prefix // sz.
+have shp : forall k, (k < size (ml_inputs P) + size (ml_nodes P))%N ->
+    nth [::] (lrun_s (ml_inputs P) (ml_nodes P ++ xs)) k = nth [::] (lrun_s (ml_inputs P) (ml_nodes P)) k.
+  move=> k kn; have e := @ml_init_shapes R P X.
+  by rewrite -e -!(@lrun_shapes R fn) !lnth_fst pre.
+have mi : mp_init (with_lnodes P xs) L = mp_init P L.
+  apply/eq_in_map => j; rewrite mem_iota add0n => /andP [_ jn] /=.
+  by rewrite shp //; apply: (all_nthP (0%N, [::]) oki).
+have lo' : (lo < size (ml_inputs P) + size (ml_nodes P))%N by have /= := all_In ok Hin.
+have HL' : forall j, (j < size (mp_inputs P))%N ->
+    let b := nth (0%N, [::]) (mp_inputs P) j in
+    mplaced (mesh P) (nth (ldflt R) (lrun fn (ml_init P X) (ml_nodes P ++ xs)) b.1).1 b.2
+      (nth (ldflt R) (lrun fn (ml_init P X) (ml_nodes P ++ xs)) b.1).2 (nth (fun _ => zero_t R) L j).
+  move=> j jn /=; rewrite pre; first exact: HL.
+  by apply: (all_nthP (0%N, [::]) oki).
+have := H X L HL' lo po pls Hin; rewrite /= mi.
+by rewrite !pre.
 Qed.
 
 Theorem mcheckx_sound (P : mplan) xs (c : seq mfact) : mcheckx P xs c = true -> mplan_equiv P.
 Proof.
-case/andP => ok C R fn; apply: (mequiv_with_lnodes ok).
+case/andP => /andP [ok oki] C R fn; apply: (mequiv_with_lnodes ok oki).
 exact: (mcheck_sound C).
 Qed.
 

@@ -87,7 +87,7 @@ class CoqPlan:
     l_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_shapes: list[tuple[int, ...]] = field(default_factory=list)
     p_input_ids: list[int] = field(default_factory=list)  # ids of p_inputs (positions, except in a probe)
-    x_nodes: list[CNode] = field(default_factory=list)    # auxiliary logical consts (search): MeshCheck.mcheckx
+    x_nodes: list[CNode] = field(default_factory=list)    # auxiliary logical nodes (search): MeshCheck.mcheckx
 
     @property
     def sizes(self) -> list[int]:
@@ -175,6 +175,16 @@ def _mlocal_shape(s, pls: Pls, sizes: list[int]):
     for pl, p in zip(pls, sizes):
         s = _local_shape(s, pl, p)
     return tuple(s)
+
+
+LAYOUT_BIND = ("reshape", "view", "flatten", "permute")  # binding layout steps with a Coq term
+
+
+def _prod(s) -> int:
+    out = 1
+    for x in s:
+        out *= x
+    return out
 
 
 # ----------------------------------------------------------------- translation
@@ -343,8 +353,7 @@ def _graph(g: Graph, where: str, env: dict, axes: list[str], sizes: list[int], f
 
 
 def _placement(b, axes: list[str], shape: tuple[int, ...]) -> Pls:
-    if b.layout:
-        raise ValueError("layout transforms are not covered")
+    """A binding's placements on the mesh axes, on the shape after its layout (``shape``)."""
     out = []
     for axis in axes:
         pl = b.placement.get(axis)
@@ -392,6 +401,25 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
         l_shapes.append(tuple(s))
         l_inputs.append((t.name, tuple(s)))
     l_nodes = _graph(plan.logical, "logical", env, axes, sizes, fns, l_ids, l_shapes, linf, unc, probe)
+    lay_ids: dict[tuple, int] = {}
+
+    def laid(b, lid: int) -> int:
+        """The logical id of binding b's value: its logical tensor, or the layout nodes appended for it
+        (``Mesh.mp_inputs``: a local input / output is the piece of a layout of its logical tensor)."""
+        for j, (op, attrs) in enumerate(b.layout):
+            if op not in LAYOUT_BIND:
+                raise ValueError(f"layout step {op!r} is not covered (reshape / view / flatten / permute are)")
+            lop = lop_of(op, dict(resolve_attrs(REGISTRY[op], attrs, env)), [l_shapes[lid]], fns)
+            key = (lop, lid)
+            if key not in lay_ids:
+                s = _shape(lop, [l_shapes[lid]])
+                if lop[0] == "Reshape" and _prod(s) != _prod(l_shapes[lid]):
+                    raise ValueError(f"layout step {j} reshapes {list(l_shapes[lid])} to {list(s)}")
+                lay_ids[key] = len(l_shapes)
+                l_nodes.append(CNode(lop, [lid], f"binding layout of {b.logical}: {op}", len(l_shapes), "layout"))
+                l_shapes.append(s)
+            lid = lay_ids[key]
+        return lid
 
     p_ids: dict[str, int] = {}
     p_shapes: list = []
@@ -405,12 +433,13 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
             _hole(probe, t.name, p_ids, p_shapes, pinf)
             continue
         try:
-            pls = _placement(b, axes, l_shapes[l_ids[b.logical]])
+            lid = laid(b, l_ids[b.logical])
+            pls = _placement(b, axes, l_shapes[lid])
         except ValueError as exc:
             unc.append(Uncovered(pname, t.name, "input", str(exc)))
             _hole(probe, t.name, p_ids, p_shapes, pinf)
             continue
-        ls = _mlocal_shape(l_shapes[l_ids[b.logical]], pls, sizes)
+        ls = _mlocal_shape(l_shapes[lid], pls, sizes)
         if tuple(pinf[t.name][0]) != ls:
             unc.append(Uncovered(pname, t.name, "input", f"declared local shape {list(pinf[t.name][0])} is not "
                                                        f"the placements' {list(ls)}"))
@@ -418,7 +447,7 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
             continue
         p_ids[t.name] = len(p_shapes)
         p_shapes.append(ls)
-        p_inputs.append((t.name, l_ids[b.logical], pls))
+        p_inputs.append((t.name, lid, pls))
         p_input_ids.append(p_ids[t.name])
     p_nodes = _graph(prog, pname, penv, axes, sizes, fns, p_ids, p_shapes, pinf, unc, probe)
 
@@ -432,11 +461,12 @@ def translate(plan: Plan, probe: bool = False) -> CoqPlan:
                 unc.append(Uncovered(pname, b.local, "output", f"output {lname!r} is outside the covered fragment"))
             continue
         try:
-            pls = _placement(b, axes, l_shapes[l_ids[lname]])
+            lid = laid(b, l_ids[lname])
+            pls = _placement(b, axes, l_shapes[lid])
         except ValueError as exc:
             unc.append(Uncovered(pname, b.local, "output", str(exc)))
             continue
-        p_outputs.append((lname, l_ids[lname], p_ids[b.local], pls))
+        p_outputs.append((lname, lid, p_ids[b.local], pls))
     cp = CoqPlan(plan.name, list(mesh.items()), l_inputs, l_nodes, p_inputs, p_nodes, p_outputs, fns,
                  l_shapes, p_shapes, p_input_ids)
     if unc or probe:
@@ -554,17 +584,15 @@ def _coll(op: tuple, pls: Pls, s, sizes: list[int]) -> tuple[Pls | None, str]:
     return out, ""
 
 
-def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, Pls] | None, str]:
+def _derive(S: "_Search", n: CNode, af: list) -> tuple[tuple[int, Pls] | None, str]:
     """The fact mderive accepts for parallel node n whose operands hold the facts af, or None and why."""
-    sizes = cp.sizes
+    cp, sizes = S.cp, S.cp.sizes
     if n.op[0] in COLLS:
         out, why = _coll(n.op, af[0][1], cp.l_shapes[af[0][0]], sizes)
         return ((af[0][0], out) if out is not None else None), why
     ni = len(cp.l_inputs)
-    cands = by_key.get((op_key(n.op), tuple(x[0] for x in af)), [])
-    if not cands:
-        f = _dedup(cp, n, af)
-        return (f, "") if f else (None, "no logical node applies this op to the logical values of its operands")
+    ids = [x[0] for x in af]
+    cands = S.by_key.get((op_key(n.op), tuple(S.canon.get(x, x) for x in ids)), [])
     # a logical graph may compute one value twice (two iotas of one size): prefer the node of the same name,
     # so that the steps reading it find theirs (any choice is re-checked by Coq)
     cands = sorted(cands, key=lambda c: (cp.l_nodes[c - ni].name != n.name,
@@ -572,7 +600,7 @@ def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, P
     why = ""
     for l in cands:
         lop = cp.l_nodes[l - ni].op
-        pls = _mrule(lop, [cp.l_shapes[x[0]] for x in af], [x[1] for x in af], sizes)
+        pls = _mrule(lop, [cp.l_shapes[x] for x in ids], [x[1] for x in af], sizes)
         if pls is None or not _mpl_ok(cp.l_shapes[l], pls, sizes):
             why = why or "no covered rule for operand placements " + ", ".join(pls_str(x[1]) for x in af)
         elif relocal(lop, _mlocal_shape(cp.l_shapes[l], pls, sizes)) != n.op:
@@ -580,7 +608,142 @@ def _derive(cp: CoqPlan, by_key: dict, n: CNode, af: list) -> tuple[tuple[int, P
                           f"{list(_mlocal_shape(cp.l_shapes[l], pls, sizes))} of the result held as {pls_str(pls)}")
         else:
             return (l, pls), ""
+    if not cands:
+        f = S.commute(n, af) or S.view_step(n, af) or _dedup(cp, n, af)
+        if f:
+            return f, ""
+        why = "no logical node applies this op to the logical values of its operands"
     return None, why
+
+
+EW = {"Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Neg": 1, "Square": 1, "Scale": 1, "Fn": 1, "AddScalar": 1,
+      "CastF": 1}  # MeshCheck.ew_arity
+
+
+class _Search:
+    """The search's logical graph: the plan's nodes, then the auxiliary ones the certificate appends
+    (``MeshCheck.mcheckx``'s xs): scalar consts (``_augment``) and ZeRO's flat views of logical values
+    (layout ops with no logical counterpart, ``view_step``; elementwise ops on them, ``commute``).
+    ``canon`` maps a view that is a logical value by ``MeshCheck.veq`` to that value."""
+
+    def __init__(self, cp: CoqPlan):
+        self.cp = _augment(cp)
+        self.by_key = _by_key(self.cp)
+        self.ni = len(cp.l_inputs)
+        self.exact = {(m.op, tuple(m.args)): self.ni + j for j, m in enumerate(self.cp.l_nodes)}
+        self.canon: dict[int, int] = {}
+
+    def node(self, l: int) -> CNode | None:
+        return self.cp.l_nodes[l - self.ni] if l >= self.ni else None
+
+    def shape(self, l: int) -> tuple[int, ...]:
+        return tuple(self.cp.l_shapes[l])
+
+    def add(self, op: tuple, args: list[int]) -> int:
+        """The node computing op from args (appended as an auxiliary node if the graph has none)."""
+        key = (op, tuple(args))
+        if key in self.exact:
+            return self.exact[key]
+        l = len(self.cp.l_shapes)
+        m = CNode(op, list(args), f"flat view: {_ir_name(op)} of {list(args)}", l, "aux")
+        self.cp.l_nodes.append(m)
+        self.cp.l_shapes.append(_shape(op, [self.shape(a) for a in args]))
+        self.cp.x_nodes.append(m)
+        self.exact[key] = l
+        self.by_key.setdefault((op_key(op), tuple(args)), []).append(l)
+        c = self._veq_base(l)
+        if c is not None:
+            self.canon[l] = c
+        return l
+
+    def _rr_base(self, a: int) -> int | None:
+        """Mirror of MeshCheck.rr_back: a = reshape(reshape(b, s1), shape of b) -> b."""
+        n = self.node(a)
+        m = self.node(n.args[0]) if n and n.op[0] == "Reshape" and len(n.args) == 1 else None
+        if m and m.op[0] == "Reshape" and len(m.args) == 1:
+            b = m.args[0]
+            if tuple(n.op[1]) == self.shape(b) and _prod(m.op[1]) == _prod(self.shape(b)):
+                return b
+        return None
+
+    def _veq_base(self, a: int) -> int | None:
+        """The logical value MeshCheck.veq says a is (rr_back, pp_back, sum_flat), or None."""
+        b = self._rr_base(a)
+        if b is not None:
+            return b
+        n = self.node(a)
+        if n.op == ("Permute", (1, 0)) and len(n.args) == 1:
+            a3 = self._rr_base(n.args[0])
+            m = self.node(a3) if a3 is not None else None
+            if m and m.op == ("Permute", (1, 0)) and len(m.args) == 1 and len(self.shape(m.args[0])) == 2:
+                return m.args[0]
+        if n.op == ("Sum", (0,)) and len(n.args) == 1:
+            a1 = self.node(n.args[0])
+            if a1 and a1.op[0] == "Reshape" and len(a1.args) == 1:
+                d = a1.args[0]
+                pm = self.node(d)
+                if pm and pm.op == ("Permute", (1, 0)) and len(pm.args) == 1 and len(self.shape(pm.args[0])) == 2:
+                    d = pm.args[0]
+                sd = self.shape(d)
+                if len(sd) in (1, 2) and tuple(a1.op[1]) == (_prod(sd),):
+                    return self.exact.get((("Sum", tuple(range(len(sd)))), (d,)))
+        return None
+
+    def _commute(self, op: tuple, xs: list[int], k: int) -> int | None:
+        """Mirror of MeshCheck.comm_ok: the node that is op of xs, through up to k layout ops of the
+        non-scalar xs (appended), or None."""
+        l = self.exact.get((op, tuple(xs)))
+        if l is not None or k == 0:
+            return l
+        big = [x for x in xs if self.shape(x) != ()]
+        n0 = self.node(big[0]) if big else None
+        if n0 is None or n0.op[0] not in ("Reshape", "Permute") or len(n0.args) != 1:
+            return None
+        lo, s = n0.op, self.shape(n0.args[0])
+        sub = []
+        for x in xs:
+            m = self.node(x)
+            if self.shape(x) == ():
+                sub.append(x)
+            elif m is not None and m.op == lo and len(m.args) == 1 and self.shape(m.args[0]) == s:
+                sub.append(m.args[0])
+            else:
+                return None
+        ok = _prod(lo[1]) == _prod(s) if lo[0] == "Reshape" else sorted(lo[1]) == list(range(len(s)))
+        l2 = self._commute(op, sub, k - 1) if ok and s != () else None
+        return self.add(lo, [l2]) if l2 is not None and self.shape(l2) == s else None
+
+    def commute(self, n: CNode, af: list) -> tuple[int, Pls] | None:
+        """An elementwise op of flat views: the flat view of the logical op's result."""
+        if EW.get(n.op[0]) != len(af):
+            return None
+        ids = [x[0] for x in af]
+        pls = _mrule(n.op, [self.shape(x) for x in ids], [x[1] for x in af], self.cp.sizes)
+        if pls is None:
+            return None
+        l = self._commute(n.op, ids, 4)
+        return (l, pls) if l is not None and _mpl_ok(self.shape(l), pls, self.cp.sizes) else None
+
+    def view_step(self, n: CNode, af: list) -> tuple[int, Pls] | None:
+        """A program reshape / permute / sum with no logical counterpart: that op of the operand's
+        logical value (a flat view, appended); a reshape's logical target is the whole flat size or the
+        shape the operand's view came from."""
+        if len(af) != 1 or n.op[0] not in ("Reshape", "Permute", "Sum"):
+            return None
+        (a, apls), = af
+        ops = [n.op]
+        if n.op[0] == "Reshape":
+            m = self.node(a)
+            ops = ([("Reshape", (_prod(self.shape(a)),))] if len(n.op[1]) == 1 else []) + \
+                  ([("Reshape", self.shape(m.args[0]))] if m and m.op[0] == "Reshape" and len(m.args) == 1 else [])
+        sizes = self.cp.sizes
+        for op in ops:
+            pls = _mrule(op, [self.shape(a)], [apls], sizes)
+            so = _shape(op, [self.shape(a)])
+            if pls is None or not _mpl_ok(so, pls, sizes) or relocal(op, _mlocal_shape(so, pls, sizes)) != n.op:
+                continue
+            return self.add(op, [a]), pls
+        return None
 
 
 def _dedup(cp: CoqPlan, n: CNode, af: list) -> tuple[int, Pls] | None:
@@ -625,12 +788,11 @@ def _by_key(cp: CoqPlan) -> dict:
 def search(cp: CoqPlan) -> list[tuple[int, Pls]]:
     """The certificate: one fact per parallel node (raises NotCovered at the first node without one);
     sets cp.x_nodes, the auxiliary logical consts the facts may name."""
-    acp = _augment(cp)
-    by_key = _by_key(acp)
+    S = _Search(cp)
     facts: list[tuple[int, Pls]] = [(li, pls) for _, li, pls in cp.p_inputs]
     cert = []
     for n in cp.p_nodes:
-        f, why = _derive(acp, by_key, n, [facts[a] for a in n.args])
+        f, why = _derive(S, n, [facts[a] for a in n.args])
         if f is None:
             raise NotCovered([Uncovered("parallel", n.name, _ir_name(n.op), why)])
         facts.append(f)
@@ -655,13 +817,13 @@ def probe_facts(plan: Plan) -> tuple[dict[str, tuple[int, Pls]], list[Uncovered]
         cp = getattr(exc, "partial", None)
     if cp is None:
         return {}, [], None
-    cp = _augment(cp)
-    by_key = _by_key(cp)
+    S = _Search(cp)
+    cp = S.cp
     facts = {i: (li, pls) for i, (_, li, pls) in zip(cp.p_input_ids, cp.p_inputs)}
     named, missing = {}, []
     for n in cp.p_nodes:
         if all(a in facts for a in n.args):
-            f, why = _derive(cp, by_key, n, [facts[a] for a in n.args])
+            f, why = _derive(S, n, [facts[a] for a in n.args])
             if f is None:
                 missing.append(Uncovered("parallel", n.name, _ir_name(n.op), why))
             else:
@@ -742,7 +904,7 @@ def render(cp: CoqPlan, cert: list[tuple[int, Pls]], header: str = "") -> str:
     pout = [f"    ({_nat(lo)}, {_nat(po)}, {coq_pls(pls)})  (* {_cmt(n)} *)" for n, lo, po, pls in cp.p_outputs]
     facts = [f"    ({_nat(l)}, {coq_pls(pls)})  (* {pi + i}: {_cmt(cp.p_nodes[i].name)} *)" for i, (l, pls) in enumerate(cert)]
     nl = ni + len(cp.l_nodes)
-    xno = [f"    GNode {coq_gop(n.op)} [::]  (* {nl + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.x_nodes)]
+    xno = [f"    GNode {coq_gop(n.op)} {_seq(n.args)}  (* {nl + i}: {_cmt(n.name)} *)" for i, n in enumerate(cp.x_nodes)]
     fns = "".join(f"   Fn {k} = {_cmt(name)}\n" for k, name in enumerate(cp.fns))
     axes = ", ".join(f"{_cmt(a)} = {p}" for a, p in cp.mesh)
     return f"""(* Generated by tvcert (coqjudge) for plan {_cmt(cp.name)}.{(' ' + _cmt(header)) if header else ''}
@@ -768,7 +930,8 @@ Definition the_cert : seq mfact := {_rows(facts)}.
 Lemma the_shapes :
   lrun_s (ml_inputs the_plan) (ml_nodes the_plan) = {_seq([_seq(x) for x in cp.l_shapes])} /\\
   mrun_s (mesh the_plan)
-    (map (fun b => mlocal_shape (mesh the_plan) (nth [::] (ml_inputs the_plan) b.1) b.2) (mp_inputs the_plan))
+    (map (fun b => mlocal_shape (mesh the_plan) (nth [::] (lrun_s (ml_inputs the_plan) (ml_nodes the_plan)) b.1) b.2)
+      (mp_inputs the_plan))
     (mp_nodes the_plan) = {_seq([_seq(x) for x in cp.p_shapes])}.
 Proof. split; vm_compute; reflexivity. Qed.
 
