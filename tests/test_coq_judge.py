@@ -714,3 +714,23 @@ def test_div_plan_coq_checked():
     assert "GNode (GO Div)" in text
     res = check_text(text)
     assert res.ok, res.message
+
+
+def test_llama3_zero1_step_coq_checked(tmp_path):
+    """The issue's first-stage plan: `tvcert plan llama3-8b --layers 2 --tp 2 --dp 2 --zero 1` at small dims
+    (forward, backward, gradients flattened and reduce_scattered over dp, clipping, AdamW on the flat shards,
+    parameters all_gathered and reshaped back; 42 flat optimizer-state inputs and outputs) gets a Coq theorem
+    whose assumptions are within the allowlist (one coqc run, ~25 s of coqc CPU on an idle machine; its wrong
+    variants are in bench/coq_judge_scaling.py llama)."""
+    out = tmp_path / "llama.json"
+    r = CliRunner().invoke(main, ["plan", "llama3-8b", "--layers", "2", "--tp", "2", "--dp", "2", "--zero", "1",
+                                  "--dims", "h=8,f=16,v=16,s=4,hd=4,nh=4,nkv=2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    text, cp, _ = emit(load_plan(d, check_run_dims=False))
+    steps = sum(len(b.get("layout", [])) for b in [*d["inputs"].values(), *d["outputs"].values()])
+    assert steps > 84 and sum(1 for b in cp.l_nodes if b.src == "layout") == steps  # one node per layout step
+    assert any(n.src == "aux" for n in cp.x_nodes)   # the certificate's flat views
+    res = check_text(text)
+    assert res.ok, res.message
+    assert res.axioms and set(res.axioms) <= proofkit.ALLOWED_AXIOMS
