@@ -149,14 +149,12 @@ def check_supported(job: TitanJob) -> None:
             raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} {why}",
                              "unsupported", "pipeline_parallel_degree")
     if p.context_parallel_degree > 1:
-        from .context_parallel import why_not_spmd
-
-        lb = p.context_parallel_load_balancer == "headtail"
         raise TraceError(f"{job.path}: parallelism.context_parallel_degree = {p.context_parallel_degree}: "
-                         f"torchtitan's SDPA context parallelism (apply_cp_to_forward) runs torch's ring attention "
-                         f"(_templated_ring_attention, traced in examples/torch/cp_attention.py), and "
-                         f"{why_not_spmd(lb, 'allgather', True, p.context_parallel_degree)}", "unsupported",
-                         "context_parallel_degree")
+                         f"torchtitan's SDPA context parallelism (apply_cp_to_forward) runs torch's ring attention, "
+                         f"whose causal and load-balanced form is verified as examples/torch/cp_attention.py traces "
+                         f"it (kernel/ring_causal.py); a job's CP route is not traced yet (its logical SDPA and RoPE "
+                         f"cache read are spelled differently from the ring's blocks: README, context parallelism)",
+                         "unsupported", "context_parallel_degree")
     dp = p.data_parallel_shard_degree > 1 or p.data_parallel_replicate_degree > 1
     if p.spmd_backend != "spmd_types" and not (p.spmd_backend == "partial_dtensor" and dp):
         raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
