@@ -155,3 +155,15 @@ rewrite addrC; congr (_ + _).
 apply: eq_big_nat => j /andP[_ jp].
 by rewrite hM // /all_gather divn1.
 Qed.
+
+(** A block's total read off its own scan ([scan_last_row_total]): the last row of its cumsum, or the first row of
+    its reversed scan, is the sum of its rows (real code gathers [y[-1:]] of the local scan as the carry). *)
+Theorem scan_last_row_total {I : Type} {R : comRingType} (b : nat) (X : nat -> I -> R) (y : I) :
+  (0 < b)%N ->
+  cumsum b X (b - 1) y = \sum_(0 <= k < b) X k y /\ flip b (cumsum b (flip b X)) 0 y = \sum_(0 <= k < b) X k y.
+Proof.
+move=> b0; split.
+  apply: eq_big_nat => k /andP[_ kb].
+  by rewrite subn1 -ltnS prednK // kb mulr1.
+by rewrite flip_cumsum_flip //; apply: eq_bigr => k _; rewrite leq0n mulr1.
+Qed.

@@ -184,6 +184,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"variant": "where", "sp": 3}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "matmul", "sp": 4}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 3}, "VERIFIED"),  # cumsum(tots)[r] - tots[r]
+    ("realcode.cumsum_sp", {"variant": "lastrow", "sp": 3}, "VERIFIED"),  # the carry is y[-1:] of the local scan
     ("realcode.cumsum_sp", {"variant": "exclusive", "block": 5}, "VERIFIED"),
     ("realcode.cumsum_sp", {"variant": "reverse"}, "VERIFIED"),  # flip(cumsum(flip(x))): the later ranks' totals
     ("realcode.cumsum_sp", {"variant": "dim1"}, "VERIFIED"),
@@ -194,6 +195,7 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 4, "bug": "self"}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "reverse", "sp": 3, "bug": "after"}, "REFUTED"),
+    ("realcode.cumsum_sp", {"variant": "lastrow", "bug": "self"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),

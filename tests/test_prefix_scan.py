@@ -1,10 +1,11 @@
-"""cumsum over a sequence sharded across ranks, as real code computes it (examples/torch/realcode/cumsum_sp.py, issue 15
-§2): each rank's local cumsum plus the carried offset from an all_gather of the per-rank totals is VERIFIED through
-``block_prefix_sum`` (kernel/prefix_scan.py, Rules/PrefixScan.v) in every spelling of the offset (a masked sum, a
-where, a triangular row times the totals, a cumsum of the gathered totals: ``block_prefix_sum_scanned``), at sp 2 / 3
-/ 4 and odd blocks, and the reversed scan ``flip(cumsum(flip(x)))`` carrying the later ranks' totals
-(``block_suffix_sum``); the offset from the ranks up to its own, from the ranks after it, from the global rank on a 2-D mesh, or
-missing, is REFUTED and confirmed by the interpreter.  One trace per case, shared by its assertions."""
+"""cumsum over a sequence sharded across ranks, as real code computes it (examples/torch/realcode/cumsum_sp.py, issue
+15 §2): each rank's local cumsum plus the carried offset from an all_gather of the per-rank totals is VERIFIED
+through ``block_prefix_sum`` (kernel/prefix_scan.py, Rules/PrefixScan.v) in every spelling of the offset (a masked
+sum, a where, a triangular row times the totals, a cumsum of the gathered totals: ``block_prefix_sum_scanned``), at
+sp 2 / 3 / 4 and odd blocks, and the reversed scan ``flip(cumsum(flip(x)))`` carrying the later ranks' totals
+(``block_suffix_sum``), and the totals read off each rank's own scan (``scan_last_row_total``); the offset from the
+ranks up to its own, from the ranks after it, from the global rank on a 2-D mesh, or missing, is REFUTED and
+confirmed by the interpreter.  One trace per case, shared by its assertions."""
 from __future__ import annotations
 
 import copy
@@ -50,13 +51,15 @@ def _traced(spec, variant, bug="", sp=2, block=3) -> dict:
 
 
 @pytest.mark.parametrize("variant,sp,block", [("masked", 2, 3), ("where", 3, 1), ("matmul", 4, 3), ("gcumsum", 3, 3),
-                                              ("exclusive", 3, 5), ("reverse", 2, 3), ("dim1", 2, 3), ("flat", 4, 1)])
+                                              ("lastrow", 3, 1), ("exclusive", 3, 5), ("reverse", 2, 3), ("dim1", 2, 3),
+                                              ("flat", 4, 1)])
 def test_carried_offset_scan_verifies(spec, variant, sp, block):
     assert spec.torch_check(variant, "", sp, block)
     plan = load_plan(_traced(spec, variant, sp=sp, block=block))
     res = verify(plan)
     assert res.verdict == "VERIFIED", res.reasons
-    want = {"gcumsum": "block_prefix_sum_scanned", "reverse": "block_suffix_sum"}.get(variant, "block_prefix_sum")
+    want = {"gcumsum": "block_prefix_sum_scanned", "reverse": "block_suffix_sum",
+            "lastrow": "scan_last_row_total"}.get(variant, "block_prefix_sum")
     assert want in used_rules(res)
     # the independent checker replays the pattern its step cites
     check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
@@ -64,7 +67,8 @@ def test_carried_offset_scan_verifies(spec, variant, sp, block):
 
 
 @pytest.mark.parametrize("variant,bug,sp", [("masked", "self", 2), ("where", "after", 3), ("dim1", "global_rank", 2),
-                                            ("matmul", "no_offset", 4), ("gcumsum", "self", 4), ("reverse", "after", 3)])
+                                            ("matmul", "no_offset", 4), ("gcumsum", "self", 4),
+                                            ("reverse", "after", 3)])
 def test_wrong_offset_is_refuted(spec, variant, bug, sp):
     assert not spec.torch_check(variant, bug, sp)
     plan = load_plan(_traced(spec, variant, bug, sp))

@@ -234,7 +234,7 @@ def case_table():
     add("ring_sigmoid_merge", None, None)
     add("ring_sigmoid_merge_backward", None, None)
     # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
-    for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum"):
+    for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum", "scan_last_row_total"):
         add(rule, None, None)
     return c
 

@@ -116,6 +116,7 @@ RULES: dict[str, str] = {
     "block_prefix_sum": f"{_T}.PrefixScan.block_prefix_sum",  # cumsum with a carried offset (kernel/prefix_scan.py)
     "block_prefix_sum_scanned": f"{_T}.PrefixScan.block_prefix_sum_scanned",
     "block_suffix_sum": f"{_T}.PrefixScan.block_suffix_sum",
+    "scan_last_row_total": f"{_T}.PrefixScan.scan_last_row_total",
     "allreduce_avg_partial_sum_nested": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_nested",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",
     "reduce_max_sharded_dim": f"{_T}.Reductions.reduce_max_sharded_dim",

@@ -1,8 +1,8 @@
 """A prefix scan (cumsum) over a sequence sharded across ranks, as real code computes it, for `tvcert trace`.
 
-The sequence [S, D] is sharded over ``sp`` (each rank holds a block of S/sp rows).  The cumsum along the
-sequence is each rank's local cumsum plus a carried offset: the sum of the totals of the ranks *before* it,
-from an all_gather of the per-rank totals and a masked sum over the gathered dim.
+The sequence [S, D] is sharded over ``sp`` (each rank holds a block of S/sp rows).  The cumsum along the sequence is
+each rank's local cumsum plus a carried offset: the sum of the totals of the ranks *before* it, from an all_gather
+of the per-rank totals and a masked sum over the gathered dim.
 
     tvcert trace examples/torch/realcode/cumsum_sp.py --verify                       # VERIFIED
     tvcert trace examples/torch/realcode/cumsum_sp.py --set bug=self --verify        # REFUTED
@@ -10,19 +10,20 @@ from an all_gather of the per-rank totals and a masked sum over the gathered dim
 ``variant``: ``masked`` (mask ``arange(p) < r``, a product and a sum), ``where`` (the totals selected with
 ``where(mask, tots, 0)``), ``matmul`` (the row ``r`` of a strictly lower-triangular mask times the totals),
 ``gcumsum`` (the cumsum of the gathered totals read at row ``r``, minus row ``r``: ``torch.cumsum(tots, 0)[r] -
-tots[r]``), ``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``reverse`` (the suffix sums
-``flip(cumsum(flip(x)))``, carrying the totals of the ranks after it), ``dim1`` (a [B, S, D] batch sharded over ``dp``
-on dim 0 and the sequence over ``sp`` on dim 1, cumsum along dim 1), ``flat`` (totals reduced without keepdim and
-unsqueezed before the gather).  ``bug``: ``self`` (offset from the ranks up to and including its own),
-``after`` (offset from the ranks on the wrong side: after it, or before it for ``reverse``), ``global_rank`` (the global rank instead of the ``sp`` coordinate,
-on the 2-D mesh of ``dim1``), ``no_offset`` (the local cumsum alone).  Each bug is wrong in float64 by torch's
-own run (``python examples/torch/realcode/cumsum_sp.py`` checks every variant and bug at sp 2, 3 and 4).
-"""
+tots[r]``), ``lastrow`` (each rank's total read off its own local scan, ``y[-1:]``, before the gather),
+``exclusive`` (the exclusive prefix ``cumsum(x) - x``), ``reverse`` (the suffix sums ``flip(cumsum(flip(x)))``,
+carrying the totals of the ranks after it), ``dim1`` (a [B, S, D] batch sharded over ``dp`` on dim 0 and the
+sequence over ``sp`` on dim 1, cumsum along dim 1), ``flat`` (totals reduced without keepdim and unsqueezed before
+the gather).  ``bug``: ``self`` (offset from the ranks up to and including its own), ``after`` (offset from the
+ranks on the wrong side: after it, or before it for ``reverse``), ``global_rank`` (the global rank instead of the
+``sp`` coordinate, on the 2-D mesh of ``dim1``), ``no_offset`` (the local cumsum alone).  Each bug is wrong in
+float64 by torch's own run (``python examples/torch/realcode/cumsum_sp.py`` checks every variant and bug at sp 2, 3
+and 4)."""
 import torch
 import torch.distributed._functional_collectives as funcol
 
 D = 3
-VARIANTS = ("masked", "where", "matmul", "gcumsum", "exclusive", "reverse", "dim1", "flat")
+VARIANTS = ("masked", "where", "matmul", "gcumsum", "lastrow", "exclusive", "reverse", "dim1", "flat")
 BUGS = ("", "self", "after", "global_rank", "no_offset")
 
 
@@ -76,9 +77,17 @@ def carried(x, dim, gather, p, r, variant, bug):
     return (m.to(x.dtype).view(shape) * tots).sum(dim, keepdim=True)
 
 
+def carry_from_last_row(y, gather, p, r, bug):
+    """The offset of dim 0 from the gathered last rows of the ranks' local scans, masked."""
+    tots = gather(y[-1:])
+    return (prefix_mask(p, r, bug).to(y.dtype).view(p, 1) * tots).sum(0, keepdim=True)
+
+
 def local_scan(x, dim, gather, p, r, variant, bug):
     """What one rank computes: its block of the (inclusive or exclusive) cumsum."""
     y = scan(x, dim, variant == "reverse")
+    if variant == "lastrow":  # the block's total read off its own scan (its last row), as scan kernels carry it
+        return y + carry_from_last_row(y, gather, p, r, bug) if bug != "no_offset" else y
     if bug != "no_offset":
         y = y + carried(x, dim, gather, p, r, variant, bug)
     return y - x if variant == "exclusive" else y
@@ -116,7 +125,8 @@ def tvcert_trace(variant: str = "masked", bug: str = "", sp: int = 2, block: int
     inputs = {"x": x, "w": {"shape": [D], "param": True, **f}}
     out = {"loss": {a: "Partial(sum)" for a in mesh}}
     return dict(logical=make_logical(variant), parallel=make_parallel(variant, bug), grad_sync=grad_sync,
-                inputs=inputs, output_placements=out, mesh=mesh, name=f"cumsum_sp_{variant}_sp{sp}{'_' + bug if bug else ''}")
+                inputs=inputs, output_placements=out, mesh=mesh,
+                name=f"cumsum_sp_{variant}_sp{sp}{'_' + bug if bug else ''}")
 
 
 def torch_check(variant: str, bug: str, sp: int = 2, block: int = 3) -> bool:

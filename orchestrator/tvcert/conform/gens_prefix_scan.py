@@ -5,24 +5,24 @@ Draws a plan spelled as frontends/aten.py traces real code: x of rank 2 or 3 sha
 axis ``a`` (sizes 1-4, blocks of 1-3 rows), sometimes a second axis ``b`` (outer or inner) replicating x or sharding
 another dim; the local cumsum ``x @ triu(ones(B, B))`` along d, the totals ``sum(x, d, keepdim)`` (or unsqueezed
 after a plain sum) all_gathered over ``a`` along d, a coefficient row ``arange(p) < rank.a`` cast to reals and
-reshaped, multiplied (either side) or used as a where condition, or row ``rank.a`` of ``tril(ones(p, p), -1)``
-times the totals, summed over d, or the totals' own cumsum read at row ``rank.a`` minus their row ``rank.a``
+reshaped, multiplied (either side) or used as a where condition, or row ``rank.a`` of ``tril(ones(p, p), -1)`` times
+the totals, summed over d, or the totals' own cumsum read at row ``rank.a`` minus their row ``rank.a``
 (``block_prefix_sum_scanned``), added to the local cumsum; now and then the reversed scan ``flip(cumsum(flip(x)))``
-with the row ``arange(p) > rank.a`` (``block_suffix_sum``).  Near misses (the bugs of
+with the row ``arange(p) > rank.a`` (``block_suffix_sum``); the totals sometimes read off the local scan (its last
+row, a reversed scan's first: ``scan_last_row_total``).  Near misses (the bugs of
 examples/torch/realcode/cumsum_sp.py and more): the row ``<=`` or ``>`` the rank, the rank plus one, the other
 axis's coordinate, the global rank on a 2-D mesh, a lower triangle with its diagonal, the gather over the other
-axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``; in the scanned form the row of the cumsum alone,
-or both rows read from the cumsum; in the reversed scan the row on the wrong side or with its own rank, one flip
-left out.  A
-VERIFIED plan must agree with the exact interpreter on every rank."""
+axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``; in
+the scanned form the row of the cumsum alone, or both rows read from the cumsum; in the reversed scan the row on the
+wrong side or with its own rank, one flip left out; the totals read off the scan's other end.  A VERIFIED plan must
+agree with the exact interpreter on every rank."""
 from __future__ import annotations
 
-from .core import Result
 from .gens import Draw
 
 RULE = "block_prefix_sum"
 NEAR = ["le", "gt", "plus_one", "other_axis", "global_rank", "diag_tri", "gather_b", "sum_other", "triu1", "twos",
-        "scaled_totals", "one_flip"]
+        "scaled_totals", "one_flip", "first_row"]
 
 
 def gen_prefix_scan(dr: Draw, seed: int):
@@ -99,13 +99,22 @@ def gen_prefix_scan(dr: Draw, seed: int):
         return nodes
 
     par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0, rev, near == "one_flip")
+    last_row = dr.coin(0.25)  # the totals read off the local scan: its last row (a reversed scan's first)
+    if last_row and near in ("scaled_totals",) or not last_row and near == "first_row" or near == "first_row" and B < 2:
+        near = ""
     src = op("x2", "scale", ["x"], value=2) if near == "scaled_totals" else "x"
-    if flat:
+    tot = "tot"
+    if last_row and B == 1 and dr.coin():
+        tot = "lc"  # a block of one row gathered whole (torch's y[-1:] traces to no op)
+    elif last_row:
+        lo = 0 if rev != (near == "first_row") else B - 1
+        op("tot", "slice", ["lc"], dim=d, start=lo, end=lo + 1, step=1)
+    elif flat:
         op("tot0", "sum", [src], dims=[d], keepdim=False)
         op("tot", "unsqueeze", ["tot0"], dim=d)
     else:
         op("tot", "sum", [src], dims=[d], keepdim=True)
-    op("G", "all_gather", ["tot"], axis="b" if near == "gather_b" else "a", dim=d)
+    op("G", "all_gather", [tot], axis="b" if near == "gather_b" else "a", dim=d)
     rank = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, "rank.a")
     if near == "global_rank":
         rank = "rank.b*a+rank.a" if axes[0] == "b" else "rank.a*b+rank.b"
@@ -156,10 +165,11 @@ def gen_prefix_scan(dr: Draw, seed: int):
           "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": local_s, "dtype": "float"}], "nodes": par,
                         "outputs": ["y"]}],
           "inputs": {"x": {"local": "x", "placement": pl}}, "outputs": {"y": {"local": "y", "placement": pl}}}
-    desc = (f"x {full} {pl} {'reversed ' if rev else ''}scan dim {d} {kind}{' flat' if flat else ''}{' near ' + near if near else ''} "
+    desc = (f"x {full} {pl} {'reversed ' if rev else ''}scan dim {d} {kind}{' last-row totals' if last_row else ''}"
+            f"{' flat' if flat else ''}{' near ' + near if near else ''} "
             f"mesh {axes} a={p} b={q}")
     return _check_plan(dd, RULE), desc
 
 
 PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan,
-                          "block_suffix_sum": gen_prefix_scan}
+                          "block_suffix_sum": gen_prefix_scan, "scan_last_row_total": gen_prefix_scan}

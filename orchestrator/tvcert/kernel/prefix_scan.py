@@ -12,7 +12,9 @@ when d is not last: frontends/aten.py's conversion), so ``cumsum_local`` is that
 ``y`` is then Shard(d) over ``a`` of the logical cumsum spelled with the [p*B, p*B] mask
 (``Rules/PrefixScan.v``: ``block_prefix_sum``).  The offset may also be read off a cumsum of the gathered totals,
 ``off = cumsum(tots, d)[rank] - tots[rank]`` (rows read as ``slice(., d, rank.a, rank.a + 1)``, maybe squeezed):
-rule ``block_prefix_sum_scanned``, no coefficient row.  A reversed scan ``flip(cumsum_local(flip(t)))`` (both flips
+rule ``block_prefix_sum_scanned``, no coefficient row.  The gathered totals may be each rank's last row of its
+own local scan (``y[-1:]``, the first row of a reversed scan) instead of ``sum(t, d)``: ``scan_last_row_total``
+is cited beside the form's rule.  A reversed scan ``flip(cumsum_local(flip(t)))`` (both flips
 along d) with a row ``[j > rank.a]`` (the ranks after it) is block r of ``flip(cumsum(flip(T)))``: ``block_suffix_sum``.
 
 Side conditions, checked here: ``t`` is Shard(d) over exactly ``a`` and Replicate or Shard of another dim on every
@@ -34,6 +36,7 @@ import numpy as np
 RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads these at its end
 RULE_SCANNED = "block_prefix_sum_scanned"
 RULE_SUFFIX = "block_suffix_sum"
+RULE_LAST_ROW = "scan_last_row_total"  # cited beside the others when the totals are read off the local scan
 STATEMENTS = {
     RULE: "cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
           "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the logical "
@@ -41,6 +44,7 @@ STATEMENTS = {
     RULE_SCANNED: "the same with the offset read off a cumsum of the gathered totals: cumsum(G)[rank] - G[rank]",
     RULE_SUFFIX: "a reversed scan flip(cumsum(flip(x))) over a sharded dim: a block's local reversed scan plus the "
                  "totals of the later blocks (coefficient row [j > rank]) is that block of the logical reversed scan",
+    RULE_LAST_ROW: "a block's total is the last row of its cumsum (the first row of its reversed scan)",
 }
 
 from ..graph import Graph, Node  # noqa: E402
@@ -354,9 +358,19 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
         raise RuleFailure(f"the totals are not gathered along the scanned dim {d}")
     tot_t, tchain = _rows(producers, ag.inputs[0], kc)
     tot = _node(producers, tot_t, "the totals")
-    tat = rank_free_attrs(tot, kc) if tot.op == "sum" else {}
-    if tot.op != "sum" or sorted({x % r for x in tat["dims"]}) != [d] or facts.get(tot.inputs[0]) != tf:
-        raise RuleFailure("the gathered totals are not the scanned tensor summed over the scanned dim")
+    scan_out = (rev[1] if rev else outer or mm).outputs[0]
+    whole = tot_t == scan_out and Bs[0] == 1  # a block of one row is its own last row (the slice traced away)
+    last_row = whole or tot.op == "slice" and tot.inputs[0] == scan_out
+    if not last_row:
+        tat = rank_free_attrs(tot, kc) if tot.op == "sum" else {}
+        if tot.op != "sum" or sorted({x % r for x in tat["dims"]}) != [d] or facts.get(tot.inputs[0]) != tf:
+            raise RuleFailure("the gathered totals are not the scanned tensor summed over the scanned dim")
+    elif not whole:  # the block's total read off its own scan: the last row (the first of a reversed scan)
+        sat_ = rank_free_attrs(tot, kc)
+        lo = 0 if rev else Bs[0] - 1
+        bounds = (sat_["start"], sat_["end"], sat_.get("step", 1))
+        if Bs[0] < 1 or sat_["dim"] % r != d or bounds != (lo, lo + 1, 1):
+            raise RuleFailure(f"the gathered row of the local scan is not its {'first' if rev else 'last'} row")
     if list(shape_of(producers, ag.inputs[0])) != tsh:
         raise RuleFailure("the gathered totals are not one row per rank")
     cnodes = _coef_graph(producers, m_t) if m_t is not None else []
@@ -382,6 +396,8 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     if X[e].shape != shape:
         raise RuleFailure("the concluded cumsum has another shape")
     d_ = conclude(kc, e, [(q, rule) for q in tf.pl], out_shape(n))
+    if last_row:
+        d_.rules.append(RULE_LAST_ROW)
     matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *(rev or ()), *chain, *tchain, *onodes, *cnodes)
                if x is not None]
     idx = sorted({producers[m.outputs[0]][0] for m in matched})
