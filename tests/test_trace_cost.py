@@ -84,9 +84,17 @@ def test_workers_give_the_sequential_plan(sequential):
 
     plan1, st1 = sequential
     got: list = []
-    with channel(lambda: list(_SEEN), got.append):
-        plan2, st2 = traced(2)
+    ticks: list = []
+    old, T.progress_hook = T.progress_hook, ticks.append
+    try:
+        with channel(lambda: list(_SEEN), got.append):
+            plan2, st2 = traced(2)
+    finally:
+        T.progress_hook = old
     assert got == [[r] for r in range(8)] and _SEEN == []  # a fresh process per rank, none traced here
+    # each rank's own progress, relayed from its process as it says it, and the ranks taken
+    assert all(any(t.startswith(f"tracing rank {r}/8 ") for t in ticks) for r in range(1, 9)), ticks
+    assert "traced 8/8 ranks" in ticks, ticks
     assert (st1["world"], st1["traced_ranks"], st1["jobs"]) == (8, 8, 1)
     assert (st2["world"], st2["traced_ranks"], st2["jobs"]) == (8, 8, 2)
     assert st2["rank_trace_s"] > 0 and st2["rank_setup_s"] >= 0  # measured in the workers, summed here

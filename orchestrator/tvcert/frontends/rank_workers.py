@@ -213,7 +213,7 @@ class Ranks:
                 mod, attr = self.tick_attr
                 hook = getattr(mod, attr, None)
                 if hook is not None:
-                    hook(val if self.jobs == 1 else f"[{self.jobs} ranks at a time] {val}")
+                    hook(val)  # as a rank traced here would say it ("tracing rank 3/8 ...", its layers)
         return True
 
     def results(self) -> Iterator[tuple[int, Any]]:
