@@ -219,11 +219,6 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.fused_qkv_gqa_slices", {"tp": 4, "nh": 8, "nkv": 4}, "VERIFIED"),
     ("realcode.fused_qkv_gqa_slices", {"bug": "kv_swap"}, "REFUTED"),
     ("realcode.fused_qkv_gqa_slices", {"bug": "plan_boundary"}, "REFUTED"),
-    # prefix scan with a carried offset (realcode/cumsum_sp.py, H36)
-    ("realcode.cumsum_sp", {}, "VERIFIED"),
-    ("realcode.cumsum_sp", {"variant": "masked"}, "VERIFIED"),
-    ("realcode.cumsum_sp", {"bug": "self"}, "REFUTED"),
-    ("realcode.cumsum_sp", {"bug": "no_offset"}, "REFUTED"),
     # rank-reversed blocks (realcode/layout_reversed.py): no rule for a block at (tp-1-r)*n yet
     ("realcode.layout_reversed", {}, "VERIFIED"),
     ("realcode.layout_reversed", {"bug": "no_flip"}, "REFUTED"),
