@@ -5,7 +5,8 @@ verdict; the cases stay as regressions.
 * causal ring attention (kernel/ring_causal.py, frontends/mpmd.py): torch's ring patched while traced
   (``tests/data/redteam_s9/cp_mut.py``; ``python tests/data/redteam_s9/cp_mut.py`` re-traces the stored plans):
   the merged log-sum-exp updated with the wrong sign (cp 3), the second block merged twice (a key chunk attended
-  twice), K / V's head and tail chunks swapped but not Q's, ``_is_causal_behavior`` given the global rank on a cp x tp
+  twice), K / V's head and tail chunks swapped but not Q's (on every rank at cp 2; on the last of 3 only, so the
+  ranks differ from the swap on and the merge starts there), ``_is_causal_behavior`` given the global rank on a cp x tp
   mesh, a load-balanced partial merge into the head chunk: REFUTED.  Control: cp 3 head-tail with chunks of one row
   (seq 6) VERIFIED by ring_masked_merge(_backward).
 * mpmd merge (frontends/mpmd.py): classes whose ops differ only in a const's shape or a cast's dtype, tails alike
@@ -54,8 +55,8 @@ def _wrong_not_verified(d: dict) -> None:
 
 
 # ------------------------------------------------------------------ causal ring attention (stored traces)
-@pytest.mark.parametrize("case", ["lse_sign_cp3", "merged_twice_cp2", "kv_swapped_lb2", "global_rank_tp2",
-                                  "partial_head_lb2"])
+@pytest.mark.parametrize("case", ["lse_sign_cp3", "merged_twice_cp2", "kv_swapped_lb2", "kv_swapped_last_lb3",
+                                  "global_rank_tp2", "partial_head_lb2"])
 def test_ring_near_miss_refuted(case):
     _wrong_not_verified(_load(f"plans/{case}.json"))
 

@@ -4,7 +4,7 @@
 ``lse_sign`` (the merged log-sum-exp updated with the wrong sign: lse + logsigmoid(lse - lse_b)),
 ``merged_twice`` (the second block a rank attends merged into its output twice: a key chunk attended twice),
 ``kv_swapped`` (load-balanced: K and V's head / tail chunks swapped on every rank, Q's not: the chunk order differs
-between Q and K/V), ``global_rank`` (cp x tp: ``_is_causal_behavior`` given the global rank, not the cp coordinate),
+between Q and K/V; ``kv_swapped_last``: on the last cp rank only), ``global_rank`` (cp x tp: ``_is_causal_behavior`` given the global rank, not the cp coordinate),
 ``partial_head`` (load-balanced: a partial merge updates the head query chunk instead of the tail).
 Run it (``python cp_mut.py``) to trace every case into ``plans/``.
 """
@@ -20,7 +20,7 @@ _s = importlib.util.spec_from_file_location("cp_attention", ROOT / "examples" / 
 CP = importlib.util.module_from_spec(_s)
 _s.loader.exec_module(CP)
 
-BUGS = ("lse_sign", "merged_twice", "kv_swapped", "global_rank", "partial_head")
+BUGS = ("lse_sign", "merged_twice", "kv_swapped", "kv_swapped_last", "global_rank", "partial_head")
 
 
 @contextlib.contextmanager
@@ -78,7 +78,7 @@ def mutated(bug: str, tp: int):
 
 
 def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: int = 1):
-    if bug == "kv_swapped":
+    if bug in ("kv_swapped", "kv_swapped_last"):
         orig = CP.make_parallel
 
         def make_parallel(lb_, causal, rotate, with_rope, bug_):
@@ -89,6 +89,8 @@ def tvcert_trace(cp: int = 2, lb: bool = True, bug: str = "", seq: int = 0, tp: 
 
                 q, k, v = CP.heads(x @ wq), CP.heads(x @ wk), CP.heads(x @ wv)
                 h = k.shape[2] // 2
+                if bug == "kv_swapped_last" and ctx.coord("cp") != ctx.size("cp") - 1:
+                    h = 0  # only the last cp rank swaps
                 k = torch.cat([k[:, :, h:], k[:, :, :h]], 2)
                 v = torch.cat([v[:, :, h:], v[:, :, :h]], 2)
                 o = ring_sdpa(q, k, v, ctx.group("cp"), is_causal=True, load_balance=lb_, rotate=rotate)
@@ -108,6 +110,7 @@ CASES = {  # name: (kwargs, wrong?)
     "lse_sign_lb2": (dict(cp=2, lb=True, bug="lse_sign"), True),
     "merged_twice_cp2": (dict(cp=2, lb=True, bug="merged_twice"), True),
     "kv_swapped_lb2": (dict(cp=2, lb=True, bug="kv_swapped"), True),
+    "kv_swapped_last_lb3": (dict(cp=3, lb=True, bug="kv_swapped_last"), True),
     "global_rank_tp2": (dict(cp=2, lb=False, bug="global_rank", tp=2), True),
     "partial_head_lb2": (dict(cp=2, lb=True, bug="partial_head"), True),
     "ok_cp3_lb_seq6": (dict(cp=3, lb=True, seq=6), False),
