@@ -202,6 +202,14 @@ def test_cumsum():
     check(lambda i, R: (i.cumsum(0) * R).sum(), dict(i=torch.tensor([3, -1, 4, 1, 5]), R=rnd(5)))
 
 
+def test_vector_matrix_products_squeeze_in_place():
+    """matmul's decomposition of a 1-D operand squeezes its mm result in place (aten.squeeze_); an in-place squeeze
+    of a view of an input stays UNKNOWN (the rebinding would miss the alias)."""
+    v, M, R = rnd(4), rnd(4, 3), rnd(3)
+    check(lambda v, M, R: (torch.tanh(v @ M) * R).sum() + ((M.t() @ v) ** 2 * R).sum(), dict(v=v, M=M, R=R), ("v", "M"))
+    assert "squeeze_" in unknown(lambda x, R: (x[0:1].squeeze_(0) * R).sum(), dict(x=rnd(2, 3), R=rnd(3)))
+
+
 def test_max_min_dim_values_indices_and_ties():
     x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [2.0, 2.0, 0.0, 2.0], [-1.0, -4.0, -4.0, 0.5]], dtype=D)  # ties
     R3, R = rnd(3), rnd(3, 4)

@@ -73,7 +73,7 @@ def carried(x, dim, gather, p, r, variant, bug):
         tri = torch.tril(torch.ones(p, p, dtype=x.dtype), -1)
         if bug:
             tri = m.to(x.dtype).expand(p, p)
-        return tri[r:r + 1] @ tots
+        return (tri[r] @ tots).unsqueeze(0)
     return (m.to(x.dtype).view(shape) * tots).sum(dim, keepdim=True)
 
 

@@ -1328,6 +1328,9 @@ def _inplace(packet: str):
 
 for _ip in ("add", "sub", "mul", "div", "logical_or", "logical_and", "masked_fill"):
     reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
+# in-place views on an unaliased tensor (matmul's decomposition of a 1-D operand squeezes its mm result in place)
+for _ip in ("squeeze", "unsqueeze"):
+    reg(f"aten.{_ip}_")(_inplace(f"aten.{_ip}"))
 
 
 @reg("aten.copy_")
