@@ -178,9 +178,27 @@ Definition mequiv_at (P : mplan) : Prop :=
 
 End Values.
 
-(** The parallel plan computes the logical graph: over every real field and every
-    interpretation of the pointwise functions. *)
+(** Where a local input may be bound: a logical input, or a reshape / permute (a step of a
+    binding layout) of a value bound so, at most [k] steps deep. *)
+Fixpoint layout_of_input (ni : nat) (ns : seq gnode) (k l : nat) : bool :=
+  (l < ni)%N ||
+  match k with
+  | 0 => false
+  | k'.+1 =>
+      let n := nth (GNode (GO Add) [::]) ns (l - ni) in
+      let a := head 0%N (g_args n) in
+      (l < ni + size ns)%N && (size (g_args n) == 1%N) && (a < l)%N &&
+      match g_op n with GL (Reshape _) | GL (Permute _) => true | _ => false end &&
+      layout_of_input ni ns k' a
+  end.
+
+Definition bind_ok (P : mplan) : bool :=
+  all (fun b => layout_of_input (size (ml_inputs P)) (ml_nodes P) (size (ml_nodes P)) b.1) (mp_inputs P).
+
+(** The parallel plan computes the logical graph: its local inputs are pieces of its logical
+    inputs or of their binding layouts, and over every real field and every interpretation of
+    the pointwise functions the outputs hold the logical values. *)
 Definition mplan_equiv (P : mplan) : Prop :=
-  forall (R : realFieldType) (fn : nat -> R -> R), mequiv_at fn P.
+  bind_ok P = true /\ forall (R : realFieldType) (fn : nat -> R -> R), mequiv_at fn P.
 
 End JMesh.

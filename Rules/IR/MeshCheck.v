@@ -11,7 +11,10 @@
       (all_reduce(r): Partial(r) -> Replicate; all_gather(d): Shard(d) ->
       Replicate; reduce_scatter(d): Partial(sum) -> Shard(d)), and only when every
       axis after [k] commutes with it ([inner_ok]): Replicate, a Shard (of another
-      dim than the gathered / scattered one), or a Partial(sum|avg) (not under a max). *)
+      dim than the gathered / scattered one), or a Partial(sum|avg) (not under a max).
+    - A logical node may read, instead of a fact's logical value, one equal to it ([veq]); an
+      elementwise op of flat views is the flat view of the logical op ([comm_ok]).  The views are
+      auxiliary logical nodes of the certificate ([mcheckx]). *)
 From mathcomp Require Import all_ssreflect.
 From TVCert Require Import IR.Syntax IR.Denote IR.Check IR.SoundOps IR.LayoutOps IR.LayoutSound IR.LayoutRule IR.Mesh.
 Import JSyntax JDenote JCheck JSoundOps JLayout JLayoutSound JLayoutRule JMesh.
@@ -242,7 +245,7 @@ End Checker.
 
 Definition mcheck (P : mplan) (c : seq mfact) : bool :=
   let ls := lrun_s (ml_inputs P) (ml_nodes P) in
-  all (fun p => 0 < p) (mesh P) &&
+  bind_ok P && all (fun p => 0 < p) (mesh P) &&
   all (fun b => (b.1 < size ls) && mpl_ok (mesh P) (nth [::] ls b.1) b.2) (mp_inputs P) &&
   mcheck_nodes P ls (mp_inputs P) (mp_nodes P) c &&
   all (mcheck_output ls (mp_inputs P ++ c)) (mp_outputs P).
@@ -255,6 +258,7 @@ Definition with_lnodes (P : mplan) (xs : seq gnode) : mplan :=
 
 Definition mcheckx (P : mplan) (xs : seq gnode) (c : seq mfact) : bool :=
   all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_outputs P) &&
-  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_inputs P) && mcheck (with_lnodes P xs) c.
+  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_inputs P) && bind_ok P &&
+  mcheck (with_lnodes P xs) c.
 
 End JMeshCheck.

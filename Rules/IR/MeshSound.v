@@ -1068,7 +1068,7 @@ End Gen.
 Lemma mcheck_sound_at (R : realFieldType) (fn : nat -> R -> R) P c : mcheck P c -> mequiv_at fn P.
 Proof.
 move=> C X L le HL pe lo po pls Hin.
-move: C; rewrite /mcheck => /andP [/andP [/andP [p0 okin] cn] cout].
+move: C; rewrite /mcheck => /andP [/andP [/andP [/andP [_ p0] okin] cn] cout].
 have I0 := minit_inv HL okin.
 have [_ I1] := mcheck_nodes_sound I0 p0 cn.
 have /= := all_In cout Hin.
@@ -1079,7 +1079,10 @@ Qed.
 
 (** The soundness theorem of the mesh checker. *)
 Theorem mcheck_sound (P : mplan) (c : seq mfact) : mcheck P c = true -> mplan_equiv P.
-Proof. by move=> C R fn; apply: mcheck_sound_at C. Qed.
+Proof.
+move=> C; split; last by move=> R fn; apply: mcheck_sound_at C.
+by move: C; rewrite /mcheck => /andP [/andP [/andP [/andP [-> _] _] _] _].
+Qed.
 
 Lemma mequiv_with_lnodes (R : realFieldType) (fn : nat -> R -> R) P xs :
   all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P))%N (mp_outputs P) ->
@@ -1112,8 +1115,8 @@ Qed.
 
 Theorem mcheckx_sound (P : mplan) xs (c : seq mfact) : mcheckx P xs c = true -> mplan_equiv P.
 Proof.
-case/andP => /andP [ok oki] C R fn; apply: (mequiv_with_lnodes ok oki).
-exact: (mcheck_sound C).
+case/andP => /andP [/andP [ok oki] bk] C; split => // R fn; apply: (mequiv_with_lnodes ok oki).
+exact: mcheck_sound_at C.
 Qed.
 
 End JMeshSound.

@@ -5,7 +5,8 @@ plan's axes in mesh order (axis 0 outermost, as the interpreter distributes inpu
 are positions (inputs first), shapes are the plan's declared dims, each local op becomes one
 ``Syntax.op`` (``GO``) or ``LayoutOps.lop`` (``GL``, see ``lops.py``) constructor and each
 collective a ``PColl`` over one axis.  It refuses (returns the uncovered steps) whatever the
-fragment lacks: several programs, layouts, zig-zag shards, integer tensors where an op is not
+fragment lacks: several programs, binding layouts other than reshape / permute (those it appends to
+the logical graph, one node per step, and binds the local tensor to the last), zig-zag shards, integer tensors where an op is not
 exact on them (``INT_OK``), collectives over several axes, reduce_scatter other than sum, ops
 without a Coq denotation.  As a cross-check of the printer, the shapes Coq's ``op_shape`` /
 ``coll_shape`` give (mirrored here by ``_shape``) must equal the shapes the IR infers, node by
@@ -13,7 +14,8 @@ node; the emitted file proves the same equalities in Coq (``the_shapes``).
 
 ``search`` finds the certificate: one fact ``(logical id, placements)`` per parallel node, by
 the rules of ``MeshCheck.mderive`` (``Check.rule`` / ``LayoutRule.lrule`` on every axis;
-collectives by ``coll_ok``).  It is search, not trust: Coq's ``mcheck`` re-derives every fact and the theorem
+collectives by ``coll_ok``), appending ZeRO's flat views as auxiliary logical nodes (``_Search``).  It is
+search, not trust: Coq's ``mcheck`` re-derives every fact and the theorem
 exists only when it returns true.
 """
 from __future__ import annotations
