@@ -233,6 +233,9 @@ def case_table():
     # multi-op patterns over torch's unrolled ring (traced plans): tests/test_trace_cp.py, conform gens_ring_merge
     add("ring_sigmoid_merge", None, None)
     add("ring_sigmoid_merge_backward", None, None)
+    # torch's causal / load-balanced ring, followed per cp coordinate: tests/test_cp_causal.py, gens_ring_merge
+    add("ring_masked_merge", None, None)
+    add("ring_masked_merge_backward", None, None)
     # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
     for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum", "scan_last_row_total"):
         add(rule, None, None)
