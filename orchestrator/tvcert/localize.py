@@ -143,8 +143,10 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     scaled: dict[tuple[str, str], frozenset] = {}  # tensor -> its factors k (it is k x a logical value)
     starts: list[tuple] = []  # (factors, explanation, Divergence): ops with a factor no input carries
     div = _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts)
-    misread = _output_misread(plan, res, known, every=div is not None)
-    return _factor_start(plan, res, starts) or (misread if div is None or misread is not None else div)
+    if div is None:  # a placement misread first (the double average's Partial(sum) read as Partial(avg)), then a factor
+        return (_output_misread(plan, res, known, other_placement=True) or _factor_start(plan, res, starts, scaled)
+                or _output_misread(plan, res, known))
+    return _factor_start(plan, res, starts, scaled) or _output_misread(plan, res, known, every=True) or div
 
 
 def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts) -> Divergence | None:
@@ -221,11 +223,13 @@ def _sample(res: RunResult, g, pname: str, o: str) -> dict:
     return {str(list(r)): _short(res.parallel.values[pname][r][o]) for r in res.mesh.ranks(g.stage)[:4]}
 
 
-def _factor_start(plan: Plan, res: RunResult, starts: list[tuple]) -> Divergence | None:
+def _factor_start(plan: Plan, res: RunResult, starts: list[tuple], scaled: Mapping) -> Divergence | None:
     """When every output that differs is one constant multiple k of its logical value, the op where a value first
     became k x a logical value (its inputs exact) is where the plans part: a loss divided by the wrong count is
     explained as "a scalar multiple" (correct code scales intermediates too, e.g. DDP's local mean its average
-    undoes), so the first unexplained op is only a later consequence.  Blame only; the verdict is the run's."""
+    undoes), so the first unexplained op is only a later consequence.  The factor must reach a differing output
+    through values that all carry it (a row-parallel bias divided by tp, summed back whole, is no start).  Blame
+    only; the verdict is the run's."""
     if not starts:
         return None
     k = _output_factor(plan, res)
@@ -233,11 +237,38 @@ def _factor_start(plan: Plan, res: RunResult, starts: list[tuple]) -> Divergence
         return None
     for ks, ex, d in starts:
         f = next((f for f in ks if abs(float(f) - k) <= 1e-9 * abs(k)), None)
-        if f is not None:
+        if f is not None and _reaches_output(plan, res, d.program, d.tensor, f, scaled):
             d.factor = (f"its result is {ex}, no input carries the factor {f}, and every output that differs is "
                         f"the same {f} x its logical value: a scalar factor no later op undoes starts here")
             return d
     return None
+
+
+def _reaches_output(plan: Plan, res: RunResult, program: str, tensor: str, f, scaled: Mapping) -> bool:
+    """Does ``tensor`` reach a differing output through values each carrying the factor ``f`` (within its
+    program, and across a send to its paired recv)?"""
+    want = {(b.program, b.local) for o in res.outputs if not o.equal for b in [plan.outputs.get(o.name)] if b}
+    readers: dict[tuple[str, str], list] = {}
+    for pname, g in plan.programs.items():
+        for i, n in enumerate(g.nodes):
+            for x in n.inputs:
+                readers.setdefault((pname, x), []).append((pname, i, n))
+    recv_of = {snd: rcv for rcv, snd in plan.p2p.items()}
+    todo, seen = [(program, tensor)], {(program, tensor)}
+    while todo:
+        t = todo.pop()
+        if t in want:
+            return True
+        for pname, i, n in readers.get(t, []):
+            outs = [(pname, o) for o in n.outputs]
+            if n.op == "send" and (pname, i) in recv_of:
+                rp, ri = recv_of[(pname, i)]
+                outs = [(rp, o) for o in plan.programs[rp].nodes[ri].outputs]
+            for y in outs:
+                if y not in seen and f in scaled.get(y, ()):
+                    seen.add(y)
+                    todo.append(y)
+    return False
 
 
 def _output_factor(plan: Plan, res: RunResult) -> float | None:
@@ -288,12 +319,13 @@ def _module(n) -> str | None:
 
 
 def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str, str]],
-                    every: bool = False) -> Divergence | None:
+                    every: bool = False, other_placement: bool = False) -> Divergence | None:
     """Every op is explained, yet an output differs: its tensor is a logical tensor under another placement
     than the plan declares (a gradient still Partial where Replicate is declared: a missing reduction).  The
     op that produced it is named.  ``every`` (some op was not explained): only when every output that differs is
     explained as a pending partial result, computed without the unexplained op (Megatron's layer-norm gradients
-    left unsummed, while its flat all-gather buffer matches no logical tensor)."""
+    left unsummed, while its flat all-gather buffer matches no logical tensor).  ``other_placement``: only an
+    output whose explanation names another placement than the declared one."""
     if every and not all(o.equal or _pending(plan, known, o.name) for o in res.outputs):
         return None
     for o in res.outputs:
@@ -306,6 +338,8 @@ def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str,
             continue
         n = g.nodes[i]
         got = known[b.program][b.local]
+        if other_placement and not _other_placement(got, b):
+            continue
         hint = " (is a reduction missing before it?)" if " as " in got and "Partial" in got.split(" as ")[1] else ""
         declared = fmt_placement(b.placement) if b.placement else "Replicate on every mesh axis"
         note = f"{o.name} is {got}, but the plan declares {declared}{hint}"
@@ -313,6 +347,17 @@ def _output_misread(plan: Plan, res: RunResult, known: Mapping[str, Mapping[str,
         sample = {str(list(r)): _short(res.parallel.values[b.program][r][b.local]) for r in ranks[:4]}
         return Divergence(b.program, n.path, n.op, b.local, n.src, {b.local: got}, sample, _module(n), note)
     return None
+
+
+def _other_placement(got: str, b: Binding) -> bool:
+    """Does the explanation ``got`` ("<expr> as {axis: placement, ...} (proved...)") name another placement than
+    ``b`` declares (an axis left out of either reads Replicate)?"""
+    if " as {" not in got:
+        return False
+    text = got.rsplit(" as {", 1)[1].split("}", 1)[0]
+    held = dict(kv.split(": ", 1) for kv in text.split(", ") if ": " in kv)
+    axes = set(held) | set(b.placement)
+    return any(held.get(a, "Replicate") != (str(b.placement[a]) if a in b.placement else "Replicate") for a in axes)
 
 
 def _pending(plan: Plan, known: Mapping[str, Mapping[str, str]], name: str) -> bool:
