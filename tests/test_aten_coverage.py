@@ -493,6 +493,18 @@ def test_unknown_dtype_is_bad_input():
     assert ei.value.kind == "input"
 
 
+def test_an_uneven_shard_is_unknown_not_bad_input():
+    """torch.chunk / DTensor's uneven Shard is legal PyTorch the plan cannot state yet: UNKNOWN (issue 15)."""
+    from tvcert.frontends.trace import local_shape
+
+    (spec,) = _parse_inputs({"w": {"shape": [30, 4], "placement": {"tp": "Shard(0)"}}}, {"tp": 4})
+    with pytest.raises(TraceError) as ei:
+        local_shape(spec, {"tp": 4})
+    assert ei.value.kind == "unsupported" and "uneven" in str(ei.value)
+    (spec,) = _parse_inputs({"w": {"shape": [32, 4], "placement": {"tp": "Shard(0)"}}}, {"tp": 4})
+    assert local_shape(spec, {"tp": 4}) == [8, 4]
+
+
 # ---------------------------------------------------------------- end to end
 def _verdict(raw):
     return verify(load_plan(raw))

@@ -630,9 +630,12 @@ def local_shape(spec: InputSpec, mesh: Mapping[str, int]) -> list[int]:
                                  "input")
             d = p.dim % len(s)
             parts = mesh[a] * (1 if p.kind == "S" else 2)
+            if s[d] % parts and p.kind == "S":  # legal PyTorch (torch.chunk, DTensor's uneven Shard): UNKNOWN
+                raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by mesh axis {a!r} "
+                                 f"of size {mesh[a]}: uneven shards have no plan form yet")
             if s[d] % parts:
                 raise TraceError(f"input {spec.name!r}: dim {d} of size {s[d]} is not divisible by "
-                                 f"{'' if p.kind == 'S' else '2 x '}mesh axis {a!r} of size {mesh[a]}", "input")
+                                 f"2 x mesh axis {a!r} of size {mesh[a]}", "input")
             s[d] //= mesh[a]
     return s
 
