@@ -416,7 +416,9 @@ class _Walk:
         return self._unary_blk(n, t, v)
 
     def _unary_blk(self, n: Node, t: str, v: Blk) -> Blk:
-        pl = tuple(S(v.d) if j == self.ai else q for j, q in enumerate(v.pl))
+        # head-tail chunks are read as ZigzagShard, so a reshape must keep whole chunks (zigzag._reshape_rule)
+        want = "Z" if (self.nch or self.p) != self.p else "S"
+        pl = tuple((Z(v.d) if want == "Z" else S(v.d)) if j == self.ai else q for j, q in enumerate(v.pl))
         whole = local_shape(self.X[v.e].shape, self.kc.axes, pl, self.kc.sizes)  # the op on the block's full chunks
         if whole == self.shape(n.inputs[0]):
             local = self.shape(t)
@@ -427,7 +429,7 @@ class _Walk:
         d = derive(self.kc, n.op, self.attrs(n), n.attrs, [Fact(v.e, pl)], [local])
         f = d.facts[0]
         q = f.pl[self.ai]
-        if q.kind != "S":
+        if q.kind != want:
             raise RuleFailure(f"{n.op} at {n.path} does not keep the block a shard")
         return Blk(f.expr, q.dim, v.chunks, self.strip(f.pl))
 
