@@ -1,6 +1,6 @@
 """Red team session 9 (H40): near misses of the rules added this session, each wrong case shown wrong by the
 interpreter and not VERIFIED, each correct control of the same shape not REFUTED.  No class below gave a false
-verdict; the cases stay as regressions.
+verdict; the cases stay as regressions.  One side condition was missing (below, ring_causal's layout ops).
 
 * causal ring attention (kernel/ring_causal.py, frontends/mpmd.py): torch's ring patched while traced
   (``tests/data/redteam_s9/cp_mut.py``; ``python tests/data/redteam_s9/cp_mut.py`` re-traces the stored plans):
@@ -8,7 +8,9 @@ verdict; the cases stay as regressions.
   twice), K / V's head and tail chunks swapped but not Q's (on every rank at cp 2; on the last of 3 only, so the
   ranks differ from the swap on and the merge starts there), ``_is_causal_behavior`` given the global rank on a cp x tp
   mesh, a load-balanced partial merge into the head chunk: REFUTED.  Control: cp 3 head-tail with chunks of one row
-  (seq 6) VERIFIED by ring_masked_merge(_backward).
+  (seq 6) VERIFIED by ring_masked_merge(_backward).  Fixed: a layout op on head-tail chunks inside the ring walk was
+  derived with the block read as plain Shard, so a reshape merging rows across the head / tail boundary was accepted
+  (zigzag's chunk-alignment side condition skipped); now read as ZigzagShard (no traced example reached it).
 * mpmd merge (frontends/mpmd.py): classes whose ops differ only in a const's shape or a cast's dtype, tails alike
   reading swapped tensors, one class a longer tail: on every rank the merged program computes the rank's own.
 * prefix scan (kernel/prefix_scan.py), on a trace of examples/torch/realcode/cumsum_sp.py with the block size equal
@@ -33,6 +35,7 @@ from tvcert.frontends.mpmd import merge_ranks
 from tvcert.frontends.trace import TraceError
 from tvcert.graph import Node
 from tvcert.interp import eval_node, run_plan
+from tvcert.kernel.rules import RuleFailure
 from tvcert.ops import Ctx
 from tvcert.plan import load_plan
 
@@ -61,12 +64,39 @@ def test_ring_near_miss_refuted(case):
     _wrong_not_verified(_load(f"plans/{case}.json"))
 
 
-def test_ring_cp3_one_row_chunks_verified():
+def test_ring_cp3_one_row_chunks_verified(monkeypatch):
+    """VERIFIED; and inside the walk a reshape of a head-tail block merging rows across its head / tail boundary
+    (local [1, 2, 2, 4] -> [1, 2, 1, 8]: rank 0's one row is sequence rows 0 and 5) is refused: the block is read
+    as ZigzagShard (zigzag._reshape_rule's chunk alignment), not as Shard (accepted before, chunks (0, 5) claimed of
+    a dim of 3 rows)."""
+    from tvcert.kernel import ring_causal as RC
+
+    seen = {}
+    real = RC._values
+
+    def capture(g, index, facts, kc):
+        seen.setdefault("ctx", (g, index, facts, kc))
+        return real(g, index, facts, kc)
+
+    monkeypatch.setattr(RC, "_values", capture)
     plan = load_plan(_load("plans/ok_cp3_lb_seq6.json"))
     res = verify(plan)
     assert res.verdict == "VERIFIED", res.reasons
     assert {"ring_masked_merge", "ring_masked_merge_backward"} <= used_rules(res)
     assert run_plan(plan).equal
+    g, index, facts, kc = seen["ctx"]
+    w = RC._Walk(g, index + 1, facts, kc, "cp")
+    ai = kc.axes.index("cp")
+    t, f = next((t, f) for t, f in facts.items() if f.pl[ai].kind == "Z" and len(kc.exprs[f.expr].shape) == 4)
+    v = w._leaf(f, 0)
+    loc = w.shape(t)
+    assert v.chunks == (0, 5) and loc[2] == 2
+    merged = (loc[0], loc[1], 1, 2 * loc[3])
+    node = Node(op="reshape", inputs=[t], outputs=["merged"], attrs={"shape": list(merged)})
+    shape = w.shape
+    w.shape = lambda x: merged if x == "merged" else shape(x)
+    with pytest.raises(RuleFailure, match="chunks would no longer line up"):
+        w._unary_blk(node, "merged", v)
 
 
 # ------------------------------------------------------------------ mpmd: the merged program is each rank's own
