@@ -17,7 +17,9 @@ verdict; the cases stay as regressions.  One side condition was missing (below, 
   to the row width (so the local mask's shape cannot tell the dims apart): a coefficient row ``[j < 2 rank]`` (right
   on rank 0 only), totals of ``2 x``, the offset reshaped to a column, the local scan along the unsharded dim; the
   scanned form with the cumsum's row read at the mirrored rank, both rows mirrored, the difference's operands
-  swapped: REFUTED.  Control: the row ``[j < 2 rank - 1]`` (right on every rank at sp 2) VERIFIED.
+  swapped; on a dp x sp mesh (dim 1 scanned) a row ``[j < rank.sp + rank.dp]`` (right on dp 0 only), the totals
+  gathered over dp: REFUTED.  Controls: the rows ``[j < 2 rank - 1]`` (right on every rank at sp 2) and
+  ``[j < rank.sp + 0 rank.dp]`` VERIFIED.
 * index_select rowwise (RoPE caches read at a cp rank's positions, cp 2 x tp 2): positions cut at the tp
   coordinate, overlapping blocks, the sin cache read at the other cp rank's positions: REFUTED.
 """
@@ -183,6 +185,8 @@ SCAN_WRONG = {
     "scanned_both_mirrored": ("cumsum_gcumsum_sp2.json",
                               lambda d: (_attrs("select_sl", **MIRROR)(d), _attrs("select_1_sl", **MIRROR)(d))),
     "scanned_sub_swapped": ("cumsum_gcumsum_sp2.json", _swap_sub),
+    "dp_sp_coef_reads_dp": ("cumsum_dim1_dp2_sp2.json", _attrs("lt_c", value="rank.sp+rank.dp")),
+    "dp_sp_totals_gathered_over_dp": ("cumsum_dim1_dp2_sp2.json", _attrs("cat", axis="dp")),
 }
 
 
@@ -193,7 +197,8 @@ def test_prefix_scan_near_miss_refuted(case):
 
 
 @pytest.mark.parametrize("src,f", [("cumsum_masked_sp2.json", _attrs("lt_c", value="2*rank.sp-1")),
-                                   ("cumsum_gcumsum_sp2.json", lambda d: None)])
+                                   ("cumsum_gcumsum_sp2.json", lambda d: None),
+                                   ("cumsum_dim1_dp2_sp2.json", _attrs("lt_c", value="rank.sp+0*rank.dp"))])
 def test_prefix_scan_controls_verified(src, f):
     plan = load_plan(_mutate(_load(src), f))
     assert run_plan(plan).equal
