@@ -4,11 +4,11 @@ verdict; the cases stay as regressions.  One side condition was missing (below, 
 
 * causal ring attention (kernel/ring_causal.py, frontends/mpmd.py): torch's ring patched while traced
   (``tests/data/redteam_s9/cp_mut.py``; ``python tests/data/redteam_s9/cp_mut.py`` re-traces the stored plans):
-  the merged log-sum-exp updated with the wrong sign (cp 3), the second block merged twice (a key chunk attended
+  the merged log-sum-exp updated with the wrong sign (cp 3; cp 2 head-tail), the second block merged twice (a key chunk attended
   twice), K / V's head and tail chunks swapped but not Q's (on every rank at cp 2; on the last of 3 only, so the
   ranks differ from the swap on and the merge starts there), ``_is_causal_behavior`` given the global rank on a cp x tp
   mesh, a load-balanced partial merge into the head chunk: REFUTED.  Control: cp 3 head-tail with chunks of one row
-  (seq 6) VERIFIED by ring_masked_merge(_backward).  Fixed: a layout op on head-tail chunks inside the ring walk was
+  (seq 6) and cp 3 contiguous blocks of 3 rows VERIFIED by ring_masked_merge(_backward).  Fixed: a layout op on head-tail chunks inside the ring walk was
   derived with the block read as plain Shard, so a reshape merging rows across the head / tail boundary was accepted
   (zigzag's chunk-alignment side condition skipped); now read as ZigzagShard (no traced example reached it).
 * mpmd merge (frontends/mpmd.py): classes whose ops differ only in a const's shape or a cast's dtype, tails alike
@@ -60,10 +60,17 @@ def _wrong_not_verified(d: dict) -> None:
 
 
 # ------------------------------------------------------------------ causal ring attention (stored traces)
-@pytest.mark.parametrize("case", ["lse_sign_cp3", "merged_twice_cp2", "kv_swapped_lb2", "kv_swapped_last_lb3",
+@pytest.mark.parametrize("case", ["lse_sign_cp3", "lse_sign_lb2", "merged_twice_cp2", "kv_swapped_lb2", "kv_swapped_last_lb3",
                                   "global_rank_tp2", "partial_head_lb2"])
 def test_ring_near_miss_refuted(case):
     _wrong_not_verified(_load(f"plans/{case}.json"))
+
+
+def test_ring_cp3_odd_blocks_verified():
+    """cp 3 contiguous blocks of 3 rows: VERIFIED."""
+    res = verify(load_plan(_load("plans/ok_cp3_seq9.json")))
+    assert res.verdict == "VERIFIED", res.reasons
+    assert {"ring_masked_merge", "ring_masked_merge_backward"} <= used_rules(res)
 
 
 def test_ring_cp3_one_row_chunks_verified(monkeypatch):
