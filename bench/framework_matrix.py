@@ -192,7 +192,8 @@ def main() -> None:
         m = matches(row, b, exp if row.line else None)
         verdict = out.get("verdict", "?")
         if row.want and verdict != row.want:
-            why = (out.get("reasons") or [out.get("reason", "")])[0] if (out.get("reasons") or out.get("reason")) else ""
+            rs = out.get("reasons") or [out.get("reason") or ""]
+            why = next((r for r in rs if not str(r).startswith("output '")), rs[0])  # past the unproved outputs
             verdict = f"{verdict} (want {row.want}{': ' + str(why)[:160] if why else ''})"
         print(f"| {row.model} | {row.par} | {row.variant} | {verdict} | {b['op'] or ''} | {b['src'] or ''} | "
               f"{b['module'] or ''} | {exp} | {m} | {out['seconds']:.0f} |", flush=True)
