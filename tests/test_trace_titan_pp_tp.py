@@ -135,3 +135,19 @@ def test_pp_tp_job_cli_other_degrees_unknown(tmp_path):
     r = CliRunner().invoke(main, ["trace", "--torchtitan", "llama3-debug", "--config", str(bad), "--verify", "--json"])
     assert r.exit_code == 2, r.output
     assert "dp_shard = 2" in json.loads(r.output)["reason"]
+
+
+def test_shipped_job_configs_load():
+    """Every job config in examples/torchtitan is read by torchtitan's own config classes (bench/framework_matrix.py
+    runs them); the pp x tp x dp one is UNKNOWN naming the degree before any trace (no pipeline of a data-parallel
+    shard yet)."""
+    from tvcert.frontends.titan_config import check_supported, load_job
+    from tvcert.frontends.trace import TraceError
+
+    jobs = {p.name: load_job(str(p), "llama3-debug") for p in sorted(JOB.parent.glob("*.toml"))}
+    assert jobs["llama3_debug_ddp.toml"].degrees["dp_replicate"] == 2
+    assert jobs["llama3_debug_hsdp_dtensor.toml"].parallelism.spmd_backend == "partial_dtensor"
+    assert not jobs["llama3_debug_tp2_nosp.toml"].parallelism.enable_sequence_parallel
+    with pytest.raises(TraceError) as ei:
+        check_supported(jobs["llama3_debug_pp2_tp2_dp2.toml"])
+    assert ei.value.kind == "unsupported" and ei.value.op == "pipeline_parallel_degree", str(ei.value)
