@@ -83,5 +83,7 @@ def test_mcore_layer_one_head_per_rank(kw, want):
     finally:
         sys.path.pop(0)
     res = verify(plan)
+    # (since the reshape readings follow the logical program's own reshapes, KCtx.reshape_into, the rank's view is
+    # read as the logical [1, np, sq, hn] directly and this layer no longer needs the equality step; the spellings
+    # it compares are test_one_head_per_rank_spellings')
     assert res.verdict == want, res.reasons[:3]
-    assert "layout_map_equal" in res.prover.used
