@@ -35,7 +35,7 @@ from ..ops import REGISTRY, resolve_attrs
 from ..shapes import rank_axes_in
 from .producers import ProducersBefore, out_shape
 from .ring import RingMismatch
-from .ring_merge import Flat, Pack, Zero, _numel
+from .ring_merge import Flat, Pack, Zero, _numel, slice_packed
 from .rules import Derivation, Fact, KCtx, R, RuleFailure, S, derive, local_shape
 from .zigzag import Z
 
@@ -350,20 +350,7 @@ class _Walk:
             return self.val(v.src, b)
         if isinstance(v, (Pack, Flat)):
             segs = v.segs if isinstance(v, Pack) else (v,)
-            a = self.at_rank(n, c)
-            if a["dim"] != 0 or a.get("step", 1) != 1:
-                raise RuleFailure("not a 1-D slice")
-            off, out = 0, []
-            for s_ in segs:
-                k = _numel(s_.shape)
-                if a["start"] <= off and off + k <= a["end"]:
-                    out.append(s_)
-                elif off < a["end"] and a["start"] < off + k:
-                    raise CausalMismatch(f"the slice at {n.path} cuts a packed tensor")
-                off += k
-            if sum(_numel(s_.shape) for s_ in out) != a["end"] - a["start"] or not out:
-                raise CausalMismatch(f"the slice at {n.path} does not cover whole packed tensors")
-            return out[0] if len(out) == 1 else Pack(tuple(out))
+            return slice_packed(segs, self.at_rank(n, c), n.path, CausalMismatch)
         if isinstance(v, Blk):
             return replace(v, chunks=self._chunk_slice(n, t, v.chunks, v.d, c))
         if isinstance(v, Att):

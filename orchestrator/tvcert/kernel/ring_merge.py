@@ -111,6 +111,24 @@ def _numel(shape) -> int:
     return n
 
 
+def slice_packed(segs, a, path: str, mismatch):
+    """A 1-D slice ``a`` (resolved attrs) of packed segments ``segs``: the segments it covers whole (one, or a
+    Pack of them); ``mismatch`` (a near miss) when it cuts a segment or covers none."""
+    if a["dim"] != 0 or a.get("step", 1) != 1:
+        raise RuleFailure("not a 1-D slice")
+    off, out = 0, []
+    for s in segs:
+        k = _numel(s.shape)
+        if a["start"] <= off and off + k <= a["end"]:
+            out.append(s)
+        elif off < a["end"] and a["start"] < off + k:
+            raise mismatch(f"the slice at {path} cuts a packed tensor")
+        off += k
+    if sum(_numel(s.shape) for s in out) != a["end"] - a["start"] or not out:
+        raise mismatch(f"the slice at {path} does not cover whole packed tensors")
+    return out[0] if len(out) == 1 else Pack(tuple(out))
+
+
 def _reindex(v, perm: tuple):
     """The value each rank c holds after receiving rank perm[c]'s."""
     if isinstance(v, Blk):
@@ -292,20 +310,7 @@ class _Walk:
             return _reindex(v.pack, tuple(src))
         if isinstance(v, (Pack, Flat)):
             segs = v.segs if isinstance(v, Pack) else (v,)
-            a = self.attrs(n)
-            if a["dim"] != 0 or a.get("step", 1) != 1:
-                raise RuleFailure("not a 1-D slice")
-            off, out = 0, []
-            for s in segs:
-                k = _numel(s.shape)
-                if a["start"] <= off and off + k <= a["end"]:
-                    out.append(s)
-                elif off < a["end"] and a["start"] < off + k:
-                    raise MergeMismatch(f"the slice at {n.path} cuts a packed tensor")
-                off += k
-            if sum(_numel(s.shape) for s in out) != a["end"] - a["start"] or not out:
-                raise MergeMismatch(f"the slice at {n.path} does not cover whole packed tensors")
-            return out[0] if len(out) == 1 else Pack(tuple(out))
+            return slice_packed(segs, self.attrs(n), n.path, MergeMismatch)
         raise RuleFailure(f"slice at {n.path} of {type(v).__name__}")
 
     def _unary(self, n: Node, t: str):
