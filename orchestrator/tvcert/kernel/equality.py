@@ -36,12 +36,13 @@ from ..ops import REGISTRY
 from .expr import Exprs
 from .interleave import EQ_RULE as INTERLEAVE_EQ, interleaved_equal
 from .concat_groups import EQ_RULE as GROUPED_EQ, grouped_equal
-from .int_range import RULE as INT_RANGE, const_value
+from .int_range import RULE as INT_RANGE, const_value, interval as int_interval
 from .layout_map import RULE as LAYOUT_MAP, layout_map_equal
 from .reductions import COMMON_FACTOR, common_factor, reduction_normal_form
+from .reversed_blocks import EQ_RULE as REVERSED_EQ, reversed_equal
 from .scalar_factor import RULE as SCALAR_FACTOR, ScalarFactors, factored_equal
 from .slice_concat import RULE as SLICE_CONCAT, slice_operand
-from .smt import encode_equality, is_region_op, region_leaves, scalar_const, solve_z3
+from .smt import encode_equality, int_overflow, is_region_op, region_leaves, scalar_const, solve_z3
 
 # ops a scalar factor of their first argument moves across, when the op's own flag says it is homogeneous in
 # that argument for these attributes (``homogeneous_in``, proved per op in Rules/OpFlags.v): a cast only into
@@ -142,6 +143,9 @@ class Prover:
         if layout_map_equal(X, a, b, self.equal, self._lmap):  # layout chains reading the same index everywhere
             self.used.add(LAYOUT_MAP)
             return True
+        if reversed_equal(X, a, b, self.equal, self._lmap):  # rank-reversed blocks (reversed_blocks.py)
+            self.used.update((REVERSED_EQ, LAYOUT_MAP))
+            return True
         if factored_equal(self.scalar_factors(), a, b, self.equal):  # 0-d factors such as 1 / global count
             self.used.add(SCALAR_FACTOR)
             return True
@@ -225,7 +229,9 @@ class Prover:
         if got is not None:
             return got
         self._norm[i] = (Fraction(1), i)
-        res = self._normalize(i)
+        # no factor leaves an int tensor: x * 2**62 is 2**62 * x only modulo 2**64 (int64 wraps), which a later
+        # division, cast or comparison tells apart (x * 2**62 / 2**62 is not x at x = 2)
+        res = (Fraction(1), i) if self.exprs[i].dtype == "int" else self._normalize(i)
         self._norm[i] = res
         return res
 
@@ -305,6 +311,10 @@ class Prover:
         la, lb = region_leaves(X, a), region_leaves(X, b)
         if len(la) + len(lb) > MAX_SMT_LEAVES:
             self.failures.append(f"elementwise region too large for SMT ({len(la) + len(lb)} leaves)")
+            return False
+        wraps = int_overflow(X, (a, b), lambda i: int_interval(X, i, self.ranges))
+        if wraps is not None:
+            self.failures.append(wraps)
             return False
         reps: list[int] = []
         var: dict[int, str] = {}

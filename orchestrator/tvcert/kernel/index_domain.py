@@ -64,7 +64,15 @@ def _union(*ds) -> Optional[Dom]:
 
 
 def _pairwise(a: Dom, b: Dom, f) -> Optional[Dom]:
-    return _norm([f(x, y) for x in a for y in b])
+    return _int64([f(x, y) for x in a for y in b])
+
+
+def _int64(pieces) -> Optional[Dom]:
+    """Arithmetic's values, or None (unbounded) past int64: an int tensor wraps there (ids * 2**62 at ids = 2 is
+    -2**63), so the interval bound no longer holds."""
+    if any(not -(1 << 63) <= v < (1 << 63) for p in pieces for v in p):
+        return None
+    return _norm(pieces)
 
 
 def _mul(x, y):
@@ -221,7 +229,7 @@ class _Domains:
             v = _int_value(at.get("value", 0))
             return None if v is None else _union(ds[0], ((v, v),))
         if op in UNARY and ds and ds[0] is not None:
-            return _norm([UNARY[op](a, b) for a, b in ds[0]])
+            return _int64([UNARY[op](a, b) for a, b in ds[0]])
         if op in ("add_scalar", "scale"):
             v = _int_value(at.get("value"))
             if v is None or ds[0] is None:

@@ -360,3 +360,87 @@ def solve_cvc5(text: str, timeout_ms: int = SMT_TIMEOUT_MS) -> str:
 
 
 SOLVERS: dict[str, Callable[[str], str]] = {"z3": solve_z3, "cvc5": solve_cvc5}
+
+
+# ------------------------------------------------------------------ int64 (the solver's reals do not wrap)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+_INT_ARITH = {"add", "sub", "mul", "neg", "scale", "add_scalar", "square", "pow", "abs"}
+_INT_BOOL = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"}
+
+
+def int_overflow(X: Exprs, roots, interval) -> str | None:
+    """Why an int op of the regions under ``roots`` may leave int64, or None.  Int tensors are int64 (the
+    interpreter's and the hardware's: ``x * 2**62 >= 0`` is false at x = 2), while the obligation reads them as
+    reals, where no sum or product wraps; so an obligation is sent only when every int add / sub / mul / neg /
+    scale / add_scalar / square / pow / abs of its regions is bounded inside int64, from its leaves' intervals
+    (``interval(i)``: a declared input range, else None = unbounded) and its constants."""
+    memo: dict[int, tuple[int, int] | None] = {}
+
+    def iv(i: int):
+        if i in memo:
+            return memo[i]
+        memo[i] = None
+        e = X[i]
+        r = None
+        c = scalar_const(X, i)
+        if c is not None:
+            r = (int(c), int(c)) if isinstance(c, int) else None
+        elif not is_region_op(X, i):
+            r = interval(i)
+        else:
+            at = e.attr_dict()
+            xs = [iv(a) for a in e.args]
+            if e.op in _INT_BOOL:
+                r = (0, 1)
+            elif e.dtype != "int" or any(x is None for x in xs):
+                r = None
+            elif e.op in ("add", "sub"):
+                (a, b), (c2, d) = xs
+                r = (a + c2, b + d) if e.op == "add" else (a - d, b - c2)
+            elif e.op == "mul":
+                (a, b), (c2, d) = xs
+                ps = [a * c2, a * d, b * c2, b * d]
+                r = (min(ps), max(ps))
+            elif e.op == "neg":
+                r = (-xs[0][1], -xs[0][0])
+            elif e.op in ("scale", "add_scalar"):
+                v = at.get("value")
+                if isinstance(v, int) and not isinstance(v, bool):
+                    ps = [x * v for x in xs[0]] if e.op == "scale" else [x + v for x in xs[0]]
+                    r = (min(ps), max(ps))
+            elif e.op in ("square", "abs", "pow"):
+                a, b = xs[0]
+                m = max(abs(a), abs(b))
+                k = 2 if e.op == "square" else 1 if e.op == "abs" else at.get("exponent")
+                if isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= 64:
+                    r = (0 if k % 2 == 0 else -m ** k, m ** k)
+            elif e.op in ("where", "masked_fill", "maximum", "minimum", "relu", "cast") and xs:
+                vals = list(xs[1:] if e.op == "where" else xs[:1])
+                if e.op == "masked_fill":
+                    v = at.get("value")
+                    vals.append((int(v), int(v)) if isinstance(v, (int, float)) and float(v).is_integer() else None)
+                elif e.op in ("maximum", "minimum"):
+                    vals = xs
+                elif e.op == "relu":
+                    vals.append((0, 0))
+                if None not in vals and vals:
+                    r = (min(v[0] for v in vals), max(v[1] for v in vals))
+        memo[i] = r
+        return r
+
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        i = stack.pop()
+        if i in seen or not is_region_op(X, i):
+            continue
+        seen.add(i)
+        stack.extend(X[i].args)
+        e = X[i]
+        if e.dtype == "int" and e.op in _INT_ARITH:
+            r = iv(i)
+            if r is None or r[0] < INT64[0] or r[1] > INT64[1]:
+                return (f"{X.show(i, 2)} is int64 arithmetic not proved to stay inside int64 "
+                        f"({'no bound on an operand' if r is None else f'values up to [{r[0]}, {r[1]}]'}): "
+                        f"int64 wraps where the solver's reals do not")
+    return None
