@@ -1,0 +1,79 @@
+"""Red team round 6 (H48, session 10): wrong plans that came out VERIFIED, each shown wrong by the interpreter.
+
+* int64 wraps, the solver's reals do not (kernel/smt.py, kernel/equality.py, kernel/index_domain.py).  Int
+  tensors are int64 in the interpreter (and on the hardware): ``x * 2**62`` is ``-2**63`` at x = 2.
+  ``ge(x * 2**62, 0)`` over x in [0, 4) was VERIFIED against ``ge(x, 0)`` by an SMT obligation over the reals;
+  ``x * 2**62 / 2**62`` against ``x / 1`` and ``cast(x * 2**62)`` against ``2**62 * cast(x)`` by
+  ``scale_commutes_linear`` (a factor pulled out of an int tensor holds only modulo 2**64, which a division or a
+  cast tells apart); an embedding at ``cast(ids * 2**62 / 2**62)`` loaded although the logical lookup is at -2.
+  Now an obligation is sent only when every int add / sub / mul / ... of its regions is bounded inside int64 by
+  the leaves' declared ranges, no factor leaves an int tensor, and an index domain past int64 is unbounded
+  (exit 3 naming the input).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tvcert.engine.verify import used_rules, verify
+from tvcert.interp import RunError, run_plan
+from tvcert.plan import PlanError, load_plan
+
+DATA = Path(__file__).resolve().parent / "data" / "redteam_s10"
+
+
+def _load(name: str):
+    return load_plan(json.loads((DATA / f"{name}.json").read_text()))
+
+
+def _wrong(name: str) -> None:
+    plan = _load(name)
+    assert not run_plan(plan, exact=True).equal  # the interpreter: the two sides differ
+    res = verify(plan)
+    assert res.verdict != "VERIFIED", name
+
+
+def _control(name: str) -> set[str]:
+    plan = _load(name)
+    assert run_plan(plan, exact=True).equal
+    res = verify(plan)
+    assert res.verdict == "VERIFIED", res.reasons
+    return used_rules(res)
+
+
+# ------------------------------------------------------------------ int64 wraps
+@pytest.mark.parametrize("name", ["int64_wrap_smt", "int64_wrap_factor_div", "int64_wrap_factor_cast"])
+def test_int64_wrap_not_verified(name):
+    _wrong(name)
+
+
+def test_int64_wrap_smt_reason():
+    res = verify(_load("int64_wrap_smt"))
+    assert any("int64" in str(r) for r in res.reasons), res.reasons
+
+
+@pytest.mark.parametrize("name", ["int64_wrap_smt_ok", "int_div_ok"])
+def test_int64_controls_verified(name):
+    assert "elementwise_smt" in _control(name)
+
+
+def test_int64_wrap_index_refused():
+    raw = json.loads((DATA / "int64_wrap_index.json").read_text())
+    with pytest.raises(PlanError, match="'ids'"):
+        load_plan(raw)
+    raw["logical"]["inputs"][0]["range"] = 2  # ids in [0, 2): ids * 2**62 stays inside int64, the lookup is defined
+    raw["parallel"][0]["inputs"][0]["range"] = 2
+    plan = load_plan(raw)
+    assert run_plan(plan).equal
+
+
+def test_int64_wrap_index_undefined(monkeypatch):
+    """What the loader refuses: the logical lookup is at -2 for ids = 2 (int64 wraps)."""
+    import tvcert.plan as P
+
+    monkeypatch.setattr(P, "check_index_domains", lambda *a, **k: None)
+    plan = load_plan(json.loads((DATA / "int64_wrap_index.json").read_text()))
+    with pytest.raises(RunError, match="out of range"):
+        run_plan(plan, seed=0)
