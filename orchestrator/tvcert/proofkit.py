@@ -183,6 +183,8 @@ RULES: dict[str, str] = {
     "slice_concat_operand": f"{_T}.SliceConcat.slice_concat_operand",
     "scalar_factor_commutes": f"{_T}.ScalarFactor.scalar_factor_commutes",
     "layout_map_equal": f"{_T}.LayoutMap.layout_map_equal",
+    "slice_reversed_block_to_shard": f"{_T}.ReversedBlocks.slice_reversed_block_to_shard",
+    "reversed_blocks_commute": f"{_T}.ReversedBlocks.reversed_blocks_commute",
     "merge_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
     "split_interleaved_reshape": f"{_T}.Interleave.split_interleaved_shard",
 }

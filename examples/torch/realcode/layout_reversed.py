@@ -11,7 +11,10 @@ it makes the order observable.
 
 ``bug``: ``no_flip`` (the gathered stack flattened in rank order: the blocks come out reversed), ``own_block``
 (the flip kept but each rank slices its own block r: the flip then reverses a correct order), ``no_grad_sum``
-(w's gradient not all-reduced: each rank's covers its block only; the loss is right).
+(w's gradient not all-reduced: each rank's covers its block only; the loss is right), ``flip_inner`` (the stack
+flipped along the rows of each block instead of over the ranks), ``overlap`` (blocks at ``(tp-1-r)*(n-1)``: a
+rank-reversed offset with the wrong block size, so blocks overlap), ``rotated`` (rank r takes block ``(r+1) % tp``,
+a rotation, not the reversal the flip undoes; at tp = 2 the two coincide and the program is correct, use tp >= 3).
 """
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/torch: 
 from megatron_mlp import CopyToTP  # noqa: E402
 
 T, H, F = 8, 4, 6
+BUGS = ("", "no_flip", "own_block", "no_grad_sum", "flip_inner", "overlap", "rotated")
 
 
 class _Gather(torch.autograd.Function):
@@ -46,18 +50,19 @@ def make(bug=""):
     def parallel(ctx, x, w, m, target):
         tp, r, p = ctx.group("tp"), ctx.coord("tp"), ctx.size("tp")
         n = T // p
-        b = r if bug == "own_block" else p - 1 - r
+        b = r if bug == "own_block" else (r + 1) % p if bug == "rotated" else p - 1 - r
+        start = b * (n - 1) if bug == "overlap" else b * n
         w = w if bug == "no_grad_sum" else CopyToTP.apply(w, tp)  # each rank's dW covers its block: summed
-        y = torch.tanh(x[b * n:(b + 1) * n] @ w)
+        y = torch.tanh(x[start:start + n] @ w)
         st = _Gather.apply(y, tp, r)
-        full = (st if bug == "no_flip" else st.flip(0)).flatten(0, 1)
+        full = (st if bug == "no_flip" else st.flip(1) if bug == "flip_inner" else st.flip(0)).flatten(0, 1)
         return ((m @ full - target) ** 2).sum()
     return parallel
 
 
 def tvcert_trace(tp: int = 2, bug: str = "", dtype: str = "float64"):
-    if bug not in ("", "no_flip", "own_block", "no_grad_sum"):
-        raise ValueError(f"unknown bug {bug!r} (no_flip, own_block, no_grad_sum)")
+    if bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r} (one of {', '.join(b for b in BUGS if b)})")
     f = {"dtype": dtype}
     inputs = {"x": {"shape": [T, H], **f}, "w": {"shape": [H, F], "param": True, **f},
               "m": {"shape": [T, T], **f}, "target": {"shape": [T, F], **f}}

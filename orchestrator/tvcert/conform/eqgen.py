@@ -345,3 +345,7 @@ EQUALITY.update(SCALAR_FACTOR_GENERATORS)
 from .gens_layout_map import LAYOUT_MAP_GENERATORS  # noqa: E402  (layout chains by their index maps)
 
 EQUALITY.update(LAYOUT_MAP_GENERATORS)
+
+from .gens_reversed_blocks import REVERSED_BLOCKS_EQ_GENERATORS  # noqa: E402  (rank-reversed blocks)
+
+EQUALITY.update(REVERSED_BLOCKS_EQ_GENERATORS)

@@ -20,6 +20,7 @@ from ..kernel.int_range import input_ranges
 from ..ops.base import TablesNeeded
 from ..kernel.expr import Exprs
 from ..kernel.partial_read import RULE as PARTIAL_READ, read_as
+from ..kernel.reversed_blocks import explained as reversed_explained
 from ..kernel.rules import fmt_pl
 from ..kernel.setup import logical_exprs, output_targets
 from ..kernel.smt import is_region_op, solve_z3
@@ -421,6 +422,8 @@ def _judge(res: Result):
                 return (f"{X.show(f.expr, 1)} as {shown} (proved; " + ", ".join(
                     f"{k} x logical {lname.get(l, X.show(l, 1))}" for k, l in scaled[f.expr].items()) + ")")
             return f"{X.show(f.expr, 1)} as {shown} (proved)"
+        if reversed_explained(X, f.expr, f.pl, res.plan.program_axes(program), res.plan.mesh(), grounded):
+            return f"{X.show(f.expr, 1)} as {shown} (proved; blocks in rank-reversed order)"
         # the caller asks only when every input is explained: an op whose proved value is an input's own expression
         # under another placement (a collective) is explained, and so is a proved permute of an explained input's
         # partial sum (sequence parallelism's relayout before its reduce_scatter)

@@ -41,6 +41,7 @@ from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMEN
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 from .scalar_factor import RULE as _SCALAR_FACTOR_RULE, STATEMENT as _SCALAR_FACTOR_STATEMENT
 from .layout_map import RULE as _LAYOUT_MAP_RULE, STATEMENT as _LAYOUT_MAP_STATEMENT
+from .reversed_blocks import STATEMENTS as _REVERSED_STATEMENTS, derive_slice as derive_reversed_slice
 from .interleave_reshape import STATEMENTS as _IL_RESHAPE_STATEMENTS, derive_reshape as derive_interleave_reshape
 
 R = Placement("R")
@@ -168,6 +169,7 @@ RULES: dict[str, str] = {
     _SLICE_CONCAT_RULE: _SLICE_CONCAT_STATEMENT,
     _SCALAR_FACTOR_RULE: _SCALAR_FACTOR_STATEMENT,
     _LAYOUT_MAP_RULE: _LAYOUT_MAP_STATEMENT,
+    **_REVERSED_STATEMENTS,
     **_IL_RESHAPE_STATEMENTS,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
@@ -1028,6 +1030,8 @@ def _slice_block(kc, ra, raw, f, dim, rank_axes):
     if local % p:
         raise RuleFailure(f"slice_block_to_shard: local dim {dim} of size {local} is not divisible by axis {a!r} of size {p}")
     L = local // p
+    if st == ((p - 1) * L, -L) and en == (p * L, -L) and p > 1:  # block p-1-r (kernel/reversed_blocks.py)
+        return derive_reversed_slice(kc, f, dim, ai, outer, RuleFailure)
     if st != (0, L) or en != (L, L):
         raise RuleFailure(f"slice_block_to_shard: rank r takes [{st[0]}+{st[1]}r, {en[0]}+{en[1]}r) of dim {dim}, "
                           f"not block r = [{L}r, {L}r+{L}) of a size-{local} dim split {p} ways")
