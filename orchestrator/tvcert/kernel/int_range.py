@@ -64,7 +64,15 @@ def _decide(op: str, lo: int, hi: int, c: Fraction, flipped: bool) -> int | None
 
 
 def const_value(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], depth: int = MAX_DEPTH) -> Fraction | None:
-    """The one value every element of ``i`` has, or None."""
+    """The one value every element of ``i`` has, or None.  An int value past int64 is None: the int tensor wraps
+    there (a sum of four 3 * 2**61 is -2**63, not 3 * 2**63)."""
+    v = _const_value(X, i, ranges, depth)
+    if v is not None and X[i].dtype == "int" and not -(1 << 63) <= v < (1 << 63):
+        return None
+    return v
+
+
+def _const_value(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], depth: int) -> Fraction | None:
     if depth <= 0:
         return None
     e = X[i]
