@@ -772,6 +772,32 @@ reg("aten.amax")(_reduction("amax"))
 reg("aten.amin")(_reduction("amin"))
 
 
+def _bool_reduction(op):
+    """``all`` / ``any`` over dims: the 0 / 1 truth of each element (``x != 0``, unless it already holds 0 / 1), then
+    its ``amin`` / ``amax`` (every / some element true)."""
+    def h(c, n, x, dims=None, keepdim=False, *a, **k):
+        b = c.ir(x, "int")
+        if not c.zero_one(b):
+            b = c.emit("ne", [b, c.const(0, (), "int")], base=f"{n.name}_truth")
+        ds = _dims(c, x, dims)
+        if not ds:
+            return b
+        return c.emit(op, [b], {"dims": ds, "keepdim": bool(keepdim)})
+    return h
+
+
+reg("aten.all")(_bool_reduction("amin"))
+reg("aten.any")(_bool_reduction("amax"))
+
+
+@reg("aten._assert_async")
+def _assert_async(c, n, *a, **k):
+    """``torch._assert_async(cond, msg)`` (torchtitan's RoPE position bound): no value.  Where the condition fails
+    the program stops (a device-side assert) rather than compute other values, so the values the plan compares are
+    those of runs where it holds."""
+    return None
+
+
 # -------------------------------------------------------------- softmax family / losses
 @reg("aten._softmax")
 def _softmax(c, n, x, dim, half=False):
@@ -1651,6 +1677,22 @@ def _c_view(c, n, x, shape):
 def _c_slice(c, n, x, dim=0, start=None, end=None, step=1):
     # leading dims of the real view are the complex tensor's dims: the real slice applies as is
     return _slice(c, n, x, int(dim) % len(_shape(c.val(x))), start, end, step)
+
+
+@creg("aten.index")
+def _c_index(c, n, x, indices):
+    """x[..., i, ...] of a complex x at one integer index tensor: the same rows of its real view [..., 2] (the
+    parts are its last dim, never indexed), as :func:`_index` reads them."""
+    if any(isinstance(i, torch.fx.Node) and _is_complex(c.val(i)) for i in indices):
+        c.fail("a complex index tensor")
+    k, m, lin, S, shp = _adv_index(c, n, x, indices)
+    if m != 1:
+        c.fail("complex indexing with more than one index tensor")
+    sel = c.emit("index_select", [c.ir(x), lin], {"dim": k}, base=f"{n.name}_sel")
+    out = _shape(_out(c, n)) + [2]
+    if _shape_of(c, sel) == out:
+        return sel
+    return c.emit("reshape", [sel], {"shape": out})
 
 
 @creg("aten.unsqueeze")

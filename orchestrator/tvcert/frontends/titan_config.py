@@ -148,15 +148,13 @@ def check_supported(job: TitanJob) -> None:
         if why:
             raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} {why}",
                              "unsupported", "pipeline_parallel_degree")
-    if p.context_parallel_degree > 1:
-        raise TraceError(f"{job.path}: parallelism.context_parallel_degree = {p.context_parallel_degree}: "
-                         f"torchtitan's SDPA context parallelism (apply_cp_to_forward) runs torch's ring attention, "
-                         f"whose causal and load-balanced form is verified as examples/torch/cp_attention.py traces "
-                         f"it (kernel/ring_causal.py); a job's CP route is not traced yet (its logical SDPA and RoPE "
-                         f"cache read are spelled differently from the ring's blocks: README, context parallelism)",
-                         "unsupported", "context_parallel_degree")
+    if p.context_parallel_degree > 1:  # torchtitan's apply_cp_to_forward route (frontends/titan_cp.py)
+        from .titan_cp import check_cp_job
+
+        check_cp_job(job)
     dp = p.data_parallel_shard_degree > 1 or p.data_parallel_replicate_degree > 1
-    if p.spmd_backend != "spmd_types" and not (p.spmd_backend == "partial_dtensor" and dp):
+    if p.spmd_backend != "spmd_types" and not (p.spmd_backend == "partial_dtensor" and
+                                               (dp or p.context_parallel_degree > 1)):
         raise TraceError(f"{job.path}: parallelism.spmd_backend = {p.spmd_backend!r}: traced is torchtitan's default "
                          f"\"spmd_types\" (TP; data parallelism through SimpleFSDP on DTensor), and \"partial_dtensor"
                          f"\" with data parallelism (parallelize_llama's FSDP2, frontends/titan_fsdp2.py)",

@@ -592,6 +592,12 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
         from .pipelining import trace_titan_pp_job
 
         return trace_titan_pp_job(job, model, desc, name=kw.pop("name", None))
+    if d["cp"] > 1:  # torchtitan's apply_cp_to_forward on its DTensor backend (frontends/titan_cp.py)
+        if not (mesh_context and vocab_parallel):
+            raise TraceError("--no-mesh-context / --replicated-vocab are options of the TP route", "input")
+        from .titan_cp import trace_titan_cp_job
+
+        return trace_titan_cp_job(job, model, desc, **kw)
     if d["dp_replicate"] == d["dp_shard"] == 1:
         tp = d["tp"]
         return trace_titan(model, tp=tp, sp=job.parallelism.enable_sequence_parallel and tp > 1, ep=d["ep"],

@@ -427,6 +427,8 @@ def _row_axes(kc: KCtx, a: str, xf: Fact, lf: Fact | None, rule: str, on_a: Any)
             out.append((R, "replicate_any"))
         elif xp.kind == "S" and xp.dim < nd - 1 and (lp is None or lp == xp):
             out.append((xp, "rowwise_shard"))
+        elif xp.kind == "Z" and xp.dim < nd - 1 and (lp is None or lp == xp):  # load-balanced (CP) rows
+            out.append((xp, "zigzag_rowwise" if lp is None else "zigzag_rowwise2"))
         else:
             raise RuleFailure(f"axis {b!r}: logits {xp}, labels {lp}: not covered")
     return out

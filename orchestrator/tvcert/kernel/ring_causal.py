@@ -388,7 +388,7 @@ class _Walk:
             return replace(v, e=self.X.mk("scale", self.attrs(n), [v.e]))
         if isinstance(v, Part):  # a layout op of a gradient block: the engine's Shard rules (rows unchanged)
             b = self._unary_blk(n, t, Blk(v.e, v.d, v.rows, v.pl))
-            return replace(v, e=b.e, d=b.d)
+            return replace(v, e=b.e, d=b.d, pl=b.pl)  # the other axes' placements move with the dims too
         if isinstance(v, B2) and n.op in ("transpose", "permute"):
             a = self.attrs(n)
             r = len(self.shape(n.inputs[0]))
