@@ -10,7 +10,8 @@
   Now an obligation is sent only when every int add / sub / mul / ... of its regions is bounded inside int64 by
   the leaves' declared ranges, no factor leaves an int tensor, an int constant folded past int64 is no
   constant, and an index domain past int64 is unbounded
-  (exit 3 naming the input).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
+  (exit 3 naming the input).  all_reduce(avg) over tp 4 of a replicated int x in [0, 2**62) was VERIFIED as x
+  (allreduce_avg_replicate; the sum 4x wraps): an int mean is now no rule (kernel/rules.py).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _control(name: str) -> set[str]:
 
 
 # ------------------------------------------------------------------ int64 wraps
-@pytest.mark.parametrize("name", ["int64_wrap_smt", "int64_wrap_factor_div", "int64_wrap_factor_cast", "int64_wrap_count"])
+@pytest.mark.parametrize("name", ["int64_wrap_smt", "int64_wrap_factor_div", "int64_wrap_factor_cast", "int64_wrap_count",
+                                  "int_allreduce_avg"])
 def test_int64_wrap_not_verified(name):
     _wrong(name)
 

@@ -1123,6 +1123,9 @@ def _collective(kc, op, ra, raw, facts):
     shape = kc.exprs[f.expr].shape
     if op in ("all_reduce", "reduce_scatter"):
         _no_mixed_partial_inside(kc, op, pl, idx)
+        if ra.get("reduce") == "avg" and kc.exprs[f.expr].dtype == "int":
+            # the sum of int64 pieces wraps (4 * 2**62 is 0), so its mean is not E, and a mean of ints is no int
+            raise RuleFailure(f"{op}(avg) of an int tensor: no rule (int64 sums wrap; the mean of ints is no int)")
     if op == "all_reduce":
         r = ra["reduce"]
         want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
