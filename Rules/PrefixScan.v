@@ -167,3 +167,51 @@ move=> b0; split.
   by rewrite subn1 -ltnS prednK // kb mulr1.
 by rewrite flip_cumsum_flip //; apply: eq_bigr => k _; rewrite leq0n mulr1.
 Qed.
+
+(** ** The offset through a reduce_scatter: autograd's backward of the carried offset.
+
+    The backward of [off r = \sum_j M r j * G j] (G the all_gather of the totals) is a reduce_scatter: rank [s]
+    sends [M s j * T s] for every [j] (its weighted gradient total), and rank [r] receives [\sum_s M s r * T s].
+    With the forward's row [M s j = [j < s]] that is the totals of the ranks after [r]: the carried offset of the
+    reversed scan (and with [M s j = [s < j]], of the ranks before it: the backward of a reversed scan). *)
+
+(** The scattered offset is the gathered one with the coefficient row transposed. *)
+Lemma scattered_offset {I : Type} {R : comRingType} (p b : nat) (L : nat -> nat -> I -> R) (M : nat -> nat -> R)
+  (r : nat) (x : I) :
+  reduce_scatter p 1 (fun s j y => M s j * \sum_(0 <= k < b) L s k y) r 0 x =
+  \sum_(0 <= j < p) M j r * all_gather 1 (fun s _ y => \sum_(0 <= k < b) L s k y) r j x.
+Proof.
+rewrite /reduce_scatter /all_gather muln1 addn0.
+by apply: eq_bigr => j _; rewrite divn1.
+Qed.
+
+(** The block suffix sum with the offset scattered ([block_suffix_sum_scattered]): rank [r]'s local reversed scan
+    plus the reduce_scatter of [M s j * T s] with [M s j = [j < s]] is block [r] of the logical reversed scan. *)
+Theorem block_suffix_sum_scattered {I : Type} {R : comRingType} (p b : nat) (E : nat -> I -> R)
+  (L : nat -> nat -> I -> R) (M : nat -> nat -> R) :
+  (forall r k x, (r < p)%N -> (k < b)%N -> L r k x = E (r * b + k)%N x) ->
+  (forall s j, (s < p)%N -> (j < p)%N -> M s j = if (j < s)%N then 1 else 0) ->
+  forall r i x, (r < p)%N -> (i < b)%N ->
+    flip b (cumsum b (flip b (L r))) i x +
+      reduce_scatter p 1 (fun s j y => M s j * \sum_(0 <= k < b) L s k y) r 0 x
+    = flip (p * b) (cumsum (p * b) (flip (p * b) E)) (r * b + i)%N x.
+Proof.
+move=> hL hM r i x rp ib; rewrite scattered_offset.
+apply: (@block_suffix_sum I R p b E L (fun r j => M j r)) => // r' j rp' jp.
+exact: hM.
+Qed.
+
+(** The block prefix sum with the offset scattered ([block_prefix_sum_scattered]): [M s j = [s < j]] (the backward
+    of a reversed scan) gives block [r] of the logical cumsum. *)
+Theorem block_prefix_sum_scattered {I : Type} {R : comRingType} (p b : nat) (E : nat -> I -> R)
+  (L : nat -> nat -> I -> R) (M : nat -> nat -> R) :
+  (forall r k x, (r < p)%N -> (k < b)%N -> L r k x = E (r * b + k)%N x) ->
+  (forall s j, (s < p)%N -> (j < p)%N -> M s j = if (s < j)%N then 1 else 0) ->
+  forall r i x, (r < p)%N -> (i < b)%N ->
+    cumsum b (L r) i x + reduce_scatter p 1 (fun s j y => M s j * \sum_(0 <= k < b) L s k y) r 0 x
+    = cumsum (p * b) E (r * b + i)%N x.
+Proof.
+move=> hL hM r i x rp ib; rewrite scattered_offset.
+apply: (@block_prefix_sum I R p b E L (fun r j => M j r)) => // r' j rp' jp.
+exact: hM.
+Qed.

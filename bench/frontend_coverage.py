@@ -196,6 +196,15 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp", {"variant": "gcumsum", "sp": 4, "bug": "self"}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "reverse", "sp": 3, "bug": "after"}, "REFUTED"),
     ("realcode.cumsum_sp", {"variant": "lastrow", "bug": "self"}, "REFUTED"),
+    # a training step through the sharded scan: backward to the input and to a weight before it (realcode/cumsum_sp_grad.py)
+    ("realcode.cumsum_sp_grad", {}, "VERIFIED"),  # autograd: the gradient offset via reduce_scatter (..._scattered)
+    ("realcode.cumsum_sp_grad", {"sp": 3, "dp": 2}, "VERIFIED"),
+    ("realcode.cumsum_sp_grad", {"grad": "custom"}, "VERIFIED"),  # a hand-written backward (block_suffix_sum)
+    ("realcode.cumsum_sp_grad", {"grad": "custom", "bug": "bwd_after"}, "REFUTED"),
+    ("realcode.cumsum_sp_grad", {"grad": "custom", "bug": "bwd_no_offset", "sp": 3}, "REFUTED"),
+    ("realcode.cumsum_sp_grad", {"grad": "custom", "bug": "global_rank"}, "REFUTED"),
+    ("realcode.cumsum_sp_grad", {"bug": "global_rank"}, "REFUTED"),
+    ("realcode.cumsum_sp_grad", {"bug": "no_grad_sync"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),
@@ -277,7 +286,7 @@ CLASSES = {
     "reduce_scatter of a Replicate input": ("realcode.norm_rs_replicate",),
     "all_gather along another dim / of partial statistics": ("realcode.layout_gather_stack", "realcode.norm_tokens"),
     "all_reduce(avg) over several axes": ("realcode.norm_dp_cp",),
-    "prefix scan with a carried offset": ("realcode.cumsum_sp",),
+    "prefix scan with a carried offset": ("realcode.cumsum_sp", "realcode.cumsum_sp_grad"),
     "rank-reversed blocks": ("realcode.layout_reversed",),
     "mean losses, DDP's averaged gradients, token counts": ("realcode.norm_padded_tokens", "ddp_mlp"),
     "fused / interleaved layouts (§3)": ("realcode.fused_qkv", "realcode.fused_qkv_gqa", "realcode.fused_qkv_gqa_slices"),

@@ -106,3 +106,49 @@ def test_generator_agrees_and_catches_a_kernel_without_the_row_check(monkeypatch
     assert sum(s == "refused" and "near" in dsc for s, dsc in got) > 5
     monkeypatch.setattr(prefix_scan, "_check_prefix_row", lambda *a, **k: None)
     assert any(s == "DISAGREE" for s, _ in _draws(60))
+
+
+# ------------------------------------------------------------------ a training step through the sharded scan
+GRAD_EX = EX.with_name("cumsum_sp_grad.py")
+
+
+@pytest.fixture(scope="module")
+def grad_spec():
+    s = importlib.util.spec_from_file_location("cumsum_sp_grad", GRAD_EX)
+    mod = importlib.util.module_from_spec(s)
+    s.loader.exec_module(mod)
+    return mod
+
+
+def _grad_plan(grad_spec, grad, bug="", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return load_plan(trace_plan(**grad_spec.tvcert_trace(grad=grad, bug=bug, **kw)))
+
+
+@pytest.mark.parametrize("grad,kw,rule", [("autograd", {}, "block_suffix_sum_scattered"),
+                                          ("custom", {"sp": 3, "dp": 2}, "block_suffix_sum")])
+def test_scan_training_step_verifies(grad_spec, grad, kw, rule):
+    """The loss backward to the sharded input and to the weight before the scan: autograd's backward carries the
+    gradient offset through a reduce_scatter (block_suffix_sum_scattered), a hand-written one through an all_gather
+    of the gradient totals (block_suffix_sum)."""
+    assert grad_spec.torch_check(grad, "", kw.get("sp", 2))
+    plan = _grad_plan(grad_spec, grad, **kw)
+    res = verify(plan)
+    assert res.verdict == "VERIFIED", res.reasons
+    assert {"block_prefix_sum", rule} <= used_rules(res)
+    check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
+
+
+@pytest.mark.parametrize("grad,bug,wrong", [("custom", "bwd_after", {"grad_inp", "grad_w0"}),
+                                            ("custom", "bwd_no_offset", {"grad_inp", "grad_w0"}),
+                                            ("autograd", "global_rank", {"loss", "grad_inp"}),
+                                            ("autograd", "no_grad_sync", {"grad_w0"})])
+def test_scan_training_step_bugs_are_refuted(grad_spec, grad, bug, wrong):
+    """The backward's offset from the forward's side or missing, the global rank on a dp x sp mesh, the weight's
+    gradient not reduced over sp: REFUTED, the differing outputs the gradients the bug touches."""
+    assert not grad_spec.torch_check(grad, bug)
+    plan = _grad_plan(grad_spec, grad, bug)
+    res = verify(plan)
+    assert res.verdict == "REFUTED", res.reasons
+    assert wrong <= {o["name"] for o in res.counterexample["outputs"] if not o["equal"]}

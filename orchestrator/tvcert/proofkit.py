@@ -116,6 +116,8 @@ RULES: dict[str, str] = {
     "block_prefix_sum": f"{_T}.PrefixScan.block_prefix_sum",  # cumsum with a carried offset (kernel/prefix_scan.py)
     "block_prefix_sum_scanned": f"{_T}.PrefixScan.block_prefix_sum_scanned",
     "block_suffix_sum": f"{_T}.PrefixScan.block_suffix_sum",
+    "block_suffix_sum_scattered": f"{_T}.PrefixScan.block_suffix_sum_scattered",  # autograd's backward of a scan
+    "block_prefix_sum_scattered": f"{_T}.PrefixScan.block_prefix_sum_scattered",
     "scan_last_row_total": f"{_T}.PrefixScan.scan_last_row_total",
     "allreduce_avg_partial_sum_nested": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_nested",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",

@@ -14,8 +14,13 @@ examples/torch/realcode/cumsum_sp.py and more): the row ``<=`` or ``>`` the rank
 axis's coordinate, the global rank on a 2-D mesh, a lower triangle with its diagonal, the gather over the other
 axis, the offset summed over another dim too, the local mask ``triu(., 1)`` or of twos, the totals of ``2 x``; in
 the scanned form the row of the cumsum alone, or both rows read from the cumsum; in the reversed scan the row on the
-wrong side or with its own rank, one flip left out; the totals read off the scan's other end.  A VERIFIED plan must
-agree with the exact interpreter on every rank."""
+wrong side or with its own rank, one flip left out; the totals read off the scan's other end.  The ``scatter`` kind
+spells autograd's backward of the carried offset: ``reduce_scatter_a(sum(x, d, keepdim) * M)`` along d (either
+factor order, sometimes through an expand) with rank s's row ``M_s = arange(p) < s`` added to a reversed scan
+(``block_suffix_sum_scattered``) or ``arange(p) > s`` to a cumsum (``block_prefix_sum_scattered``); its near misses are
+the row's other side or with the rank's own entry, the rank plus one, the other axis's coordinate, the global rank,
+the scatter over the other axis, along another dim, or an average, the totals of ``2 x`` and the local mask's.  A
+VERIFIED plan must agree with the exact interpreter on every rank."""
 from __future__ import annotations
 
 from .gens import Draw
@@ -48,8 +53,12 @@ def gen_prefix_scan(dr: Draw, seed: int):
     if near in ("other_axis", "global_rank", "gather_b") and not two:
         near = ""
     kinds = ["mul", "mul_rev", "where", "gcumsum", "gcumsum"]
-    kind = dr.pick(kinds + ["matmul"] if r == 2 and d == 0 else kinds)
+    kind = dr.pick(kinds + ["matmul"] if r == 2 and d == 0 else kinds) if dr.coin(0.7) else "scatter"
     rev = kind in ("mul", "mul_rev", "where") and dr.coin(0.3)  # the reversed scan flip(cumsum(flip(x)))
+    if kind == "scatter":
+        rev = dr.coin()
+        if near in ("diag_tri", "sum_other", "first_row"):
+            near = dr.pick(["", "scatter_dim", "scatter_avg"])
     if near == "one_flip" and not rev:
         near = ""
     if kind == "gcumsum" and near in ("plus_one", "diag_tri", "global_rank", "sum_other") or \
@@ -57,7 +66,7 @@ def gen_prefix_scan(dr: Draw, seed: int):
         near = ""  # no such near miss in this spelling
     if near == "diag_tri" and kind != "matmul":
         near = ""
-    flat = dr.coin(0.3)
+    flat = kind != "scatter" and dr.coin(0.3)
     dims = {f"n{k}": v for k, v in enumerate(full)}
     dims.update({"a": p, "b": q})
     local = list(full)
@@ -99,7 +108,7 @@ def gen_prefix_scan(dr: Draw, seed: int):
         return nodes
 
     par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0, rev, near == "one_flip")
-    last_row = dr.coin(0.25)  # the totals read off the local scan: its last row (a reversed scan's first)
+    last_row = kind != "scatter" and dr.coin(0.25)  # the totals read off the local scan (a reversed scan's first row)
     if last_row and near in ("scaled_totals",) or not last_row and near == "first_row" or near == "first_row" and B < 2:
         near = ""
     src = op("x2", "scale", ["x"], value=2) if near == "scaled_totals" else "x"
@@ -114,11 +123,27 @@ def gen_prefix_scan(dr: Draw, seed: int):
         op("tot", "unsqueeze", ["tot0"], dim=d)
     else:
         op("tot", "sum", [src], dims=[d], keepdim=True)
-    op("G", "all_gather", [tot], axis="b" if near == "gather_b" else "a", dim=d)
     rank = {"plus_one": "rank.a+1", "other_axis": "rank.b"}.get(near, "rank.a")
     if near == "global_rank":
         rank = "rank.b*a+rank.a" if axes[0] == "b" else "rank.a*b+rank.b"
-    if kind == "gcumsum":  # cumsum(G, d)[rank] - G[rank]; near: no difference ("le"), both rows of the cumsum ("gt")
+    if kind != "scatter":
+        op("G", "all_gather", [tot], axis="b" if near == "gather_b" else "a", dim=d)
+    if kind == "scatter":  # rank s sends M_s * T_s, rank r receives sum_s M_s[r] * T_s
+        op("j", "iota", [], size=p, start=0, step=1, dtype="int")
+        op("rk", "const", [], value=rank, dtype="int")
+        cmp = {"le": "le", "gt": "gt"}.get(near, "lt") if rev else {"le": "ge", "gt": "lt"}.get(near, "gt")
+        op("m", cmp, ["j", "rk"])
+        shape = [1] * r
+        shape[d] = p
+        op("mf", "cast", ["m"], dtype="float")
+        op("M", "reshape", ["mf"], shape=shape)
+        w = op("W", "mul", ["M", tot] if dr.coin() else [tot, "M"])
+        if dr.coin(0.3):
+            w = op("We", "expand", [w], shape=gsh)
+        sd = (d + 1) % r if near == "scatter_dim" else d
+        op("off", "reduce_scatter", [w], axis="b" if near == "gather_b" else "a", dim=sd,
+           reduce="avg" if near == "scatter_avg" else "sum")
+    elif kind == "gcumsum":  # cumsum(G, d)[rank] - G[rank]; near: no difference ("le"), both rows of the cumsum ("gt")
         par += scan("G", p, "GC")
         at = "rank.b" if near == "other_axis" else "rank.a"
         op("A0", "slice", ["GC"], dim=d, start=at, end=f"{at}+1", step=1)
@@ -172,4 +197,5 @@ def gen_prefix_scan(dr: Draw, seed: int):
 
 
 PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan,
-                          "block_suffix_sum": gen_prefix_scan, "scan_last_row_total": gen_prefix_scan}
+                          "block_suffix_sum": gen_prefix_scan, "scan_last_row_total": gen_prefix_scan,
+                          "block_suffix_sum_scattered": gen_prefix_scan, "block_prefix_sum_scattered": gen_prefix_scan}

@@ -37,6 +37,8 @@ RULE = "block_prefix_sum"  # before the rules import: kernel/rules.py reads thes
 RULE_SCANNED = "block_prefix_sum_scanned"
 RULE_SUFFIX = "block_suffix_sum"
 RULE_LAST_ROW = "scan_last_row_total"  # cited beside the others when the totals are read off the local scan
+RULE_SUFFIX_SCATTERED = "block_suffix_sum_scattered"  # autograd's backward of block_prefix_sum
+RULE_PREFIX_SCATTERED = "block_prefix_sum_scattered"  # autograd's backward of block_suffix_sum
 STATEMENTS = {
     RULE: "cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
           "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the logical "
@@ -45,6 +47,11 @@ STATEMENTS = {
     RULE_SUFFIX: "a reversed scan flip(cumsum(flip(x))) over a sharded dim: a block's local reversed scan plus the "
                  "totals of the later blocks (coefficient row [j > rank]) is that block of the logical reversed scan",
     RULE_LAST_ROW: "a block's total is the last row of its cumsum (the first row of its reversed scan)",
+    RULE_SUFFIX_SCATTERED: "a reversed scan over a sharded dim with the offset through a reduce_scatter: a block's local "
+                           "reversed scan plus reduce_scatter of M[s] * (rank s's total), M[s][j] = [j < s], is that "
+                           "block of the logical reversed scan (autograd's backward of the carried offset)",
+    RULE_PREFIX_SCATTERED: "the same for a cumsum: the local cumsum plus reduce_scatter of M[s] * (rank s's total), "
+                           "M[s][j] = [j > s], is that block of the logical cumsum",
 }
 
 from ..graph import Graph, Node  # noqa: E402
@@ -253,7 +260,10 @@ def _matcher(want: str):
 block_prefix_sum = _matcher(RULE)
 block_prefix_sum_scanned = _matcher(RULE_SCANNED)
 block_suffix_sum = _matcher(RULE_SUFFIX)
-MATCHERS = {RULE: block_prefix_sum, RULE_SCANNED: block_prefix_sum_scanned, RULE_SUFFIX: block_suffix_sum}
+block_suffix_sum_scattered = _matcher(RULE_SUFFIX_SCATTERED)
+block_prefix_sum_scattered = _matcher(RULE_PREFIX_SCATTERED)
+MATCHERS = {RULE: block_prefix_sum, RULE_SCANNED: block_prefix_sum_scanned, RULE_SUFFIX: block_suffix_sum,
+            RULE_SUFFIX_SCATTERED: block_suffix_sum_scattered, RULE_PREFIX_SCATTERED: block_prefix_sum_scattered}
 
 
 def _weighted(producers, core: Node, kc: KCtx, p: int, d: int, r: int) -> tuple[str, str, list[Node]]:
@@ -307,6 +317,42 @@ def _scanned(producers, core: Node, kc: KCtx, a: str, p: int, d: int) -> tuple[s
     return g_t, [core, *an, *bn, *(q for q in nodes if q is not None)]
 
 
+def _scattered(producers, core: Node, facts, tf: Fact, kc: KCtx, a: str, d: int, r: int, tsh: list[int], p: int
+               ) -> tuple[str, list[Node], tuple[int, ...]]:
+    """``reduce_scatter_a(T * M)`` along d (either factor order, maybe through an expand), ``T = sum(t, d, keepdim)``
+    of the scanned tensor itself: (the coefficient row M, nodes, the scattered shape)."""
+    if single_axis(core) != a:
+        raise RuleFailure(f"the offset is not reduce-scattered over exactly {a!r}")
+    at = rank_free_attrs(core, kc)
+    if at["dim"] % r != d or at.get("reduce", "sum") != "sum":
+        raise RuleFailure(f"the offset is not a sum reduce-scattered along the scanned dim {d}")
+    gshape = tuple(tsh[:d] + [p] + tsh[d + 1:])
+    wm = _node(producers, core.inputs[0], "the weighted totals")
+    nodes = [core]
+    if wm.op == "expand":  # an explicit broadcast of the product before the scatter
+        rank_free_attrs(wm, kc)
+        if tuple(out_shape(wm)) != gshape:
+            raise RuleFailure(f"the scattered offset is not broadcast to {list(gshape)} (one row per rank)")
+        nodes.append(wm)
+        wm = _node(producers, wm.inputs[0], "the weighted totals")
+    if wm.op != "mul" or len(wm.inputs) != 2 or tuple(out_shape(wm)) != gshape:
+        raise RuleFailure(f"the scattered offset is not a product of shape {list(gshape)} (one row per rank)")
+    rank_free_attrs(wm, kc)
+    nodes.append(wm)
+    for t_t, m_t in (wm.inputs, wm.inputs[::-1]):
+        tot = producer(producers, t_t)
+        if tot is not None and tot.op == "sum" and facts.get(tot.inputs[0]) == tf:
+            break
+    else:
+        raise RuleFailure("no factor of the scattered offset is the scanned tensor summed over the scanned dim")
+    tat = rank_free_attrs(tot, kc)
+    if sorted({x % r for x in tat["dims"]}) != [d] or tat.get("keepdim") is not True or \
+            list(out_shape(tot)) != tsh:
+        raise RuleFailure("the scattered totals are not the scanned tensor summed over the scanned dim (keepdim)")
+    nodes.append(tot)
+    return m_t, nodes, gshape
+
+
 def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     X = kc.exprs
     n = g.nodes[index]
@@ -341,6 +387,16 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     if want_pad != tsh:
         raise RuleFailure(f"the offset of shape {list(out_shape(chain[0] if chain else core))} is not one row per "
                           f"block {tsh}")
+    if core.op == "reduce_scatter":  # the offset of autograd's backward: the row transposed, from the other side
+        m_t, onodes, gshape = _scattered(producers, core, facts, tf, kc, a, d, r, tsh, p)
+        rule = RULE_SUFFIX_SCATTERED if rev is not None else RULE_PREFIX_SCATTERED
+        if rule != want:
+            raise RuleFailure(f"the scan has the form of {rule}, not {want}")
+        cnodes = _coef_graph(producers, m_t)
+        # rank s sends M_s * T_s; rank r receives sum_s M_s[r] * T_s: the ranks after r when M_s[j] = [j < s]
+        _check_prefix_row(_coef_values(cnodes, m_t, kc), gshape, d, ai, rev is None)
+        return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), rev, L, shape, producers,
+                       (*chain, *onodes, *cnodes), False)
     if core.op == "sub" and rev is None:
         g_t, onodes = _scanned(producers, core, kc, a, p, d)
         m_t, rule = None, RULE_SCANNED
@@ -381,7 +437,15 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
             _check_prefix_row(vals, (p, gshape[1]), 0, ai, rev is not None)
         else:
             _check_prefix_row(vals, tuple(gshape), d, ai, rev is not None)
-    # the conclusion: the logical cumsum, spelled as frontends/aten.py spells it at the logical size
+    return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), rev, L, shape, producers,
+                   (ag, tot, *chain, *tchain, *onodes, *cnodes), last_row)
+
+
+def _finish(kc, n, tf, rule, spelling, rev, L, shape, producers, more, last_row):
+    """The conclusion: the logical cumsum (or reversed scan), spelled as frontends/aten.py spells it at the
+    logical size L; returns (derivation, matched node indices)."""
+    X = kc.exprs
+    inner, mm, tri, one, outer = spelling
     e = tf.expr if rev is None else X.mk("flip", rank_free_attrs(rev[0], kc), [tf.expr])
     if inner is not None:
         e = X.mk("transpose", rank_free_attrs(inner, kc), [e])
@@ -398,7 +462,6 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     d_ = conclude(kc, e, [(q, rule) for q in tf.pl], out_shape(n))
     if last_row:
         d_.rules.append(RULE_LAST_ROW)
-    matched = [x for x in (inner, mm, tri, one, outer, ag, tot, *(rev or ()), *chain, *tchain, *onodes, *cnodes)
-               if x is not None]
+    matched = [x for x in (inner, mm, tri, one, outer, *(rev or ()), *more) if x is not None]
     idx = sorted({producers[m.outputs[0]][0] for m in matched})
     return d_, idx
