@@ -218,6 +218,9 @@ def case_table():
     add("concat_interleaved_shard", lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([4, 2], S(0))], dim=0),
         lambda e: e.apply("concat", [e.t([4, 2], S(0)), e.t([8, 2], S(0))], dim=0))  # parts of different sizes
     add("interleave_commutes", None, None)  # equality step: tests/test_frontend_interleave.py
+    # micro-batches of a data-parallel shard (kernel/microbatch.py; tests/test_trace_pipelining.py, conform)
+    add("slice_shard_microbatch", lambda e: e.apply("split", [e.t([8, 2], S(0))], dim=0, sizes=[2, 2]),
+        lambda e: e.apply("split", [e.t([8, 2], S(0))], dim=0, sizes=[3, 1]))  # unequal parts
     # the same, parts of different sizes (kernel/concat_groups.py; tests/test_frontend_concat_groups.py)
     add("split_grouped_shard", lambda e: e.apply("split", [Fact(cg.build_expr(
         e.X, e.X.leaf("w", (8, 2), "float"), {"dim": 0, "sizes": [4, 2, 2], "groups": 2}), (S(0),))],

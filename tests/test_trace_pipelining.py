@@ -147,7 +147,24 @@ def test_pp_dp_verified_and_wrong_peer_refuted_at_the_send():
     assert [n["op"] for n in sent] == ["ppermute", "send"] and sent[0]["attrs"] == {"axis": "dp", "shift": 1}
     div = res.counterexample["first_divergence"]
     assert (div["op"], div["program"]) == ("ppermute", "stage0")
-    assert div["src"] == line_of(EX / "pp_dp_mlp.py", "sch.step(")
+    assert div["src"] == line_of(EX / "pp_dp_mlp.py", "g = dist.new_group(ranks)")  # the line choosing the peer
+
+
+def test_pp_dp_microbatches_of_a_shard_verified():
+    """Rank d's micro-batch m is logical block (d, m): the stage programs' slices of their Shard(0) batch are read by
+    slice_shard_microbatch, and the logical model accumulates over the same micro-batches (every replica's m-th)."""
+    raw, plan, res = traced(pp_dp_mlp, microbatches=2)
+    assert res.verdict == "VERIFIED" and not res.reasons, res.reasons
+    assert run_plan(plan).equal
+    assert "2 micro-batches" in raw["description"]
+    assert "slice_shard_microbatch" in res.used_rules_cache
+
+
+def test_pp_dp_microbatches_gradient_averaged_twice_refuted_at_its_line():
+    """The dp all-reduce with AVG after the division by dp (``no_scale`` / ``no_dp_reduce``: the framework matrix)."""
+    raw, plan, res = traced(pp_dp_mlp, microbatches=2, bug="double_avg")
+    assert res.verdict == "REFUTED" and not run_plan(plan).equal
+    assert res.counterexample["first_divergence"]["src"] == line_of(EX / "pp_dp_mlp.py", "dist.all_reduce(p.grad, op=op")
 
 
 # ---------------------------------------------------------------- front-end cases, small models

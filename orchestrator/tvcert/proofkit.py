@@ -136,6 +136,8 @@ RULES: dict[str, str] = {
     "split_interleaved_shard": f"{_T}.Interleave.split_interleaved_shard",
     "concat_interleaved_shard": f"{_T}.Interleave.concat_interleaved_shard",
     "interleave_commutes": f"{_T}.Interleave.interleave_commutes",
+    # micro-batches of a data-parallel shard (kernel/microbatch.py)
+    "slice_shard_microbatch": f"{_T}.Microbatch.slice_shard_microbatch",
     # the same with parts of different sizes, a GQA w_qkv (kernel/concat_groups.py)
     "split_grouped_shard": f"{_T}.ConcatGroups.split_grouped_shard",
     "concat_grouped_shard": f"{_T}.ConcatGroups.concat_grouped_shard",

@@ -1026,10 +1026,11 @@ from .gens_fsdp_nested import FSDP_NESTED_GENERATORS  # noqa: E402  (the same in
 from .gens_interleave import INTERLEAVE_GENERATORS  # noqa: E402  (fused tensors sharded per part)
 from .gens_concat_groups import CONCAT_GROUPS_GENERATORS  # noqa: E402  (the same, parts of different sizes)
 from .gens_reversed_blocks import REVERSED_BLOCKS_GENERATORS  # noqa: E402  (rank r slicing block p-1-r)
+from .gens_microbatch import MICROBATCH_GENERATORS  # noqa: E402  (micro-batches of a data-parallel shard)
 
 for _k, _g in [*LAYOUT_GENERATORS.items(), *UNITDIM_GENERATORS.items(), *INTERLEAVE_RESHAPE_GENERATORS.items(), *FSDP_GENERATORS.items(),
                *INTERLEAVE_GENERATORS.items(), *FSDP_NESTED_GENERATORS.items(), *CONCAT_GROUPS_GENERATORS.items(),
-               *REVERSED_BLOCKS_GENERATORS.items()]:
+               *REVERSED_BLOCKS_GENERATORS.items(), *MICROBATCH_GENERATORS.items()]:
     SINGLE_OP[_k] = _mix(SINGLE_OP[_k], _g) if _k in SINGLE_OP else _g
 
 SINGLE_OP = {k: _rankify(v) for k, v in SINGLE_OP.items()}

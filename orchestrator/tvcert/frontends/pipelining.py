@@ -38,8 +38,8 @@ of the mesh on the fake process group, unmodified:
 * **Plain local shards.**  A framework whose TP parameters are plain local tensors (torchtitan's ``spmd_types``)
   declares their placements (``param_placements``, checked against the local shapes), runs the step in its own
   context (``step_context``: the SPMD mesh) and reduces pending gradients outside autograd (``grad_sync``):
-  :func:`trace_titan_pp_job`.  A ``ppermute`` before a send whose stack has no user frame is located where its
-  process group was created (``dist.new_group``'s caller).
+  :func:`trace_titan_pp_job`.  A ``ppermute`` before a send (a peer differing on another axis) is located where its
+  process group was created (``dist.new_group``'s caller): that line chose the peer, not the step's.
 * **Failures.**  A step that raises while traced is UNKNOWN naming the schedule (the cause may be the trace's), never REFUTED; building the stage or schedule failing is bad input.
 """
 from __future__ import annotations
@@ -88,8 +88,8 @@ def _conv_send(c, n, x, axis, to, tag):
 
 @reg("tvcert_p2p.ppermute")
 def _conv_ppermute(c, n, x, axis, shift, where):
-    if where and not c.cur_src:  # no user frame on the stack (a framework's step): where the group was made
-        c.cur_src = where
+    if where:  # the shift exists because of the group the peer came from: located where the user built it (the
+        c.cur_src = where  # step's frame, ``schedule.step(...)``, says nothing of which peer was chosen)
     return c.emit("ppermute", [c.ir(x)], {"axis": axis, "shift": int(shift)})
 
 
@@ -606,7 +606,7 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
                              "spmd")
         n_mb = n_mb[0]
         if reference != "full" and n_mb > 1:
-            _check_reference_is_full_batch(model_factory, loss_fn, data, n_mb, combine)
+            _check_reference_is_full_batch(model_factory, loss_fn, data, n_mb, combine, mesh)
 
         def logical(**kw):
             st = {n: kw[_safe(n)] for n in pnames}
@@ -618,7 +618,8 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
             # combine="mean" (a mean loss per micro-batch) the gradients divided by the number of micro-batches and the
             # reported loss the micro-batch losses' mean, with "sum" (a loss normalised by the whole batch, torchtitan's)
             # their sum
-            chunks = [torch.tensor_split(t, n_mb, 0) for t in d]  # the schedule's split (microbatch._split_tensor)
+            # the schedule's split (microbatch._split_tensor) of each rank's rows, assembled across its data shard
+            chunks = [_shard_microbatches(t, data[k], mesh, n_mb) for k, t in zip(dnames, d)]
             losses = []
             for k in range(n_mb):
                 out = torch.func.functional_call(logical_model, st, (chunks[0][k],))
@@ -702,8 +703,29 @@ def trace_pipeline_plan(model_factory: Callable[[], Any], make_stage: Callable[[
         ranks.close()
 
 
+def _shard_microbatches(t, spec: Mapping[str, Any], mesh: Mapping[str, int], n_mb: int) -> tuple:
+    """The logical micro-batches of a data input: the schedule splits each rank's rows (``tensor_split`` of its
+    local batch), so with the batch dim sharded over one mesh axis of size p (``Shard(0)``, data parallelism)
+    micro-batch i is every rank's part i, rank-major: part i of ``interleave(t, 0, p, n_mb)`` (the batch dim read as
+    (p, n_mb, n), the first two swapped; ``kernel/microbatch.py``, the rule the ranks' slices are read by).  A batch
+    replicated on every axis: the plain split.  Sharded over several axes or another dim: not covered (UNKNOWN)."""
+    import torch
+
+    pl = {a: str(v) for a, v in (spec.get("placement") or {}).items() if str(v) != "Replicate"}
+    if not pl:
+        return torch.tensor_split(t, n_mb, 0)
+    (a, text), = pl.items() if len(pl) == 1 else ((None, None),)
+    if a is None or text.replace(" ", "") not in ("Shard(0)", f"Shard({-t.dim()})") or t.shape[0] % (mesh[a] * n_mb):
+        raise TraceError(f"a data input placed {pl} (the batch dim of {t.shape[0]} rows): micro-batches are covered "
+                         f"for a batch sharded Shard(0) over one mesh axis into equal parts", "unsupported", "pipeline")
+    p, n = mesh[a], t.shape[0] // (mesh[a] * n_mb)
+    rest = list(t.shape[1:])
+    y = t.reshape([p, n_mb, n, *rest]).transpose(0, 1).reshape(list(t.shape))
+    return torch.tensor_split(y, n_mb, 0)
+
+
 def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Mapping[str, Any]], n_mb: int,
-                                   combine: str) -> None:
+                                   combine: str, mesh: Mapping[str, int]) -> None:
     """The micro-batch reference (the ``combine`` of the micro-batch losses, :func:`trace_pipeline_plan`) must be the
     single-device model on the whole batch, or a VERIFIED would certify a step whose gradients are not the model's:
     ``combine="sum"`` of per-micro-batch means is n_mb times the full-batch mean, and so is any normalisation the
@@ -732,7 +754,7 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
                     # from the full-batch mean); each micro-batch's first element keeps a real label
                     share = (torch.arange(shape[0], dtype=torch.float64) + 1) / (shape[0] + 1) * 0.8
                     pad = torch.rand(shape, dtype=torch.float64, generator=g) < share.reshape([-1] + [1] * (len(shape) - 1))
-                    for rows in torch.tensor_split(torch.arange(shape[0]), n_mb):
+                    for rows in _shard_microbatches(torch.arange(shape[0]), spec, mesh, n_mb):
                         if len(rows):
                             pad[int(rows[0])].reshape(-1)[0] = False
                     v = torch.where(pad, torch.full_like(v, lo), v)
@@ -741,7 +763,7 @@ def _check_reference_is_full_batch(model_factory, loss_fn, data: Mapping[str, Ma
                 d.append(torch.randn(shape, dtype=torch.float64, generator=g))
         params = [p for p in model.parameters() if p.requires_grad]
         full = loss_fn(model(d[0]), *d[1:])
-        chunks = [torch.tensor_split(t, n_mb, 0) for t in d]
+        chunks = [_shard_microbatches(t, spec, mesh, n_mb) for t, spec in zip(d, data.values())]
         parts = [loss_fn(model(chunks[0][k]), *[c[k] for c in chunks[1:]]) for k in range(n_mb)]
         comb = torch.stack(parts).sum() / (n_mb if combine == "mean" else 1)
         full_v, comb_v = full.detach(), comb.detach()

@@ -43,6 +43,9 @@ from .scalar_factor import RULE as _SCALAR_FACTOR_RULE, STATEMENT as _SCALAR_FAC
 from .layout_map import RULE as _LAYOUT_MAP_RULE, STATEMENT as _LAYOUT_MAP_STATEMENT
 from .reversed_blocks import STATEMENTS as _REVERSED_STATEMENTS, derive_slice as derive_reversed_slice
 from .interleave_reshape import STATEMENTS as _IL_RESHAPE_STATEMENTS, derive_reshape as derive_interleave_reshape
+from .microbatch import RULE as _MICROBATCH_RULE, STATEMENT as _MICROBATCH_STATEMENT
+from .microbatch import derive_slice as derive_microbatch_slice, derive_split as derive_microbatch_split
+from .microbatch import fused as microbatch_fused
 
 R = Placement("R")
 
@@ -171,6 +174,7 @@ RULES: dict[str, str] = {
     _LAYOUT_MAP_RULE: _LAYOUT_MAP_STATEMENT,
     **_REVERSED_STATEMENTS,
     **_IL_RESHAPE_STATEMENTS,
+    _MICROBATCH_RULE: _MICROBATCH_STATEMENT,
     "congruence": "equal arguments give equal results",
     "stage_repeat": "a stage with the canonical form of a verified stage is verified, with its inputs substituted",
 }
@@ -986,6 +990,8 @@ def _slice(kc, op, ra, raw, facts):
         got = (derive_grouped_split if multi else derive_grouped_slice)(kc, ra, f, dim, RuleFailure)  # unequal parts
         if got is not None:  # (kernel/concat_groups.py)
             return got
+        if not microbatch_fused(kc, f, dim):  # no fused tensor: micro-batches of a data-parallel shard (microbatch.py)
+            return (derive_microbatch_split if multi else derive_microbatch_slice)(kc, ra, f, dim, RuleFailure)
         return (derive_interleaved_split if multi else derive_interleaved_slice)(kc, ra, f, dim, RuleFailure)
     exprs = X.mk_multi(op, ra, [f.expr]) if multi else [X.mk(op, ra, [f.expr])]
     per_axis = []
