@@ -107,3 +107,46 @@ def _const_value(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], 
                 if got is not None:
                     return Fraction(got)
     return None
+
+
+_SUM_BOUND = {"add": lambda a, b: a + b, "sub": lambda a, b: a + b, "mul": lambda a, b: a * b,
+              "maximum": max, "minimum": max}
+
+
+def abs_bound(X: Exprs, i: int, ranges: Mapping[str, tuple[int, int] | int], depth: int = MAX_DEPTH) -> int | None:
+    """A bound on |v| for every value v of the int expression ``i`` computed over the integers (a declared input
+    range, constants, comparisons 0 / 1, +, -, *, where, max / min, and a sum: its operand's bound times the summed
+    element count), or None.  What lets an int Partial(sum) be read as a real: its pieces and their sum stay inside
+    int64 (rules._int_pieces_to_float)."""
+    e = X[i]
+    if e.dtype != "int" or depth <= 0:
+        return None
+    at = e.attr_dict()
+    sub = lambda j: abs_bound(X, j, ranges, depth - 1)  # noqa: E731
+    if e.op == "const":
+        v = at.get("value")
+        vals = v if isinstance(v, list) else [v]
+        while any(isinstance(x, list) for x in vals):
+            vals = [y for x in vals for y in (x if isinstance(x, list) else [x])]
+        return max((abs(int(x)) for x in vals), default=0) if all(isinstance(x, int) for x in vals) else None
+    if e.op in COMPARE or e.op in ("logical_and", "logical_or", "logical_not"):
+        return 1
+    if e.op == "input" or e.op in SAME_VALUES:
+        iv = interval(X, i, ranges, depth)
+        if iv is not None:
+            return max(abs(iv[0]), abs(iv[1]))
+        return sub(e.args[0]) if e.op in SAME_VALUES and e.args else None
+    if e.op in ("neg", "abs", "cast") and e.args:
+        return sub(e.args[0]) if X[e.args[0]].dtype == "int" else None
+    if e.op in _SUM_BOUND and len(e.args) == 2:
+        a, b = sub(e.args[0]), sub(e.args[1])
+        return None if a is None or b is None else _SUM_BOUND[e.op](a, b)
+    if e.op == "where" and len(e.args) == 3:
+        a, b = sub(e.args[1]), sub(e.args[2])
+        return None if a is None or b is None else max(a, b)
+    if e.op == "sum" and e.args:
+        a = sub(e.args[0])
+        shape = X[e.args[0]].shape
+        dims = at.get("dims") or range(len(shape))
+        return None if a is None else a * prod(shape[d] for d in dims)
+    return None

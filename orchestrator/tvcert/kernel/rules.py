@@ -41,6 +41,7 @@ from .pad_block import RULE as _PAD_BLOCK_RULE, STATEMENT as _PAD_BLOCK_STATEMEN
 from .slice_concat import RULE as _SLICE_CONCAT_RULE, STATEMENT as _SLICE_CONCAT_STATEMENT
 from .scalar_factor import RULE as _SCALAR_FACTOR_RULE, STATEMENT as _SCALAR_FACTOR_STATEMENT
 from .layout_map import RULE as _LAYOUT_MAP_RULE, STATEMENT as _LAYOUT_MAP_STATEMENT
+from .int_range import abs_bound
 from .reversed_blocks import STATEMENTS as _REVERSED_STATEMENTS, derive_slice as derive_reversed_slice
 from .interleave_reshape import STATEMENTS as _IL_RESHAPE_STATEMENTS, derive_reshape as derive_interleave_reshape
 from .microbatch import RULE as _MICROBATCH_RULE, STATEMENT as _MICROBATCH_STATEMENT
@@ -292,6 +293,7 @@ def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], fac
         raise RuleFailure(f"the concluded logical expression is ill-formed: {exc}") from None
     if len(d.facts) != len(local_out):
         raise RuleFailure(f"{op}: rule gives {len(d.facts)} outputs, the op has {len(local_out)}")
+    _int_pieces_to_float(kc, op, facts, d.facts)
     for f, ls in zip(d.facts, local_out):
         e = kc.exprs[f.expr]
         want = local_shape(e.shape, kc.axes, f.pl, kc.sizes)
@@ -299,6 +301,32 @@ def derive(kc: KCtx, op: str, ra: Mapping[str, Any], raw: Mapping[str, Any], fac
             raise RuleFailure(f"{op}: concluded {fmt_pl(kc.axes, f.pl)} of a {list(e.shape)} tensor, which gives local "
                               f"shape {list(want) if want else '(not divisible)'}, but the op's local shape is {list(ls)}")
     return d
+
+
+def _int_pieces_to_float(kc: KCtx, op: str, facts: Sequence[Fact], out: Sequence[Fact]) -> None:
+    """An int tensor's pieces (a Partial, or a shard reduced into one) read as reals must not wrap: int64 sums
+    do (the pieces of sum(x) over x in [0, 2**62) each fit, their all_reduce wraps, so cast(all_reduce(s)) is not
+    all_reduce(cast(s))).  A float conclusion Partial on an axis where an int operand is not Replicate needs the
+    operand's values, times its element count and the mesh size, bounded inside int64 (int_range.abs_bound)."""
+    from math import prod
+
+    X = kc.exprs
+    for fo in out:
+        if X[fo.expr].dtype != "float":
+            continue
+        for ai, q in enumerate(fo.pl):
+            if q.kind != "P":
+                continue
+            for f in facts:
+                if X[f.expr].dtype != "int" or f.pl[ai].kind == "R":
+                    continue
+                b = abs_bound(X, f.expr, kc.ranges)
+                total = 1
+                for s in kc.sizes.values():
+                    total *= s
+                if b is None or b * max(1, prod(X[f.expr].shape)) * total >= 1 << 63:
+                    raise RuleFailure(f"{op}: an int operand {f.pl[ai]} on axis {kc.axes[ai]!r} read as reals "
+                                      f"({X.show(f.expr, 2)}) is not bounded inside int64, where int sums wrap")
 
 
 def _check_rank_free(op: str, raw: Mapping[str, Any], kc: KCtx) -> None:
