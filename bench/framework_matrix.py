@@ -104,9 +104,9 @@ def rows() -> list[Row]:
     bug(t, "TP+PP 1F1B", "swapped_layers", job("llama3_debug_pp2_tp2_swapped_layers.toml", 2),
         module=r"^layers\.1\b")
     ok(t, "TP+PP+DP 1F1B", job("llama3_debug_pp2_tp2_dp2.toml", 2))
-    cp = sorted(JOBS.glob("llama3_debug*cp2*.toml"))  # H38's job config, when it has landed
-    if cp:
-        ok(t, "TP+CP", job(cp[0].name))
+    ok(t, "TP+CP", job("llama3_debug_tp2_cp2.toml"))
+    bug(t, "TP+CP", "positions_not_offset", spec("cp_titan_llama3.py", bug="positions_not_offset"),
+        module=r"attention\.rope\b")  # the RoPE cache read at the local positions (rope.py's prefix slice)
     ok(t, "TP", job("llama3_debug_tp2_nosp.toml"))
     ok(t, "TP+SP", job("llama3_debug_tp2.toml"))
 

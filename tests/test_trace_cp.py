@@ -317,3 +317,50 @@ def test_collective_a_rank_ignores_is_kept():
     assert [n["op"] for n in good["parallel"][0]["nodes"]].count("all_gather") == 1, good["parallel"][0]["nodes"]
     assert run_plan(load_plan(good)).equal
     assert verify(load_plan(_ignored_gather_plan(1))).verdict == "REFUTED"
+
+
+# ---------------------------------------------------------------- torchtitan's CP job route (H46)
+def test_titan_cp_ops_convert_as_torch_computes():
+    """What torchtitan's CP forward adds to the op set: RoPE's position bound (``torch._assert_async`` of
+    ``torch.all(pos <= max)``: no value), ``all`` / ``any`` over dims, and the complex RoPE cache read at a 1-D
+    position index (``cache[positions.squeeze(0)]``); converted, they compute what PyTorch computes (loss and
+    gradient in float64)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_aten_coverage import check
+
+    def fn(x, w, pos):
+        cache = torch.view_as_complex(x)  # a buffer, as torchtitan's RoPE cache: no gradient
+        torch._assert_async(torch.all(pos <= 7), "position_ids exceed max")
+        rows = torch.view_as_real(cache[pos]) * w
+        p2 = pos.view(2, 3)
+        every = torch.all(p2 >= 2, dim=1).to(x.dtype)
+        some = torch.any(p2 > 5, dim=1, keepdim=True).to(x.dtype)
+        return (rows ** 2).sum() + (rows[:2, 0, 0] * every).sum() + 3 * some.sum() + every.sum()
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 2, dtype=torch.float64, generator=g)
+    w = torch.randn(4, 2, dtype=torch.float64, generator=g)
+    ops = check(fn, {"x": x, "w": w, "pos": torch.tensor([6, 1, 1, 7, 0, 3])}, params=("w",))
+    assert {"index_select", "amin", "amax"} <= ops, ops
+
+
+@pytest.mark.parametrize("edit, field", [
+    ('spmd_backend = "partial_dtensor"', 'spmd_backend = "spmd_types"'),
+    ("local_batch_size = 1", "local_batch_size = 2"),
+    ('context_parallel_load_balancer = "headtail"', 'context_parallel_load_balancer = "ptrr"'),
+    ('mode = "none"', 'mode = "full"'),
+    ("data_parallel_shard_degree = 1", "data_parallel_shard_degree = 2"),
+])
+def test_titan_cp_job_outside_the_route_unknown_naming_the_field(tmp_path, edit, field):
+    """A CP job the route does not trace (another backend, a per-batch positions gather, the PTRR balancer,
+    checkpointing, data parallelism) is UNKNOWN naming ``context_parallel_degree`` and the field, never traced."""
+    from tvcert.frontends.titan_config import check_supported, load_job
+
+    text = (ROOT / "examples" / "torchtitan" / "llama3_debug_tp2_cp2.toml").read_text()
+    assert edit in text
+    p = tmp_path / "job.toml"
+    p.write_text(text.replace(edit, field))
+    with pytest.raises(TraceError) as ei:
+        check_supported(load_job(str(p), "llama3-debug"))
+    assert ei.value.kind == "unsupported" and "context_parallel_degree = 2" in str(ei.value), str(ei.value)
+    assert field.split(" = ")[0].split("_degree")[0] in str(ei.value) or "mode" in field, str(ei.value)

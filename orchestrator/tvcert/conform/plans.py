@@ -303,6 +303,12 @@ def _dtensor_loss(dr: Draw):
     return b_dtensor_loss(dr)
 
 
+def _cp_loss(dr: Draw):
+    from .gens_cp_loss import b_cp_loss  # the same on zig-zag (context-parallel) token rows
+
+    return b_cp_loss(dr)
+
+
 def _unrolled_ring(dr: Draw):
     from .gens_ring_merge import b_unrolled_ring  # torch's own ring attention (traced; torch needed)
 
@@ -323,9 +329,10 @@ PLAN_RULES: dict[str, Callable] = {
     "vocab_parallel_embedding_clamped": plan_gen(_mix(b_example(VPC, _vp_dims), b_example(VPC, _vp_dims), b_titan),
                                                  "vocab_parallel_embedding_clamped"),
     "vocab_parallel_embedding_clamped_backward": plan_gen(b_titan, "vocab_parallel_embedding_clamped_backward"),
-    "vocab_parallel_log_softmax": plan_gen(b_example(LOSS, _vp_dims), "vocab_parallel_log_softmax"),
-    "vocab_parallel_nll_loss": plan_gen(_mix(b_example(LOSS, _vp_dims), _dtensor_loss), "vocab_parallel_nll_loss"),
-    "vocab_parallel_nll_backward": plan_gen(_mix(b_example(LOSS, _vp_dims), b_titan, _dtensor_loss),
+    "vocab_parallel_log_softmax": plan_gen(_mix(b_example(LOSS, _vp_dims), _cp_loss), "vocab_parallel_log_softmax"),
+    "vocab_parallel_nll_loss": plan_gen(_mix(b_example(LOSS, _vp_dims), _dtensor_loss, _cp_loss),
+                                        "vocab_parallel_nll_loss"),
+    "vocab_parallel_nll_backward": plan_gen(_mix(b_example(LOSS, _vp_dims), b_titan, _dtensor_loss, _cp_loss),
                                             "vocab_parallel_nll_backward"),
     "ring_attention_online_softmax": plan_gen(_mix(b_ring_small, b_ring), "ring_attention_online_softmax"),
     "ring_attention_backward": plan_gen(b_ring, "ring_attention_backward"),

@@ -205,7 +205,9 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
 def check_cp_job(job) -> None:
     """What the CP route does not trace: UNKNOWN (TraceError kind ``unsupported``) naming the field."""
     p, d = job.parallelism, job.degrees
-    others = [f"{k} = {v}" for k, v in d.items() if k not in ("cp", "tp") and v > 1]
+    field_of = {"dp_replicate": "data_parallel_replicate_degree", "dp_shard": "data_parallel_shard_degree",
+                "pp": "pipeline_parallel_degree", "ep": "expert_parallel_degree"}
+    others = [f"{field_of[k]} = {v}" for k, v in d.items() if k not in ("cp", "tp") and v > 1]
     why = (f"with {', '.join(others)}" if others else
            f"with activation_checkpoint.mode = {job.ac_mode!r}" if job.ac is not None else
            f"with spmd_backend = {p.spmd_backend!r} (torchtitan's apply_cp_to_forward is its \"partial_dtensor\" "
@@ -228,6 +230,8 @@ def trace_titan_cp_job(job, model, desc: str, **kw) -> dict:
     check_cp_job(job)
     p, d = job.parallelism, job.degrees
     name = kw.pop("name", None) or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}"
+    if kw.get("bug"):
+        desc += f", bug={kw['bug']}"
     return trace_titan_cp(model, cp=d["cp"], tp=d["tp"], sp=p.enable_sequence_parallel and d["tp"] > 1,
                           batch=job.training.local_batch_size, seq=job.training.seq_len,
                           load_balance=p.context_parallel_load_balancer == "headtail", name=name, description=desc,
