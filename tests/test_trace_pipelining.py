@@ -160,10 +160,24 @@ def test_pp_dp_microbatches_of_a_shard_verified():
     assert "slice_shard_microbatch" in res.used_rules_cache
 
 
-def test_pp_dp_microbatches_gradient_averaged_twice_refuted_at_its_line():
-    """The dp all-reduce with AVG after the division by dp (``no_scale`` / ``no_dp_reduce``: the framework matrix)."""
-    raw, plan, res = traced(pp_dp_mlp, microbatches=2, bug="double_avg")
-    assert res.verdict == "REFUTED" and not run_plan(plan).equal
+def test_pp_dp_microbatches_gradient_averaged_twice_refuted_at_its_line(monkeypatch):
+    """The dp all-reduce with AVG after the division by dp (``no_scale`` / ``no_dp_reduce``: the framework matrix),
+    with the 60-digit run of the whole plan over its work budget: confirmed on the cone of one differing gradient
+    across both stages (interp.output_cone through the send / recv pairing)."""
+    from tvcert import interp
+
+    plan = load_plan(pp_dp_mlp.tvcert_trace(microbatches=2, bug="double_avg"))
+    run = run_plan(plan)
+    assert not run.equal
+    cone, name = interp.cheapest_cone(plan, run, 1e-9)
+    assert any(n.op == "recv" for n in cone.programs["stage1"].nodes) or \
+        any(n.op == "recv" for n in cone.programs["stage0"].nodes)
+    whole, part = interp.run_cost(plan, plan.run_dims)[1], interp.run_cost(cone, plan.run_dims)[1]
+    assert part < whole
+    monkeypatch.setattr(interp, "EXACT_MAX_WORK", (whole + part) // 2)
+    res = verify(plan)
+    assert res.verdict == "REFUTED", res.reasons
+    assert f"the ops output {name!r} reads" in res.counterexample["confirmed"]
     assert res.counterexample["first_divergence"]["src"] == line_of(EX / "pp_dp_mlp.py", "dist.all_reduce(p.grad, op=op")
 
 

@@ -139,8 +139,8 @@ def test_pp_tp_job_cli_other_degrees_unknown(tmp_path):
 
 def test_shipped_job_configs_load():
     """Every job config in examples/torchtitan is read by torchtitan's own config classes (bench/framework_matrix.py
-    runs them); the pp x tp x dp one is UNKNOWN naming the degree before any trace (no pipeline of a data-parallel
-    shard yet)."""
+    runs them); pp x tp x dp_replicate is traced (the trace itself: bench/framework_matrix.py, examples/torch/
+    pp_titan_tp_dp.py, too slow for a test), pp with dp_shard UNKNOWN naming the degree before any trace."""
     from tvcert.frontends.titan_config import check_supported, load_job
     from tvcert.frontends.trace import TraceError
 
@@ -148,6 +148,10 @@ def test_shipped_job_configs_load():
     assert jobs["llama3_debug_ddp.toml"].degrees["dp_replicate"] == 2
     assert jobs["llama3_debug_hsdp_dtensor.toml"].parallelism.spmd_backend == "partial_dtensor"
     assert not jobs["llama3_debug_tp2_nosp.toml"].parallelism.enable_sequence_parallel
+    check_supported(jobs["llama3_debug_pp2_tp2_dp2.toml"])
+    job = jobs["llama3_debug_pp2_tp2_dp2.toml"]
+    job.parallelism.data_parallel_shard_degree = 2
     with pytest.raises(TraceError) as ei:
-        check_supported(jobs["llama3_debug_pp2_tp2_dp2.toml"])
+        check_supported(job)
     assert ei.value.kind == "unsupported" and ei.value.op == "pipeline_parallel_degree", str(ei.value)
+    assert "dp_shard = 2" in str(ei.value)

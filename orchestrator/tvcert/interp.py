@@ -790,3 +790,68 @@ def _check_reads_all(b: Binding, shape: tuple[int, ...], dims: Mapping[str, int]
     if np.count_nonzero((seen >= 1) & (seen <= n)) != n:
         raise RunError(f"{b.path}.layout: the output layout reads back only part of logical {b.logical!r}, "
                        f"so comparing through it would not compare the whole tensor")
+
+
+# ------------------------------------------------------------------ confirming one output's cone
+def output_cone(plan: Plan, names: list[str]) -> Plan | None:
+    """The plan restricted to the logical outputs ``names``: the logical graph and every program keep only the ops
+    those outputs read, transitively -- across stages through the loader's send / recv pairing (a kept recv keeps its
+    send and what the send reads; a message is kept whole, both ends, so the programs still pair and, a subset of an
+    order that ran, cannot deadlock) -- every input kept.  Each kept op computes what it computes in the whole plan
+    (the IR is SSA; a ring loop reads only its inputs), so a difference of these outputs in a run of the cone is the
+    whole plan's.  None for an unknown output."""
+    import dataclasses
+
+    if not names or any(n not in plan.outputs for n in names):
+        return None
+
+    def cut(g: Graph, outs: list[str]) -> Graph:
+        need, kept = set(outs), []
+        for n in reversed(g.nodes):
+            if any(o in need for o in n.outputs):
+                kept.append(n)
+                need.update(n.inputs)
+        return Graph(g.name, list(g.inputs), kept[::-1], list(outs), g.path, dict(g.stage))
+
+    outs = {p: [plan.outputs[n].local for n in names if plan.outputs[n].program == p] for p in plan.programs}
+    need = {p: set(o) for p, o in outs.items()}
+    keep: dict[str, set[int]] = {p: set() for p in plan.programs}
+    changed = True
+    while changed:  # a kept recv keeps its send in another program, whose cone grows: to a fixed point
+        changed = False
+        for p, g in plan.programs.items():
+            for i in range(len(g.nodes) - 1, -1, -1):
+                n = g.nodes[i]
+                if i in keep[p] or not any(o in need[p] for o in n.outputs):
+                    continue
+                keep[p].add(i)
+                need[p].update(n.inputs)
+                changed = True
+                if n.op == "recv":
+                    sp, si = plan.p2p[(p, i)]
+                    if si not in keep[sp]:
+                        keep[sp].add(si)
+                        need[sp].update(plan.programs[sp].nodes[si].inputs)
+    index = {p: {i: j for j, i in enumerate(sorted(keep[p]))} for p in plan.programs}
+    programs = {p: Graph(g.name, list(g.inputs), [g.nodes[i] for i in sorted(keep[p])], outs[p], g.path,
+                         dict(g.stage)) for p, g in plan.programs.items()}
+    p2p = {(p, index[p][i]): (sp, index[sp][si]) for (p, i), (sp, si) in plan.p2p.items() if i in keep[p]}
+    return dataclasses.replace(plan, logical=cut(plan.logical, list(names)), programs=programs,
+                               outputs={n: plan.outputs[n] for n in names}, checked=set(plan.checked), p2p=p2p)
+
+
+def cheapest_cone(plan: Plan, run: RunResult, min_rel: float) -> tuple[Plan, str] | None:
+    """(the cone of the differing output of ``run`` whose run costs least, its name): the outputs that differ by
+    more than ``min_rel`` relative (what a confirming run must show), each output's cone's arithmetic work at the
+    run's dims (:func:`run_cost`).  None when no output qualifies."""
+    best = None
+    for o in run.outputs:
+        if o.equal or not o.rel_diff > min_rel:
+            continue
+        cone = output_cone(plan, [o.name])
+        if cone is None:
+            return None
+        work = run_cost(cone, run.dims)[1]
+        if best is None or work < best[0]:
+            best = (work, cone, o.name)
+    return None if best is None else (best[1], best[2])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deep import deep
-from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, run_plan, time_budget
+from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, cheapest_cone, run_plan, time_budget
 from ..kernel.equality import Prover
 from ..kernel.int_range import input_ranges
 from ..ops.base import TablesNeeded
@@ -281,8 +281,16 @@ def _confirm(plan: Plan, run):
             return run, (f"the exact run of seed {run.seed} leaves an op's domain in the parallel program where the "
                          f"logical graph is defined ({exc})")
         exact_note = f"; the exact run of that seed failed ({exc})"
+    cone = ""
     try:
-        dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
+        try:
+            dec = run_plan(plan, seed=run.seed, inputs=run.inputs, decimal=True)
+        except BudgetExceeded as exc:  # the whole plan is too large: the cheapest differing output's cone (interp)
+            got = cheapest_cone(plan, run, CONFIRM_RTOL) if exc.kind == "size" else None
+            if got is None:
+                raise
+            dec = run_plan(got[0], seed=run.seed, inputs=run.inputs, decimal=True)
+            cone = f" (the ops output {got[1]!r} reads: the whole plan's run is over its budget, {exc})"
     except BudgetExceeded:
         raise
     except RunError as exc:
@@ -299,7 +307,8 @@ def _confirm(plan: Plan, run):
         return None, f"{what}, but on the same inputs {small}{exact_note}; not counted as a counterexample"
     ddiff = max(o.max_diff for o in dec.outputs if not o.equal)
     return run, (f"confirmed on the same inputs with {DIGITS}-digit decimal arithmetic (functions computed, not "
-                 f"tabled): outputs {[o.name for o in dec.outputs if not o.equal]} still differ (max |diff| {ddiff:.3g})")
+                 f"tabled){cone}: outputs {[o.name for o in dec.outputs if not o.equal]} still differ (max |diff| "
+                 f"{ddiff:.3g})")
 
 
 def _refuted(res: Result, run, note: str) -> None:

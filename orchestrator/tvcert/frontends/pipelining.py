@@ -857,9 +857,17 @@ def _decl(s, shape) -> dict:
     return d
 
 
-def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Callable[..., Any] | None = None) -> dict:
-    """A torchtitan job with ``pipeline_parallel_degree`` > 1, alone or with ``tensor_parallel_degree`` (the other
-    degrees 1).  On every rank: the job's ``ParallelDims`` (mesh ``pp x tp``, the ``spmd_types`` backend) on the fake
+def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Callable[..., Any] | None = None,
+                       dp_reduce: Callable[[Any, dict], dict] | None = None) -> dict:
+    """A torchtitan job with ``pipeline_parallel_degree`` > 1, alone or with ``tensor_parallel_degree`` and / or
+    ``data_parallel_replicate_degree`` (the other degrees 1).  With dp_replicate > 1 each replica feeds its shard of
+    the batch (``Shard(0)`` over ``dp_replicate``) and its schedule splits that into micro-batches (logical block
+    (replica, micro-batch): ``kernel/microbatch.py``); ``global_valid_tokens`` is the whole batch's count (the
+    trainer's ``dist_sum_tensor`` over the batch mesh) and FSDP's reduction of every gradient over the replicas --
+    a sum, torchtitan's divide factor 1 -- runs after the step (``dp_reduce(group, grads)``, default a sum: FSDP's
+    hooks are not traced here, as for the SP norms below); the reported loss is ``Partial(sum)`` over the replicas
+    (the trainer's ``dist_sum`` over the loss mesh).  On every rank: the job's ``ParallelDims`` (mesh
+    ``pp x dp_replicate x tp``, torchtitan's world order, the ``spmd_types`` backend) on the fake
     process group, torchtitan's own ``pipeline_llm`` (``_pipeline_module_split``: a deep copy of the model with the
     other stages' layers deleted, ``PipelineStage`` without static shapes; its schedule from
     ``pipeline_parallel_schedule`` with ``scale_grads=False``; each model part parallelized as ``parallelize_llama``
@@ -891,13 +899,13 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Cal
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
     from torchtitan.distributed.spmd_types import set_current_spmd_mesh, set_spmd_meshes
 
-    pp, tp = d["pp"], d["tp"]
+    pp, tp, rep = d["pp"], d["tp"], d["dp_replicate"]
     sp = job.parallelism.enable_sequence_parallel and tp > 1
     b, s = job.training.local_batch_size, job.training.seq_len
     if sp and s % tp:
         raise TraceError(f"{job.path}: sequence parallelism needs training.seq_len ({s}) divisible by "
                          f"tensor_parallel_degree ({tp})", "input")
-    n_tokens = b * s  # global_valid_tokens
+    n_tokens = b * s * rep  # global_valid_tokens: the trainer's count summed over the batch mesh (dp_replicate)
 
     def make():
         return tt._build(model.config(1, False, True)).to_empty(device="cpu")
@@ -909,7 +917,7 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Cal
     pending: set[str] = set()  # TP-Replicate parameters: their gradient is a pending sum over tp
 
     def make_stage(_m, ctx):
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=pp, ep=1, world_size=pp * tp,
+        pd = ParallelDims(dp_replicate=rep, dp_shard=1, cp=1, tp=tp, pp=pp, ep=1, world_size=pp * rep * tp,
                           spmd_backend="spmd_types")
         pd.build_mesh()
         m = tt._build(model.config(tp, sp, True)).to_empty(device="cpu")
@@ -949,9 +957,14 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Cal
         with set_current_spmd_mesh(pd.spmd_dense_mesh()):
             yield
 
-    def sync(ctx, grads):  # FSDP's all-reduce of the pending TP gradients (in hooks, outside autograd)
-        group = built[ctx.rank][1].get_mesh("tp").get_group()
-        return {n: funcol.all_reduce(g, "sum", group) if n in pending else g for n, g in grads.items()}
+    def sync(ctx, grads):  # FSDP's gradient reduction (in hooks, outside autograd): the pending TP gradients
+        pd = built[ctx.rank][1]  # summed over tp, then every gradient summed over dp_replicate (divide factor 1)
+        if tp > 1:
+            group = pd.get_mesh("tp").get_group()
+            grads = {n: funcol.all_reduce(g, "sum", group) if n in pending else g for n, g in grads.items()}
+        if rep > 1:
+            grads = (dp_reduce or _sum_over)(pd.get_mesh("dp_replicate").get_group(), grads)
+        return grads
 
     def trainer_step(sch, ctx, tokens, labels):  # Trainer.pp_forward_backward_step
         stages = getattr(sch, "_stages", None) or [sch._stage]
@@ -961,12 +974,23 @@ def trace_titan_pp_job(job, model, desc: str, name: str | None = None, step: Cal
                  loss_kwargs={"global_valid_tokens": n_tokens}, return_outputs=False)
         return torch.sum(torch.stack(losses)) if last else None
 
-    ids = {"shape": [b, s], "dtype": "int", "range": model.vocab}
-    mesh = {"pp": pp, **({"tp": tp} if tp > 1 else {})}  # torchtitan's world order: pp outer, tp inner
+    ids = {"shape": [b * rep, s], "dtype": "int", "range": model.vocab,
+           **({"placement": {"dp_replicate": "Shard(0)"}} if rep > 1 else {})}
+    # torchtitan's world order: pp outer, then dp_replicate, tp inner
+    mesh = {"pp": pp, **({"dp_replicate": rep} if rep > 1 else {}), **({"tp": tp} if tp > 1 else {})}
     with tt.funcol_collectives():
         return trace_pipeline_plan(make, make_stage, lambda st, ctx: built[ctx.rank][0], loss_fn,
                                    data={"tokens": ids, "labels": ids}, mesh=mesh, step=step or trainer_step,
                                    combine="sum", description=desc,
                                    name=name or f"{model.name}_{os.path.splitext(os.path.basename(job.path))[0]}",
                                    param_placements=placements, step_context=train_context,
-                                   grad_sync=sync if tp > 1 else None)
+                                   grad_sync=sync if tp > 1 or rep > 1 else None,
+                                   output_placements={"loss": {"dp_replicate": "Partial(sum)"}} if rep > 1 else None)
+
+
+def _sum_over(group, grads: dict) -> dict:
+    """FSDP2's gradient reduction over the replicas with torchtitan's divide factor 1 (``disable_fsdp_gradient_division``:
+    the loss is already normalised by the global token count): a sum."""
+    import torch.distributed._functional_collectives as funcol
+
+    return {n: funcol.all_reduce(g, "sum", group) for n, g in grads.items()}

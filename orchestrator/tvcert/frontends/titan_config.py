@@ -138,10 +138,11 @@ def load_job(path: str, model: str | None = None) -> TitanJob:
 def check_supported(job: TitanJob) -> None:
     """What the trace cannot do yet: UNKNOWN (TraceError kind ``unsupported``) naming the field."""
     p, c = job.parallelism, job.compile
-    if p.pipeline_parallel_degree > 1:  # alone or with TP (frontends/pipelining.trace_titan_pp_job)
-        others = [f"{k} = {v}" for k, v in job.degrees.items() if k not in ("pp", "tp") and v > 1]
+    if p.pipeline_parallel_degree > 1:  # alone, with TP and / or dp_replicate (frontends/pipelining.trace_titan_pp_job)
+        others = [f"{k} = {v}" for k, v in job.degrees.items() if k not in ("pp", "tp", "dp_replicate") and v > 1]
         why = (f"with {', '.join(others)}: pipeline parallelism is traced from a job alone or with "
-               f"tensor_parallel_degree" if others else
+               f"tensor_parallel_degree and data_parallel_replicate_degree (FSDP's sharded parameters under the "
+               f"pipeline are not traced)" if others else
                f"with activation_checkpoint.mode = {job.ac_mode!r}: checkpointing under pipelining is traced with "
                f"mode = \"full\" only" if job.ac is not None and job.ac_mode != "full" else
                "with compile.enable: not traced" if job.compile.enable else None)
