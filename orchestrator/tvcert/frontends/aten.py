@@ -250,6 +250,13 @@ class Converter:
         if n in self.replace:
             return self.replace[n]
         t = n.target
+        schema = getattr(t, "_schema", None)
+        if schema is not None and any(getattr(a, "is_out", False) for a in schema.arguments):
+            # ``torch.sum(x, 1, out=buf[:, :1])``: the result lands in ``out``, which may be a view whose base is
+            # read later; the graph's data flow does not carry that write (red team s10)
+            self.fail("an out= variant writes its result into an existing tensor (maybe a view of one read later), "
+                      "which the graph's data flow does not carry; call the functional form")
+        _check_int_wrap(self, n)
         if t is operator.getitem:
             seq, i = n.args
             v = self.env.get(seq)
@@ -2315,11 +2322,57 @@ def _scatter_src_crop(c, n, sv, src_shape, ixs):
     return sv
 
 
+# IR ops torch may compute as NaN / inf from real operands: outside their domain (log, sqrt, a division by 0, ...) or
+# past float range (exp)
+_NONFINITE_OPS = {"log", "log1p", "sqrt", "rsqrt", "reciprocal", "div", "pow", "exp", "expm1"}
+
+
+def _may_be_nonfinite(c, name: str, seen: set | None = None) -> str | None:
+    """The op among the producers of IR value ``name`` whose torch result may be NaN or infinite, or None.  A
+    division by a nonzero constant and a power with a natural exponent are total."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return None
+    seen.add(name)
+    nd = c.producer.get(name)
+    if nd is None:
+        return None
+    if nd.op in _NONFINITE_OPS:
+        const_div = nd.op == "div" and (lambda d: d is not None and d.op == "const" and d.attrs.get("value") != 0)(
+            c.producer.get(nd.inputs[1]))
+        nat_pow = nd.op == "pow" and isinstance(nd.attrs.get("exponent"), int) and nd.attrs["exponent"] >= 0
+        if not (const_div or nat_pow):
+            return nd.op
+    return next((w for i in nd.inputs if (w := _may_be_nonfinite(c, i, seen)) is not None), None)
+
+
 @reg("aten.isnan", "aten.isinf", "aten.isposinf", "aten.isneginf", "aten.isfinite")
 def _isnan(c, n, x):
     """IR tensors are real numbers: never NaN nor infinite (isfinite: 1).  A value that may hold -inf is a
-    NegInf, handled in NEGINF_TABLE (isinf / isneginf: its mask)."""
+    NegInf, handled in NEGINF_TABLE (isinf / isneginf: its mask).  A value computed by an op torch may return NaN /
+    inf from (``isnan(sqrt(b))``, ``nan_to_num(log(p))``): UNKNOWN, the test is not constant in torch."""
+    w = _may_be_nonfinite(c, c.ir(x))
+    if w is not None:
+        c.fail(f"{_pk(n)} of a value computed by {w}, which torch may compute as NaN or inf (the IR's reals have "
+               f"neither, so the test would be read as constant)")
     return c.const(1 if _pk(n) == "aten.isfinite" else 0, _shape(_out(c, n)), "int")
+
+
+# integer arithmetic in a type narrower than int64 wraps around in torch; the IR's integers do not
+_WRAPPING_INTS = {torch.int32, torch.int16, torch.int8, torch.uint8}
+_INT_ARITH = {"aten.add", "aten.sub", "aten.mul", "aten.rsub", "aten.neg", "aten.abs", "aten.sum", "aten.cumsum",
+              "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm", "aten.einsum", "aten.pow", "aten.scatter_add",
+              "aten.index_add", "aten.index_put", "aten.index_put_", "aten.add_", "aten.sub_", "aten.mul_",
+              "aten.div", "aten.div_", "aten.prod", "aten.embedding_dense_backward"}
+
+
+def _check_int_wrap(c, n) -> None:
+    """UNKNOWN for arithmetic whose result is an int32 (or narrower) tensor: ``ids.int() * 4096`` wraps past 2**31
+    in torch (red team s10)."""
+    v = n.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype in _WRAPPING_INTS and _pk(n) in _INT_ARITH:
+        c.fail(f"{_pk(n)} in {v.dtype} (torch's result wraps around past the type's range; the IR's integers do "
+               f"not): compute in int64")
 
 
 @nreg("aten.isinf", "aten.isneginf")

@@ -1,0 +1,80 @@
+"""Red team round 6b (H49): buggy PyTorch programs that came out VERIFIED through ``tvcert trace --verify``.
+
+Each class below was a false VERIFIED on main: torch itself (a real gloo group of 2 CPU processes,
+``tests/data/redteam_s10_trace/gloo_run.py``) computes another loss than the single-device model, yet the traced
+plan verified, because the trace or the converter did not see what torch did.  Now each is UNKNOWN naming the
+reason; the correct control of the same program still VERIFIES.
+
+* ``y.data = all_reduce(y.data)``: make_fx records no op for a ``.data`` assignment, so reads of ``y`` after it
+  were converted with the old values (a second reduction invisible).  Now refused while tracing
+  (``trace._data_assignment_refused``).
+* ``torch.sum(x, 1, out=buf[:, :1])``: an ``out=`` variant writes into a view whose base is read later; the
+  reduction's converter swallowed ``out`` (and other ops crashed on it).  Now every out= overload is UNKNOWN.
+* ``where(isnan(sqrt(b)), 0, b)``: ``isnan`` / ``isinf`` / ``isfinite`` were the constant 0 / 1 whatever their
+  argument; torch computes NaN / inf outside an op's domain.  Now UNKNOWN when a producer may give NaN / inf.
+* ``ids.int() * 4096``: int32 arithmetic wraps around past 2**31; the IR's integers do not.  Now UNKNOWN.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvcert.engine.verify import verify  # noqa: E402
+from tvcert.frontends.trace import TraceError, trace_plan  # noqa: E402
+from tvcert.plan import load_plan  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "redteam_s10_trace"
+
+
+def _module(name: str):
+    sp = importlib.util.spec_from_file_location(f"redteam_s10_{name}", DATA / f"{name}.py")
+    mod = importlib.util.module_from_spec(sp)
+    sp.loader.exec_module(mod)
+    return mod
+
+
+MLP = _module("mlp_writes")
+WHY = {  # bug -> what the UNKNOWN names
+    "data_resync": ".data is assigned",
+    "out_view": "out= variant",
+    "nan_guard": "NaN or inf",
+    "int32_offset": "torch.int32",
+}
+
+
+def _verdict(spec: dict) -> tuple[str, str]:
+    try:
+        res = verify(load_plan(trace_plan(**spec)))
+    except TraceError as e:
+        assert e.kind == "unsupported", str(e)
+        return "UNKNOWN", str(e)
+    return res.verdict, " ".join(map(str, res.reasons))
+
+
+def test_the_bugs_change_torch_s_loss_on_a_gloo_group():
+    sys.path.insert(0, str(DATA))
+    try:
+        from gloo_run import run_gloo
+    finally:
+        sys.path.remove(str(DATA))
+    got = run_gloo(DATA / "mlp_writes.py", ["", *WHY])
+    par, ref = got[""]
+    assert abs(par - ref) < 1e-9 * abs(ref)  # the control computes the logical loss
+    for bug in WHY:
+        par, ref = got[bug]
+        assert abs(par - ref) > 0.1 * abs(ref), (bug, par, ref)
+
+
+@pytest.mark.parametrize("bug", sorted(WHY))
+def test_wrong_program_is_unknown_naming_why(bug):
+    verdict, why = _verdict(MLP.tvcert_trace(bug))
+    assert verdict == "UNKNOWN" and WHY[bug] in why, (verdict, why)
+
+
+def test_correct_control_verifies():
+    assert _verdict(MLP.tvcert_trace(""))[0] == "VERIFIED"
