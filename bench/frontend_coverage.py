@@ -228,15 +228,20 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.fused_qkv_gqa_slices", {"tp": 4, "nh": 8, "nkv": 4}, "VERIFIED"),
     ("realcode.fused_qkv_gqa_slices", {"bug": "kv_swap"}, "REFUTED"),
     ("realcode.fused_qkv_gqa_slices", {"bug": "plan_boundary"}, "REFUTED"),
-    # rank-reversed blocks (realcode/layout_reversed.py): no rule for a block at (tp-1-r)*n yet
+    # rank-reversed blocks (realcode/layout_reversed.py): kernel/reversed_blocks.py
     ("realcode.layout_reversed", {}, "VERIFIED"),
     ("realcode.layout_reversed", {"bug": "no_flip"}, "REFUTED"),
     ("realcode.layout_reversed", {"bug": "own_block"}, "REFUTED"),
     ("realcode.layout_reversed", {"bug": "no_grad_sum"}, "REFUTED"),
+    ("realcode.layout_reversed", {"bug": "flip_inner"}, "REFUTED"),
+    ("realcode.layout_reversed", {"bug": "overlap"}, "REFUTED"),
+    ("realcode.layout_reversed", {"tp": 4}, "VERIFIED"),
     # uneven shards padded by a rank-dependent pad before an all_gather (realcode/uneven_pad_gather.py)
     ("realcode.uneven_pad_gather", {}, "VERIFIED"),
     ("realcode.uneven_pad_gather", {"tp": 4, "T": 6}, "VERIFIED"),
     ("realcode.uneven_pad_gather", {"bug": "keep_pad"}, "REFUTED"),
+    ("realcode.uneven_pad_gather", {"bug": "pad_before"}, "REFUTED"),
+    ("realcode.uneven_pad_gather", {"bug": "width_off"}, "REFUTED"),
     # DDP's own reducer hooks and torchtitan's SimpleFSDP (examples/torch/ddp_mlp.py, fsdp_mlp.py)
     ("ddp_mlp", {}, "VERIFIED"),
     ("ddp_mlp", {"sharded": True}, "VERIFIED"),

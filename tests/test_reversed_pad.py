@@ -131,6 +131,6 @@ def test_uneven_pad_is_not_verified():
     from tvcert.frontends.trace import TraceError, trace_plan
 
     mod = _load("uneven_pad_gather")
-    for bug in ("", "keep_pad"):
+    for bug in ("", "keep_pad", "pad_before", "width_off"):
         with pytest.raises(TraceError, match="different programs|rank-independent shapes"):
             trace_plan(**mod.tvcert_trace(bug=bug))

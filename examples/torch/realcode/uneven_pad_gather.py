@@ -11,7 +11,12 @@ tp (each rank's covers its rows).
     tvcert trace examples/torch/realcode/uneven_pad_gather.py --set bug=keep_pad --verify    # REFUTED
 
 ``bug``: ``keep_pad`` (the padding rows kept, each block's first T/tp rows taken instead: a real row dropped,
-a zero row kept), ``no_grad_sum`` (w's gradient not all-reduced).
+a zero row kept), ``no_grad_sum`` (w's gradient not all-reduced), ``pad_before`` (the padding put before the rank's
+rows, the blocks then read from their start: a zero row kept, a real one dropped), ``width_off`` (each rank pads
+one row more than it needs and keeps one row less of the last block: the last real row dropped, a zero kept).
+
+Not verified yet: the ranks' slices differ in length (rank r holds ``rows[r]`` rows), so until the pad the ranks'
+programs have rank-dependent shapes and no SPMD form; see bench/issue15_audit.md for what the merge needs.
 """
 import sys
 from pathlib import Path
@@ -24,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/torch: 
 from megatron_mlp import CopyToTP  # noqa: E402
 
 H, FO = 4, 6
-BUGS = ("", "keep_pad", "no_grad_sum")
+BUGS = ("", "keep_pad", "no_grad_sum", "pad_before", "width_off")
 
 
 class _Gather(torch.autograd.Function):
@@ -52,10 +57,16 @@ def make(T, bug=""):
         start = sum(rows[:r])
         w = w if bug == "no_grad_sum" else CopyToTP.apply(w, tp)
         y = torch.tanh(x[start:start + rows[r]] @ w)
-        st = _Gather.apply(F.pad(y, (0, 0, 0, top - rows[r])), tp, r)  # [p, top, FO]
+        extra = 1 if bug == "width_off" else 0
+        pads = (0, 0, top - rows[r] + extra, 0) if bug == "pad_before" else (0, 0, 0, top - rows[r] + extra)
+        st = _Gather.apply(F.pad(y, pads), tp, r)  # [p, top (+1), FO]
         keep = [T // p] * p if bug == "keep_pad" else rows
-        full = torch.cat([st[i, :keep[i]] for i in range(p)], 0) if bug != "keep_pad" else \
-            torch.cat([st[i, :keep[i]] for i in range(p)] + [st[p - 1, keep[-1]:keep[-1] + T - sum(keep)]], 0)
+        if bug == "keep_pad":
+            full = torch.cat([st[i, :keep[i]] for i in range(p)] + [st[p - 1, keep[-1]:keep[-1] + T - sum(keep)]], 0)
+        elif bug == "width_off":
+            full = torch.cat([st[i, :keep[i]] for i in range(p - 1)] + [st[p - 1, :keep[-1] - 1], st[0, top:]], 0)
+        else:
+            full = torch.cat([st[i, :keep[i]] for i in range(p)], 0)
         return ((m @ full - target) ** 2).sum()
     return parallel
 
