@@ -15,7 +15,10 @@
   of a sharded x in [0, 2**62) computed as the all_reduce of the local sums cast to float was VERIFIED
   (partial_linear_map through the cast; the logical int sum wraps, the float sum of the pieces does not): a float
   conclusion Partial on an axis where an int operand is not Replicate now needs the operand bounded inside int64
-  (rules._int_pieces_to_float, int_range.abs_bound; the same plan over x in [0, 8) VERIFIED).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
+  (rules._int_pieces_to_float, int_range.abs_bound; the same plan over x in [0, 8) VERIFIED).
+  ``cast(all_reduce(sum))`` over tp 4 of a replicated int x in [0, 2**62) was VERIFIED against ``4 * cast(x)``:
+  allreduce_sum_replicate (and reduce_scatter_replicate) wrote p * E with a float p, so the int64 product that
+  wraps was a real one; p now has E's dtype (over x in [0, 8) still VERIFIED).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ def _control(name: str) -> set[str]:
 
 # ------------------------------------------------------------------ int64 wraps
 @pytest.mark.parametrize("name", ["int64_wrap_smt", "int64_wrap_factor_div", "int64_wrap_factor_cast", "int64_wrap_count",
-                                  "int_allreduce_avg", "int_partial_cast"])
+                                  "int_allreduce_avg", "int_partial_cast", "int_allreduce_sum_replicate"])
 def test_int64_wrap_not_verified(name):
     _wrong(name)
 
@@ -69,6 +72,10 @@ def test_int64_controls_verified(name):
 
 def test_int_partial_cast_control_verified():
     assert "partial_linear_map" in _control("int_partial_cast_ok")
+
+
+def test_int_allreduce_sum_replicate_control_verified():
+    assert "allreduce_sum_replicate" in _control("int_allreduce_sum_replicate_ok")
 
 
 def test_int64_wrap_index_refused():

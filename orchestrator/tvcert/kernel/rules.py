@@ -1165,8 +1165,8 @@ def _collective(kc, op, ra, raw, facts):
         want = {"sum": "sum", "avg": "avg", "max": "max"}[r]
         if all(pl[i].kind == "R" for i in idx) and len(idx) == 1:
             # every rank of the group holds E: sum gives p*E, avg and max give E
-            if r == "sum":
-                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
+            if r == "sum":  # p in E's dtype: an int p * E is int64 arithmetic (it wraps), not a real product
+                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": kc.exprs[f.expr].dtype}, [])
                 return Derivation([Fact(kc.exprs.mk("mul", {}, [f.expr, c]), tuple(pl))], ["allreduce_sum_replicate"])
             return Derivation([Fact(f.expr, tuple(pl))], [f"allreduce_{r}_replicate"])
         if r == "avg" and len(idx) > 1 and all(pl[i] == P("sum") for i in idx):
@@ -1228,8 +1228,8 @@ def _collective(kc, op, ra, raw, facts):
                 raise RuleFailure(f"reduce_scatter: dim {d} of size {shape[d]} does not split evenly")
             pl[i] = S(d)
             e = f.expr
-            if ra["reduce"] == "sum":
-                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": "float"}, [])
+            if ra["reduce"] == "sum":  # p in E's dtype (an int sum wraps)
+                c = kc.exprs.mk("const", {"value": kc.sizes[axes[0]], "shape": (), "dtype": kc.exprs[f.expr].dtype}, [])
                 e = kc.exprs.mk("mul", {}, [f.expr, c])
             return Derivation([Fact(e, tuple(pl))], ["reduce_scatter_replicate"])
         if ra["reduce"] == "avg" and pl[i] == P("sum"):  # FSDP2's gradient reduce-scatter (FsdpCollectives.v)
