@@ -233,6 +233,11 @@ def case_table():
     add("int_range_count", None, None)  # equality step: tests/test_frontend_int_range.py
     add("scalar_factor_commutes", None, None)  # equality step: tests/test_scalar_factor.py, conform gen_scalar_factor
     add("layout_map_equal", None, None)  # equality step: tests/test_layout_map.py, conform gen_layout_map
+    # rank-reversed blocks (kernel/reversed_blocks.py; tests/test_reversed_pad.py, conform gens_reversed_blocks)
+    add("slice_reversed_block_to_shard", lambda e: e.apply("slice", [e.t([8, 2], R)], dim=0, start="(1-rank.tp)*(n/2)",
+                                                           end="(2-rank.tp)*(n/2)"),
+        lambda e: e.apply("slice", [e.t([8, 2], R)], dim=0, start="(1-rank.tp)*3", end="(1-rank.tp)*3+3"))
+    add("reversed_blocks_commute", None, None)  # equality step: tests/test_reversed_pad.py
     # multi-op patterns over torch's unrolled ring (traced plans): tests/test_trace_cp.py, conform gens_ring_merge
     add("ring_sigmoid_merge", None, None)
     add("ring_sigmoid_merge_backward", None, None)
