@@ -2225,7 +2225,10 @@ def _merged(c, n, x, shp, k, m, tag="xm"):
 
 @reg("aten.index")
 def _index(c, n, x, indices):
-    """x[..., i, j, ...] = reshape(index_select(x merged over the indexed dims, k, linear index), ...)."""
+    """x[..., i, j, ...] = reshape(index_select(x merged over the indexed dims, k, linear index), ...).
+    ``x[arange(N), j]`` on a 2-D x is the row-wise gather :func:`_index_rows`."""
+    if len(indices) == 2 and _arange_rows(c, x, indices[0]):
+        return _index_rows(c, n, x, indices[1])
     k, m, lin, S, shp = _adv_index(c, n, x, indices)
     xm = _merged(c, n, x, shp, k, m)
     sel = c.emit("index_select", [xm, lin], {"dim": k}, base=f"{n.name}_sel")
@@ -2233,6 +2236,31 @@ def _index(c, n, x, indices):
     if _shape_of(c, sel) == out:
         return sel
     return c.emit("reshape", [sel], {"shape": out})
+
+
+def _arange_rows(c, x, rows) -> bool:
+    """``rows`` is literally ``arange(N)`` for a 2-D ``x`` of N rows (row i reads row i)."""
+    xs = _shape(c.val(x))
+    if not isinstance(rows, torch.fx.Node) or len(xs) != 2 or _pk(rows) != "aten.arange":
+        return False
+    N = xs[0]
+    return _shape(c.val(rows)) == [N] and \
+        [a for a in rows.args if not isinstance(a, torch.device)] in ([N], [0, N], [0, N, 1])
+
+
+def _index_rows(c, n, x, cols):
+    """``x[arange(N), j]`` on a 2-D ``x`` [N, C] (one element per row: the target logit of a cross-entropy, Megatron's
+    ``logits_2d[arange_1d, masked_target_1d]``): ``reshape(gather(x, 1, j[:, None]), [N])``, row i reading
+    x[i, j[i]].  Exact because the row index is literally ``arange(N)``; the gather checks 0 <= j < C (a negative j,
+    which PyTorch would wrap, is out of range, as in :func:`_index_put_rows`)."""
+    N = _shape(c.val(x))[0]
+    jv = c.val(cols)
+    if not isinstance(cols, torch.fx.Node) or jv is None or _shape(jv) != [N] or jv.dtype.is_floating_point \
+            or jv.dtype == torch.bool:
+        c.fail("indexing x[arange(N), j] with a j other than N integers")
+    j = c.emit("unsqueeze", [c.ir(cols, "int")], {"dim": 1}, base=f"{n.name}_j")
+    g = c.emit("gather", [c.ir(x), j], {"dim": 1}, base=f"{n.name}_g")
+    return c.emit("reshape", [g], {"shape": [N]})
 
 
 def _index_put_general(c, n, x, indices, values, accumulate):

@@ -1289,3 +1289,7 @@ RULES.update(_ZIGZAG_RULES)
 from .prefix_scan import STATEMENTS as _PREFIX_SCAN_STATEMENTS  # noqa: E402  (a pattern)
 
 RULES.update(_PREFIX_SCAN_STATEMENTS)
+
+from .vocab_pick import STATEMENTS as _VOCAB_PICK_STATEMENTS  # noqa: E402  (a pattern)
+
+RULES.update(_VOCAB_PICK_STATEMENTS)
