@@ -670,6 +670,8 @@ def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
     ties -- is one of the orders torch may return."""
     if not largest:
         c.fail("topk with largest=False")
+    if not sorted:  # (on CPU torch returns them unsorted from k = 8 on: red team s10)
+        c.fail("topk with sorted=False: torch returns the k results in an unspecified order, which no IR op fixes")
     d = int(dim) % len(_shape(c.val(x)))
     return c.emit("topk", [c.ir(x)], {"k": int(k), "dim": d}, n_out=2)
 
@@ -2512,13 +2514,20 @@ def _distinct_along(c, name: str, d: int) -> bool:
 
 def _sort_h(c, n, x, *a, **k):
     """sort along dim: topk with k = the dim's size, on x (descending) or -x (ascending; values negated back).
-    Equal values come lower index first, as PyTorch's stable sort orders them (its unstable sort leaves the order
-    of equal values unspecified, so this is one of the orders it may return)."""
-    if str(n.target) == "aten.sort.stable":
+    Equal values come lower index first, as PyTorch's stable sort orders them.  Its unstable sort (no
+    ``stable=True``) orders equal values otherwise (on CPU from 32 elements on), so its indices -- read by the
+    program or by the backward of its values -- are UNKNOWN: the IR would fix one order of the ties (red team s10)."""
+    if str(n.target) in ("aten.sort.stable", "aten.argsort.stable"):
         dim, descending = k.get("dim", -1), k.get("descending", False)
     else:
         dim = a[0] if len(a) > 0 else k.get("dim", -1)
         descending = a[1] if len(a) > 1 else k.get("descending", False)
+    stable = str(n.target) in ("aten.sort.stable", "aten.argsort.stable") and bool(k.get("stable"))
+    indices_read = _pk(n) == "aten.argsort" or any(
+        u.target is operator.getitem and u.args[1] == 1 and u.users for u in n.users)
+    if not stable and indices_read:
+        c.fail(f"{_pk(n)} without stable=True, whose indices are read (by the program or its backward): torch "
+               f"orders equal values in an unspecified way; pass stable=True")
     shp = _shape(c.val(x))
     if not shp:
         return (c.ir(x), c.const(0, (), "int"))
@@ -2535,7 +2544,7 @@ reg("aten.sort.default", "aten.sort.stable")(_sort_h)
 
 @reg("aten.argsort")
 def _argsort(c, n, x, dim=-1, descending=False, **k):
-    vals, idx = _sort_h(c, n, x, dim, descending)
+    vals, idx = _sort_h(c, n, x, dim=dim, descending=descending, **k)
     return idx
 
 
