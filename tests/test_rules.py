@@ -244,6 +244,8 @@ def case_table():
     # torch's causal / load-balanced ring, followed per cp coordinate: tests/test_cp_causal.py, gens_ring_merge
     add("ring_masked_merge", None, None)
     add("ring_masked_merge_backward", None, None)
+    # torch's head-tail load balancer's index (multi-op pattern): tests/test_trace_cp.py, conform gens_cp_index
+    add("zigzag_from_index_block", None, None)
     # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
     for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum", "scan_last_row_total"):
         add(rule, None, None)

@@ -60,7 +60,11 @@ def test_causal_ranks_differ_each_runs_its_own_program(cp2_tp2_causal):
     from tvcert.engine.verify import verify
 
     res = verify(pl)
-    assert res.verdict == "UNKNOWN", res.reasons  # the load balancer's in-place buffer sharding has no rule yet
+    # the load balancer's index read (zigzag_from_index_block) and its in-place buffer writes, read back as written
+    assert res.verdict == "VERIFIED", res.reasons
+    from tvcert.engine.verify import used_rules
+
+    assert "zigzag_from_index_block" in used_rules(res)
 
 
 def test_causal_tp_cp_positions_not_offset_refuted():
@@ -73,6 +77,8 @@ def test_causal_tp_cp_positions_not_offset_refuted():
     assert res.verdict == "REFUTED", res.reasons
     assert "60-digit" in res.counterexample["confirmed"], res.counterexample
     assert {o["name"] for o in res.counterexample["outputs"] if not o["equal"]} >= {"loss", "grad_wq"}
+    div = res.counterexample["first_divergence"]  # the RoPE cache read at the local positions, not the balancer
+    assert div["op"] == "index_select" and div["src"] == "cp_attention.py:64", div
 
 
 def test_why_not_spmd_lines_are_torch_source():
@@ -364,3 +370,27 @@ def test_titan_cp_job_outside_the_route_unknown_naming_the_field(tmp_path, edit,
         check_supported(load_job(str(p), "llama3-debug"))
     assert ei.value.kind == "unsupported" and "context_parallel_degree = 2" in str(ei.value), str(ei.value)
     assert field.split(" = ")[0].split("_degree")[0] in str(ei.value) or "mode" in field, str(ei.value)
+
+
+def test_head_tail_index_block_rule_and_near_misses():
+    """``zigzag_from_index_block`` on the balancer's index built as torch builds it (conform/gens_cp_index.py):
+    every correct instance VERIFIED with the rule (and the interpreter agreeing on every rank); the tail chunks in
+    contiguous order, an index one chunk off, rank r keeping block p-1-r, or the claim Shard(0): never VERIFIED."""
+    import zlib
+
+    import numpy as np
+    from tvcert.conform.gens import Draw
+    from tvcert.conform.gens_cp_index import b_cp_index
+    from tvcert.conform.plans import _check_plan
+
+    seen = set()
+    for s in range(24):
+        d, desc = b_cp_index(Draw(np.random.default_rng([s, zlib.crc32(b"h46")])))
+        r = _check_plan(d, "zigzag_from_index_block")
+        if "near miss" in desc:
+            assert r.status == "refused", (desc, r.status, r.detail)
+            seen.add(desc.split("near miss ")[1])
+        else:
+            assert r.status == "ok" and "zigzag_from_index_block" in r.rules, (desc, r.status, r.detail)
+            seen.add("ok")
+    assert len(seen) >= 4, seen

@@ -309,6 +309,12 @@ def _cp_loss(dr: Draw):
     return b_cp_loss(dr)
 
 
+def _cp_index(dr: Draw):
+    from .gens_cp_index import b_cp_index  # torch's head-tail load balancer's index read
+
+    return b_cp_index(dr)
+
+
 def _unrolled_ring(dr: Draw):
     from .gens_ring_merge import b_unrolled_ring  # torch's own ring attention (traced; torch needed)
 
@@ -342,6 +348,7 @@ PLAN_RULES: dict[str, Callable] = {
     "ring_masked_merge": plan_gen(_causal_ring, "ring_masked_merge"),
     "ring_masked_merge_backward": plan_gen(_causal_ring, "ring_masked_merge_backward"),
     "zigzag_from_slices": plan_gen(_mix(b_ring_small, b_zigzag_ag), "zigzag_from_slices"),
+    "zigzag_from_index_block": plan_gen(_cp_index, "zigzag_from_index_block"),
     "zigzag_all_gather": plan_gen(b_zigzag_ag, "zigzag_all_gather"),
     "zigzag_reduce_scatter": plan_gen(b_zigzag_ag, "zigzag_reduce_scatter"),
 }
@@ -349,7 +356,3 @@ PLAN_RULES: dict[str, Callable] = {
 from .gens_prefix_scan import PREFIX_SCAN_GENERATORS  # noqa: E402  (cumsum with a carried offset, hand-built plans)
 
 PLAN_RULES.update(PREFIX_SCAN_GENERATORS)
-
-from .gens_vocab_pick import VOCAB_PICK_GENERATORS  # noqa: E402  (Megatron's target-logit pick, hand-built plans)
-
-PLAN_RULES.update(VOCAB_PICK_GENERATORS)

@@ -117,6 +117,10 @@ def _as_strided(c, n, x, size, stride, storage_offset=None):
     size = [int(s) for s in size]
     xs = A._shape(c.val(x))
     y = c.ir(x)
+    w = c.__dict__.get("written_windows", {}).get(y)
+    if w is not None and w[:2] == (off, numel):  # the window just written (context_parallel()'s in-place buffer
+        src, src_shape = w[2], w[3]  # sharding: resize_ + copy_): its elements are the written value's, row-major
+        return src if src_shape == size else c.emit("reshape", [src], {"shape": size}, base=f"{n.name}_src")
     if xs == size and off == 0:
         return y
     if len(xs) != 1:
@@ -230,7 +234,9 @@ def _write_window(c, base_val: str, base_shape, off: int, src_val: str, src_shap
         + [sflat] + ([c.emit("slice", [flat], {"dim": 0, "start": off + k, "end": N}, base=f"{tag}_hi")]
                      if off + k < N else [])
     out = c.emit("concat", parts, {"dim": 0}, base=f"{tag}_cat")
-    return out if len(base_shape) == 1 else c.emit("reshape", [out], {"shape": list(base_shape)}, base=tag)
+    out = out if len(base_shape) == 1 else c.emit("reshape", [out], {"shape": list(base_shape)}, base=tag)
+    c.__dict__.setdefault("written_windows", {})[out] = (off, k, src_val, list(src_shape))
+    return out
 
 
 def _write_view(c, n, base, view_size, view_stride, view_off, src_val: str, src_mask: np.ndarray, tag: str):

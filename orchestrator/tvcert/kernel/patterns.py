@@ -768,14 +768,6 @@ from .prefix_scan import MATCHERS as _SCANS  # noqa: E402
 # attributes are evaluated there on every rank; every other matched op is checked rank-free there
 PATTERNS.update(_SCANS)
 
-from .vocab_pick import RULE as _PICK, RULE_BWD as _PICK_BWD  # noqa: E402
-from .vocab_pick import vocab_parallel_target_logit, vocab_parallel_target_logit_backward  # noqa: E402
-
-# Megatron's target-logit pick and its backward (kernel/vocab_pick.py): the block bounds and the offset are checked
-# exactly by _block_mask / _offset_ids, as for vocab_parallel_embedding
-PATTERNS[_PICK] = _rank_checked(vocab_parallel_target_logit, _OFFSETS)
-PATTERNS[_PICK_BWD] = _rank_checked(vocab_parallel_target_logit_backward, _OFFSETS)
-
 from .ring_causal import RULE as _CAUSAL, RULE_BWD as _CAUSAL_BWD, match_causal, match_causal_backward  # noqa: E402
 
 # torch's causal ring over per-rank programs (kernel/ring_causal.py): the all-gather offsets and the mpmd selects'
@@ -783,3 +775,14 @@ from .ring_causal import RULE as _CAUSAL, RULE_BWD as _CAUSAL_BWD, match_causal,
 PATTERNS[_CAUSAL] = _rank_checked(match_causal, frozenset({("slice", "start"), ("slice", "end")}))
 PATTERNS[_CAUSAL_BWD] = _rank_checked(match_causal_backward, frozenset({("slice", "start"), ("slice", "end")}))
 PATTERN_OPS.update({"squeeze", "scale"})
+
+from .zigzag_index import RULE as _ZZ_INDEX, zigzag_from_index_block  # noqa: E402
+
+# torch's head-tail load balancer: rank r's block of a replica read at the balancer's permutation is its zig-zag
+# shard (kernel/zigzag_index.py); tried before the slice's own rule (which reads it as a contiguous Shard of the
+# permuted tensor: true, but not the layout the ring's rules take), the block bounds checked there exactly
+_zz_index = _rank_checked(zigzag_from_index_block, frozenset({("slice", "start"), ("slice", "end")}))
+PATTERNS[_ZZ_INDEX] = _zz_index
+PRIORITY_PATTERNS[_ZZ_INDEX] = _zz_index
+PATTERN_OPS.add("slice")
+PRIORITY_OPS.add("slice")

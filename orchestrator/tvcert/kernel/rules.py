@@ -1290,6 +1290,6 @@ from .prefix_scan import STATEMENTS as _PREFIX_SCAN_STATEMENTS  # noqa: E402  (a
 
 RULES.update(_PREFIX_SCAN_STATEMENTS)
 
-from .vocab_pick import STATEMENTS as _VOCAB_PICK_STATEMENTS  # noqa: E402  (a pattern)
+from .zigzag_index import RULE as _ZZ_INDEX_RULE, STATEMENT as _ZZ_INDEX_STATEMENT  # noqa: E402  (a pattern)
 
-RULES.update(_VOCAB_PICK_STATEMENTS)
+RULES[_ZZ_INDEX_RULE] = _ZZ_INDEX_STATEMENT
