@@ -40,7 +40,9 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("mcore_mlp", {"sp": True, "bug": "no_finalize"}, "REFUTED"),
     ("mcore_vocab", {"head": "embedding"}, "VERIFIED"),
     ("mcore_vocab", {"head": "embedding", "bug": "off_by_one"}, "REFUTED"),
-    ("mcore_vocab", {}, "VERIFIED"),  # UNKNOWN today: the flattened target-logit pick (cross_entropy.py:59)
+    ("mcore_vocab", {}, "VERIFIED"),  # the flattened target-logit pick (cross_entropy.py:59): kernel/vocab_pick.py
+    ("mcore_vocab", {"bug": "ce_wrong_rank"}, "REFUTED"),
+    ("mcore_vocab", {"bug": "ce_no_allreduce"}, "REFUTED"),
     ("mcore_layer", {}, "VERIFIED"),  # micro-batch 1
     ("mcore_layer", {"sp": True}, "VERIFIED"),
     ("mcore_layer", {"sp": True, "bug": "ln_not_marked"}, "REFUTED"),

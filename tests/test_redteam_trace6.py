@@ -13,6 +13,9 @@ reason; the correct control of the same program still VERIFIES.
 * ``where(isnan(sqrt(b)), 0, b)``: ``isnan`` / ``isinf`` / ``isfinite`` were the constant 0 / 1 whatever their
   argument; torch computes NaN / inf outside an op's domain.  Now UNKNOWN when a producer may give NaN / inf.
 * ``ids.int() * 4096``: int32 arithmetic wraps around past 2**31; the IR's integers do not.  Now UNKNOWN.
+* orders torch leaves unspecified (``tests/data/redteam_s10_trace/sort_order.py``, eager torch): an unstable
+  ``torch.sort`` whose indices are read (CPU: equal keys reordered from 32 elements on) and ``topk(sorted=False)``
+  (unsorted from k = 8 on) were read as the stable / sorted order.  Now UNKNOWN.
 """
 from __future__ import annotations
 
@@ -78,3 +81,22 @@ def test_wrong_program_is_unknown_naming_why(bug):
 
 def test_correct_control_verifies():
     assert _verdict(MLP.tvcert_trace(""))[0] == "VERIFIED"
+
+
+# ---------------------------------------------------------------- orders torch leaves unspecified
+SORT = _module("sort_order")
+SORT_WHY = {"unstable_sort": "without stable=True", "topk_unsorted": "sorted=False"}
+
+
+@pytest.mark.parametrize("bug", sorted(SORT_WHY))
+def test_unspecified_order_is_unknown(bug):
+    par, ref = SORT.torch_losses(bug)
+    assert abs(par - ref) > 0.1  # eager torch: another loss than the logical model's
+    verdict, why = _verdict(SORT.tvcert_trace(bug))
+    assert verdict == "UNKNOWN" and SORT_WHY[bug] in why, (verdict, why)
+
+
+def test_stable_sort_and_sorted_topk_verify():
+    par, ref = SORT.torch_losses("")
+    assert par == ref
+    assert _verdict(SORT.tvcert_trace(""))[0] == "VERIFIED"

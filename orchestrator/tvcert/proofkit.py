@@ -118,6 +118,9 @@ RULES: dict[str, str] = {
     "block_suffix_sum": f"{_T}.PrefixScan.block_suffix_sum",
     "block_suffix_sum_scattered": f"{_T}.PrefixScan.block_suffix_sum_scattered",  # autograd's backward of a scan
     "block_prefix_sum_scattered": f"{_T}.PrefixScan.block_prefix_sum_scattered",
+    # Megatron's target-logit pick of vocab-parallel cross-entropy and its backward (kernel/vocab_pick.py)
+    "vocab_parallel_target_logit": f"{_T}.VocabPick.vocab_parallel_target_logit",
+    "vocab_parallel_target_logit_backward": f"{_T}.VocabPick.vocab_parallel_target_logit_backward",
     "scan_last_row_total": f"{_T}.PrefixScan.scan_last_row_total",
     "allreduce_avg_partial_sum_nested": f"{_T}.CollectivesReal.allreduce_avg_partial_sum_nested",
     "reduce_mean_sharded_dim": f"{_T}.Reductions.reduce_mean_sharded_dim",

@@ -356,3 +356,7 @@ PLAN_RULES: dict[str, Callable] = {
 from .gens_prefix_scan import PREFIX_SCAN_GENERATORS  # noqa: E402  (cumsum with a carried offset, hand-built plans)
 
 PLAN_RULES.update(PREFIX_SCAN_GENERATORS)
+
+from .gens_vocab_pick import VOCAB_PICK_GENERATORS  # noqa: E402  (Megatron's target-logit pick, hand-built plans)
+
+PLAN_RULES.update(VOCAB_PICK_GENERATORS)

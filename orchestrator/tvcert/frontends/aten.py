@@ -670,6 +670,8 @@ def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
     ties -- is one of the orders torch may return."""
     if not largest:
         c.fail("topk with largest=False")
+    if not sorted:  # (on CPU torch returns them unsorted from k = 8 on: red team s10)
+        c.fail("topk with sorted=False: torch returns the k results in an unspecified order, which no IR op fixes")
     d = int(dim) % len(_shape(c.val(x)))
     return c.emit("topk", [c.ir(x)], {"k": int(k), "dim": d}, n_out=2)
 
@@ -2225,7 +2227,10 @@ def _merged(c, n, x, shp, k, m, tag="xm"):
 
 @reg("aten.index")
 def _index(c, n, x, indices):
-    """x[..., i, j, ...] = reshape(index_select(x merged over the indexed dims, k, linear index), ...)."""
+    """x[..., i, j, ...] = reshape(index_select(x merged over the indexed dims, k, linear index), ...).
+    ``x[arange(N), j]`` on a 2-D x is the row-wise gather :func:`_index_rows`."""
+    if len(indices) == 2 and _arange_rows(c, x, indices[0]):
+        return _index_rows(c, n, x, indices[1])
     k, m, lin, S, shp = _adv_index(c, n, x, indices)
     xm = _merged(c, n, x, shp, k, m)
     sel = c.emit("index_select", [xm, lin], {"dim": k}, base=f"{n.name}_sel")
@@ -2233,6 +2238,31 @@ def _index(c, n, x, indices):
     if _shape_of(c, sel) == out:
         return sel
     return c.emit("reshape", [sel], {"shape": out})
+
+
+def _arange_rows(c, x, rows) -> bool:
+    """``rows`` is literally ``arange(N)`` for a 2-D ``x`` of N rows (row i reads row i)."""
+    xs = _shape(c.val(x))
+    if not isinstance(rows, torch.fx.Node) or len(xs) != 2 or _pk(rows) != "aten.arange":
+        return False
+    N = xs[0]
+    return _shape(c.val(rows)) == [N] and \
+        [a for a in rows.args if not isinstance(a, torch.device)] in ([N], [0, N], [0, N, 1])
+
+
+def _index_rows(c, n, x, cols):
+    """``x[arange(N), j]`` on a 2-D ``x`` [N, C] (one element per row: the target logit of a cross-entropy, Megatron's
+    ``logits_2d[arange_1d, masked_target_1d]``): ``reshape(gather(x, 1, j[:, None]), [N])``, row i reading
+    x[i, j[i]].  Exact because the row index is literally ``arange(N)``; the gather checks 0 <= j < C (a negative j,
+    which PyTorch would wrap, is out of range, as in :func:`_index_put_rows`)."""
+    N = _shape(c.val(x))[0]
+    jv = c.val(cols)
+    if not isinstance(cols, torch.fx.Node) or jv is None or _shape(jv) != [N] or jv.dtype.is_floating_point \
+            or jv.dtype == torch.bool:
+        c.fail("indexing x[arange(N), j] with a j other than N integers")
+    j = c.emit("unsqueeze", [c.ir(cols, "int")], {"dim": 1}, base=f"{n.name}_j")
+    g = c.emit("gather", [c.ir(x), j], {"dim": 1}, base=f"{n.name}_g")
+    return c.emit("reshape", [g], {"shape": [N]})
 
 
 def _index_put_general(c, n, x, indices, values, accumulate):
@@ -2484,13 +2514,20 @@ def _distinct_along(c, name: str, d: int) -> bool:
 
 def _sort_h(c, n, x, *a, **k):
     """sort along dim: topk with k = the dim's size, on x (descending) or -x (ascending; values negated back).
-    Equal values come lower index first, as PyTorch's stable sort orders them (its unstable sort leaves the order
-    of equal values unspecified, so this is one of the orders it may return)."""
-    if str(n.target) == "aten.sort.stable":
+    Equal values come lower index first, as PyTorch's stable sort orders them.  Its unstable sort (no
+    ``stable=True``) orders equal values otherwise (on CPU from 32 elements on), so its indices -- read by the
+    program or by the backward of its values -- are UNKNOWN: the IR would fix one order of the ties (red team s10)."""
+    if str(n.target) in ("aten.sort.stable", "aten.argsort.stable"):
         dim, descending = k.get("dim", -1), k.get("descending", False)
     else:
         dim = a[0] if len(a) > 0 else k.get("dim", -1)
         descending = a[1] if len(a) > 1 else k.get("descending", False)
+    stable = str(n.target) in ("aten.sort.stable", "aten.argsort.stable") and bool(k.get("stable"))
+    indices_read = _pk(n) == "aten.argsort" or any(
+        u.target is operator.getitem and u.args[1] == 1 and u.users for u in n.users)
+    if not stable and indices_read:
+        c.fail(f"{_pk(n)} without stable=True, whose indices are read (by the program or its backward): torch "
+               f"orders equal values in an unspecified way; pass stable=True")
     shp = _shape(c.val(x))
     if not shp:
         return (c.ir(x), c.const(0, (), "int"))
@@ -2507,7 +2544,7 @@ reg("aten.sort.default", "aten.sort.stable")(_sort_h)
 
 @reg("aten.argsort")
 def _argsort(c, n, x, dim=-1, descending=False, **k):
-    vals, idx = _sort_h(c, n, x, dim, descending)
+    vals, idx = _sort_h(c, n, x, dim=dim, descending=descending, **k)
     return idx
 
 

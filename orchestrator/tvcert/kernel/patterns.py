@@ -768,6 +768,14 @@ from .prefix_scan import MATCHERS as _SCANS  # noqa: E402
 # attributes are evaluated there on every rank; every other matched op is checked rank-free there
 PATTERNS.update(_SCANS)
 
+from .vocab_pick import RULE as _PICK, RULE_BWD as _PICK_BWD  # noqa: E402
+from .vocab_pick import vocab_parallel_target_logit, vocab_parallel_target_logit_backward  # noqa: E402
+
+# Megatron's target-logit pick and its backward (kernel/vocab_pick.py): the block bounds and the offset are checked
+# exactly by _block_mask / _offset_ids, as for vocab_parallel_embedding
+PATTERNS[_PICK] = _rank_checked(vocab_parallel_target_logit, _OFFSETS)
+PATTERNS[_PICK_BWD] = _rank_checked(vocab_parallel_target_logit_backward, _OFFSETS)
+
 from .ring_causal import RULE as _CAUSAL, RULE_BWD as _CAUSAL_BWD, match_causal, match_causal_backward  # noqa: E402
 
 # torch's causal ring over per-rank programs (kernel/ring_causal.py): the all-gather offsets and the mpmd selects'

@@ -47,8 +47,8 @@ STATEMENTS = {
     RULE_SUFFIX: "a reversed scan flip(cumsum(flip(x))) over a sharded dim: a block's local reversed scan plus the "
                  "totals of the later blocks (coefficient row [j > rank]) is that block of the logical reversed scan",
     RULE_LAST_ROW: "a block's total is the last row of its cumsum (the first row of its reversed scan)",
-    RULE_SUFFIX_SCATTERED: "a reversed scan over a sharded dim with the offset through a reduce_scatter: a block's local "
-                           "reversed scan plus reduce_scatter of M[s] * (rank s's total), M[s][j] = [j < s], is that "
+    RULE_SUFFIX_SCATTERED: "a reversed scan over a sharded dim with the offset through a reduce_scatter: a block's "
+                           "local reversed scan plus reduce_scatter of M[s] * (rank s's total), M[s][j] = [j < s], is that "
                            "block of the logical reversed scan (autograd's backward of the carried offset)",
     RULE_PREFIX_SCATTERED: "the same for a cumsum: the local cumsum plus reduce_scatter of M[s] * (rank s's total), "
                            "M[s][j] = [j > s], is that block of the logical cumsum",

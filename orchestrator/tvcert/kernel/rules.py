@@ -1293,3 +1293,7 @@ RULES.update(_PREFIX_SCAN_STATEMENTS)
 from .zigzag_index import RULE as _ZZ_INDEX_RULE, STATEMENT as _ZZ_INDEX_STATEMENT  # noqa: E402  (a pattern)
 
 RULES[_ZZ_INDEX_RULE] = _ZZ_INDEX_STATEMENT
+
+from .vocab_pick import STATEMENTS as _VOCAB_PICK_STATEMENTS  # noqa: E402  (a pattern)
+
+RULES.update(_VOCAB_PICK_STATEMENTS)
