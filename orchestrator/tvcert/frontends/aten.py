@@ -226,6 +226,8 @@ class Converter:
             self.cur_src = self.src_of(n)
             self.env[n] = self.convert(n)
         self.cur = None
+        if self.__dict__.get("_deferred"):  # (a reason a later op's own reason took precedence over: _defer_fail)
+            raise self._deferred[0]
         return dce(self.nodes, outputs), outputs
 
     def tensor_constant(self, n: torch.fx.Node) -> str:
@@ -2512,6 +2514,12 @@ def _distinct_along(c, name: str, d: int) -> bool:
     return False
 
 
+def _defer_fail(c, detail: str) -> None:
+    """The graph is UNKNOWN for ``detail``, raised once every op is converted (Converter.run) unless an op after
+    this one fails first with its own reason (a sort of MoE tokens before their data-dependent routing op)."""
+    c.__dict__.setdefault("_deferred", []).append(Unconverted(str(c.cur.target), c.cur_src, detail))
+
+
 def _sort_h(c, n, x, *a, **k):
     """sort along dim: topk with k = the dim's size, on x (descending) or -x (ascending; values negated back).
     Equal values come lower index first, as PyTorch's stable sort orders them.  Its unstable sort (no
@@ -2525,9 +2533,9 @@ def _sort_h(c, n, x, *a, **k):
     stable = str(n.target) in ("aten.sort.stable", "aten.argsort.stable") and bool(k.get("stable"))
     indices_read = _pk(n) == "aten.argsort" or any(
         u.target is operator.getitem and u.args[1] == 1 and u.users for u in n.users)
-    if not stable and indices_read:
-        c.fail(f"{_pk(n)} without stable=True, whose indices are read (by the program or its backward): torch "
-               f"orders equal values in an unspecified way; pass stable=True")
+    if not stable and indices_read:  # deferred: MoE code sorts its tokens by expert before its routing op
+        _defer_fail(c, f"{_pk(n)} without stable=True, whose indices are read (by the program or its backward): "
+                       f"torch orders equal values in an unspecified way; pass stable=True")
     shp = _shape(c.val(x))
     if not shp:
         return (c.ir(x), c.const(0, (), "int"))
