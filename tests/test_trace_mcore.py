@@ -380,6 +380,14 @@ def test_mcore_vocab_parallel_cross_entropy_verifies():
     res = verify(plan)
     assert verified(res), res.reasons
     assert {"vocab_parallel_target_logit", "vocab_parallel_target_logit_backward"} <= used_rules(res)
+    import json
+
+    from tvcert.certificate.check import check_certificate
+    from tvcert.certificate.emit import build_certificate, dump_certificate
+    from tvcert.certificate.format import Certificate
+
+    # the independent checker replays both patterns
+    check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
 
 
 @pytest.mark.parametrize("bug,wrong,src", [
