@@ -246,6 +246,7 @@ def case_table():
     add("ring_masked_merge_backward", None, None)
     # torch's head-tail load balancer's index (multi-op pattern): tests/test_trace_cp.py, conform gens_cp_index
     add("zigzag_from_index_block", None, None)
+    add("iota_rank_block", None, None)  # a rank's iota positions (pattern): tests/test_trace_cp.py, gens_cp_index
     # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
     for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum", "scan_last_row_total",
                  "block_suffix_sum_scattered", "block_prefix_sum_scattered"):

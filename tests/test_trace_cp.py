@@ -394,3 +394,46 @@ def test_head_tail_index_block_rule_and_near_misses():
             assert r.status == "ok" and "zigzag_from_index_block" in r.rules, (desc, r.status, r.detail)
             seen.add("ok")
     assert len(seen) >= 4, seen
+
+
+def _iota_positions_plan(bug: str = ""):
+    """cp 2: each rank reads a table at its positions written ``arange(r*n, (r+1)*n)`` (``bug``: ``arange(0, n)``)."""
+    def logical(x, cos):
+        pos = torch.arange(x.shape[0])
+        return {"loss": (x * cos[pos]).sum(), "y": x * cos[pos]}
+
+    def parallel(ctx, x, cos):
+        n, r = x.shape[0], ctx.coord("cp")
+        pos = torch.arange(0, n) if bug else torch.arange(r * n, (r + 1) * n)
+        return {"loss": (x * cos[pos]).sum(), "y": x * cos[pos]}
+
+    return trace_plan(logical, parallel, mesh={"cp": 2},
+                      inputs={"x": {"shape": [8, 4], "dtype": "float64", "placement": {"cp": "Shard(0)"}},
+                              "cos": {"shape": [16, 4], "dtype": "float64"}},
+                      output_placements={"loss": {"cp": "Partial(sum)"}, "y": {"cp": "Shard(0)"}})
+
+
+def test_positions_written_as_a_rank_offset_iota():
+    """Positions ``arange(r*n, (r+1)*n)`` are Shard(0) of the sequence's iota (``iota_rank_block``): VERIFIED;
+    ``arange(0, n)`` on every rank REFUTED at the table read; the rule's near misses (conform/gens_cp_index.py
+    ``b_iota_block``: the stride one off, another axis' or the global rank, the claim on another axis) never
+    VERIFIED, its instances always."""
+    import zlib
+
+    import numpy as np
+    from tvcert.conform.gens import Draw
+    from tvcert.conform.gens_cp_index import b_iota_block
+    from tvcert.conform.plans import _check_plan
+    from tvcert.engine.verify import used_rules, verify
+
+    res = verify(load_plan(_iota_positions_plan()))
+    assert res.verdict == "VERIFIED" and "iota_rank_block" in used_rules(res), res.reasons
+    bad = verify(load_plan(_iota_positions_plan("not_offset")))
+    assert bad.verdict == "REFUTED" and bad.counterexample["first_divergence"]["op"] == "index_select"
+    for s in range(16):
+        d, desc = b_iota_block(Draw(np.random.default_rng([s, zlib.crc32(b"h46 iota")])))
+        r = _check_plan(d, "iota_rank_block")
+        if "near miss" in desc:  # refused, or not a loadable plan (the claim on dp gives another local shape)
+            assert r.status in ("refused", "skip"), (desc, r.status, r.detail)
+        else:
+            assert r.status == "ok" and "iota_rank_block" in r.rules, (desc, r.status, r.detail)

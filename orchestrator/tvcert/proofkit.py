@@ -168,6 +168,7 @@ RULES: dict[str, str] = {
     "zigzag_contraction": f"{_T}.Zigzag.zigzag_contraction",
     "zigzag_from_slices": f"{_T}.Zigzag.zigzag_from_slices",
     "zigzag_from_index_block": f"{_T}.ZigzagIndex.zigzag_from_index_block",  # head-tail balancer's index
+    "iota_rank_block": f"{_T}.IotaBlock.iota_rank_block",  # a rank's positions as arange(r*n, (r+1)*n)
     "zigzag_reshape": f"{_T}.Zigzag.zigzag_reshape",
     "zigzag_all_gather": f"{_T}.Zigzag.zigzag_all_gather_natural",
     "zigzag_reduce_scatter": f"{_T}.Zigzag.zigzag_reduce_scatter_order",

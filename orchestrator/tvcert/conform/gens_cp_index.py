@@ -1,4 +1,5 @@
-"""Conformance instances of ``zigzag_from_index_block`` (kernel/zigzag_index.py), H46.
+"""Conformance instances of ``zigzag_from_index_block`` (kernel/zigzag_index.py) and ``iota_rank_block``
+(kernel/iota_block.py: :func:`b_iota_block`), H46.
 
 Each instance is a small plan: a replicated X [n, h] (or, with a tp axis, ``Shard(1)`` over tp) read at an index
 built as torch's ``_HeadTailLoadBalancer._generate_indices`` builds it (an iota viewed as 2p chunks, the head
@@ -61,3 +62,32 @@ def b_cp_index(dr: Draw):
          "outputs": {"y": {"local": "y", "placement": y_pl}}}
     return d, (f"p={p} c={c} h={h} tp={tp} mesh={[m[0] for m in mesh]} {'gather' if gather else 'index_select'}"
                f"{' near miss ' + miss if miss else ''}")
+
+
+def b_iota_block(dr: Draw):
+    """``iota_rank_block``: rank r's positions ``iota(n, start=s0 + r*n*t, step=t)`` (times 2, cast to float or
+    not) claimed Shard(0) over cp of the logical ``iota(p*n, s0, t)``; another axis (dp) replicated, outside or
+    inside cp.  Near misses: the stride one off (``r*(n*t+1)``), the start read from the other axis' coordinate,
+    the global rank (``rank.dp*cp + rank.cp``), the claim over dp instead of cp."""
+    p, n, t, s0 = dr.int(2, 4), dr.int(1, 4), dr.pick([1, 1, 2, 3]), dr.pick([0, 0, 1, 5])
+    dp = dr.pick([0, 2, 3])
+    miss = dr.pick(["", "", "", "stride_off", "other_axis", "global_rank", "claim_other"])
+    if dp == 0 and miss in ("other_axis", "global_rank", "claim_other"):
+        miss = ""
+    r = {"other_axis": "rank.dp", "global_rank": f"(rank.dp*{p}+rank.cp)"}.get(miss, "rank.cp")
+    stride = n * t + (1 if miss == "stride_off" else 0)
+    dt = dr.pick(["int", "float"])
+    mesh = [["cp", "cp"]] + ([["dp", "dp"]] if dp else [])
+    if dp and dr.coin():
+        mesh = mesh[::-1]
+    dims = {"cp": p, **({"dp": dp} if dp else {})}
+    par = [_node("pos", "iota", [], size=n, start=f"{r}*{stride}+{s0}", step=t, dtype=dt),
+           _node("y", "scale", ["pos"], value=2)]
+    d = {"tvcert_plan": 1, "name": "iota_block", "description": "a rank's positions as an iota", "dims": dims,
+         "mesh": mesh,
+         "logical": {"inputs": [], "nodes": [_node("pos", "iota", [], size=p * n, start=s0, step=t, dtype=dt),
+                                             _node("y", "scale", ["pos"], value=2)], "outputs": ["y"]},
+         "parallel": [{"name": "spmd", "inputs": [], "nodes": par, "outputs": ["y"]}],
+         "inputs": {},
+         "outputs": {"y": {"local": "y", "placement": {"dp" if miss == "claim_other" else "cp": "Shard(0)"}}}}
+    return d, f"p={p} n={n} t={t} s0={s0} dp={dp} {dt}{' near miss ' + miss if miss else ''}"

@@ -315,6 +315,12 @@ def _cp_index(dr: Draw):
     return b_cp_index(dr)
 
 
+def _iota_block(dr: Draw):
+    from .gens_cp_index import b_iota_block  # a rank's positions written as an iota
+
+    return b_iota_block(dr)
+
+
 def _unrolled_ring(dr: Draw):
     from .gens_ring_merge import b_unrolled_ring  # torch's own ring attention (traced; torch needed)
 
@@ -349,6 +355,7 @@ PLAN_RULES: dict[str, Callable] = {
     "ring_masked_merge_backward": plan_gen(_causal_ring, "ring_masked_merge_backward"),
     "zigzag_from_slices": plan_gen(_mix(b_ring_small, b_zigzag_ag), "zigzag_from_slices"),
     "zigzag_from_index_block": plan_gen(_cp_index, "zigzag_from_index_block"),
+    "iota_rank_block": plan_gen(_iota_block, "iota_rank_block"),
     "zigzag_all_gather": plan_gen(b_zigzag_ag, "zigzag_all_gather"),
     "zigzag_reduce_scatter": plan_gen(b_zigzag_ag, "zigzag_reduce_scatter"),
 }

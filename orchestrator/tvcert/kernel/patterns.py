@@ -794,3 +794,9 @@ PATTERNS[_ZZ_INDEX] = _zz_index
 PRIORITY_PATTERNS[_ZZ_INDEX] = _zz_index
 PATTERN_OPS.add("slice")
 PRIORITY_OPS.add("slice")
+
+from .iota_block import RULE as _IOTA_BLOCK, iota_rank_block  # noqa: E402
+
+# a rank's positions written arange(r*n, (r+1)*n): its start checked exactly there (kernel/iota_block.py)
+PRIORITY_PATTERNS[_IOTA_BLOCK] = _rank_checked(iota_rank_block, frozenset({("iota", "start")}))
+PRIORITY_OPS.add("iota")

@@ -1294,6 +1294,10 @@ from .zigzag_index import RULE as _ZZ_INDEX_RULE, STATEMENT as _ZZ_INDEX_STATEME
 
 RULES[_ZZ_INDEX_RULE] = _ZZ_INDEX_STATEMENT
 
+from .iota_block import RULE as _IOTA_BLOCK_RULE, STATEMENT as _IOTA_BLOCK_STATEMENT  # noqa: E402  (a pattern)
+
+RULES[_IOTA_BLOCK_RULE] = _IOTA_BLOCK_STATEMENT
+
 from .vocab_pick import STATEMENTS as _VOCAB_PICK_STATEMENTS  # noqa: E402  (a pattern)
 
 RULES.update(_VOCAB_PICK_STATEMENTS)
