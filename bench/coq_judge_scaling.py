@@ -12,6 +12,7 @@ Assumptions plan_verified``, printing wall seconds and peak RSS (wait4) of coqc 
                                                      # fact, the part with facts: the loss and every all_reduced
                                                      # gradient), coqc s / peak MB, and wrong variants of it
     python bench/coq_judge_scaling.py llama0         # the same for zero 0
+    python bench/coq_judge_scaling.py llama-layers 2 4 8   # the zero-1 llama step at 2, 4, 8 layers: coqc s / MB
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def mlp_plan(layers: int) -> dict:
             "inputs": binds, "outputs": {"loss": {"local": "loss", "placement": {}}}}
 
 
-def coqc(text: str) -> tuple[bool, float, float, str]:
+def coqc(text: str) -> tuple[bool, float, float, str, float]:
+    """coqc the text: accepted, wall s, peak MB, the output's tail, CPU s."""
     with tempfile.TemporaryDirectory() as td:
         f = Path(td) / "Bench.v"
         f.write_text(text + "\nPrint Assumptions plan_verified.\n")
@@ -70,16 +72,17 @@ def coqc(text: str) -> tuple[bool, float, float, str]:
         _, status, ru = os.wait4(p.pid, 0)
         secs = time.monotonic() - t0
     ok = os.waitstatus_to_exitcode(status) == 0 and "functional_extensionality_dep" in out
-    return ok, secs, ru.ru_maxrss / 1024, out[-300:]
+    return ok, secs, ru.ru_maxrss / 1024, out[-300:], ru.ru_utime + ru.ru_stime
 
 
 LLAMA = ["llama3-8b", "--layers", "2", "--tp", "2", "--dp", "2", "--dims", "h=8,f=16,v=16,s=4,hd=4,nh=4,nkv=2"]
 
 
-def llama_plan(zero: int) -> dict:
+def llama_plan(zero: int, layers: int = 2) -> dict:
+    args = [*LLAMA[:2], str(layers), *LLAMA[3:]]
     with tempfile.TemporaryDirectory() as td:
         out = Path(td) / "llama.json"
-        subprocess.run([sys.executable, "-m", "tvcert.cli", "plan", *LLAMA, "--zero", str(zero), "-o", str(out)],
+        subprocess.run([sys.executable, "-m", "tvcert.cli", "plan", *args, "--zero", str(zero), "-o", str(out)],
                        check=True, capture_output=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "orchestrator")})
         return json.loads(out.read_text())
@@ -223,12 +226,13 @@ def llama_mutants(pre: dict) -> None:
         text = render(cp, cert)
         body = text[text.index("Definition the_plan"):text.index("(* Printer check")] + \
             text[text.index("Definition the_xs"):text.index("Lemma the_check")]
-        lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}"))
+        lines.append(body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}")
+                     .replace("the_nat", f"nat_{k}"))
         lines.append(f"Eval vm_compute in mcheckx plan_{k} xs_{k} cert_{k}.")
         names.append((name, wrong))
     head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
-            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
-            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
+            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck IR.NatTable.\n"
+            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck JNatTable.\n")
     with tempfile.TemporaryDirectory() as td:
         f = Path(td) / "Mut.v"
         f.write_text(head + "\n".join(lines))
@@ -243,7 +247,26 @@ def llama_mutants(pre: dict) -> None:
         print(f"    {name}: interpreter wrong {wrong}; no certificate from the search; mcheck {v}")
 
 
+def llama_layers(layers: list[int]) -> None:
+    """The ZeRO-1 llama step (small dims) at several layer counts: coqc wall / CPU seconds and peak RSS."""
+    proofkit.build(ROOT)
+    print(f"{'layers':>6} {'p_nodes':>8} {'l_nodes':>8} {'x_nodes':>8} {'file kB':>8} {'emit s':>7} {'coqc s':>7} "
+          f"{'CPU s':>7} {'peak MB':>8}  accepted  (load {os.getloadavg()[0]:.1f})")
+    for n in layers:
+        d = llama_plan(1, n)
+        t0 = time.monotonic()
+        text, cp, _ = emit(load_plan(d, check_run_dims=False))
+        te = time.monotonic() - t0
+        ok, secs, mb, tail, cpu = coqc(text)
+        print(f"{n:>6} {len(cp.p_nodes):>8} {len(cp.l_nodes):>8} {len(cp.x_nodes):>8} {len(text) / 1024:>8.0f} "
+              f"{te:>7.1f} {secs:>7.1f} {cpu:>7.1f} {mb:>8.0f}  {ok}  (load {os.getloadavg()[0]:.1f})"
+              + ("" if ok else "  " + " ".join(tail.split())), flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["llama-layers"]:
+        llama_layers([int(a) for a in argv[1:]] or [2, 4, 8])
+        return
     if argv in (["llama"], ["llama0"]):
         d = llama_plan(0 if argv == ["llama0"] else 1)
         named, cp = llama_coverage(d)
@@ -251,7 +274,7 @@ def main(argv: list[str]) -> None:
         pre = d if len(named) == n else llama_prefix(d, named, cp)   # the whole plan once every node has a fact
         proofkit.build(ROOT)
         text, pcp, _ = emit(load_plan(pre, check_run_dims=False))
-        ok, secs, mb, tail = coqc(text)
+        ok, secs, mb, tail, cpu = coqc(text)
         print(f"Coq-checked {'plan' if pre is d else 'part'}: {len(pcp.p_nodes)} program / {len(pcp.l_nodes)} "
               f"logical nodes, {len(pre['outputs'])} outputs, file {len(text) / 1024:.0f} kB: "
               f"coqc {secs:.1f} s, peak {mb:.0f} MB, accepted {ok}" + ("" if ok else "  " + " ".join(tail.split())))
@@ -262,7 +285,7 @@ def main(argv: list[str]) -> None:
     print(f"{'layers':>6} {'p_nodes':>8} {'file kB':>8} {'coqc s':>7} {'peak MB':>8}  accepted")
     for layers in [int(a) for a in argv] or [4, 16, 64]:
         text, cp, _ = emit(load_plan(mlp_plan(layers)))
-        ok, secs, mb, tail = coqc(text)
+        ok, secs, mb, tail, cpu = coqc(text)
         print(f"{layers:>6} {len(cp.p_nodes):>8} {len(text) / 1024:>8.1f} {secs:>7.1f} {mb:>8.0f}  {ok}"
               + ("" if ok else "  " + " ".join(tail.split())))
 

@@ -506,7 +506,8 @@ def _body(text: str, k: int) -> str:
     """The plan, certificate and auxiliary consts of an emitted file, renamed for the k-th ``mcheckx``."""
     body = text[text.index("Definition the_plan"):text.index("(* Printer check")] + \
         text[text.index("Definition the_xs"):text.index("Lemma the_check")]
-    return body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}")
+    return body.replace("the_plan", f"plan_{k}").replace("the_cert", f"cert_{k}").replace("the_xs", f"xs_{k}") \
+        .replace("the_nat", f"nat_{k}")
 
 
 def test_mutants_are_wrong_and_coq_check_is_false():
@@ -559,8 +560,8 @@ def test_mutants_are_wrong_and_coq_check_is_false():
     lines.append(_body(render(lay_cp, search(lay_cp)), k + 1))
     lines.append(f"Eval vm_compute in mcheckx plan_{k + 1} xs_{k + 1} cert_{k + 1}.")
     head = ("From mathcomp Require Import all_ssreflect.\nFrom Coq Require Import BinPosDef.\n"
-            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck.\n"
-            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck.\n")
+            "From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Check IR.Mesh IR.MeshCheck IR.NatTable.\n"
+            "Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck JNatTable.\n")
     out = _coqc(head + "\n".join(lines))
     verdicts = re.findall(r"=\s*(true|false)\s*:\s*bool", out)
     assert len(verdicts) == len(names) + 2, out

@@ -112,6 +112,12 @@ Fixpoint mrun_s (ms : seq nat) (ss : seq shape) (ns : seq pnode) : seq shape :=
 
 Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _ _ a => [:: a] end.
 
+(** [vm_compute] evaluates both operands of [andb] / [orb] before calling them, so a chain
+    [a && b] computes [b] even when [a] is false.  From here on they are the lazy [if] forms
+    (convertible to [andb] / [orb]: the proofs read them with [andP] / [orP] unchanged). *)
+Local Notation "a && b" := (if a then b else false) : bool_scope.
+Local Notation "a || b" := (if a then true else b) : bool_scope.
+
 Section Checker.
 Variable P : mplan.
 Variable ls : seq shape.   (* the logical graph's shapes, [lrun_s]: [mcheck] computes them once *)
@@ -243,12 +249,35 @@ Definition mcheck_output (facts : seq mfact) (o : nat * nat * seq placement) : b
 
 End Checker.
 
-Definition mcheck (P : mplan) (c : seq mfact) : bool :=
+(** [Mesh.bind_ok] with the lazy [||] / [&&] ([vm_compute] would otherwise walk the whole fuel
+    [size ns] for every input, each step an [nth] into the graph). *)
+Fixpoint layout_of_input_l (ni : nat) (ns : seq gnode) (k l : nat) : bool :=
+  (l < ni) ||
+  match k with
+  | 0 => false
+  | k'.+1 =>
+      let n := nth (GNode (GO Add) [::]) ns (l - ni) in
+      let a := head 0 (g_args n) in
+      (l < ni + size ns) && (size (g_args n) == 1) && (a < l) &&
+      match g_op n with GL (Reshape _) | GL (Permute _) => true | _ => false end &&
+      layout_of_input_l ni ns k' a
+  end.
+
+Definition bind_ok_l (P : mplan) : bool :=
+  all (fun b => layout_of_input_l (size (ml_inputs P)) (ml_nodes P) (size (ml_nodes P)) b.1) (mp_inputs P).
+
+Lemma bind_ok_lE P : bind_ok_l P = bind_ok P.
+Proof. by []. Qed.
+
+(** Everything [mcheck] checks but [bind_ok]. *)
+Definition mcheck_core (P : mplan) (c : seq mfact) : bool :=
   let ls := lrun_s (ml_inputs P) (ml_nodes P) in
-  bind_ok P && all (fun p => 0 < p) (mesh P) &&
+  all (fun p => 0 < p) (mesh P) &&
   all (fun b => (b.1 < size ls) && mpl_ok (mesh P) (nth [::] ls b.1) b.2) (mp_inputs P) &&
   mcheck_nodes P ls (mp_inputs P) (mp_nodes P) c &&
   all (mcheck_output ls (mp_inputs P ++ c)) (mp_outputs P).
+
+Definition mcheck (P : mplan) (c : seq mfact) : bool := bind_ok_l P && mcheck_core P c.
 
 (** A certificate may name auxiliary logical values ([xs], appended to the logical graph: a
     constant the program uses and the logical graph never computes); the outputs still read the
@@ -258,7 +287,7 @@ Definition with_lnodes (P : mplan) (xs : seq gnode) : mplan :=
 
 Definition mcheckx (P : mplan) (xs : seq gnode) (c : seq mfact) : bool :=
   all (fun o => o.1.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_outputs P) &&
-  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_inputs P) && bind_ok P &&
-  mcheck (with_lnodes P xs) c.
+  all (fun b => b.1 < size (ml_inputs P) + size (ml_nodes P)) (mp_inputs P) && bind_ok_l P &&
+  mcheck_core (with_lnodes P xs) c.
 
 End JMeshCheck.

@@ -857,7 +857,7 @@ Lemma comm_sound k o l xs : (0 < ew_arity o)%N -> size xs = ew_arity o ->
   comm_ok P ls k o l xs -> nth ldflt le l = lrun_node le (GNode o xs).
 Proof.
 elim: k l xs => [|k IH] l xs ar sz /=.
-  by rewrite orbF => /node_is_sound.
+  by case H: (node_is _ _ _ _ _) => // _; apply: node_is_sound H.
 case/orP => [/node_is_sound //|].
 case E: (g_op (lnode P l)) => [//|lo].
 move=> /andP [/andP [/andP [/andP [hl rk] ns] hall] hc].
@@ -1065,10 +1065,10 @@ Qed.
 End Plan.
 End Gen.
 
-Lemma mcheck_sound_at (R : realFieldType) (fn : nat -> R -> R) P c : mcheck P c -> mequiv_at fn P.
+Lemma mcheck_sound_at (R : realFieldType) (fn : nat -> R -> R) P c : mcheck_core P c -> mequiv_at fn P.
 Proof.
 move=> C X L le HL pe lo po pls Hin.
-move: C; rewrite /mcheck => /andP [/andP [/andP [/andP [_ p0] okin] cn] cout].
+move: C; rewrite /mcheck_core => /andP [/andP [/andP [p0 okin] cn] cout].
 have I0 := minit_inv HL okin.
 have [_ I1] := mcheck_nodes_sound I0 p0 cn.
 have /= := all_In cout Hin.
@@ -1080,8 +1080,8 @@ Qed.
 (** The soundness theorem of the mesh checker. *)
 Theorem mcheck_sound (P : mplan) (c : seq mfact) : mcheck P c = true -> mplan_equiv P.
 Proof.
-move=> C; split; last by move=> R fn; apply: mcheck_sound_at C.
-by move: C; rewrite /mcheck => /andP [/andP [/andP [/andP [-> _] _] _] _].
+case/andP => B C; split; last by move=> R fn; apply: mcheck_sound_at C.
+by rewrite -bind_ok_lE.
 Qed.
 
 Lemma mequiv_with_lnodes (R : realFieldType) (fn : nat -> R -> R) P xs :
@@ -1115,7 +1115,8 @@ Qed.
 
 Theorem mcheckx_sound (P : mplan) xs (c : seq mfact) : mcheckx P xs c = true -> mplan_equiv P.
 Proof.
-case/andP => /andP [/andP [ok oki] bk] C; split => // R fn; apply: (mequiv_with_lnodes ok oki).
+case/andP => /andP [/andP [ok oki] bk] C; split; first by rewrite -bind_ok_lE.
+move=> R fn; apply: (mequiv_with_lnodes ok oki).
 exact: mcheck_sound_at C.
 Qed.
 
