@@ -21,6 +21,7 @@ Anything else is a RuleFailure (UNKNOWN) or "not proved".
 """
 from __future__ import annotations
 
+import weakref
 from math import prod
 
 import numpy as np
@@ -39,7 +40,6 @@ STATEMENTS = {
              "operands is the contraction of the unreversed operands",
 }
 KEY = "reversed"
-MAX_SCAN = 4096  # sub-expressions scanned for the block counts of reversals (bounds the work of one step)
 
 
 def build(X: Exprs, e: int, d: int, p: int) -> int:
@@ -81,19 +81,28 @@ def _find(X: Exprs, e: int, d: int, p: int):
     return (m[0], KEY) if m is not None and m[1] == d and m[2] == p else None
 
 
+_COUNTS: "weakref.WeakKeyDictionary[Exprs, dict[int, frozenset]]" = weakref.WeakKeyDictionary()
+
+
 def _block_counts(X: Exprs, e: int) -> list[int]:
-    """The block counts p of the reversals spelled inside ``e`` (where a pull could end), sorted."""
-    seen, stack, ps = set(), [e], set()
-    while stack and len(seen) < MAX_SCAN:
-        i = stack.pop()
-        if i in seen:
+    """The block counts p of the reversals spelled inside ``e`` (where a pull could end), sorted.  Memoized per
+    expression table (expressions are interned and never change), so the step costs little on plans without any."""
+    memo = _COUNTS.setdefault(X, {})
+    stack = [e]
+    while stack:  # iterative post-order: expressions can be deep
+        i = stack[-1]
+        if i in memo:
+            stack.pop()
             continue
-        seen.add(i)
+        todo = [a for a in X[i].args if a not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
         m = match(X, i)
-        if m is not None:
-            ps.add(m[2])
-        stack.extend(X[i].args)
-    return sorted(ps)
+        got = frozenset().union(*(memo[a] for a in X[i].args)) if X[i].args else frozenset()
+        memo[i] = got | {m[2]} if m is not None else got
+    return sorted(memo[e])
 
 
 def unreversed(X: Exprs, e: int) -> int | None:
@@ -142,9 +151,27 @@ def uncontracted(X: Exprs, e: int) -> int | None:
     return None
 
 
+_FLIPS: "weakref.WeakKeyDictionary[Exprs, tuple[int, bool]]" = weakref.WeakKeyDictionary()
+
+
+def _table_has_flip(X: Exprs) -> bool:
+    """Whether any expression of the table is a flip (every reversal is spelled with one, :func:`build`), scanning
+    only what was interned since the last call: most plans have none, and walking both sides' cones for block
+    counts on every equality (:func:`_block_counts`) doubled a 3-layer llama's verify time."""
+    n0, found = _FLIPS.get(X, (0, False))
+    if len(X) < n0:  # rolled back: scan again
+        n0, found = 0, False
+    if not found:
+        found = any(X[i].op == "flip" for i in range(n0, len(X)))
+    _FLIPS[X] = (len(X), found)
+    return found
+
+
 def reversed_equal(X: Exprs, a: int, b: int, equal, cache: dict | None = None) -> bool:
     """``reversed_blocks_commute`` as an equality step: one side rewritten (:func:`unreversed`, then compared by
     its index map; or :func:`uncontracted`) and compared with the other."""
+    if not _table_has_flip(X):
+        return False
     for s, o in ((a, b), (b, a)):
         u = unreversed(X, s)
         if u is not None and layout_map_equal(X, o, u, equal, cache):
