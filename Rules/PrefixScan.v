@@ -215,3 +215,9 @@ move=> hL hM r i x rp ib; rewrite scattered_offset.
 apply: (@block_prefix_sum I R p b E L (fun r j => M j r)) => // r' j rp' jp.
 exact: hM.
 Qed.
+
+(** Flipping twice along a dim is the identity ([scan_flip_pairs]): autograd's backward of a reversed scan spells
+    [flip(flip(cumsum(flip(flip(g)))))], a cumsum inside pairs of flips. *)
+Theorem scan_flip_pairs {I V : Type} (n : nat) (X : nat -> I -> V) (i : nat) (x : I) :
+  (i < n)%N -> flip n (flip n X) i x = X i x.
+Proof. by move=> iN; rewrite /flip subnSK // subKn // ltnW. Qed.

@@ -207,6 +207,8 @@ PROGRAMS = [  # (module, kwargs, expected)
     ("realcode.cumsum_sp_grad", {"grad": "custom", "bug": "global_rank"}, "REFUTED"),
     ("realcode.cumsum_sp_grad", {"bug": "global_rank"}, "REFUTED"),
     ("realcode.cumsum_sp_grad", {"bug": "no_grad_sync"}, "REFUTED"),
+    ("realcode.cumsum_sp_grad", {"grad": "reverse", "sp": 3}, "VERIFIED"),  # block_prefix_sum_scattered, flip pairs
+    ("realcode.cumsum_sp_grad", {"grad": "reverse", "bug": "fwd_self"}, "REFUTED"),
     # fused w_qkv / gate-up weights, the rank's block of each part (examples/torch/realcode/fused_qkv.py)
     ("realcode.fused_qkv", {}, "VERIFIED"),
     ("realcode.fused_qkv", {"tp": 4}, "VERIFIED"),

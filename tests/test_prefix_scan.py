@@ -127,23 +127,27 @@ def _grad_plan(grad_spec, grad, bug="", **kw):
 
 
 @pytest.mark.parametrize("grad,kw,rule", [("autograd", {}, "block_suffix_sum_scattered"),
-                                          ("custom", {"sp": 3, "dp": 2}, "block_suffix_sum")])
+                                          ("custom", {"sp": 3, "dp": 2}, "block_suffix_sum"),
+                                          ("reverse", {"sp": 3}, "block_prefix_sum_scattered")])
 def test_scan_training_step_verifies(grad_spec, grad, kw, rule):
     """The loss backward to the sharded input and to the weight before the scan: autograd's backward carries the
     gradient offset through a reduce_scatter (block_suffix_sum_scattered), a hand-written one through an all_gather
-    of the gradient totals (block_suffix_sum)."""
+    of the gradient totals (block_suffix_sum); through a reversed scan, autograd's backward is a cumsum inside two
+    pairs of flips (block_prefix_sum_scattered, scan_flip_pairs)."""
     assert grad_spec.torch_check(grad, "", kw.get("sp", 2))
     plan = _grad_plan(grad_spec, grad, **kw)
     res = verify(plan)
     assert res.verdict == "VERIFIED", res.reasons
-    assert {"block_prefix_sum", rule} <= used_rules(res)
+    assert {"block_suffix_sum" if grad == "reverse" else "block_prefix_sum", rule} <= used_rules(res)
+    assert (grad == "reverse") == ("scan_flip_pairs" in used_rules(res))
     check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
 
 
 @pytest.mark.parametrize("grad,bug,wrong", [("custom", "bwd_after", {"grad_inp", "grad_w0"}),
                                             ("custom", "bwd_no_offset", {"grad_inp", "grad_w0"}),
                                             ("autograd", "global_rank", {"loss", "grad_inp"}),
-                                            ("autograd", "no_grad_sync", {"grad_w0"})])
+                                            ("autograd", "no_grad_sync", {"grad_w0"}),
+                                            ("reverse", "fwd_self", {"loss", "grad_inp"})])
 def test_scan_training_step_bugs_are_refuted(grad_spec, grad, bug, wrong):
     """The backward's offset from the forward's side or missing, the global rank on a dp x sp mesh, the weight's
     gradient not reduced over sp: REFUTED, the differing outputs the gradients the bug touches."""

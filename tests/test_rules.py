@@ -249,7 +249,7 @@ def case_table():
     add("iota_rank_block", None, None)  # a rank's iota positions (pattern): tests/test_trace_cp.py, gens_cp_index
     # cumsum over a sharded dim with a carried offset (multi-op patterns): tests/test_prefix_scan.py, gens_prefix_scan
     for rule in ("block_prefix_sum", "block_prefix_sum_scanned", "block_suffix_sum", "scan_last_row_total",
-                 "block_suffix_sum_scattered", "block_prefix_sum_scattered"):
+                 "block_suffix_sum_scattered", "block_prefix_sum_scattered", "scan_flip_pairs"):
         add(rule, None, None)
     # Megatron's target-logit pick and its backward (multi-op patterns): tests/test_trace_mcore.py, test_vocab_pick.py
     for rule in ("vocab_parallel_target_logit", "vocab_parallel_target_logit_backward"):

@@ -118,6 +118,7 @@ RULES: dict[str, str] = {
     "block_suffix_sum": f"{_T}.PrefixScan.block_suffix_sum",
     "block_suffix_sum_scattered": f"{_T}.PrefixScan.block_suffix_sum_scattered",  # autograd's backward of a scan
     "block_prefix_sum_scattered": f"{_T}.PrefixScan.block_prefix_sum_scattered",
+    "scan_flip_pairs": f"{_T}.PrefixScan.scan_flip_pairs",
     # Megatron's target-logit pick of vocab-parallel cross-entropy and its backward (kernel/vocab_pick.py)
     "vocab_parallel_target_logit": f"{_T}.VocabPick.vocab_parallel_target_logit",
     "vocab_parallel_target_logit_backward": f"{_T}.VocabPick.vocab_parallel_target_logit_backward",

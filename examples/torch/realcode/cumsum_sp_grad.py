@@ -13,19 +13,21 @@ a reversed scan (a suffix sum) whose offset carries the gradient totals of the r
 ``grad``: ``autograd`` (torch differentiates the forward: the all_gather's backward is a reduce_scatter of the
 masked gradient totals, so the offset of the gradient comes through a reduce_scatter), ``custom`` (an
 ``autograd.Function`` whose hand-written backward scans the gradient in reverse and adds the gradient totals of the
-later ranks from an all_gather, the way scan kernels carry it).  ``bug``: ``bwd_after`` (custom: the backward's offset
+later ranks from an all_gather, the way scan kernels carry it), ``reverse`` (autograd through the reversed scan
+``flip(cumsum(flip(x)))`` carrying the later ranks' totals: its backward is a cumsum inside two pairs of flips whose
+offset, the earlier ranks' gradient totals, comes through the reduce_scatter).  ``bug``: ``bwd_after`` (custom: the backward's offset
 from the ranks before it, the forward's side), ``bwd_self`` (custom: from the ranks from its own on), ``bwd_no_offset``
 (custom: the local reversed scan alone), ``global_rank`` (the global rank instead of the ``sp`` coordinate on a
 dp x sp mesh: in the forward's mask for ``autograd``, in the backward's for ``custom``), ``no_grad_sync`` (``w0``'s
-gradient left a partial sum: the reduction over sp missing), ``fwd_self`` (autograd: the forward's offset includes
-the rank's own total; the backward autograd derives is then wrong too).  Each bug is wrong in float64 by torch's own
+gradient left a partial sum: the reduction over sp missing), ``fwd_self`` (autograd / reverse: the forward's offset
+includes the rank's own total; the backward autograd derives is then wrong too).  Each bug is wrong in float64 by torch's own
 run (``python examples/torch/realcode/cumsum_sp_grad.py`` checks every case at sp 2, 3 and 4 against
 ``torch.autograd`` on one device)."""
 import torch
 import torch.distributed._functional_collectives as funcol
 
 D = 3
-GRADS = ("autograd", "custom")
+GRADS = ("autograd", "custom", "reverse")
 BUGS = ("", "bwd_after", "bwd_self", "bwd_no_offset", "global_rank", "no_grad_sync", "fwd_self")
 
 
@@ -33,8 +35,18 @@ def head(y, w):
     return ((torch.tanh(y) * w) ** 2).sum()
 
 
-def logical(inp, w0, w):
-    return head(torch.cumsum(inp * w0, 0), w)
+def scan(x, reverse=False):
+    """cumsum along the rows; ``reverse``: the suffix sums, as people write them (flip, cumsum, flip back)."""
+    return torch.cumsum(x.flip(0), 0).flip(0) if reverse else torch.cumsum(x, 0)
+
+
+def make_logical(reverse=False):
+    def logical(inp, w0, w):
+        return head(scan(inp * w0, reverse), w)
+    return logical
+
+
+logical = make_logical()
 
 
 def _mask(p, r, side):
@@ -81,8 +93,10 @@ def make_parallel(grad, bug):
         if grad == "custom":
             y = make_scan(lambda t: funcol.all_gather_tensor(t, 0, sp), p, r, rg, bug)(x)
         else:  # autograd differentiates through the all_gather (its backward: a reduce_scatter)
-            side = "upto" if bug == "fwd_self" else "before"
-            y = torch.cumsum(x, 0) + _offset(x, lambda t: funcol.all_gather_tensor_autograd(t, 0, sp), p, rg, side)
+            side = {(False, False): "before", (False, True): "upto", (True, False): "after",
+                    (True, True): "from"}[grad == "reverse", bug == "fwd_self"]
+            y = scan(x, grad == "reverse") + _offset(x, lambda t: funcol.all_gather_tensor_autograd(t, 0, sp), p, rg,
+                                                     side)
         return head(y, w)  # this rank's share of the loss: Partial(sum) over sp
     return parallel
 
@@ -110,7 +124,7 @@ def tvcert_trace(grad: str = "autograd", bug: str = "", sp: int = 2, block: int 
     inputs = {"inp": {"shape": [sp * block, D], "placement": pl, "param": True, **f},
               "w0": {"shape": [D], "param": True, **f}, "w": {"shape": [D], "param": True, **f}}
     out = {"loss": {"sp": "Partial(sum)", **({"dp": "Replicate()"} if "dp" in mesh else {})}}
-    return dict(logical=logical, parallel=make_parallel(grad, bug), grad_sync=make_grad_sync(bug), inputs=inputs,
+    return dict(logical=make_logical(grad == "reverse"), parallel=make_parallel(grad, bug), grad_sync=make_grad_sync(bug), inputs=inputs,
                 output_placements=out, mesh=mesh, name=f"cumsum_sp_grad_{grad}_sp{sp}{'_' + bug if bug else ''}")
 
 
@@ -121,7 +135,7 @@ def torch_check(grad: str, bug: str, sp: int = 2, block: int = 3) -> bool:
     g = torch.Generator().manual_seed(0)
     inp, w0, w = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ([sp * block, D], [D], [D]))
     ref = [t.detach().requires_grad_() for t in (inp, w0, w)]
-    loss = logical(*ref)
+    loss = make_logical(grad == "reverse")(*ref)
     want = [loss.detach(), *torch.autograd.grad(loss, ref)]
     ok = True
     for c in range(dp):
@@ -138,9 +152,11 @@ def torch_check(grad: str, bug: str, sp: int = 2, block: int = 3) -> bool:
             if grad == "custom":
                 ys.append(_HandScan.apply(x_loc[s], tots, gtots, sp, s, rk[s], bug))
             else:
-                side = "upto" if bug == "fwd_self" else "before"
-                ys.append(torch.cumsum(x_loc[s], 0) + (_mask(sp, rk[s], side).to(x_loc[s].dtype).view(sp, 1)
-                                                         * tots).sum(0, keepdim=True))
+                rev = grad == "reverse"
+                side = {(False, False): "before", (False, True): "upto", (True, False): "after",
+                        (True, True): "from"}[rev, bug == "fwd_self"]
+                ys.append(scan(x_loc[s], rev) + (_mask(sp, rk[s], side).to(x_loc[s].dtype).view(sp, 1)
+                                                  * tots).sum(0, keepdim=True))
             ls.append(head(ys[-1], xs[s][2]))
         total = sum(ls)
         if grad == "custom":  # the backward's gathered gradient totals need every rank's dy first
@@ -176,7 +192,7 @@ class _HandScan(torch.autograd.Function):
 if __name__ == "__main__":
     for grad in GRADS:
         for bug in BUGS:
-            if (grad == "autograd" and bug.startswith("bwd_")) or (grad == "custom" and bug == "fwd_self"):
+            if (grad != "custom" and bug.startswith("bwd_")) or (grad == "custom" and bug == "fwd_self"):
                 continue
             for sp in (2, 3, 4):
                 ok = torch_check(grad, bug, sp)

@@ -19,7 +19,9 @@ spells autograd's backward of the carried offset: ``reduce_scatter_a(sum(x, d, k
 factor order, sometimes through an expand) with rank s's row ``M_s = arange(p) < s`` added to a reversed scan
 (``block_suffix_sum_scattered``) or ``arange(p) > s`` to a cumsum (``block_prefix_sum_scattered``); its near misses are
 the row's other side or with the rank's own entry, the rank plus one, the other axis's coordinate, the global rank,
-the scatter over the other axis, along another dim, or an average, the totals of ``2 x`` and the local mask's.  A
+the scatter over the other axis, along another dim, or an average, the totals of ``2 x`` and the local mask's.  Now
+and then the local scan sits inside a pair of flips on each side (autograd's backward of a reversed scan:
+``scan_flip_pairs``), a near miss flipping once outside.  A
 VERIFIED plan must agree with the exact interpreter on every rank."""
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from .gens import Draw
 
 RULE = "block_prefix_sum"
 NEAR = ["le", "gt", "plus_one", "other_axis", "global_rank", "diag_tri", "gather_b", "sum_other", "triu1", "twos",
-        "scaled_totals", "one_flip", "first_row"]
+        "scaled_totals", "one_flip", "first_row", "odd_pair"]
 
 
 def gen_prefix_scan(dr: Draw, seed: int):
@@ -84,9 +86,18 @@ def gen_prefix_scan(dr: Draw, seed: int):
         par.append({"name": name, "op": o, "inputs": inputs, "attrs": attrs})
         return name
 
-    def scan(src, n, out, ones_value=1, diag=0, reverse=False, one_flip=False):
+    def scan(src, n, out, ones_value=1, diag=0, reverse=False, one_flip=False, pairs=False, odd=False):
         """The IR's cumsum along d over n rows (frontends/aten.py); ``reverse``: flipped along d on both sides
-        (a near miss flips one side only)."""
+        (a near miss flips one side only); ``pairs``: inside a pair of flips on each side, as autograd's backward
+        of a reversed scan spells it (``odd``, a near miss: one outer flip only)."""
+        if pairs:
+            pre = [{"name": f"{out}_p0", "op": "flip", "inputs": [src], "attrs": {"dims": [d]}},
+                   {"name": f"{out}_p1", "op": "flip", "inputs": [f"{out}_p0"], "attrs": {"dims": [d]}}]
+            inner = scan(f"{out}_p1", n, f"{out}_q", ones_value, diag, reverse, one_flip)
+            post = [{"name": out if odd else f"{out}_q0", "op": "flip", "inputs": [f"{out}_q"], "attrs": {"dims": [d]}}]
+            if not odd:
+                post.append({"name": out, "op": "flip", "inputs": [f"{out}_q0"], "attrs": {"dims": [d]}})
+            return pre + inner + post
         nodes = []
         t = src
         if reverse:
@@ -107,7 +118,11 @@ def gen_prefix_scan(dr: Draw, seed: int):
                           "attrs": {"value": 1} if one_flip else {"dims": [d]}})
         return nodes
 
-    par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0, rev, near == "one_flip")
+    pairs = kind in ("mul", "mul_rev", "where", "scatter") and dr.coin(0.2)  # inside pairs of flips (autograd)
+    if near == "odd_pair" and not pairs:
+        near = ""
+    par += scan("x", B, "lc", 2 if near == "twos" else 1, 1 if near == "triu1" else 0, rev, near == "one_flip",
+                pairs, near == "odd_pair")
     last_row = kind != "scatter" and dr.coin(0.25)  # the totals read off the local scan (a reversed scan's first row)
     if last_row and near in ("scaled_totals",) or not last_row and near == "first_row" or near == "first_row" and B < 2:
         near = ""
@@ -178,7 +193,7 @@ def gen_prefix_scan(dr: Draw, seed: int):
             op("W", "mul", ["G", "M"] if kind == "mul_rev" else ["M", "G"])
         op("off", "sum", ["W"], dims=[d, (d + 1) % r] if near == "sum_other" else [d], keepdim=True)
     op("y", "add", ["off", "lc"] if dr.coin() else ["lc", "off"])
-    lg = scan("x", full[d], "y", reverse=rev)
+    lg = scan("x", full[d], "y", reverse=rev, pairs=pairs)
     pl = {"a": f"Shard({d})", **({"b": xb} if two else {})}
     local_s = [f"n{k}" for k in range(r)]
     local_s[d] += "/a"
@@ -190,7 +205,7 @@ def gen_prefix_scan(dr: Draw, seed: int):
           "parallel": [{"name": "p", "inputs": [{"name": "x", "shape": local_s, "dtype": "float"}], "nodes": par,
                         "outputs": ["y"]}],
           "inputs": {"x": {"local": "x", "placement": pl}}, "outputs": {"y": {"local": "y", "placement": pl}}}
-    desc = (f"x {full} {pl} {'reversed ' if rev else ''}scan dim {d} {kind}{' last-row totals' if last_row else ''}"
+    desc = (f"x {full} {pl} {'reversed ' if rev else ''}{'flip-paired ' if pairs else ''}scan dim {d} {kind}{' last-row totals' if last_row else ''}"
             f"{' flat' if flat else ''}{' near ' + near if near else ''} "
             f"mesh {axes} a={p} b={q}")
     return _check_plan(dd, RULE), desc
@@ -198,4 +213,5 @@ def gen_prefix_scan(dr: Draw, seed: int):
 
 PREFIX_SCAN_GENERATORS = {RULE: gen_prefix_scan, "block_prefix_sum_scanned": gen_prefix_scan,
                           "block_suffix_sum": gen_prefix_scan, "scan_last_row_total": gen_prefix_scan,
-                          "block_suffix_sum_scattered": gen_prefix_scan, "block_prefix_sum_scattered": gen_prefix_scan}
+                          "block_suffix_sum_scattered": gen_prefix_scan, "block_prefix_sum_scattered": gen_prefix_scan,
+                          "scan_flip_pairs": gen_prefix_scan}

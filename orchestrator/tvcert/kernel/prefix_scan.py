@@ -39,6 +39,7 @@ RULE_SUFFIX = "block_suffix_sum"
 RULE_LAST_ROW = "scan_last_row_total"  # cited beside the others when the totals are read off the local scan
 RULE_SUFFIX_SCATTERED = "block_suffix_sum_scattered"  # autograd's backward of block_prefix_sum
 RULE_PREFIX_SCATTERED = "block_prefix_sum_scattered"  # autograd's backward of block_suffix_sum
+RULE_FLIP_PAIRS = "scan_flip_pairs"  # cited beside the others when the scan sits inside pairs of flips
 STATEMENTS = {
     RULE: "cumsum over a sharded dim: a block's local cumsum plus the sum of the earlier blocks' totals (an "
           "all_gather of the per-rank totals weighted by a coefficient row [j < rank]) is that block of the logical "
@@ -52,6 +53,7 @@ STATEMENTS = {
                            "block of the logical reversed scan (autograd's backward of the carried offset)",
     RULE_PREFIX_SCATTERED: "the same for a cumsum: the local cumsum plus reduce_scatter of M[s] * (rank s's total), "
                            "M[s][j] = [j > s], is that block of the logical cumsum",
+    RULE_FLIP_PAIRS: "flipping twice along a dim is the identity (a scan inside pairs of flips is that scan)",
 }
 
 from ..graph import Graph, Node  # noqa: E402
@@ -126,25 +128,34 @@ def _flips(n: Node | None, kc: KCtx, d: int, r: int) -> bool:
 
 
 def _local_cumsum(producers, lc_t: str, facts: Mapping[str, Fact], kc: KCtx):
-    """The IR's cumsum of a tensor with a fact, or its reversed scan ``flip(cumsum(flip(t)))`` along the same dim:
+    """The IR's cumsum of a tensor with a fact, or its reversed scan ``flip(cumsum(flip(t)))`` along the same dim,
+    maybe inside further pairs of flips along it (autograd's backward of a reversed scan flips twice on each side):
     (t, its fact, dim, the spelling's nodes, the mask's shape, None or the (inner, outer) flips)."""
+    tops = []  # the flips above the scan (nearest first once reversed)
     top = _node(producers, lc_t, "the local scan")
-    rev = None
-    if top.op == "flip":
-        x_t, d, nodes, B = _scan_spelling(producers, top.inputs[0], kc)
+    while top.op == "flip" and len(tops) < 8:
+        tops.append(top)
+        top = _node(producers, top.inputs[0], "the local scan")
+    tops.reverse()
+    x_t, d, nodes, B = _scan_spelling(producers, top.outputs[0], kc)
+    r = len(out_shape(nodes[1]))
+    ins = []  # the flips below it, nearest first
+    fin = producer(producers, x_t)
+    while fin is not None and fin.op == "flip" and x_t not in facts and len(ins) < 8:
+        ins.append(fin)
+        x_t = fin.inputs[0]
         fin = producer(producers, x_t)
-        r = len(out_shape(top))
-        if not (_flips(top, kc, d, r) and _flips(fin, kc, d, r)):
-            raise RuleFailure("the reversed scan is not flipped along the scanned dim on both sides")
-        x_t, rev = fin.inputs[0], (fin, top)
-    else:
-        x_t, d, nodes, B = _scan_spelling(producers, lc_t, kc)
+    if not all(_flips(f, kc, d, r) for f in (*tops, *ins)):
+        raise RuleFailure("the scan is flipped along another dim than the scanned one")
+    if len(tops) % 2 != len(ins) % 2:
+        raise RuleFailure("the reversed scan is not flipped along the scanned dim on both sides")
     tf = facts.get(x_t)
     if tf is None:
         raise RuleFailure("the scanned tensor has no fact")
-    if len(kc.exprs[tf.expr].shape) != len(out_shape(nodes[1])):
+    if len(kc.exprs[tf.expr].shape) != r:
         raise RuleFailure("the scanned tensor's rank differs from the scan's")
-    return x_t, tf, d, nodes, B, rev
+    rev = (ins, tops) if len(tops) % 2 else None
+    return x_t, tf, d, nodes, B, rev, (ins, tops)
 
 
 def _rank_row(producers, t: str, kc: KCtx, a: str, d: int) -> tuple[str, list[Node]]:
@@ -356,7 +367,7 @@ def _scattered(producers, core: Node, facts, tf: Fact, kc: KCtx, a: str, d: int,
 def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
     X = kc.exprs
     n = g.nodes[index]
-    t, tf, d, (inner, mm, tri, one, outer), Bs, rev = found
+    t, tf, d, (inner, mm, tri, one, outer), Bs, rev, flips = found
     E = X[tf.expr]
     shape = E.shape
     r = len(shape)
@@ -395,7 +406,7 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
         cnodes = _coef_graph(producers, m_t)
         # rank s sends M_s * T_s; rank r receives sum_s M_s[r] * T_s: the ranks after r when M_s[j] = [j < s]
         _check_prefix_row(_coef_values(cnodes, m_t, kc), gshape, d, ai, rev is None)
-        return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), rev, L, shape, producers,
+        return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), flips, L, shape, producers,
                        (*chain, *onodes, *cnodes), False)
     if core.op == "sub" and rev is None:
         g_t, onodes = _scanned(producers, core, kc, a, p, d)
@@ -414,7 +425,7 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
         raise RuleFailure(f"the totals are not gathered along the scanned dim {d}")
     tot_t, tchain = _rows(producers, ag.inputs[0], kc)
     tot = _node(producers, tot_t, "the totals")
-    scan_out = (rev[1] if rev else outer or mm).outputs[0]
+    scan_out = (flips[1][-1] if flips[1] else outer or mm).outputs[0]
     whole = tot_t == scan_out and Bs[0] == 1  # a block of one row is its own last row (the slice traced away)
     last_row = whole or tot.op == "slice" and tot.inputs[0] == scan_out
     if not last_row:
@@ -437,16 +448,19 @@ def _conclude(g, index, producers, found, o_t, facts, kc, want: str):
             _check_prefix_row(vals, (p, gshape[1]), 0, ai, rev is not None)
         else:
             _check_prefix_row(vals, tuple(gshape), d, ai, rev is not None)
-    return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), rev, L, shape, producers,
+    return _finish(kc, n, tf, rule, (inner, mm, tri, one, outer), flips, L, shape, producers,
                    (ag, tot, *chain, *tchain, *onodes, *cnodes), last_row)
 
 
-def _finish(kc, n, tf, rule, spelling, rev, L, shape, producers, more, last_row):
+def _finish(kc, n, tf, rule, spelling, flips, L, shape, producers, more, last_row):
     """The conclusion: the logical cumsum (or reversed scan), spelled as frontends/aten.py spells it at the
-    logical size L; returns (derivation, matched node indices)."""
+    logical size L, with the matched flips; returns (derivation, matched node indices)."""
     X = kc.exprs
     inner, mm, tri, one, outer = spelling
-    e = tf.expr if rev is None else X.mk("flip", rank_free_attrs(rev[0], kc), [tf.expr])
+    ins, tops = flips
+    e = tf.expr
+    for f in reversed(ins):
+        e = X.mk("flip", rank_free_attrs(f, kc), [e])
     if inner is not None:
         e = X.mk("transpose", rank_free_attrs(inner, kc), [e])
     oat = rank_free_attrs(one, kc)
@@ -455,13 +469,15 @@ def _finish(kc, n, tf, rule, spelling, rev, L, shape, producers, more, last_row)
     e = X.mk("matmul", rank_free_attrs(mm, kc), [e, U])
     if outer is not None:
         e = X.mk("transpose", rank_free_attrs(outer, kc), [e])
-    if rev is not None:
-        e = X.mk("flip", rank_free_attrs(rev[1], kc), [e])
+    for f in tops:
+        e = X.mk("flip", rank_free_attrs(f, kc), [e])
     if X[e].shape != shape:
         raise RuleFailure("the concluded cumsum has another shape")
     d_ = conclude(kc, e, [(q, rule) for q in tf.pl], out_shape(n))
     if last_row:
         d_.rules.append(RULE_LAST_ROW)
-    matched = [x for x in (inner, mm, tri, one, outer, *(rev or ()), *more) if x is not None]
+    if len(ins) > 1 or len(tops) > 1:  # pairs of flips beyond the reversed scan's own
+        d_.rules.append(RULE_FLIP_PAIRS)
+    matched = [x for x in (inner, mm, tri, one, outer, *ins, *tops, *more) if x is not None]
     idx = sorted({producers[m.outputs[0]][0] for m in matched})
     return d_, idx
