@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: hostile demo test proofs coq browser venv bench fuzz conform clean
+.PHONY: hostile demo test proofs coq browser sysdeps venv bench fuzz conform clean
 
 # torchtitan's declared deps (datasets, wandb, tensorboard, torchdata, ...: ~40 packages) serve its
 # trainer; tests/test_trace_torchtitan.py imports only the models: --no-deps, plus what they import.
@@ -44,10 +44,22 @@ demo: $(STAMP)
 	  >/dev/null; rc=$$?; [ $$rc -le 2 ] || exit $$rc
 	@echo "example report (a refutation: the missing all_reduce): open build/mlp_tp2_no_allreduce.html in a browser"
 
+# What make test needs from Debian, in one apt-get call (a fresh CI machine has none of it: one index update, not two).
+sysdeps:
+	@pkgs=""; \
+	  command -v coqc >/dev/null 2>&1 || pkgs="$$pkgs coq libcoq-mathcomp-ssreflect libcoq-mathcomp-algebra"; \
+	  command -v dot >/dev/null 2>&1 || pkgs="$$pkgs graphviz"; \
+	  command -v chromium >/dev/null 2>&1 || pkgs="$$pkgs chromium"; \
+	  [ -z "$$pkgs" ] || { \
+	    echo "installing from Debian (apt-get install -y$$pkgs)"; \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; }
+
 ## Everything: install what is needed, recheck the proofs, run the test suite (TEST_JOBS pytest-xdist workers, one
 ## test file per worker so a file's module fixtures are built once).
 TEST_JOBS ?= 2
-test: $(STAMP) coq browser
+test: $(STAMP) sysdeps
 	$(PY) -m tvcert.proofkit check --coqchk
 	$(PY) -m pytest tests -n $(TEST_JOBS) --dist loadfile
 
