@@ -9,7 +9,7 @@ kernel, so ``tvcert.frontends.context_parallel.dtensor_ring`` routes those DTens
 the flash kernel's semantics.  The ranks run different programs (causal attention); the trace merges them
 (``tvcert.frontends.mpmd``).
 
-    tvcert trace examples/torch/cp_context_parallel.py --set cp=2 --verify        # UNKNOWN (interpreter agrees)
+    tvcert trace examples/torch/cp_context_parallel.py --set cp=2 --set tp=2 --verify   # VERIFIED
     tvcert trace examples/torch/cp_context_parallel.py --set cp=2 --set tp=2 --set bug=positions_not_offset --verify
 
 ``bug``: ``positions_not_offset`` (RoPE positions ``arange(local length)`` made inside the context instead of the
