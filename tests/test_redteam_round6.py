@@ -19,6 +19,15 @@
   ``cast(all_reduce(sum))`` over tp 4 of a replicated int x in [0, 2**62) was VERIFIED against ``4 * cast(x)``:
   allreduce_sum_replicate (and reduce_scatter_replicate) wrote p * E with a float p, so the int64 product that
   wraps was a real one; p now has E's dtype (over x in [0, 8) still VERIFIED).  Controls: ``x * 2**60`` (inside int64) and ``x / 2`` still VERIFIED.
+* run_dims with another mesh size (kernel/sizes.py): ``2 * x`` against ``all_reduce(sum)`` of a replicated x over
+  tp, declared tp = 2 (right there) and run_dims tp = 4, was VERIFIED while ``tvcert run`` (at run_dims) showed the
+  sides differ: the second instantiation kept the declared mesh sizes.  Now a mesh dim run_dims sizes otherwise is
+  a reason to re-prove, and every candidate instantiation takes run_dims' mesh sizes (engine and checker alike);
+  ``tp * x`` VERIFIED, its certificate re-proved at tp = 4.
+* zigzag_from_index_block (kernel/zigzag_index.py, this session's H46): the balancer index was evaluated in
+  float64, so ``cast(float(P) - 1e-17)`` read as the head-tail permutation P although over the reals (the exact
+  run) it is P - 1 below every nonzero entry: VERIFIED, the exact run differs.  Now evaluated exactly (no function
+  tables: a nonlinear function in the index is refused); P itself still VERIFIED.
 """
 from __future__ import annotations
 
@@ -96,3 +105,39 @@ def test_int64_wrap_index_undefined(monkeypatch):
     plan = load_plan(json.loads((DATA / "int64_wrap_index.json").read_text()))
     with pytest.raises(RunError, match="out of range"):
         run_plan(plan, seed=0)
+
+
+# ------------------------------------------------------------------ run_dims with another mesh size
+def test_mesh_run_dims_not_verified():
+    """2 * x against all_reduce(sum) of a replicated x over tp: declared tp = 2 (right there), run_dims tp = 4
+    (``tvcert run`` differs).  Was VERIFIED (the second instantiation kept the declared mesh)."""
+    _wrong("mesh_run_dims")
+    res = verify(_load("mesh_run_dims"))
+    assert any("run_dims size the mesh" in str(r) for r in res.reasons), res.reasons
+
+
+def test_mesh_run_dims_control_verified():
+    res_rules = _control("mesh_run_dims_ok")
+    assert "allreduce_sum_replicate" in res_rules
+
+
+def test_mesh_run_dims_certificate():
+    """The checker picks the same second instantiation (at run_dims' mesh) and replays its certificate."""
+    from tvcert.certificate.check import check_certificate
+    from tvcert.certificate.emit import build_certificate, dump_certificate
+    from tvcert.certificate.format import Certificate
+
+    res = verify(_load("mesh_run_dims_ok"), refute=False)
+    got = check_certificate(Certificate.model_validate(json.loads(dump_certificate(build_certificate(res)))))
+    assert got.size_check and "re-proved at dims" in got.size_check and "'tp': 4" in got.size_check
+
+
+# ------------------------------------------------------------------ zigzag_from_index_block's index, exactly
+def test_zigzag_index_float_rounding_not_verified():
+    """The index cast(float(P) - 1e-17) is P in float64 but P - 1 over the reals: was VERIFIED (the pattern
+    evaluated the index in float64), the exact run differs."""
+    _wrong("zigzag_index_float_rounding")
+
+
+def test_zigzag_index_control_verified():
+    assert "zigzag_from_index_block" in _control("zigzag_index_ok")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..ops import REGISTRY
-from ..ops.base import Ctx
+from ..ops.base import Ctx, TablesNeeded
 from ..shapes import affine_in_rank, rank_axes_in
 from .producers import ProducersBefore, out_shape, rank_free_attrs
 from .rules import Derivation, Fact, KCtx, RuleFailure, conclude, local_shape
@@ -53,7 +53,10 @@ def _const_value(producers, t: str, kc: KCtx, seen: set, depth: int = 0) -> np.n
     ra = rank_free_attrs(n, kc)
     ins = [_const_value(producers, x, kc, seen, depth + 1) for x in n.inputs]
     seen.add(i)
-    out = REGISTRY[n.op].eval(ins, ra, Ctx())[n.outputs.index(t)]
+    try:  # exactly, as the reals do (float64 rounds cast(P - 1e-17) to P; it is P - 1 below every nonzero entry)
+        out = REGISTRY[n.op].eval(ins, ra, Ctx(exact=True, no_tables=True))[n.outputs.index(t)]
+    except TablesNeeded:
+        raise RuleFailure(f"{n.op} at {n.path}: the index is computed with a nonlinear function") from None
     out = np.asarray(out)
     if out.size > MAX_CONST:
         raise RuleFailure("the index is too large to evaluate")
