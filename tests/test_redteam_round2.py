@@ -81,7 +81,9 @@ def test_size_check_dims_are_not_the_authors_run_dims():
     p = _mean_vs_rank_avg(run_dims={"d0": 8, "dp": 4, "tp": 2})
     assert run_plan(load_plan(copy.deepcopy(p)), exact=True).equal  # right at those run_dims: they hide it
     res = V.verify(load_plan(copy.deepcopy(p)), refute=False)
-    assert res.verdict != "VERIFIED" and res.stats["size_check"]["dims"] == {"d0": 8, "dp": 2, "tp": 2}
+    # run_dims size dp otherwise: the second instantiation is at their mesh, d0 times 8 ranks and a prime no mesh
+    # size has (H48)
+    assert res.verdict != "VERIFIED" and res.stats["size_check"]["dims"] == {"d0": 96, "dp": 4, "tp": 2}
     with pytest.raises(Invalid, match="coincidence of sizes"):
         check_certificate(_forged(p))
 

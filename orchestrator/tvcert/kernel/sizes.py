@@ -11,7 +11,13 @@ choose it (``run_dims`` could keep the coincidence: d0 = 8 on 4 x 2 ranks is the
 2. else every non-mesh dim doubled, then tripled (dims tied by a reshape keep their ratios);
 3. else the plan's ``run_dims`` when they differ from ``dims`` (the author's choice: weakest, last).
 
-Mesh sizes stay: the plan is a plan for its mesh.  The first candidate that loads decides.
+Mesh sizes stay: the plan is a plan for its mesh -- unless ``run_dims`` gives a mesh dim another size, since the
+plan is then also run (and refuted) at that mesh: a literal 2.0 against an all_reduce(sum) of a replicated x is
+right at tp = 2 and wrong at tp = 4, so a proof at the declared tp = 2 with run_dims tp = 4 was VERIFIED while
+``tvcert run`` showed the two sides differ.  Every candidate then takes run_dims' mesh sizes (:func:`run_mesh`), its
+non-mesh dims times the run mesh's rank count (so they still split there), and the primes of 1. are those no mesh
+size (declared or run) has, so a relation between dims and the mesh breaks.
+The first candidate that loads decides.
 
 Counting rules are not the only way a size becomes a number: attributes are resolved at ``dims`` before
 expressions are compared, so ``scale(x, "n")`` in the logical graph and ``scale(x, 4)`` in the program are the
@@ -106,6 +112,10 @@ def size_reasons(raw: dict, used_rules) -> list[str]:
     element count), and attributes are resolved there before expressions are compared; any literal or mesh
     size can agree with a dim's value at ``dims`` only.  The reasons name what was seen, for the message."""
     out = sorted(set(SIZE_COUNTING) & set(used_rules))
+    mesh = run_mesh(raw)
+    if mesh:
+        out.append("run_dims size the mesh otherwise (" + ", ".join(f"{k} = {v}" for k, v in sorted(mesh.items()))
+                   + "): the plan is run there, so it is proved there too")
     hits = coincidences(raw)
     if hits:
         out.append("attributes equal at the declared dims only: "
@@ -127,6 +137,15 @@ def mesh_dim_names(raw: dict) -> set[str]:
     return names
 
 
+def run_mesh(raw: dict) -> dict:
+    """The mesh dims ``run_dims`` gives another size than ``dims`` (name -> its run size)."""
+    dims, run = raw.get("dims"), raw.get("run_dims")
+    if not isinstance(dims, dict) or not isinstance(run, dict):
+        return {}
+    fixed = mesh_dim_names(raw)
+    return {k: v for k, v in run.items() if k in fixed and k in dims and dims[k] != v}
+
+
 def candidates(raw: dict) -> list[dict]:
     """Candidate dims for the second verification, in order of preference (see the module docstring)."""
     dims = raw.get("dims") or {}
@@ -134,11 +153,20 @@ def candidates(raw: dict) -> list[dict]:
         return []
     fixed = mesh_dim_names(raw)
     free = sorted(d for d, v in dims.items() if d not in fixed and isinstance(v, int))
+    mesh = run_mesh(raw)
+    primes, K = PRIMES, 1
+    if mesh:  # at run_dims' mesh: dims times K = the run mesh's rank count (they split there) times a prime no mesh
+        # size has (d0 = dp * tp = 4 at (2, 2) must not become 8 = 4 * 2 at (4, 2))
+        run = {k: v for k, v in {**dims, **mesh}.items() if k in fixed and isinstance(v, int)}
+        for v in run.values():
+            K *= max(v, 1)
+        sizes = [v for k, v in dims.items() if k in fixed and isinstance(v, int)] + list(run.values())
+        primes = tuple(q for q in PRIMES if all(m % q for m in sizes if m))
     out = []
-    if len(free) <= len(PRIMES):
-        out.append({d: (v * PRIMES[free.index(d)] if d in free else v) for d, v in dims.items()})
+    if len(free) <= len(primes):
+        out.append({**{d: (v * primes[free.index(d)] * K if d in free else v) for d, v in dims.items()}, **mesh})
     for k in (2, 3):
-        out.append({d: (v * k if d in free else v) for d, v in dims.items()})
+        out.append({**{d: (v * k * K if d in free else v) for d, v in dims.items()}, **mesh})
     run = raw.get("run_dims")
     if isinstance(run, dict) and run:
         out.append({**dims, **run})
