@@ -16,6 +16,10 @@ reason; the correct control of the same program still VERIFIES.
 * orders torch leaves unspecified (``tests/data/redteam_s10_trace/sort_order.py``, eager torch): an unstable
   ``torch.sort`` whose indices are read (CPU: equal keys reordered from 32 elements on) and ``topk(sorted=False)``
   (unsorted from k = 8 on) were read as the stable / sorted order.  Now UNKNOWN.
+* a collective in ``parallel_setup`` (``tests/data/redteam_s10_trace/setup_broadcast.py``: a vocab start
+  ``dist.broadcast`` from rank 0, so every real rank looks up rank 0's rows): on the fake process group it moved no
+  data, each traced rank kept its own start and the plan VERIFIED (``broadcast_object_list`` crashed, exit 4).  Now
+  UNKNOWN naming the call (``trace._setup_collectives_refused``).
 """
 from __future__ import annotations
 
@@ -100,3 +104,29 @@ def test_stable_sort_and_sorted_topk_verify():
     par, ref = SORT.torch_losses("")
     assert par == ref
     assert _verdict(SORT.tvcert_trace(""))[0] == "VERIFIED"
+
+
+# ---------------------------------------------------------------- collectives a rank's setup runs on the fake group
+SETUP = _module("setup_broadcast")
+SETUP_WHY = {"broadcast_tensor": "torch.distributed.broadcast at", "broadcast_start": "broadcast_object_list"}
+
+
+def test_setup_broadcast_changes_torch_s_loss_on_a_gloo_group():
+    sys.path.insert(0, str(DATA))
+    try:
+        from gloo_run import run_gloo
+    finally:
+        sys.path.remove(str(DATA))
+    got = run_gloo(DATA / "setup_broadcast.py", ["", "broadcast_tensor"])
+    assert abs(got[""][0] - got[""][1]) < 1e-9 * abs(got[""][1])
+    assert abs(got["broadcast_tensor"][0] - got["broadcast_tensor"][1]) > 0.1 * abs(got[""][1])
+
+
+@pytest.mark.parametrize("bug", sorted(SETUP_WHY))
+def test_collective_in_parallel_setup_is_unknown(bug):
+    verdict, why = _verdict(SETUP.tvcert_trace(bug))
+    assert verdict == "UNKNOWN" and SETUP_WHY[bug] in why, (verdict, why)
+
+
+def test_setup_without_collectives_verifies():
+    assert _verdict(SETUP.tvcert_trace(""))[0] == "VERIFIED"

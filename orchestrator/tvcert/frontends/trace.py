@@ -170,6 +170,43 @@ def fake_world(rank: int, world: int):
             dist.destroy_process_group()
 
 
+_VALUE_COLLECTIVES = ("broadcast", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                      "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "scatter", "gather",
+                      "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+                      "send", "recv", "isend", "irecv")
+
+
+@contextlib.contextmanager
+def _setup_collectives_refused(rank: int):
+    """A collective that ``parallel_setup`` runs (outside the trace) is UNKNOWN: on the fake process group it moves no
+    data, so the rank would keep its own value where a real rank receives another's (a per-rank vocab start
+    ``dist.broadcast`` from rank 0 came out VERIFIED; red team s10).  Barriers and group creation are not values."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    saved = []
+
+    def refuse(name):
+        def call(*a, **k):
+            f = sys._getframe(1)
+            where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+            raise TraceError(f"parallel_setup runs torch.distributed.{name} at {where} on rank {rank}, outside the "
+                             f"trace: the fake process group moves no data, so the values a real rank receives are "
+                             f"unknown", "unsupported", f"torch.distributed.{name}", where)
+        return call
+
+    for mod in (dist, c10d):
+        for name in _VALUE_COLLECTIVES:
+            if hasattr(mod, name):
+                saved.append((mod, name, getattr(mod, name)))
+                setattr(mod, name, refuse(name))
+    try:
+        yield
+    finally:
+        for mod, name, orig in reversed(saved):
+            setattr(mod, name, orig)
+
+
 def _clear_dtensor_caches() -> None:
     """DTensor caches sharding propagation and redistribution plans keyed on specs whose DeviceMesh
     compares equal on every rank; a hit returns the mesh object of the rank traced *before*, with
@@ -1327,7 +1364,8 @@ def trace_plan(logical: Callable[..., Any], parallel: Callable[..., Any], *, inp
             dm = init_device_mesh("cpu", sizes, mesh_dim_names=axes)
             ctx = MeshCtx(axes, sizes, r, dict(zip(axes, c)), dm)
             if parallel_setup is not None:
-                ctx.state = parallel_setup(ctx)
+                with _setup_collectives_refused(r):
+                    ctx.state = parallel_setup(ctx)
             t1 = time.process_time()
             try:
                 gm_r, pout_names = _trace_joint(parallel, specs, lshapes, pre_args=(ctx,), grad_sync=grad_sync, sync_args=(ctx,),

@@ -1,7 +1,8 @@
 """Run a spec's parallel program on a real gloo group of 2 CPU processes and the logical model on the full tensors;
 prints one JSON line {bug: [parallel loss on rank 0, logical loss]}.  ``python gloo_run.py SPEC.py bug1 bug2 ...``
-(the spec's INPUTS: float inputs N(0, 1), int inputs drawn from [2**19, range) so an int32 offset wraps; each
-input cut to rank r's block by its tp placement)."""
+(the spec's INPUTS: float inputs N(0, 1), int inputs drawn from [GLOO_INT_LOW, range) (the spec's, default 0);
+each input cut to rank r's block by its tp placement; the spec's ``logical`` (or ``mlp``), ``make_parallel(bug)``
+and, if it has one, ``make_setup(bug)(ctx)`` run before, as ``ctx.state``)."""
 import importlib.util
 import json
 import os
@@ -25,7 +26,7 @@ def _inputs(mod):
     out = {}
     for k, v in mod.INPUTS.items():
         if v.get("dtype") == "int":
-            out[k] = torch.randint(1 << 19, int(v["range"]), v["shape"], generator=g)
+            out[k] = torch.randint(getattr(mod, "GLOO_INT_LOW", 0), int(v["range"]), v["shape"], generator=g)
         else:
             out[k] = torch.randn(*v["shape"], generator=g, dtype=torch.float64)
     return out
@@ -43,6 +44,8 @@ def _local(mod, full, r, world):
 
 
 class _Ctx:
+    state = None
+
     def group(self, axis):
         return dist.group.WORLD
 
@@ -58,9 +61,13 @@ def _rank(r, world, init, path, bugs, outfile):
     mod = _spec(path)
     full = _inputs(mod)
     res = {}
+    logical = getattr(mod, "logical", None) or mod.mlp
     for bug in bugs:
-        loss = mod.make_parallel(bug)(_Ctx(), **_local(mod, full, r, world))
-        ref = mod.mlp(**{k: v.clone() for k, v in full.items()})
+        ctx = _Ctx()
+        if hasattr(mod, "make_setup"):
+            ctx.state = mod.make_setup(bug)(ctx)
+        loss = mod.make_parallel(bug)(ctx, **_local(mod, full, r, world))
+        ref = logical(**{k: v.clone() for k, v in full.items()})
         res[bug] = [float(loss.detach()), float(ref.detach())]
     if r == 0:
         with open(outfile, "w") as f:

@@ -65,6 +65,7 @@ def make_parallel(bug: str):
 
 
 B, H, F = 2, 4, 8
+GLOO_INT_LOW = 1 << 19  # (gloo_run.py's ids: an int32 offset wraps)
 INPUTS = {
     "x": {"shape": [B, H]},
     "w1": {"shape": [H, F], "placement": {"tp": "Shard(1)"}, "param": True},
