@@ -45,14 +45,14 @@ def _draws(n):
 
 
 def test_generator_agrees_and_catches_a_kernel_without_the_block_checks(monkeypatch):
-    got = _draws(40)
+    got = _draws(24)
     assert not [x for x in got if x[0] in ("DISAGREE", "crash")], got
-    assert sum(s == "ok" and "near" not in d and "forward" in d for s, d in got) > 8
-    assert sum(s == "ok" and "near" not in d and "backward" in d for s, d in got) > 8
+    assert sum(s == "ok" and "near" not in d and "forward" in d for s, d in got) > 5
+    assert sum(s == "ok" and "near" not in d and "backward" in d for s, d in got) > 5
     assert all(s != "ok" for s, d in got if "near" in d), got
 
     def lenient_mask(producers, m, ids_t, kc, a, B, inside):
         return [producer(producers, t).inputs[1] for t in m.inputs]
 
     monkeypatch.setattr(patterns, "_block_mask", lenient_mask)
-    assert any(s == "DISAGREE" for s, _ in _draws(40))
+    assert any(s == "DISAGREE" for s, _ in _draws(24))
