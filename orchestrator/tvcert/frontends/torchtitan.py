@@ -72,8 +72,10 @@ TP (+ SP) jobs run as above with the job's batch, sequence length and activation
 (graph_trainer's ``apply_simple_fsdp`` on the job's ``ParallelDims``) on the default ``spmd_types`` backend, whose
 FSDP2 takes the full SPMD mesh (``dp_mesh_dims``, not traced); with ``spmd_backend = "partial_dtensor"``,
 ``parallelize_llama`` itself -- TP, then FSDP2 ``fully_shard`` -- is traced with FSDP2's hooks (:mod:`.titan_fsdp2`).
-examples/torchtitan/*.toml: TP 2, FSDP 2, HSDP 2 x 2, FSDP 2 x TP 2 (both routes) each VERIFIED; pp, cp, async TP,
-selective / memory-budget checkpointing are UNKNOWN naming the field (tests/test_trace_torchtitan.py).
+``context_parallel_degree`` > 1 on ``"partial_dtensor"``: ``parallelize_llama``'s ``apply_cp_to_forward`` and TP
+(:mod:`.titan_cp`).  examples/torchtitan/*.toml: TP 2, FSDP 2, HSDP 2 x 2, FSDP 2 x TP 2 (both routes), TP 2 x CP 2
+each VERIFIED; async TP, selective / memory-budget checkpointing, CP off its route are UNKNOWN naming the field
+(tests/test_trace_torchtitan.py, tests/test_trace_cp.py).
 
 Environment shims (only inside this process, nothing is written to site-packages)
 --------------------------------------------------------------------------------
