@@ -1,5 +1,5 @@
 """Run a spec's parallel program on a real gloo group of 2 CPU processes and the logical model on the full tensors;
-prints one JSON line {bug: [parallel loss on rank 0, logical loss]}.  ``python gloo_run.py SPEC.py bug1 bug2 ...``
+prints one JSON line {"spec.py:bug": [parallel loss on rank 0, logical loss]}.  ``python gloo_run.py SPEC.py bug1 bug2 ...``
 (the spec's INPUTS: float inputs N(0, 1), int inputs drawn from [GLOO_INT_LOW, range) (the spec's, default 0);
 each input cut to rank r's block by its tp placement; the spec's ``logical`` (or ``mlp``), ``make_parallel(bug)``
 and, if it has one, ``make_setup(bug)(ctx)`` run before, as ``ctx.state``)."""
@@ -56,34 +56,35 @@ class _Ctx:
         return dist.get_world_size()
 
 
-def _rank(r, world, init, path, bugs, outfile):
+def _rank(r, world, init, cases, outfile):
     dist.init_process_group("gloo", init_method=init, rank=r, world_size=world)
-    mod = _spec(path)
-    full = _inputs(mod)
     res = {}
-    logical = getattr(mod, "logical", None) or mod.mlp
-    for bug in bugs:
+    for path, bug in cases:
+        mod = _spec(path)
+        full = _inputs(mod)
+        logical = getattr(mod, "logical", None) or mod.mlp
         ctx = _Ctx()
         if hasattr(mod, "make_setup"):
             ctx.state = mod.make_setup(bug)(ctx)
         loss = mod.make_parallel(bug)(ctx, **_local(mod, full, r, world))
         ref = logical(**{k: v.clone() for k, v in full.items()})
-        res[bug] = [float(loss.detach()), float(ref.detach())]
+        res[f"{os.path.basename(path)}:{bug}"] = [float(loss.detach()), float(ref.detach())]
     if r == 0:
         with open(outfile, "w") as f:
             json.dump(res, f)
     dist.destroy_process_group()
 
 
-def run_gloo(path, bugs) -> dict:
-    """{bug: [rank 0's parallel loss, the logical loss]}; the 2 ranks are forked from this process."""
+def run_gloo(cases) -> dict:
+    """{"spec.py:bug": [rank 0's parallel loss, the logical loss]} for each (spec path, bug) of ``cases``; the 2 ranks
+    are forked from this process (one group for every case)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "res.json")
-        mp.start_processes(_rank, args=(2, f"file://{os.path.join(d, 'store')}", str(path), list(bugs), out), nprocs=2,
-                           start_method="fork")
+        mp.start_processes(_rank, args=(2, f"file://{os.path.join(d, 'store')}", [(str(p), b) for p, b in cases], out),
+                           nprocs=2, start_method="fork")
         with open(out) as f:
             return json.load(f)
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_gloo(sys.argv[1], sys.argv[2:])))
+    print(json.dumps(run_gloo([(sys.argv[1], b) for b in sys.argv[2:]])))
