@@ -58,6 +58,7 @@ def test_mlp_tp2_coq_checked_end_to_end(tmp_path):
     assert "VERIFIED (Coq-checked)" in r.output
     text = out.read_text()
     assert "Theorem plan_verified : mplan_equiv the_plan." in text
+    assert "Definition the_plan : mplan := the_plan_at Pos.to_nat." in text  # the theorem's plan reads Pos.to_nat
     # the written file checks on its own, with only allowed axioms
     res = check_text(text)
     assert res.ok, res.message

@@ -118,6 +118,16 @@ Definition pargs (n : pnode) : seq nat := match n with PLocal _ a => a | PColl _
 Local Notation "a && b" := (if a then b else false) : bool_scope.
 Local Notation "a || b" := (if a then true else b) : bool_scope.
 
+(** [l < size s] without building [size s] (a unary number as long as the graph). *)
+Fixpoint ltsz {T : Type} (l : nat) (s : seq T) : bool :=
+  if s is _ :: s' then (if l is l'.+1 then ltsz l' s' else true) else false.
+
+Lemma ltszE (T : Type) l (s : seq T) : ltsz l s = (l < size s).
+Proof. by elim: s l => [|x s IH] [|l] //=; rewrite IH. Qed.
+
+Lemma ltszP (T : Type) l (s : seq T) : ltsz l s -> l < size s.
+Proof. by rewrite ltszE. Qed.
+
 Section Checker.
 Variable P : mplan.
 Variable ls : seq shape.   (* the logical graph's shapes, [lrun_s]: [mcheck] computes them once *)
@@ -151,7 +161,7 @@ Definition lsh (l : nat) : shape := nth [::] ls l.
 
 (** [l] is a logical node computing [o] from [args], each computed before it. *)
 Definition node_is (l : nat) (o : gop) (args : seq nat) : bool :=
-  (ni <= l) && (l < size ls) && gop_eqb (g_op (lnode l)) o && (g_args (lnode l) == args) &&
+  gop_eqb (g_op (lnode l)) o && (g_args (lnode l) == args) && (ni <= l) && ltsz l ls &&
   all (fun a => a < l) args.
 
 (** [a] = reshape(reshape(b, s1), shape of b), s1 of as many elements (a flat view of [b] and back). *)
@@ -217,17 +227,17 @@ Fixpoint comm_ok (k : nat) (o : gop) (l : nat) (xs : seq nat) : bool :=
 Definition mderive (n : pnode) (af : seq mfact) (f : mfact) : bool :=
   let: (l, pls) := f in
   match n, af with
-  | PColl cl k _, [:: (l1, pls1)] => (l == l1) && (l < size ls) && coll_ok ms (nth [::] ls l) cl k pls1 pls
+  | PColl cl k _, [:: (l1, pls1)] => (l == l1) && ltsz l ls && coll_ok ms (nth [::] ls l) cl k pls1 pls
   | PColl _ _ _, _ => false
   | PLocal o _, _ =>
       let ln := lnode l in
-      is_glocal (g_op ln) && (ni <= l) && (l < size ls) &&
+      is_glocal (g_op ln) && (ni <= l) && ltsz l ls &&
       gop_eqb (relocal (g_op ln) (mlocal_shape ms (nth [::] ls l) pls)) o &&
       (size (g_args ln) == size af) && all (fun ba => veq ba.1 ba.2) (zip (g_args ln) (map fst af)) &&
       all (fun a => a < l) (g_args ln) &&
       mrule ms (g_op ln) (map (nth [::] ls) (map fst af)) (map snd af) pls &&
       mpl_ok ms (nth [::] ls l) pls
-      || (0 < ew_arity o) && (size af == ew_arity o) && (l < size ls) && comm_ok 4 o l (map fst af) &&
+      || (0 < ew_arity o) && (size af == ew_arity o) && ltsz l ls && comm_ok 4 o l (map fst af) &&
          mrule ms o (map (nth [::] ls) (map fst af)) (map snd af) pls && mpl_ok ms (nth [::] ls l) pls
       || dedup_ok o af f
   end.
@@ -236,7 +246,7 @@ Fixpoint mcheck_nodes (facts : seq mfact) (ns : seq pnode) (c : seq mfact) : boo
   match ns, c with
   | [::], [::] => true
   | n :: ns', f :: c' =>
-      all (fun a => a < size facts) (pargs n) &&
+      all (fun a => ltsz a facts) (pargs n) &&
       mderive n (map (nth dmfact facts) (pargs n)) f &&
       mcheck_nodes (rcons facts f) ns' c'
   | _, _ => false

@@ -784,7 +784,7 @@ Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. 
 (** ** Equal logical values ([MeshCheck.veq]) and elementwise ops on flat views ([MeshCheck.comm_ok]) *)
 Lemma node_is_sound l o args : node_is P ls l o args -> nth ldflt le l = lrun_node le (GNode o args).
 Proof.
-rewrite /node_is /lnode => /andP [/andP [/andP [/andP [nl ll] /gop_eqbP eo] /eqP ea] al].
+rewrite /node_is /lnode => /andP [/andP [/andP [/andP [/gop_eqbP eo /eqP ea] nl] /ltszP ll] al].
 have ll' : (l < size le)%N by rewrite -msize_ls.
 have hm : nth ldflt le l = lrun_node le (nth (GNode (GO Add) [::]) (ml_nodes P) (l - ni)).
   by apply: mle_node => //; rewrite ea.
@@ -1015,13 +1015,13 @@ Lemma mderive_sound fs E n f :
 Proof.
 move=> I p0 aa; case: f => l pls; case: n aa => [o args|cl k x] aa.
 - rewrite /mderive; case/orP => [/orP [|]|dd]; last exact: (mdedup_sound I aa dd).
-  + move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] ll] /gop_eqbP eo] /eqP sz] hv] al] ru] ok].
+  + move=> /andP [/andP [/andP [/andP [/andP [/andP [/andP [/andP [loc nl] /ltszP ll] /gop_eqbP eo] /eqP sz] hv] al] ru] ok].
     have ll' : (l < size le)%N by rewrite -msize_ls.
     have sz' : size (g_args (lnode P l)) = size (map fst (map (nth dmfact fs) args)) by rewrite size_map.
     apply: (mlocal_sound I p0 aa loc ll _ eo ru ok).
     rewrite (mle_node nl ll' al) /JMesh.lrun_node /= (veq_map sz' hv).
     by [].
-  + move=> /andP [/andP [/andP [/andP [/andP [ar /eqP sz] ll] hc] ru] ok].
+  + move=> /andP [/andP [/andP [/andP [/andP [ar /eqP sz] /ltszP ll] hc] ru] ok].
     have [loc rel] := ew_glocal ar.
     have sz' : size (map fst (map (nth dmfact fs) args)) = ew_arity o by move: sz; rewrite /= !size_map.
     exact: (mlocal_sound I p0 aa loc ll (comm_sound ar sz' hc) (rel _) ru ok).
@@ -1032,7 +1032,7 @@ Lemma mcheck_nodes_sound ns fs E c :
   minv fs E -> all (fun p => 0 < p)%N ms -> mcheck_nodes P ls fs ns c -> minv (fs ++ c) (mrun fn ms E ns).
 Proof.
 elim: ns fs E c => [|n ns IH] fs E [|f c] //=; first by rewrite cats0.
-move=> I p0 /andP [/andP [aa dv] rest].
+move=> I p0 /andP [/andP [aa dv] rest]; move: aa; rewrite (eq_all (fun a => ltszE _ a fs)) => aa.
 have F := mderive_sound I p0 aa dv.
 have I' : minv (rcons fs f) (rcons E (mrun_node fn ms E n)).
   case: I => sz I; split; first by rewrite !size_rcons sz.

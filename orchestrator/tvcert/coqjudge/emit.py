@@ -936,9 +936,9 @@ Import JSyntax JDenote JLayout JCheck JMesh JMeshCheck JMeshSound JNatTable.
 Definition the_plan_at (pn : positive -> nat) : mplan := {at(plan)}.
 Definition the_plan : mplan := the_plan_at Pos.to_nat.
 
-(* The certificate and the check read the numbers from [fast_nat {k}] (= [Pos.to_nat], [NatTable.fast_natE]):
+(* The certificate and the check read the numbers from [fast_nat k], k = {k} (= [Pos.to_nat], [NatTable.fast_natE]):
    one shared table instead of one unary chain per literal. *)
-Definition the_nat : positive -> nat := fast_nat {k}.
+Definition the_nat : positive -> nat := fast_nat {_nat(k)}.
 Definition the_cert_at (pn : positive -> nat) : seq mfact := {at(cert)}.
 Definition the_cert : seq mfact := the_cert_at the_nat.
 
