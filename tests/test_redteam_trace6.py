@@ -16,6 +16,10 @@ reason; the correct control of the same program still VERIFIES.
 * orders torch leaves unspecified (``tests/data/redteam_s10_trace/sort_order.py``, eager torch): an unstable
   ``torch.sort`` whose indices are read (CPU: equal keys reordered from 32 elements on) and ``topk(sorted=False)``
   (unsorted from k = 8 on) were read as the stable / sorted order.  Now UNKNOWN.
+* a program refusing ``torch.autograd.grad`` (reentrant activation checkpointing) was traced again with
+  ``loss.backward()`` in the same process (``tests/data/redteam_s10_trace/first_call.py``): a forward reading a
+  call counter was traced as its second call, a bug of the first call (what a real rank runs) VERIFIED.  Now the
+  second trace's forward must record the ops the first recorded, else UNKNOWN.
 * a collective in ``parallel_setup`` (``tests/data/redteam_s10_trace/setup_broadcast.py``: a vocab start
   ``dist.broadcast`` from rank 0, so every real rank looks up rank 0's rows): on the fake process group it moved no
   data, each traced rank kept its own start and the plan VERIFIED (``broadcast_object_list`` crashed, exit 4).  Now
@@ -70,7 +74,8 @@ def test_the_bugs_change_torch_s_loss_on_a_gloo_group():
         from gloo_run import run_gloo
     finally:
         sys.path.remove(str(DATA))
-    cases = [("mlp_writes.py", b) for b in ["", *WHY]] + [("setup_broadcast.py", b) for b in ["", "broadcast_tensor"]]
+    cases = [("mlp_writes.py", b) for b in ["", *WHY]] + [("setup_broadcast.py", b) for b in ["", "broadcast_tensor"]] \
+        + [("first_call.py", b) for b in ["", "first_call"]]
     got = run_gloo([(DATA / f, b) for f, b in cases])
     for f, bug in cases:
         par, ref = got[f"{f}:{bug}"]
@@ -122,3 +127,16 @@ def test_collective_in_parallel_setup_is_unknown(bug):
 
 def test_setup_without_collectives_verifies():
     assert _verdict(SETUP.tvcert_trace(""))[0] == "VERIFIED"
+
+
+# ---------------------------------------------------------------- the second trace of a reentrant-checkpoint program
+FIRST = _module("first_call")
+
+
+def test_forward_differing_on_the_second_trace_is_unknown():
+    verdict, why = _verdict(FIRST.tvcert_trace("first_call"))
+    assert verdict == "UNKNOWN" and "recorded other ops the second time" in why, (verdict, why)
+
+
+def test_reentrant_checkpoint_control_verifies():
+    assert _verdict(FIRST.tvcert_trace(""))[0] == "VERIFIED"

@@ -1133,15 +1133,53 @@ def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre
     is code whose gradients are produced by hooks that only ``backward()`` fires (``backward=True``)."""
     if backward:
         return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, True)
+    first: list = []
     try:
-        return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, False)
+        return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, False, first)
     except RuntimeError as exc:
         if "incompatible with .grad()" not in str(exc) and "not compatible with .grad()" not in str(exc):
             raise
-    return _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, True)
+    # The program ran once already in this process, where a real rank runs it once: a forward reading Python state
+    # it changes (a call counter) would be traced as its second call.  Its forward must record the same ops again.
+    again: list = []
+    out = _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, True, again)
+    if not first or first != again:
+        at = next((i for i, (a, b) in enumerate(zip(first, again)) if a != b), min(len(first), len(again)))
+        raise TraceError(f"the program refuses torch.autograd.grad (reentrant activation checkpointing), so it was "
+                         f"traced a second time with loss.backward(), and its forward recorded other ops the second "
+                         f"time (from op {at}): it reads Python state it changes, and the trace would not be what a "
+                         f"real rank's first call runs", "unsupported", "second trace")
+    return out
 
 
-def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_backward: bool):
+def _forward_signature() -> list:
+    """The ops make_fx recorded so far (target, arguments with nodes as their positions), to compare two calls."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return []
+    pos: dict = {}
+
+    def enc(a):
+        if isinstance(a, torch.fx.Node):
+            return ("node", pos.get(a))
+        if isinstance(a, (list, tuple)):
+            return tuple(enc(b) for b in a)
+        if isinstance(a, dict):
+            return tuple(sorted((str(k), enc(v)) for k, v in a.items()))
+        return repr(a)
+
+    sig = []
+    for i, nd in enumerate(mode.tracer.graph.nodes):
+        pos[nd] = i
+        sig.append((nd.op, str(nd.target), enc(nd.args), enc(nd.kwargs)))
+    return sig
+
+
+def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_backward: bool,
+                      forward_sig: list | None = None):
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fxtb
@@ -1157,6 +1195,8 @@ def _trace_joint_once(fn, specs, shapes, pre_args, grad_sync, sync_args, via_bac
             kw[n] = t.detach().requires_grad_(True) if s.param else t
         with _traceable_collectives(), _dtensor_sdpa():
             result = fn(*pre_args, **kw)
+            if forward_sig is not None:  # (_trace_joint compares a second trace's forward with the first's)
+                forward_sig[:] = _forward_signature()
             loss, given = _returned(result, params)
             if given is not None:  # the program's own outputs (its own gradients, an optimizer step): as they are
                 outs = given
