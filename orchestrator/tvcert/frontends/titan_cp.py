@@ -26,7 +26,6 @@ prefix read), the classic CP bug.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 from .trace import TraceError
@@ -48,16 +47,15 @@ def _dtensor_placement(p) -> dict[str, str]:
     raise TraceError(f"a TP parameter placed {pl}: not traced", "unsupported", "tensor_parallel_degree")
 
 
-@contextlib.contextmanager
-def _math_sdpa(m):
-    """Every inner ``ScaledDotProductAttention`` of ``m`` on SDPA's math backend (the logical reference)."""
+def _math_backend(m) -> None:
+    """Every inner ``ScaledDotProductAttention`` of ``m`` on SDPA's math backend (the logical reference; its
+    ``sdpa_backends`` is torchtitan's own per-module knob)."""
     from torch.nn.attention import SDPBackend
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
-    mods = [x for x in m.modules() if isinstance(x, ScaledDotProductAttention)]
-    for x in mods:
-        x.sdpa_backends = [SDPBackend.MATH]
-    yield m
+    for x in m.modules():
+        if isinstance(x, ScaledDotProductAttention):
+            x.sdpa_backends = [SDPBackend.MATH]
 
 
 def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, load_balance: bool = True,
@@ -76,7 +74,6 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
 
     prepare()
     import torch
-    import torch.nn as nn
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental._attention import _disable_context_parallel_dispatcher
     from torchtitan.components.loss import cross_entropy_loss
@@ -91,7 +88,7 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
             return model.config(tp_, sp_, True).build()
 
     logical_model = build(1, False)
-    _math_sdpa(logical_model).__enter__()
+    _math_backend(logical_model)
     pnames = [n for n, _ in logical_model.named_parameters()]
     shapes = {n: list(p.shape) for n, p in logical_model.named_parameters()}
     cbufs = {n: b for n, b in logical_model.named_buffers()}
