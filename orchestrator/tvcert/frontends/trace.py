@@ -1119,11 +1119,15 @@ def _data_assignment_refused():
         raise TraceError(f"a tensor's .data is assigned at {where} while the program is traced: make_fx records no op "
                          f"for it, so later reads would see the old values", "unsupported", ".data assignment", where)
 
+    before = torch.Tensor.__dict__.get("data")  # (nested traces: the outer one's property comes back)
     torch.Tensor.data = property(desc.__get__, assign, doc=desc.__doc__)
     try:
         yield
     finally:
-        del torch.Tensor.data
+        if before is not None:
+            torch.Tensor.data = before
+        elif "data" in torch.Tensor.__dict__:
+            del torch.Tensor.data
 
 
 def _trace_joint(fn: Callable[..., Any], specs: Sequence[InputSpec], shapes, pre_args: tuple = (),
