@@ -75,7 +75,15 @@ def rows() -> list[Row]:
     ok(m, "TP+PP 1F1B", spec("pp_tp_mlp.py"))
     bug(m, "TP+PP 1F1B", "no_scale", spec("pp_tp_mlp.py", bug="no_scale"), ("pp_tp_mlp.py", "BUG no_scale"))
     ok(m, "DP+PP 1F1B", spec("pp_dp_mlp.py"))
-    bug(m, "DP+PP 1F1B", "wrong_peer", spec("pp_dp_mlp.py", bug="wrong_peer"), ("pp_dp_mlp.py", "BUG wrong_peer"))
+    bug(m, "DP+PP 1F1B", "wrong_peer", spec("pp_dp_mlp.py", bug="wrong_peer"),
+        ("pp_dp_mlp.py", "BUG wrong_peer", "g = dist.new_group(ranks)"))  # the peer list, the group built from it
+    ok(m, "DP+PP 1F1B mb2", spec("pp_dp_mlp.py", microbatches=2))  # micro-batches of a dp shard (H45)
+    bug(m, "DP+PP 1F1B mb2", "no_scale", spec("pp_dp_mlp.py", microbatches=2, bug="no_scale"),
+        ("pp_dp_mlp.py", "BUG no_scale: the sum of the micro-batch means"))
+    bug(m, "DP+PP 1F1B mb2", "double_avg", spec("pp_dp_mlp.py", microbatches=2, bug="double_avg"),
+        ("pp_dp_mlp.py", "BUG double_avg", "dist.all_reduce(p.grad, op=op"))
+    bug(m, "DP+PP 1F1B mb2", "no_dp_reduce", spec("pp_dp_mlp.py", microbatches=2, bug="no_dp_reduce"),
+        ("pp_dp_mlp.py", "p.grad.div_(dp)", "BUG no_dp_reduce"))  # the gradient read back unreduced, its last op
     ok(m, "TP+CP", spec("cp_context_parallel.py", cp=2, tp=2))
     # the local iota is a valid prefix of the positions: the first value it changes is the RoPE cache read
     bug(m, "TP+CP", "positions_not_offset", spec("cp_context_parallel.py", cp=2, tp=2, bug="positions_not_offset"),
@@ -105,6 +113,9 @@ def rows() -> list[Row]:
     bug(t, "TP+PP 1F1B", "swapped_layers", job("llama3_debug_pp2_tp2_swapped_layers.toml", 2),
         module=r"^layers\.1\b")
     ok(t, "TP+PP+DP 1F1B", job("llama3_debug_pp2_tp2_dp2.toml", 2))
+    for b in ("local_tokens", "no_loss_scale", "fsdp_divide"):  # H45: examples/torch/pp_titan_tp_dp.py
+        where = ("pp_titan_tp.py", "BUG no_loss_scale") if b == "no_loss_scale" else ("pp_titan_tp_dp.py", f"BUG {b}")
+        bug(t, "TP+PP+DP 1F1B", b, spec("pp_titan_tp_dp.py", bug=b), where)
     ok(t, "TP+CP", job("llama3_debug_tp2_cp2.toml"))
     bug(t, "TP+CP", "positions_not_offset", spec("cp_titan_llama3.py", bug="positions_not_offset"),
         module=r"attention\.rope\b")  # the RoPE cache read at the local positions (rope.py's prefix slice)

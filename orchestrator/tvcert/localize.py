@@ -20,6 +20,7 @@ from .plan import Binding, Placement, Plan, fmt_placement
 
 MAX_COMBOS = 400
 SCAN_ON_SECONDS = 20.0  # how long the scan goes on past the first unexplained op
+SOFT_SCAN_SECONDS = 90.0  # ... past a first one the prover proved (naming no logical tensor), until one it did not
 
 
 @dataclass
@@ -142,18 +143,25 @@ def first_divergence(plan: Plan, res: RunResult, judge: Judge | None = None) -> 
     factors = getattr(judge, "factors", {})
     scaled: dict[tuple[str, str], frozenset] = {}  # tensor -> its factors k (it is k x a logical value)
     starts: list[tuple] = []  # (factors, explanation, Divergence): ops with a factor no input carries
-    div = _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts)
+    # reading on past a proved first divergence serves only a factor start: when the differing outputs share one
+    soft = _output_factor(plan, res) is not None  # factor (else the scan stops there, as it always did)
+    div = _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts, soft)
     if div is None:  # a placement misread first (the double average's Partial(sum) read as Partial(avg)), then a factor
         return (_output_misread(plan, res, known, other_placement=True) or _factor_start(plan, res, starts, scaled)
                 or _output_misread(plan, res, known))
     return _factor_start(plan, res, starts, scaled) or _output_misread(plan, res, known, every=True) or div
 
 
-def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts) -> Divergence | None:
+def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, scaled, starts,
+          soft: bool = False) -> Divergence | None:
     """The first op whose inputs are explained and whose output is not.  The scan goes on past it (its outputs
     unexplained, so everything computed from them too; for at most SCAN_ON_SECONDS) so that an output explained
     independently of it can still be read (see :func:`_output_misread`'s ``every``)."""
-    first, deadline = None, None
+    # a value the prover proved but whose expression names no logical tensor (judge False: torchtitan's loss-parallel
+    # backward spells its softmax and token weights its own way) is the first divergence when nothing better is
+    # found, but the scan reads on through it: a scalar factor starting later, on exact inputs, is still a start
+    # (FSDP's division left on, after the loss's backward).  A value nothing proves ends that (``hard``).
+    first, deadline, hard = None, None, not soft
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -180,6 +188,10 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
             for o in n.outputs:
                 kn[o] = "an index / mask tensor computed elementwise from explained values"
             continue
+        if _masked_constant(n, kn, g):
+            for o in n.outputs:
+                kn[o] = "a value computed elementwise from constants and index / mask tensors"
+            continue
         for o in n.outputs:
             verdict = judge(pname, i, o) if judge else None
             ex = verdict if isinstance(verdict, str) else (None if verdict is False else
@@ -192,14 +204,22 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
                 if first is None:
                     first = Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs},
                                        _sample(res, g, pname, o), _module(n))
-                    deadline = time.monotonic() + SCAN_ON_SECONDS
+                    deadline = time.monotonic() + (SCAN_ON_SECONDS if hard else SOFT_SCAN_SECONDS)
+                if verdict is False and not hard:  # proved, no logical tensor: read on (see above)
+                    kn[o] = "a proved value that names no logical tensor"
+                    continue
+                if not hard:
+                    deadline = min(deadline, time.monotonic() + SCAN_ON_SECONDS)
+                hard = True
                 kn.pop(o, None)
                 continue
             kn[o] = str(ex)
             ks = factors.get((pname, i, o))
             if ks:
                 held = frozenset().union(*[scaled.get((pname, x), frozenset()) for x in n.inputs])
-                if ks - held and first is None:  # a factor starting after the first unexplained op is not its cause
+                # a factor starting after the first unexplained op is not its cause, unless that op was proved (no
+                # logical tensor named) and this one's inputs are exact (a later rescaling of a scaled value is not)
+                if ks - held and (first is None or not (hard or held)):
                     starts.append((ks - held, kn[o], Divergence(pname, n.path, n.op, o, n.src,
                                                                 {x: kn[x] for x in n.inputs},
                                                                 _sample(res, g, pname, o), _module(n))))
@@ -217,6 +237,21 @@ def _elementwise_index(n, dtypes: Mapping[str, str], kn: Mapping[str, str]) -> b
             (n.outputs and all(dtypes.get(o) in ("int", "bool") for o in n.outputs))):
         return False
     return not any("Partial" in kn[x] for x in n.inputs)
+
+
+def _masked_constant(n, kn: Mapping[str, str], g) -> bool:
+    """An elementwise op reading only constants and index / mask tensors (torchtitan's loss-parallel per-token weight
+    ``where(labels != -100, 1 / N, 0)``, which its single-device loss never spells): no value of the data enters it,
+    so it is no divergence of the data's computation; a wrong constant shows where it scales a value (the factor's
+    start, :func:`_factor_start`)."""
+    if n.spec.category != "elementwise" or not n.inputs:
+        return False
+    made = g.producer_index()
+
+    def index_typed(x: str) -> bool:  # an int / bool tensor (a mask, also as a multi-op rule's intermediate)
+        return x in made and _out_dtypes(made[x][1]).get(x) in ("int", "bool")
+    return all(kn[x] == "a constant" or kn[x].startswith("an index / mask tensor") or index_typed(x) or
+               kn[x].startswith("a value computed elementwise from constants") for x in n.inputs)
 
 
 def _sample(res: RunResult, g, pname: str, o: str) -> dict:
