@@ -839,10 +839,12 @@ def _log_softmax_bwd(c, n, g, out, dim, dtype=None):
     return c.emit("log_softmax_backward", [c.ir(g), c.ir(out)], {"dim": int(dim)})
 
 
-# ops that only move or copy elements: a tensor they make of an int input holds only the input's values
+# ops that only move or copy elements: a tensor they make of an int input holds only the input's values (a
+# gather / index_select reads its first argument's elements only, at any index: a load balancer's reordering)
 _ELEMENT_MOVES = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.clone", "aten.alias", "aten.detach",
                   "aten.slice", "aten.select", "aten.permute", "aten.t", "aten.transpose", "aten.expand",
-                  "aten.squeeze", "aten.unsqueeze", "aten.flatten", "aten.lift_fresh_copy"}
+                  "aten.squeeze", "aten.unsqueeze", "aten.flatten", "aten.lift_fresh_copy", "aten.gather",
+                  "aten.index_select", "aten.split", "aten.split_with_sizes", "<built-in function getitem>"}
 
 
 def _int_input_bounds(c, t) -> tuple[int, int] | None:

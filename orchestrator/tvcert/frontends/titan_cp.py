@@ -5,10 +5,10 @@ What is torchtitan's: on ``spmd_backend = "partial_dtensor"`` (the backend ``app
 ``parallelize_llama`` calls ``apply_cp_to_forward`` on every block's inner ``ScaledDotProductAttention`` (q / k / v
 wrapped as DTensors ``Shard(1)`` on the cp mesh, so that ``F.scaled_dot_product_attention`` dispatches to torch's
 ring attention), then ``Module.parallelize`` (DTensor TP + SP on the tp mesh); the job's ``ParallelDims`` builds the
-``cp`` x ``tp`` meshes on the fake process group.  The trainer's input step, ``prepare_context_parallel_input``
-(torch's head-tail load balancer: rank r keeps chunks r and 2cp-1-r of tokens, labels and positions), is the plan's
-input placement ``ZigzagShard`` of the batch the data loader yields (tokens, labels and the RoPE positions the
-trainer passes as ``positions``): each rank receives exactly the rows the load balancer leaves it.  On CPU DTensor's
+``cp`` x ``tp`` meshes on the fake process group.  The batch the data loader yields (tokens, labels and the RoPE
+``positions``) is the same on every rank, and the trainer's input step, torchtitan's ``prepare_context_parallel_input``
+(torch's head-tail load balancer: rank r keeps chunks r and 2cp-1-r), is traced (its index read:
+``kernel/zigzag_index.py``).  On CPU DTensor's
 CP dispatch has no entry for the CPU flash kernel, so :func:`.context_parallel.dtensor_ring` routes the sharded
 SDPA to the same ring torch runs, per block with the flash kernel's semantics.
 
@@ -78,7 +78,7 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
     from torch.distributed.tensor.experimental._attention import _disable_context_parallel_dispatcher
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed import utils as du
-    from torchtitan.distributed.context_parallel import apply_cp_to_forward
+    from torchtitan.distributed.context_parallel import apply_cp_to_forward, prepare_context_parallel_input
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     from .context_parallel import trace_cp
@@ -96,7 +96,8 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
         raise TraceError(f"buffers {[n for n, b in cbufs.items() if not b.is_complex()]}: only complex RoPE caches "
                          f"are traced", "unsupported", "buffer")
     mesh = {"cp": cp, "tp": tp} if tp > 1 else {"cp": cp}
-    seq_pl = {"cp": "ZigzagShard(1)" if load_balance else "Shard(1)"}
+    # the batch as the data loader yields it, the same on every rank: the trainer's input step shards it
+    seq_pl: dict = {}
 
     def parallelize():
         pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=cp, tp=tp, pp=1, ep=1, world_size=cp * tp,
@@ -172,9 +173,14 @@ def trace_titan_cp(model, *, cp: int, tp: int, sp: bool, batch: int, seq: int, l
 
         du.set_spmd_backend("partial_dtensor")
         try:
-            extra = {} if bug == "positions_not_offset" else {"positions": kw_["positions"]}
-            pred = torch.func.functional_call(m, state(m, kw_, wrap), (kw_["tokens"],), extra)
-            loss = cross_entropy_loss(pred, kw_["labels"], global_vocab_size=model.vocab)
+            # the trainer's post_dataloading_process: torch's head-tail balancer (or none) on tokens, labels, positions
+            tokens, labels, extra = prepare_context_parallel_input(
+                kw_["tokens"], kw_["labels"], {"positions": kw_["positions"]}, pd.get_mesh("cp"), torch.device("cpu"),
+                "headtail" if load_balance else None)
+            if bug == "positions_not_offset":
+                extra = {}
+            pred = torch.func.functional_call(m, state(m, kw_, wrap), (tokens,), extra)
+            loss = cross_entropy_loss(pred, labels, global_vocab_size=model.vocab)
         finally:
             du.set_spmd_backend(old_backend)
         return loss.to_local() if isinstance(loss, DTensor) else loss
