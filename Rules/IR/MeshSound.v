@@ -843,7 +843,8 @@ Qed.
 
 Lemma veq_sound b a : veq P ls b a -> nth ldflt le a = nth ldflt le b.
 Proof.
-rewrite /veq => /orP [/orP [/orP [/eqP -> //|]|]|]; [exact: rr_back_sound | exact: pp_back_sound | exact: sum_flat_sound].
+rewrite /veq => /orP [/eqP -> //|].
+case: (g_op (lnode P a)) => -[] //= *; by [apply: rr_back_sound | apply: pp_back_sound | apply: sum_flat_sound].
 Qed.
 
 Lemma veq_map (bs as_ : seq nat) : size bs = size as_ -> all (fun ba => veq P ls ba.1 ba.2) (zip bs as_) ->
