@@ -12,7 +12,9 @@ reason; the correct control of the same program still VERIFIES.
   reduction's converter swallowed ``out`` (and other ops crashed on it).  Now every out= overload is UNKNOWN.
 * ``where(isnan(sqrt(b)), 0, b)``: ``isnan`` / ``isinf`` / ``isfinite`` were the constant 0 / 1 whatever their
   argument; torch computes NaN / inf outside an op's domain.  Now UNKNOWN when a producer may give NaN / inf.
-* ``ids.int() * 4096``: int32 arithmetic wraps around past 2**31; the IR's integers do not.  Now UNKNOWN.
+* ``ids.int() * 4096``: int32 arithmetic wraps around past 2**31; the IR's integers do not.  Now UNKNOWN, and so
+  is a cast into int32 of an int64 value not known to fit (``(ids * 4096).int()``; a declared range, 0 / 1 values
+  and their moves are known).
 * orders torch leaves unspecified (``tests/data/redteam_s10_trace/sort_order.py``, eager torch): an unstable
   ``torch.sort`` whose indices are read (CPU: equal keys reordered from 32 elements on) and ``topk(sorted=False)``
   (unsorted from k = 8 on) were read as the stable / sorted order.  Now UNKNOWN.
@@ -55,6 +57,7 @@ WHY = {  # bug -> what the UNKNOWN names
     "out_view": "out= variant",
     "nan_guard": "NaN or inf",
     "int32_offset": "torch.int32",
+    "int32_cast": "into torch.int32 of a value not known to fit",
 }
 
 

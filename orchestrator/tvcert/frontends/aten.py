@@ -440,9 +440,39 @@ def _cast_to(c, n, xi: str, src, dst, base: str | None = None) -> str:
         return c.emit("ne", [xi, c.const(0, (), cls[src])], base=base)
     if dst in _NARROW_INTS and src != torch.bool and src != dst:
         c.fail(f"a cast from {src} into {dst} (values wrap around)")
+    if dst == torch.int32 and src not in (torch.bool, torch.int32, torch.int16, torch.int8, torch.uint8):
+        b = _int_bound(c, xi) if not (src.is_floating_point or src.is_complex) else None
+        if b is None or not (-2 ** 31 <= b[0] and b[1] <= 2 ** 31):
+            c.fail(f"a cast from {src} into torch.int32 of a value not known to fit (torch wraps it around past "
+                   f"2**31; the IR's integers do not): red team s10")
     if cls[src] == cls[dst]:
         return xi
     return c.emit("cast", [xi], {"dtype": cls[dst]}, base=base)
+
+
+_BOUND_MOVES = {"reshape", "transpose", "permute", "expand", "squeeze", "unsqueeze", "slice", "flip", "amax", "amin",
+                "gather", "index_select", "embedding", "topk"}
+
+
+def _int_bound(c, name: str, depth: int = 0) -> tuple[int, int] | None:
+    """[lo, hi) the int IR value ``name`` lies in, when its producers say so: a declared int input's range, 0 / 1
+    values, an int constant, or a move of such values (a concat of them); else None."""
+    if c.zero_one(name):
+        return (0, 2)
+    nd = c.producer.get(name)
+    if nd is None:
+        return c.int_bounds.get(name)
+    if depth > 64:
+        return None
+    if nd.op == "const" and isinstance(nd.attrs.get("value"), int):
+        return (nd.attrs["value"], nd.attrs["value"] + 1)
+    if nd.op in _BOUND_MOVES and nd.inputs and not (nd.op == "topk" and nd.outputs.index(name) == 1):
+        src = nd.inputs[1] if nd.op == "embedding" else nd.inputs[0]
+        return _int_bound(c, src, depth + 1)
+    if nd.op == "concat" and nd.inputs:
+        bs = [_int_bound(c, i, depth + 1) for i in nd.inputs]
+        return None if any(b is None for b in bs) else (min(b[0] for b in bs), max(b[1] for b in bs))
+    return None
 
 
 def _number_as(c, value, dst):

@@ -9,7 +9,7 @@ group or eagerly) and must not come out VERIFIED; ``bug=""`` is the correct cont
 * ``nan_guard``: ``where(isnan(sqrt(b)), 0, b)``, a NaN guard around a partial op: torch zeroes the negative
   entries, the converter read ``isnan`` of any value as the constant 0.
 * ``int32_offset``: an index offset computed in int32 (``ids * 4096`` wraps past 2**31 for ids >= 2**19); the IR's
-  integers do not wrap.
+  integers do not wrap.  ``int32_cast``: the int64 offset cast to int32 and back (wraps the same way).
 """
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -43,6 +43,8 @@ def _head(y, b2, target, ids, bug):
     if bug == "nan_guard":
         b2 = torch.where(torch.isnan(torch.sqrt(b2)), 0.0, b2)  # BUG: zeroes the negative entries
     off = (ids.to(torch.int32) if bug == "int32_offset" else ids) * 4096
+    if bug == "int32_cast":
+        off = off.to(torch.int32).long()  # BUG: the int64 offset narrowed to int32 (wraps past 2**31)
     r = (y + b2) * scale[:, :1] + off.to(target.dtype) * 1e-9
     return 0.5 * ((r - target) ** 2).sum()
 
