@@ -141,3 +141,20 @@ def test_zigzag_index_float_rounding_not_verified():
 
 def test_zigzag_index_control_verified():
     assert "zigzag_from_index_block" in _control("zigzag_index_ok")
+
+
+def test_int64_wrap_certificate_of_the_old_kernel_rejected(monkeypatch):
+    """A certificate made by a kernel without the int64 bound (VERIFIED) is refused by the checker: it re-derives
+    the obligation and meets the bound."""
+    from tvcert.certificate.check import Invalid, check_certificate
+    from tvcert.certificate.emit import build_certificate, dump_certificate
+    from tvcert.certificate.format import Certificate
+    from tvcert.kernel import equality
+
+    with monkeypatch.context() as m:
+        m.setattr(equality, "int_overflow", lambda *a, **k: None)
+        res = verify(_load("int64_wrap_smt"), refute=False)
+        assert res.verdict == "VERIFIED"
+        cert = json.loads(dump_certificate(build_certificate(res)))
+    with pytest.raises(Invalid, match="int64"):
+        check_certificate(Certificate.model_validate(cert))
