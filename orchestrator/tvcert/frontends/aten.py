@@ -702,8 +702,9 @@ def _topk(c, n, x, k, dim=-1, largest=True, sorted=True):
     ties -- is one of the orders torch may return."""
     if not largest:
         c.fail("topk with largest=False")
-    if not sorted:  # (on CPU torch returns them unsorted from k = 8 on: red team s10)
-        c.fail("topk with sorted=False: torch returns the k results in an unspecified order, which no IR op fixes")
+    if not sorted:  # (on CPU torch returns them unsorted from k = 8 on: red team s10; deferred as an unstable sort)
+        _defer_fail(c, "topk with sorted=False: torch returns the k results in an unspecified order, which no IR op "
+                       "fixes")
     d = int(dim) % len(_shape(c.val(x)))
     return c.emit("topk", [c.ir(x)], {"k": int(k), "dim": d}, n_out=2)
 
