@@ -437,3 +437,33 @@ def test_positions_written_as_a_rank_offset_iota():
             assert r.status in ("refused", "skip"), (desc, r.status, r.detail)
         else:
             assert r.status == "ok" and "iota_rank_block" in r.rules, (desc, r.status, r.detail)
+
+
+def _gather_view_plan(batch: int):
+    """tp 2: DTensor's all-gather of Shard(1) for a batch of 1 -- all_gather along 0, then a view merging the pieces
+    into dim 1 (sequence parallelism under CP, torchtitan's default).  With ``batch`` 2 the same view is not a
+    concatenation along dim 1 (the pieces interleave with the batch), and claiming the logical tensor must fail."""
+    def logical(x):
+        return {"y": 2 * x}
+
+    def parallel(ctx, x):
+        g = ft_c.all_gather_tensor(x, 0, ctx.group("tp"))
+        return {"y": 2 * g.view(x.shape[0], 2 * x.shape[1], x.shape[2])}
+
+    return trace_plan(logical, parallel, mesh={"tp": 2},
+                      inputs={"x": {"shape": [batch, 8, 4], "dtype": "float64", "placement": {"tp": "Shard(1)"}}},
+                      output_placements={"y": {"tp": "Replicate"}})
+
+
+def test_all_gather_then_view_of_unit_leading_dims_is_the_gather_along_the_dim():
+    """Batch 1: the view of the stacked pieces is their concatenation along dim 1, converted to all_gather(dim=1)
+    (one collective) and VERIFIED; batch 2: not rewritten, and the interpreter differs (the pieces' rows interleave)."""
+    from tvcert.engine.verify import verify
+
+    one = _gather_view_plan(1)
+    ags = [n for n in one["parallel"][0]["nodes"] if n["op"] == "all_gather"]
+    assert [n["attrs"]["dim"] for n in ags] == [1], ags
+    assert verify(load_plan(one)).verdict == "VERIFIED"
+    two = _gather_view_plan(2)
+    assert [n["attrs"]["dim"] for n in two["parallel"][0]["nodes"] if n["op"] == "all_gather"] == [0]
+    assert not run_plan(load_plan(two)).equal  # the claim is false; the engine's REFUTED is its 60-digit run of this

@@ -3,6 +3,7 @@ classic context-parallel bug, for `tvcert trace`:
 
     tvcert trace examples/torch/cp_titan_llama3.py --verify                               # VERIFIED
     tvcert trace examples/torch/cp_titan_llama3.py --set bug=positions_not_offset --verify  # REFUTED at the RoPE read
+    tvcert trace examples/torch/cp_titan_llama3.py --set sp=true --verify                 # TP + SP x CP: VERIFIED
 
 The job is traced as ``tvcert trace --torchtitan llama3-debug --config`` traces it (tvcert.frontends.titan_cp:
 torchtitan's ``apply_cp_to_forward`` and ``Module.parallelize`` on the ``partial_dtensor`` backend, the batch as
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-JOB = Path(__file__).resolve().parents[1] / "torchtitan" / "llama3_debug_tp2_cp2.toml"
+JOBS = Path(__file__).resolve().parents[1] / "torchtitan"
 
 
-def tvcert_trace(bug: str = "", layers: int = 1):
+def tvcert_trace(bug: str = "", layers: int = 1, sp: bool = False):
     from tvcert.frontends.titan_config import load_job
     from tvcert.frontends.torchtitan import trace_titan_job
 
-    job = load_job(str(JOB), "llama3-debug")
+    job = load_job(str(JOBS / ("llama3_debug_tp2_sp_cp2.toml" if sp else "llama3_debug_tp2_cp2.toml")), "llama3-debug")
     return trace_titan_job(job, layers=layers, name=f"cp_titan_llama3{'_' + bug if bug else ''}", bug=bug)

@@ -985,7 +985,35 @@ def _view(c, n, x, shape):
     out = _shape(_out(c, n))
     if out == _shape(c.val(x)):
         return c.ir(x)
+    ag = _gathered_along(c, x, out)
+    if ag is not None:
+        return ag
     return c.emit("reshape", [c.ir(x)], {"shape": out})
+
+
+def _gathered_along(c, x, out) -> str | None:
+    """DTensor's all-gather of Shard(d) when every dim before d has size 1 (a sequence-parallel activation of batch
+    1): all_gather along 0, then a view merging the gathered dim into d.  Row-major, the p pieces [1.., n_d, ..]
+    stacked along 0 and viewed as [1.., p*n_d, ..] are their concatenation along d: the all_gather along d (same
+    values, exactly; the engine's rules speak of the latter).  None if the view is not that one."""
+    ag = c.producer.get(c.ir(x))
+    if ag is None or ag.op != "all_gather" or ag.attrs.get("dim") != 0:
+        return None
+    s = list(_shape_of(c, ag.inputs[0]) or [])
+    g = _shape(c.val(x))
+    if not s or len(s) != len(out) or not g or g[0] % max(s[0], 1) or s[0] != 1:
+        return None
+    p = g[0]
+    d = next((k for k in range(len(s)) if s[k] != out[k]), None)
+    if d is None or d == 0 or any(s[k] != 1 for k in range(d)) or out[d] != p * s[d] or \
+            any(out[k] != s[k] for k in range(len(s)) if k != d):
+        return None
+    inner = x.args[0] if isinstance(x, torch.fx.Node) and _pk(x) == "_c10d_functional.wait_tensor" and x.args else None
+    if not isinstance(x, torch.fx.Node) or len(x.users) != 1 or (inner is not None and len(inner.users) != 1):
+        return None  # the stacked pieces are read elsewhere too
+    ag.attrs["dim"] = d  # the view is the gather's only reader: the one collective, along d
+    c.__dict__.setdefault("_ir_shapes", {})[ag.outputs[0]] = list(out)
+    return ag.outputs[0]
 
 
 _BROADCASTING = {"aten.add", "aten.sub", "aten.mul", "aten.div", "aten.where", "aten.maximum", "aten.minimum",
