@@ -78,7 +78,7 @@ def test_the_bugs_change_torch_s_loss_on_a_gloo_group():
     finally:
         sys.path.remove(str(DATA))
     cases = [("mlp_writes.py", b) for b in ["", *WHY]] + [("setup_broadcast.py", b) for b in ["", "broadcast_tensor"]] \
-        + [("first_call.py", b) for b in ["", "first_call"]]
+        + [("first_call.py", b) for b in ["", "first_call"]] + [("oov_embedding.py", b) for b in ["", "forgot_unk"]]
     got = run_gloo([(DATA / f, b) for f, b in cases])
     for f, bug in cases:
         par, ref = got[f"{f}:{bug}"]
@@ -143,3 +143,15 @@ def test_forward_differing_on_the_second_trace_is_unknown():
 
 def test_reentrant_checkpoint_control_verifies():
     assert _verdict(FIRST.tvcert_trace(""))[0] == "VERIFIED"
+
+
+# ---------------------------------------------------------------- an int range inferred through a where arm (a doubt)
+OOV = _module("oov_embedding")
+
+
+def test_out_of_vocabulary_ids_forgotten_is_not_verified():
+    """The range of ``ids`` (no declared range) is inferred as [0, V) though the logical model is defined for every
+    id >= 0; the rank program that forgets the UNK mapping differs on gloo (above) only there.  Not VERIFIED (no
+    rule decides ``ids < V``); the correct rank program VERIFIES."""
+    assert _verdict(OOV.tvcert_trace("forgot_unk"))[0] != "VERIFIED"
+    assert _verdict(OOV.tvcert_trace(""))[0] == "VERIFIED"

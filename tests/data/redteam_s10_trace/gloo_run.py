@@ -26,7 +26,8 @@ def _inputs(mod):
     out = {}
     for k, v in mod.INPUTS.items():
         if v.get("dtype") == "int":
-            out[k] = torch.randint(getattr(mod, "GLOO_INT_LOW", 0), int(v["range"]), v["shape"], generator=g)
+            hi = int(v["range"]) if "range" in v else mod.GLOO_INT_HIGH  # (no declared range: the spec's bound)
+            out[k] = torch.randint(getattr(mod, "GLOO_INT_LOW", 0), hi, v["shape"], generator=g)
         else:
             out[k] = torch.randn(*v["shape"], generator=g, dtype=torch.float64)
     return out
