@@ -119,6 +119,9 @@ def rows() -> list[Row]:
     ok(t, "TP+CP", job("llama3_debug_tp2_cp2.toml"))
     bug(t, "TP+CP", "positions_not_offset", spec("cp_titan_llama3.py", bug="positions_not_offset"),
         module=r"attention\.rope\b")  # the RoPE cache read at the local positions (rope.py's prefix slice)
+    ok(t, "TP+SP+CP", job("llama3_debug_tp2_sp_cp2.toml"))
+    bug(t, "TP+SP+CP", "positions_not_offset", spec("cp_titan_llama3.py", sp="true", bug="positions_not_offset"),
+        module=r"attention\.rope\b")
     ok(t, "TP", job("llama3_debug_tp2_nosp.toml"))
     ok(t, "TP+SP", job("llama3_debug_tp2.toml"))
 
