@@ -1,8 +1,8 @@
 """Run a spec's parallel program on a real gloo group of 2 CPU processes and the logical model on the full tensors;
-prints one JSON line {"spec.py:bug": [parallel loss on rank 0, logical loss]}.  ``python gloo_run.py SPEC.py bug1 bug2 ...``
-(the spec's INPUTS: float inputs N(0, 1), int inputs drawn from [GLOO_INT_LOW, range) (the spec's, default 0);
-each input cut to rank r's block by its tp placement; the spec's ``logical`` (or ``mlp``), ``make_parallel(bug)``
-and, if it has one, ``make_setup(bug)(ctx)`` run before, as ``ctx.state``)."""
+prints one JSON line {"spec.py:bug": [parallel loss on rank 0, logical loss]}. ``python gloo_run.py SPEC.py bug1
+bug2 ...`` (the spec's INPUTS: float inputs N(0, 1), int inputs drawn from [GLOO_INT_LOW, range) (the spec's,
+default 0); each input cut to rank r's block by its tp placement; the spec's ``logical`` (or ``mlp``),
+``make_parallel(bug)`` and, if it has one, ``make_setup(bug)(ctx)`` run before, as ``ctx.state``)."""
 import importlib.util
 import json
 import os

@@ -1,12 +1,12 @@
-"""Red team s10 (H49): an int input without a declared ``range`` whose range the tracer infers from the logical
-model's uses.  The logical model maps out-of-vocabulary ids (>= V) to the UNK row 0 (``where(ids < V, ids, 0)``)
-and so is defined for every id >= 0; the vocab-parallel rank program forgets that mapping (an OOV id is outside
-every rank's shard, so its embedding is the zero vector, not row 0).  torch: the two differ on any OOV id
-(gloo_run.py).  The range is inferred as [0, V) through the ``where`` arm (the embedding's table rows), which excludes exactly the ids
-where the programs differ; the plan is not VERIFIED only because no rule decides ``ids < V`` over that range (UNKNOWN;
-the interpreter draws ids in [0, V) and finds no difference).  A doubt, not a fix: the inference reads a bound
-through a ``where`` whose condition may redirect the out-of-range values.  ``bug=""``: the rank program maps OOV ids
-to row 0 too (VERIFIED); ``bug="forgot_unk"``: the wrong one (not VERIFIED)."""
+"""Red team s10 (H49): an int input without a declared ``range`` whose range the tracer infers from the logical model's
+uses. The logical model maps out-of-vocabulary ids (>= V) to the UNK row 0 (``where(ids < V, ids, 0)``) and so is
+defined for every id >= 0; the vocab-parallel rank program forgets that mapping (an OOV id is outside every rank's
+shard, so its embedding is the zero vector, not row 0). torch: the two differ on any OOV id (gloo_run.py). The range
+is inferred as [0, V) through the ``where`` arm (the embedding's table rows), which excludes exactly the ids where
+the programs differ; the plan is not VERIFIED only because no rule decides ``ids < V`` over that range (UNKNOWN; the
+interpreter draws ids in [0, V) and finds no difference). A doubt, not a fix: the inference reads a bound through a
+``where`` whose condition may redirect the out-of-range values. ``bug=""``: the rank program maps OOV ids to row 0
+too (VERIFIED); ``bug="forgot_unk"``: the wrong one (not VERIFIED)."""
 import torch
 import torch.nn.functional as F
 import torch.distributed._functional_collectives as funcol
