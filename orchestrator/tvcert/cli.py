@@ -365,8 +365,14 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
     Budgets (past one: UNKNOWN with the reason, never a hang):
       counterexample search  at the plan's run_dims only; each run at most 2e7 tensor
                              elements and 2e9 operations (exact / decimal runs 1e7 and
-                             1.5e7), the whole search 30 s (TVCERT_REFUTE_SECONDS)
-      SMT                    per obligation 10 s, z3 rlimit 5e7, 1 GB, 8 MB of text
+                             1.5e7, TVCERT_EXACT_MAX_WORK); the whole search 1e8
+                             interpreter work units (TVCERT_REFUTE_WORK: counted per op
+                             and element, the same at any machine load), 900 s wall
+                             as a hang guard only (TVCERT_REFUTE_SECONDS)
+      SMT                    per obligation z3 rlimit 2e7 (TVCERT_SMT_RLIMIT), 300 s
+                             wall as a hang guard (TVCERT_SMT_TIMEOUT_MS), 1 GB, 8 MB
+                             of text; 60 s of solver CPU per run
+                             (TVCERT_SMT_TOTAL_SECONDS)
     """
     from .engine.report import render_html, render_text, result_json
     from .engine.verify import verify as run_verify

@@ -8,10 +8,8 @@ functions replaced by a fixed pseudo-random table so equality is decidable).
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import time
 import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal, DivisionByZero, InvalidOperation, Overflow, getcontext, localcontext
@@ -20,6 +18,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from . import budget
 from .errors import InternalError
 from .graph import Graph, Node, int_bounds, loop_body
 from .ops import REGISTRY, Ctx, resolve_attrs
@@ -35,11 +34,12 @@ MAX_ELEMENTS = 5_000_000
 # Budget of one run (checked before it starts, from the shapes at its dims): tensor elements held at once (the
 # logical graph's and every rank's), and arithmetic work (an element of each op's output, times the contracted
 # size for matmul / einsum).  Exact and decimal runs compute with Python numbers, so their budget is smaller.
-# TVCERT_RUN_ELEMENTS / TVCERT_RUN_WORK set the float64 budget (exact / decimal: half the elements, 1.5e7 work).
+# TVCERT_RUN_ELEMENTS / TVCERT_RUN_WORK set the float64 budget (exact / decimal: half the elements, and
+# TVCERT_EXACT_MAX_WORK work, 1.5e7 by default).
 RUN_MAX_ELEMENTS = int(os.environ.get("TVCERT_RUN_ELEMENTS", 20_000_000))
 RUN_MAX_WORK = int(os.environ.get("TVCERT_RUN_WORK", 2_000_000_000))
 EXACT_DIVISOR = 2
-EXACT_MAX_WORK = 15_000_000
+EXACT_MAX_WORK = int(float(os.environ.get("TVCERT_EXACT_MAX_WORK", 15_000_000)))
 
 
 class RunError(RuntimeError):
@@ -61,22 +61,18 @@ class BudgetExceeded(RunError):
         self.kind = kind
 
 
-_deadline: list[float] = []  # monotonic deadlines of the enclosing :func:`time_budget` blocks
-
-
-@contextlib.contextmanager
-def time_budget(seconds: float):
-    """Runs inside stop with :class:`BudgetExceeded` once ``seconds`` have passed (checked at every op)."""
-    _deadline.append(time.monotonic() + seconds)
-    try:
-        yield
-    finally:
-        _deadline.pop()
-
-
 def _check_time(where: str) -> None:
-    if _deadline and time.monotonic() > min(_deadline):
-        raise BudgetExceeded(f"the time budget ran out at {where}", "time")
+    budget.check(where)  # the enclosing search's work budget (and its wall-clock hang guard): tvcert/budget.py
+
+
+def _charge(n: Node, ins, outs, exact: bool) -> None:
+    """Spend one op's work units (budget.op_units: deterministic, from its op count and element counts)."""
+    if not budget._open:
+        return
+    elems = sum(getattr(v, "size", 1) for v in ins) + sum(getattr(v, "size", 1) for v in outs)
+    if n.op == "matmul" and ins and getattr(ins[0], "ndim", 0):
+        elems = max(elems, sum(getattr(v, "size", 1) for v in outs) * max(ins[0].shape[-1], 1))
+    budget.charge(budget.op_units(int(elems), exact))
 
 
 def run_cost(plan: Plan, dims: Mapping[str, int]) -> tuple[int, int]:
@@ -380,9 +376,11 @@ def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[s
     spec = REGISTRY[n.op]
     ra = resolve_attrs(spec, n.attrs, env_dims)
     try:
-        outs = spec.eval([env_values[x] for x in n.inputs], ra, ctx)
-        return [v if isinstance(v, np.ndarray) else np.array(v, dtype=object if ctx.exact else np.float64)
-                for v in outs]
+        ins = [env_values[x] for x in n.inputs]
+        outs = [v if isinstance(v, np.ndarray) else np.array(v, dtype=object if ctx.exact else np.float64)
+                for v in spec.eval(ins, ra, ctx)]
+        _charge(n, ins, outs, ctx.exact)
+        return outs
     except TablesNeeded:
         raise
     except MemoryError:
@@ -499,11 +497,14 @@ def _local_piece(pl: Placement, v, c, p, axis, b, rng, ctx):
 class Assembly:
     value: np.ndarray | None
     problem: str | None = None  # e.g. replicas disagree
+    replicas: int = 0  # when copies of a Replicate axis disagree: how many there are (to measure each)
 
 
 def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: Rank, ctx: Ctx,
-             placement: Mapping[str, Placement] | None = None) -> Assembly:
-    """Rebuild the logical (laid-out) value from rank-local tensors by the placement."""
+             placement: Mapping[str, Placement] | None = None, replica: int | None = None) -> Assembly:
+    """Rebuild the logical (laid-out) value from rank-local tensors by the placement.  ``replica``: on a Replicate
+    axis take that coordinate's copy (the last one past the axis size) without comparing the copies -- only to
+    measure how far each copy is from the logical value once they disagree (never a verdict)."""
     placement = b.placement if placement is None else placement
     axes = [a for a in mesh.axes if a in placement]
 
@@ -519,9 +520,14 @@ def assemble(b: Binding, locals_: Mapping[Rank, np.ndarray], mesh: Mesh, base: R
             subs.append(s.value)
         pl = placement[a]
         if pl.kind == "R":
+            if replica is not None:
+                return Assembly(subs[min(replica, len(subs) - 1)])
             for c, s in enumerate(subs[1:], 1):
                 if not values_equal(subs[0], s, ctx.exact, getattr(ctx, "mode", None)):
-                    return Assembly(None, f"Replicate on axis {a!r}, but coordinates 0 and {c} hold different values")
+                    between = (f"max |diff| {max_diff(subs[0], s):.3g} between them" if s.shape == subs[0].shape else
+                               f"shapes {list(subs[0].shape)} and {list(s.shape)}")
+                    return Assembly(None, f"Replicate on axis {a!r}, but coordinates 0 and {c} hold different values "
+                                          f"({between})", replicas=len(subs))
             return Assembly(subs[0])
         if pl.kind == "S":
             if any(s.shape != subs[0].shape for s in subs):
@@ -616,6 +622,7 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
             for q, o in zip(grp, outs):
                 vals[q][n.outputs[0]] = o
                 done.add(q)
+            _charge(n, [vals[q][n.inputs[0]] for q in grp], outs, ctx.exact)
         return True
     if n.op in ("send", "recv"):
         raise RunError(f"{n.path}: {n.op} runs only at the top level of a program (the loader rejects it in a loop body)")
@@ -770,13 +777,27 @@ def _run(plan: Plan, dims: dict[str, int], seed: int, ctx: Ctx, inputs, mode: st
         prog_ranks = mesh.ranks(plan.programs[b.program].stage)
         asm = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx)
         if asm.value is None:
-            diffs.append(OutputDiff(name, False, float("inf"), asm.problem))
+            diffs.append(OutputDiff(name, False, _replica_diff(b, par, prog_ranks, mesh, ctx, want, asm), asm.problem))
         elif asm.value.shape != want.shape:
             diffs.append(OutputDiff(name, False, float("inf"), f"shape {list(asm.value.shape)} vs logical {list(want.shape)}"))
         else:
             eq = values_equal(asm.value, want, ctx.exact, mode)
             diffs.append(OutputDiff(name, eq, max_diff(asm.value, want), rel_diff=0.0 if eq else rel_diff(asm.value, want)))
     return RunResult(dims, mode, seed, diffs, logical, par, dict(inputs), mesh)
+
+
+def _replica_diff(b: Binding, par, prog_ranks, mesh: Mesh, ctx: Ctx, want: np.ndarray, asm) -> float:
+    """The figure shown for an output whose replicated copies disagree: the largest max |diff| of a copy from the
+    logical value (inf when no copy has its shape).  Only the printed figure: the output stays unequal, its
+    rel_diff infinite, as before."""
+    worst = float("-inf")
+    for c in range(asm.replicas):
+        got = assemble(b, {r: par.values[b.program][r][b.local] for r in prog_ranks}, mesh, prog_ranks[0], ctx,
+                       replica=c)
+        if got.value is None or got.value.shape != want.shape:
+            return float("inf")
+        worst = max(worst, max_diff(got.value, want))
+    return worst if asm.replicas else float("inf")
 
 
 def _check_reads_all(b: Binding, shape: tuple[int, ...], dims: Mapping[str, int]) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deep import deep
-from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, cheapest_cone, run_plan, time_budget
+from ..budget import work_budget
+from ..interp import DECIMAL_RTOL, DIGITS, BudgetExceeded, RunError, cheapest_cone, run_plan
 from ..kernel.equality import Prover
 from ..kernel.int_range import input_ranges
 from ..ops.base import TablesNeeded
@@ -115,7 +116,7 @@ def _unproved_rules(res: Result) -> list[str]:
 
 def _finish(res: Result, t0: float, t_smt: float = 0.0) -> Result:
     plan, prop, exprs, prover = res.plan, res.prop, res.exprs, res.prover
-    kept = {k: res.stats[k] for k in ("size_check",) if k in res.stats}
+    kept = {k: res.stats[k] for k in ("size_check", "refute_work_units") if k in res.stats}
     res.stats = {**kept,
         "wall_seconds": round(time.perf_counter() - t0, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -171,15 +172,23 @@ def _reasons(res: Result) -> list[str]:
     return out
 
 
-REFUTE_SECONDS = float(os.environ.get("TVCERT_REFUTE_SECONDS", 30))  # wall-clock budget of the whole search
+# The search's budget is work, not time, so that a verdict does not depend on the machine's load: REFUTE_WORK
+# interpreter work units (tvcert/budget.py: deterministic per plan, about a microsecond of CPU each on an idle machine);
+# REFUTE_SECONDS of wall time is only a hang guard.  TVCERT_REFUTE_WORK / TVCERT_REFUTE_SECONDS set them.
+REFUTE_WORK = float(os.environ.get("TVCERT_REFUTE_WORK", 1e8))
+REFUTE_SECONDS = float(os.environ.get("TVCERT_REFUTE_SECONDS", 900))
 
 
 def _refute(res: Result, seeds: int) -> None:
     """The counterexample search within its budget (interp.check_budget: elements and work of each run, and
-    REFUTE_SECONDS for the whole search); past it the verdict stays UNKNOWN, with the reason."""
+    REFUTE_WORK units for the whole search, REFUTE_SECONDS wall as a hang guard); past it the verdict stays UNKNOWN,
+    with the reason naming the limit that was hit."""
     try:
-        with time_budget(REFUTE_SECONDS):
-            _search(res, seeds)
+        with work_budget(REFUTE_WORK, REFUTE_SECONDS) as b:
+            try:
+                _search(res, seeds)
+            finally:
+                res.stats["refute_work_units"] = b.spent
     except BudgetExceeded as exc:
         res.reasons.append(f"no counterexample search past its budget: {exc}")
 
