@@ -2420,23 +2420,27 @@ def _scatter_src_crop(c, n, sv, src_shape, ixs):
 _NONFINITE_OPS = {"log", "log1p", "sqrt", "rsqrt", "reciprocal", "div", "pow", "exp", "expm1"}
 
 
-def _may_be_nonfinite(c, name: str, seen: set | None = None) -> str | None:
+def _may_be_nonfinite(c, name: str) -> str | None:
     """The op among the producers of IR value ``name`` whose torch result may be NaN or infinite, or None.  A
-    division by a nonzero constant and a power with a natural exponent are total."""
-    seen = set() if seen is None else seen
-    if name in seen:
-        return None
-    seen.add(name)
-    nd = c.producer.get(name)
-    if nd is None:
-        return None
-    if nd.op in _NONFINITE_OPS:
-        const_div = nd.op == "div" and (lambda d: d is not None and d.op == "const" and d.attrs.get("value") != 0)(
-            c.producer.get(nd.inputs[1]))
-        nat_pow = nd.op == "pow" and isinstance(nd.attrs.get("exponent"), int) and nd.attrs["exponent"] >= 0
-        if not (const_div or nat_pow):
-            return nd.op
-    return next((w for i in nd.inputs if (w := _may_be_nonfinite(c, i, seen)) is not None), None)
+    division by a nonzero constant and a power with a natural exponent are total.  (A walk, not a recursion: the
+    value may end a long backward.)"""
+    seen, todo = set(), [name]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        nd = c.producer.get(x)
+        if nd is None:
+            continue
+        if nd.op in _NONFINITE_OPS:
+            d = c.producer.get(nd.inputs[1]) if nd.op == "div" and len(nd.inputs) > 1 else None
+            const_div = d is not None and d.op == "const" and d.attrs.get("value") != 0
+            nat_pow = nd.op == "pow" and isinstance(nd.attrs.get("exponent"), int) and nd.attrs["exponent"] >= 0
+            if not (const_div or nat_pow):
+                return nd.op
+        todo.extend(nd.inputs)
+    return None
 
 
 @reg("aten.isnan", "aten.isinf", "aten.isposinf", "aten.isneginf", "aten.isfinite")
