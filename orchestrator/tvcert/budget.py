@@ -16,17 +16,21 @@ import time
 from dataclasses import dataclass
 
 # Units of one op: a fixed cost (dispatch, attribute resolution: tens of microseconds of Python) plus its elements
-# (inputs + outputs, or output x contracted size for a matmul), which cost ~100x more as Python numbers (exact
-# Fractions, 60-digit decimals) than in numpy float64.  About one unit per microsecond of CPU on an idle machine.
+# (inputs + outputs, or output x contracted size for a matmul), weighted by what an element costs in its number mode:
+# numpy float64 ~0.01 us, 60-digit decimals (C libmpdec) ~0.25 us, exact Fractions a few us.  About one unit per
+# microsecond of an idle CPU (measured on ddp_titan_llama3's off_by_one search: float64 1.4, decimal ~1 units/us).
 OP_UNITS = 20
 FLOAT_ELEMENTS_PER_UNIT = 100
-EXACT_UNITS_PER_ELEMENT = 2
+DECIMAL_ELEMENTS_PER_UNIT = 4
+EXACT_UNITS_PER_ELEMENT = 4
 
 
-def op_units(elements: int, exact: bool) -> int:
-    """Work units of one op over ``elements`` elements in exact (Python numbers) or float64 (numpy) mode."""
-    if exact:
+def op_units(elements: int, mode: str) -> int:
+    """Work units of one op over ``elements`` elements in ``mode`` ("float64", "decimal" or "exact")."""
+    if mode == "exact":
         return OP_UNITS + EXACT_UNITS_PER_ELEMENT * elements
+    if mode == "decimal":
+        return OP_UNITS + elements // DECIMAL_ELEMENTS_PER_UNIT
     return OP_UNITS + elements // FLOAT_ELEMENTS_PER_UNIT
 
 

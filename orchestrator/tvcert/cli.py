@@ -365,7 +365,7 @@ def verify(plan_path: str | None, torch_spec: str | None, sets: tuple, cert_path
     Budgets (past one: UNKNOWN with the reason, never a hang):
       counterexample search  at the plan's run_dims only; each run at most 2e7 tensor
                              elements and 2e9 operations (exact / decimal runs 1e7 and
-                             1.5e7, TVCERT_EXACT_MAX_WORK); the whole search 1e8
+                             1.5e7, TVCERT_EXACT_MAX_WORK); the whole search 5e7
                              interpreter work units (TVCERT_REFUTE_WORK: counted per op
                              and element, the same at any machine load), 900 s wall
                              as a hang guard only (TVCERT_REFUTE_SECONDS)

@@ -65,14 +65,15 @@ def _check_time(where: str) -> None:
     budget.check(where)  # the enclosing search's work budget (and its wall-clock hang guard): tvcert/budget.py
 
 
-def _charge(n: Node, ins, outs, exact: bool) -> None:
+def _charge(n: Node, ins, outs, ctx: Ctx) -> None:
     """Spend one op's work units (budget.op_units: deterministic, from its op count and element counts)."""
     if not budget._open:
         return
     elems = sum(getattr(v, "size", 1) for v in ins) + sum(getattr(v, "size", 1) for v in outs)
     if n.op == "matmul" and ins and getattr(ins[0], "ndim", 0):
         elems = max(elems, sum(getattr(v, "size", 1) for v in outs) * max(ins[0].shape[-1], 1))
-    budget.charge(budget.op_units(int(elems), exact))
+    mode = getattr(ctx, "mode", None) or ("exact" if ctx.exact else "float64")
+    budget.charge(budget.op_units(int(elems), mode))
 
 
 def run_cost(plan: Plan, dims: Mapping[str, int]) -> tuple[int, int]:
@@ -379,7 +380,7 @@ def eval_node(n: Node, env_values: Mapping[str, np.ndarray], env_dims: Mapping[s
         ins = [env_values[x] for x in n.inputs]
         outs = [v if isinstance(v, np.ndarray) else np.array(v, dtype=object if ctx.exact else np.float64)
                 for v in spec.eval(ins, ra, ctx)]
-        _charge(n, ins, outs, ctx.exact)
+        _charge(n, ins, outs, ctx)
         return outs
     except TablesNeeded:
         raise
@@ -622,7 +623,7 @@ def _step(n: Node, prog: str, ranks: list[Rank], vals, envs, mesh: Mesh, mailbox
             for q, o in zip(grp, outs):
                 vals[q][n.outputs[0]] = o
                 done.add(q)
-            _charge(n, [vals[q][n.inputs[0]] for q in grp], outs, ctx.exact)
+            _charge(n, [vals[q][n.inputs[0]] for q in grp], outs, ctx)
         return True
     if n.op in ("send", "recv"):
         raise RunError(f"{n.path}: {n.op} runs only at the top level of a program (the loader rejects it in a loop body)")

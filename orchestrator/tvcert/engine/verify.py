@@ -175,7 +175,7 @@ def _reasons(res: Result) -> list[str]:
 # The search's budget is work, not time, so that a verdict does not depend on the machine's load: REFUTE_WORK
 # interpreter work units (tvcert/budget.py: deterministic per plan, about a microsecond of CPU each on an idle machine);
 # REFUTE_SECONDS of wall time is only a hang guard.  TVCERT_REFUTE_WORK / TVCERT_REFUTE_SECONDS set them.
-REFUTE_WORK = float(os.environ.get("TVCERT_REFUTE_WORK", 1e8))
+REFUTE_WORK = float(os.environ.get("TVCERT_REFUTE_WORK", 5e7))
 REFUTE_SECONDS = float(os.environ.get("TVCERT_REFUTE_SECONDS", 900))
 
 
