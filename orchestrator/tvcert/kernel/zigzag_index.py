@@ -118,7 +118,10 @@ def zigzag_from_index_block(g, index: int, facts: Mapping[str, Fact], kc: KCtx) 
         if not (perm == perm[:, :1]).all():
             raise RuleFailure("the gather index is not constant along the other dims")
         perm = perm[:, 0]
-    if perm.shape != (N,) or not np.array_equal(perm.astype(np.int64), head_tail(p, c)):
+    if perm.shape == (N,) and any(v != int(v) for v in perm.tolist()):  # exact values: a fraction is no index
+        raise RuleFailure("the index holds a value that is not an integer")
+    if perm.shape != (N,) or not np.array_equal(np.array([int(v) for v in perm.tolist()], dtype=np.int64),
+                                                head_tail(p, c)):
         raise RuleFailure(f"the index is not the head-tail permutation of {2 * p} chunks of {c} rows")
     from .zigzag import Z, _carry_other_axes
 
