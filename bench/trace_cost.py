@@ -9,8 +9,10 @@ to 16 ranks and dp 8 x tp 8 at 64 (dp 1 x tp 2 is torchtitan's TP route) -- in a
 where ``trace_plan``'s time goes (``tvcert.frontends.trace.stats_hook``): the CPU seconds of the logical model's
 trace, then summed over the ranks the CPU seconds of their setup (the framework building and parallelizing the model), make_fx of the joint forward +
 backward and conversion (ATen -> IR), the wall time of the rank phase (less than the sum with ``--jobs``), SPMD
-compression + plan validation, and the rest (the front end's own preparation); then verifying (``--verify``),
-the wall time of the whole cell (with imports), and the peak RSS; ``CPU s`` (user + system, the cell's process and its rank workers) is the figure least disturbed by other
+compression + plan validation, and the rest (the front end's own preparation); then verifying (``--verify``) with the
+engine's stages (runs of ops of one transformer layer, ``layer`` labels) and how many distinct ones it derived (the
+rest replayed, ``kernel/memo.py``), the wall time of the whole cell (with imports), the peak RSS and the 1-minute load
+average as the cell started; ``CPU s`` (user + system, the cell's process and its rank workers) is the figure least disturbed by other
 load on a shared machine.  A cell whose predicted time (from the cells before it) exceeds ``--budget`` seconds is skipped and
 printed as such.  Each rank is traced once, in its own process forked from the state before the logical trace
 (``frontends/rank_workers.py``); ``--jobs N`` runs up to N of them at once (``TVCERT_TRACE_JOBS``; 1 by default here so
@@ -53,6 +55,7 @@ if a["verify"]:
     res = verify(load_plan(plan))
     out["verify_s"] = time.perf_counter() - t2
     out["verdict"] = res.verdict
+    out["stages"] = (res.stats.get("stages", 0), res.stats.get("distinct_stages", 0))
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 out["cpu_s"] = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime  # with the rank workers'
 out["peak_rss_mb"] = me.ru_maxrss / 1024
@@ -94,6 +97,7 @@ def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path, src: P
     cfg.write_text(TOML.format(dp=dp, tp=tp))
     env = dict(os.environ, PYTHONPATH=str(src))
     env["TVCERT_TRACE_JOBS"] = str(jobs)
+    load = os.getloadavg()[0]  # the 1-minute load average as the cell starts (the machine is shared)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", CELL, json.dumps({"config": str(cfg), "layers": layers,
                                                                  "verify": verify})],
@@ -104,12 +108,12 @@ def run_cell(ranks: int, layers: int, verify: bool, jobs: int, tmp: Path, src: P
         err = (p.stderr.strip().splitlines() or ["?"])[-1]
         return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, "error": err[:200]}
     out = json.loads(line[7:])
-    return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, **out}
+    return {"ranks": ranks, "dp": dp, "tp": tp, "layers": layers, "wall_s": wall, "load": load, **out}
 
 
 COLS = ["ranks", "layers", "ranks traced", "logical CPU s", "rank setup CPU s", "rank make_fx CPU s", "rank convert CPU s",
-        "ranks wall s", "compress + validate s", "other s", "verify s", "verdict", "wall s", "CPU s", "peak RSS MB",
-        "parallel ops"]
+        "ranks wall s", "compress + validate s", "other s", "verify s", "verdict", "engine stages (distinct)", "wall s",
+        "CPU s", "peak RSS MB", "parallel ops", "load"]
 HEADER = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS)
 
 
@@ -120,13 +124,14 @@ def fmt(r: dict) -> str:
     if "error" in r:
         return head + f"error: {r['error']} |" + " |" * (len(COLS) - 3)
     if "rank_trace_s" not in r:  # a tracer without the stats hook (--src of an older tree): the plan's seconds only
-        return head + "- | " * 7 + f"{r['plan_s']:.1f} (all) | - | - | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | " \
-            f"{r['peak_rss_mb']:.0f} | {r['ops']} |"
+        return head + "- | " * 7 + f"{r['plan_s']:.1f} (all) | - | - | - | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | " \
+            f"{r['peak_rss_mb']:.0f} | {r['ops']} | {r['load']:.1f} |"
     v = f"{r['verify_s']:.1f}" if "verify_s" in r else "-"
+    st = f"{r['stages'][0]} ({r['stages'][1]})" if "stages" in r else "-"
     return (head + f"{r['traced_ranks']}/{r['world']} (jobs {r['jobs']}) | {r['logical_cpu_s']:.1f} | "
             f"{r['rank_setup_s']:.1f} | {r['rank_trace_s']:.1f} | {r['rank_convert_s']:.1f} | {r['ranks_wall_s']:.1f} | "
-            f"{r['compress_s'] + r['validate_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | "
-            f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} |")
+            f"{r['compress_s'] + r['validate_s']:.1f} | {r['other_s']:.1f} | {v} | {r.get('verdict', '-')} | {st} | "
+            f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['ops']} | {r['load']:.1f} |")
 
 
 def main(argv=None) -> int:

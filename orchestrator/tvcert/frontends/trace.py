@@ -339,6 +339,16 @@ stats_hook: Optional[Callable[[dict], None]] = None
 # of one program in which every rank runs its own (``mpmd.merge_ranks``, set by ``context_parallel``); None: UNKNOWN.
 spmd_fallback: Optional[Callable] = None
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)$")
+_IN_LAYER_RE = re.compile(r"^(.*?(?:^|\.)(?:layers|h|blocks)\.\d+)(?:\.|$)")
+
+
+def layer_of(module: Optional[str]) -> Optional[str]:
+    """The transformer layer a module path lies in (``model.layers.3`` for ``model.layers.3.attention.wq``), else
+    None.  Written as the node's ``layer``: the engine derives a run of ops with one label once per canonical form
+    and replays it for its copies (``kernel/memo.py``, which compares the whole canonical form, so a label only
+    delimits the run: a layer whose ops differ from another's is derived on its own)."""
+    m = _IN_LAYER_RE.match(module or "")
+    return m.group(1) if m else None
 
 
 def _tick(text: str) -> None:
@@ -1576,6 +1586,9 @@ def _finish_outputs(nodes: list[IRNode], outs: list[Any], out_names: list[str], 
     for n, d in zip(nodes, js):
         if getattr(n, "module", None):
             d["module"] = n.module
+            lab = layer_of(n.module)
+            if lab is not None:
+                d["layer"] = lab
     rename: dict[str, str] = {}
     produced = {o for n in nodes for o in n.outputs}
     final = []
