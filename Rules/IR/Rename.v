@@ -17,6 +17,10 @@
       the value of node [j] of the template.  Stated for [lrun] ([lrun_rename_at]) and for
       [mrun] on every mesh ([mrun_rename_at]): the renamed program's meaning is the renamed
       meaning.
+    - [instance_ok]: a boolean check ([vm_compute]) that a stretch of a node list is the template
+      renamed ([gnode_eqb], [pnode_eqb]); [lrun_instance_at] / [mrun_instance_at]: in a whole node
+      list, node [j] of a checked instance has the value of node [j] of the template.
+    - [mcheck_nodes_cat]: the checker runs a node list piece by piece (prefix, stage, rest).
     - [mcheck_nodes_rename]: the checker's per-node work [mderive] ignores the parallel node's
       operand ids ([mderive_rename_p]), so a certificate segment [c] accepted for a parallel
       template from facts [facts'] is accepted for the renamed instance from any [facts] that
@@ -39,11 +43,11 @@
     and [mcheck_sound] applies to the expanded plan unchanged (the memoized checker computes the
     same boolean as [mcheck] on the expanded certificate). *)
 From mathcomp Require Import all_ssreflect all_algebra.
-From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.Mesh IR.MeshCheck.
+From TVCert Require Import IR.Syntax IR.Denote IR.LayoutOps IR.LayoutRule IR.Mesh IR.MeshCheck.
 Set Implicit Arguments.
 Unset Strict Implicit.
 Unset Printing Implicit Defensive.
-Import JSyntax JDenote JLayout JMesh JMeshCheck.
+Import JSyntax JDenote JLayout JLayoutRule JMesh JMeshCheck.
 
 Module JRename.
 
@@ -129,6 +133,30 @@ have [|_ ->] := H' (size e' + j); first by rewrite size_run ltn_add2l.
 by rewrite Hf.
 Qed.
 
+(** ** Instances inside a larger node list *)
+Lemma run_cat e xs ys : run e (xs ++ ys) = run (run e xs) ys.
+Proof. by elim: xs e => [|x xs IH] e //=. Qed.
+
+(** A value once computed stays: later nodes only append. *)
+Lemma nth_run_prefix e ns i : i < size e -> nth d (run e ns) i = nth d e i.
+Proof.
+elim: ns e => [|n ns IH] e //= lt.
+by rewrite IH ?size_rcons 1?ltnW // nth_rcons lt.
+Qed.
+
+(** Node [j] of an instance placed after [pre] (and before [post]) in a node list has the
+    value of node [j] of the template. *)
+Lemma run_instance_at f e' e pre tmpl post j :
+  agree f e' (run e pre) -> scoped (size e') tmpl ->
+  shifts f (size e') (size e + size pre) (size tmpl) -> j < size tmpl ->
+  nth d (run e (pre ++ map (ren f) tmpl ++ post)) (size e + size pre + j) =
+  nth d (run e' tmpl) (size e' + j).
+Proof.
+move=> H Hs Hf lt; rewrite !run_cat nth_run_prefix; last first.
+  by rewrite !size_run size_map ltn_add2l.
+by rewrite -(size_run e pre); apply: run_rename_at; rewrite ?size_run.
+Qed.
+
 End Run.
 
 (** ** Renaming a node's operands *)
@@ -142,6 +170,78 @@ Definition rename_p (f : nat -> nat) (n : pnode) : pnode :=
 
 Lemma pargs_rename_p f n : pargs (rename_p f n) = map f (pargs n).
 Proof. by case: n. Qed.
+
+(** ** Checking that a stretch of a node list is an instance (boolean, for [vm_compute]) *)
+Lemma gop_eqb_eq a b : gop_eqb a b -> a = b.
+Proof. by case: a => a; case: b => b //=; [move/op_eqbP -> | move/lop_eqbP ->]. Qed.
+
+Definition gnode_eqb (a b : gnode) : bool := gop_eqb (g_op a) (g_op b) && (g_args a == g_args b).
+
+Lemma gnode_eqb_eq a b : gnode_eqb a b -> a = b.
+Proof. by case: a => o a; case: b => o' a' /andP [/= /gop_eqb_eq -> /eqP ->]. Qed.
+
+Definition coll_eqb (a b : coll) : bool :=
+  match a, b with
+  | CAllReduce r, CAllReduce q => reduce_op_eqb r q
+  | CAllGather d, CAllGather e | CReduceScatter d, CReduceScatter e => d == e
+  | CSliceRank d m, CSliceRank e n => (d == e) && (m == n)
+  | _, _ => false
+  end.
+
+Lemma coll_eqb_eq a b : coll_eqb a b -> a = b.
+Proof.
+case: a => [r|d|d|d m]; case: b => [q|e|e|e n] //=; first by move/reduce_op_eqbP ->.
+- by move/eqP ->.
+- by move/eqP ->.
+by move=> /andP [/eqP -> /eqP ->].
+Qed.
+
+Definition pnode_eqb (a b : pnode) : bool :=
+  match a, b with
+  | PLocal o a, PLocal o' a' => gop_eqb o o' && (a == a')
+  | PColl c k x, PColl c' k' x' => coll_eqb c c' && (k == k') && (x == x')
+  | _, _ => false
+  end.
+
+Lemma pnode_eqb_eq a b : pnode_eqb a b -> a = b.
+Proof.
+case: a => [o a|c k x]; case: b => [o' a'|c' k' x'] //=.
+  by move=> /andP [/gop_eqb_eq -> /eqP ->].
+by move=> /andP [/andP [/coll_eqb_eq -> /eqP ->] /eqP ->].
+Qed.
+
+Fixpoint all2b {A : Type} (eqb : A -> A -> bool) (xs ys : seq A) : bool :=
+  match xs, ys with
+  | [::], [::] => true
+  | x :: xs', y :: ys' => eqb x y && all2b eqb xs' ys'
+  | _, _ => false
+  end.
+
+Lemma all2b_eq {A : Type} (eqb : A -> A -> bool) :
+  (forall a b, eqb a b -> a = b) -> forall xs ys, all2b eqb xs ys -> xs = ys.
+Proof.
+move=> E; elim=> [|x xs IH] [|y ys] //= /andP [/E -> /IH ->] //.
+Qed.
+
+(** The [size tmpl] nodes of [ns] from [start] are the template renamed by [f]. *)
+Definition instance_ok {A : Type} (eqb : A -> A -> bool) (ren : (nat -> nat) -> A -> A)
+    (ns : seq A) (start : nat) (f : nat -> nat) (tmpl : seq A) : bool :=
+  all2b eqb (take (size tmpl) (drop start ns)) (map (ren f) tmpl).
+
+Lemma instance_okP {A : Type} (eqb : A -> A -> bool) ren ns start f (tmpl : seq A) :
+  (forall a b, eqb a b -> a = b) -> instance_ok eqb ren ns start f tmpl ->
+  ns = take start ns ++ map (ren f) tmpl ++ drop (start + size tmpl) ns.
+Proof.
+move=> E /(all2b_eq E) H.
+by rewrite -H addnC -drop_drop cat_take_drop cat_take_drop.
+Qed.
+
+Lemma instance_ok_start {A : Type} (eqb : A -> A -> bool) ren ns start f (tmpl : seq A) :
+  instance_ok eqb ren ns start f tmpl -> 0 < size tmpl -> size (take start ns) = start.
+Proof.
+move=> I pos; rewrite size_take; case: ltnP => // le; move: I pos.
+by case: tmpl => // t tmpl; rewrite /instance_ok drop_oversize.
+Qed.
 
 Section Values.
 Variable R : realFieldType.
@@ -181,6 +281,19 @@ have := @lrun_rename_at f (pull (ldflt R) f e k) e ns j; rewrite Hk; apply => //
 exact: agree_pull.
 Qed.
 
+(** A stretch of the logical graph checked to be an instance computes the template's values. *)
+Lemma lrun_instance_at f e' e ns start tmpl j :
+  instance_ok gnode_eqb rename_g ns start f tmpl ->
+  agree (ldflt R) f e' (lrun fn e (take start ns)) -> scoped g_args (size e') tmpl ->
+  shifts f (size e') (size e + start) (size tmpl) -> j < size tmpl ->
+  nth (ldflt R) (lrun fn e ns) (size e + start + j) = nth (ldflt R) (lrun fn e' tmpl) (size e' + j).
+Proof.
+move=> I H Hs Hf lt; have Hst := instance_ok_start I (leq_ltn_trans (leq0n j) lt).
+rewrite (instance_okP gnode_eqb_eq I) !lrunE.
+have -> : size e + start + j = size e + size (take start ns) + j by rewrite Hst.
+apply: (run_instance_at (@lrun_node_local)) => //; rewrite ?Hst -?lrunE //.
+Qed.
+
 (** ** The parallel program, on every rank of every mesh *)
 Lemma mrunE ms env ns : mrun fn ms env ns = run (mrun_node fn ms) env ns.
 Proof. by elim: ns env => [|n ns IH] env //=; rewrite IH. Qed.
@@ -202,6 +315,18 @@ Lemma mrun_rename_at ms f e' e ns j :
   nth (mdflt R) (mrun fn ms e' ns) (size e' + j).
 Proof. by rewrite !mrunE; apply: run_rename_at; apply: mrun_node_local. Qed.
 
+Lemma mrun_instance_at ms f e' e ns start tmpl j :
+  instance_ok pnode_eqb rename_p ns start f tmpl ->
+  agree (mdflt R) f e' (mrun fn ms e (take start ns)) -> scoped pargs (size e') tmpl ->
+  shifts f (size e') (size e + start) (size tmpl) -> j < size tmpl ->
+  nth (mdflt R) (mrun fn ms e ns) (size e + start + j) = nth (mdflt R) (mrun fn ms e' tmpl) (size e' + j).
+Proof.
+move=> I H Hs Hf lt; have Hst := instance_ok_start I (leq_ltn_trans (leq0n j) lt).
+rewrite (instance_okP pnode_eqb_eq I) !mrunE.
+have -> : size e + start + j = size e + size (take start ns) + j by rewrite Hst.
+apply: (run_instance_at (@mrun_node_local ms)) => //; rewrite ?Hst -?mrunE //.
+Qed.
+
 End Values.
 
 (** ** The checker: a parallel renaming transports an accepted certificate segment *)
@@ -222,6 +347,16 @@ apply/andP; split; first (apply/andP; split).
 - by rewrite mderive_rename_p Hnth.
 - apply: IH Hc; last by rewrite !size_rcons; exact: shifts_behead.
   by apply: agree_rcons => //; apply: shifts_head Hf.
+Qed.
+
+(** The checker runs a node list piece by piece: the prefix, then each stage from the facts so far. *)
+Lemma mcheck_nodes_cat P ls facts xs ys cx cy : size xs = size cx ->
+  mcheck_nodes P ls facts (xs ++ ys) (cx ++ cy) =
+  mcheck_nodes P ls facts xs cx && mcheck_nodes P ls (facts ++ cx) ys cy.
+Proof.
+elim: xs cx facts => [|x xs IH] [|fc cx] facts //=; first by rewrite cats0.
+case=> Hs; rewrite IH // cat_rcons.
+by case: (all _ _); case: (mderive _ _ _ _ _).
 Qed.
 
 End JRename.
