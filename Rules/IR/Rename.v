@@ -359,4 +359,37 @@ case=> Hs; rewrite IH // cat_rcons.
 by case: (all _ _); case: (mderive _ _ _ _ _).
 Qed.
 
+(** ** The logical side of a renaming (first brick; the rest is in the header) *)
+Section Logical.
+Variables (P : mplan) (ls : seq shape) (g : nat -> nat).
+Let ni := size (ml_inputs P).
+
+(** [g] is a graph morphism at logical id [l]: it keeps [l]'s shape and keeps it in the graph;
+    if [l] is a node, [g l] is a node of the same op on the renamed operands, each before it. *)
+Definition lmorph_at (l : nat) : Prop :=
+  [/\ lsh ls (g l) = lsh ls l, l < size ls -> g l < size ls &
+      ni <= l -> [/\ ni <= g l, lnode P (g l) = rename_g g (lnode P l) &
+                     forall a, a \in g_args (lnode P l) -> a < l -> g a < g l]].
+
+Lemma node_is_args l o args : node_is P ls l o args -> g_args (lnode P l) = args /\ ni <= l.
+Proof. by move=> /andP [/andP [/andP [/andP [_ /eqP ->] ->]]]. Qed.
+
+Lemma node_is_rename l o args :
+  lmorph_at l -> node_is P ls l o args -> node_is P ls (g l) o (map g args).
+Proof.
+case=> _ Hsz Hn; rewrite /node_is.
+move=> /andP [/andP [/andP [/andP [Ho /eqP Ha] Hni]]]; rewrite !ltszE => /Hsz -> Hall.
+have [Hni' Hln Hlt] := Hn Hni.
+rewrite Hln /= Ho Ha eqxx (Hni' : size (ml_inputs P) <= g l) /= all_map; apply/allP => a Hin /=.
+by apply: Hlt; [rewrite Ha | apply: (allP Hall)].
+Qed.
+
+Lemma arg0_rename l x : lmorph_at l -> ni <= l -> g_args (lnode P l) = [:: x] -> arg0 P (g l) = g x.
+Proof. by case=> _ _ Hn /Hn [_ Hl _] Ha; rewrite /arg0 Hl /= Ha. Qed.
+
+Lemma g_op_rename l : lmorph_at l -> ni <= l -> g_op (lnode P (g l)) = g_op (lnode P l).
+Proof. by case=> _ _ Hn /Hn [_ -> _]. Qed.
+
+End Logical.
+
 End JRename.
