@@ -390,6 +390,66 @@ Proof. by case=> _ _ Hn /Hn [_ Hl _] Ha; rewrite /arg0 Hl /= Ha. Qed.
 Lemma g_op_rename l : lmorph_at l -> ni <= l -> g_op (lnode P (g l)) = g_op (lnode P l).
 Proof. by case=> _ _ Hn /Hn [_ -> _]. Qed.
 
+(** [rr_back b a] names [a]'s chain: [a] and its operand are nodes, of one operand each. *)
+Lemma rr_back_args b a : rr_back P ls b a ->
+  [/\ g_args (lnode P a) = [:: arg0 P a], ni <= a, g_args (lnode P (arg0 P a)) = [:: b] & ni <= arg0 P a].
+Proof.
+move=> /andP [/node_is_args [Ea Hni]]; case: (g_op (lnode P (arg0 P a))) => [//|[] //] s1.
+by move=> /andP [/node_is_args [Ea1 Hni1] _].
+Qed.
+
+Lemma rr_back_rename b a : (forall l, l \in [:: a; arg0 P a; b] -> lmorph_at l) ->
+  rr_back P ls b a -> rr_back P ls (g b) (g a).
+Proof.
+move=> M; have Ma := M a (mem_head _ _).
+have Ma1 : lmorph_at (arg0 P a) by apply: M; rewrite !inE eqxx !orbT.
+have [Hb _ _] : lmorph_at b by apply: M; rewrite !inE eqxx !orbT.
+move=> H; have [Ea Hni Ea1 Hni1] := rr_back_args H; move: H.
+rewrite /rr_back (arg0_rename Ma Hni Ea) (g_op_rename Ma1 Hni1) Hb => /andP [Ha].
+move: (node_is_rename Ma Ha) => /= -> /=.
+case: (g_op (lnode P (arg0 P a))) => [//|[] //] s1 /andP [H1 Hp].
+by move: (node_is_rename Ma1 H1) => /= ->.
+Qed.
+
+Lemma pp_back_rename b a :
+  (forall l, l \in [:: a; arg0 P a; arg0 P (arg0 P a); arg0 P (arg0 P (arg0 P a)); b] -> lmorph_at l) ->
+  pp_back P ls b a -> pp_back P ls (g b) (g a).
+Proof.
+move=> M; have Ma := M a (mem_head _ _).
+have Ma1 : lmorph_at (arg0 P a) by apply: M; rewrite !inE eqxx !orbT.
+have Ma2 : lmorph_at (arg0 P (arg0 P a)) by apply: M; rewrite !inE eqxx !orbT.
+have Ma3 : lmorph_at (arg0 P (arg0 P (arg0 P a))) by apply: M; rewrite !inE eqxx !orbT.
+have [Hb _ _] : lmorph_at b by apply: M; rewrite !inE eqxx !orbT.
+rewrite /pp_back => /andP [/andP [/andP [Ha Hrr] H3] Hs].
+have [Ea Hni] := node_is_args Ha.
+have [Ea1 Hni1 Ea2 Hni2] := rr_back_args Hrr.
+rewrite (arg0_rename Ma Hni Ea) (arg0_rename Ma1 Hni1 Ea1) (arg0_rename Ma2 Hni2 Ea2) Hb Hs.
+move: (node_is_rename Ma Ha) (node_is_rename Ma3 H3) => /= -> ->.
+rewrite rr_back_rename // => l; rewrite !inE => /or3P [] /eqP ->; by [].
+Qed.
+
+Lemma sum_flat_rename b a :
+  (forall l, l \in [:: a; arg0 P a; arg0 P (arg0 P a); b; arg0 P b] -> lmorph_at l) ->
+  sum_flat P ls b a -> sum_flat P ls (g b) (g a).
+Proof.
+move=> M; have Ma := M a (mem_head _ _).
+have Ma1 : lmorph_at (arg0 P a) by apply: M; rewrite !inE eqxx !orbT.
+have Ma2 : lmorph_at (arg0 P (arg0 P a)) by apply: M; rewrite !inE eqxx !orbT.
+have Mb : lmorph_at b by apply: M; rewrite !inE eqxx !orbT.
+have Md : lmorph_at (arg0 P b) by apply: M; rewrite !inE eqxx !orbT.
+have [Hd _ _] := Md.
+rewrite /sum_flat => /andP [/andP [/andP [Ha Hb] Hsz] Hor].
+have [Ea Hni] := node_is_args Ha; have [Eb Hnib] := node_is_args Hb.
+rewrite (arg0_rename Ma Hni Ea) (arg0_rename Mb Hnib Eb) Hd Hsz.
+move: (node_is_rename Ma Ha) (node_is_rename Mb Hb) => /= -> -> /=.
+case/orP: Hor => [H1|/andP [/andP [H2 H1] H3]].
+  by move: (node_is_rename Ma1 H1) => /= ->.
+have [Ea1 Hni1] := node_is_args H1.
+rewrite (arg0_rename Ma1 Hni1 Ea1).
+move: (node_is_rename Ma1 H1) (node_is_rename Ma2 H3) => /= -> ->.
+by rewrite H2; case: (node_is _ _ _ _ _).
+Qed.
+
 End Logical.
 
 End JRename.
