@@ -148,7 +148,7 @@ def _parse_set(items) -> dict:
     return out
 
 
-TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug")  # tvcert.frontends.torchtitan.MODELS (no import here)
+TORCHTITAN_MODELS = ("llama3-debug", "deepseek-v3-debug", "qwen3-debug")  # torchtitan.MODELS (no import here)
 
 
 @click.command("trace")

@@ -7,7 +7,7 @@ TOML keeps the field names of torchtitan's job config; each section we read is c
 own dataclass (``ParallelismConfig``, ``TrainingConfig``, ``CompileConfig``, the activation-checkpointing
 policy configs), so a key torchtitan does not know is bad input naming it.
 
-Read: ``[model] name / flavor`` (``llama3`` / ``deepseek_v3``, ``debugmodel``; torchtitan 0.3.0's
+Read: ``[model] name / flavor`` (``llama3`` / ``deepseek_v3`` / ``qwen3``, ``debugmodel``; torchtitan 0.3.0's
 ``--module`` / ``--config``), ``[parallelism]`` (degrees, ``enable_sequence_parallel``; the 0.1/0.2 key
 ``enable_async_tensor_parallel`` is accepted there as well as in ``[compile]``), ``[training] local_batch_size
 / seq_len / mixed_precision_param``, ``[activation_checkpoint] mode`` (``none`` / ``selective`` / ``full`` /
@@ -24,7 +24,7 @@ from typing import Any
 
 from .trace import TraceError
 
-MODEL_NAMES = {"llama3": "llama3-debug", "deepseek_v3": "deepseek-v3-debug"}  # [model] name -> MODELS key
+MODEL_NAMES = {"llama3": "llama3-debug", "deepseek_v3": "deepseek-v3-debug", "qwen3": "qwen3-debug"}  # [model] name -> MODELS key
 FLAVORS = ("debugmodel",)
 UNREAD_SECTIONS = ("profiler", "metrics", "tokenizer", "dataloader", "optimizer", "lr_scheduler", "checkpoint",
                    "validator", "override", "loss", "comm", "debug")
@@ -138,6 +138,14 @@ def load_job(path: str, model: str | None = None) -> TitanJob:
 def check_supported(job: TitanJob) -> None:
     """What the trace cannot do yet: UNKNOWN (TraceError kind ``unsupported``) naming the field."""
     p, c = job.parallelism, job.compile
+    if p.pipeline_parallel_degree > 1 and job.model == "qwen3-debug":  # as Decoder.Config.update_from_config
+        raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} with "
+                         f"model.name = \"qwen3\": torchtitan refuses weight tying (qwen3 ties lm_head to the "
+                         f"embedding) with pipeline parallelism", "input")
+    if p.pipeline_parallel_degree > 1 and job.model != "llama3-debug":
+        raise TraceError(f"{job.path}: parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree} with "
+                         f"model {job.model}: pipelining is traced for llama3", "unsupported",
+                         "pipeline_parallel_degree")
     if p.pipeline_parallel_degree > 1:  # alone, with TP and / or dp_replicate (frontends/pipelining.trace_titan_pp_job)
         others = [f"{k} = {v}" for k, v in job.degrees.items() if k not in ("pp", "tp", "dp_replicate") and v > 1]
         why = (f"with {', '.join(others)}: pipeline parallelism is traced from a job alone or with "

@@ -283,6 +283,15 @@ def _build(cfg):
     return m
 
 
+def _retie(m):
+    """Tie ``tok_embeddings.weight`` to ``lm_head.weight`` again, as torchtitan's ``Decoder.init_states`` does after
+    ``parallelize`` (which distributes each module's parameter separately, so the tie made in ``__init__`` breaks):
+    torchtitan trains the tied model.  A model without ``enable_weight_tying`` is returned unchanged."""
+    if getattr(m, "enable_weight_tying", False):
+        m.tok_embeddings.weight = m.lm_head.weight
+    return m
+
+
 def llama3_debug(layers: int = 2, dim: int = 64, n_heads: int = 8, vocab: int = 128, hidden: int = 128,
                  max_seq_len: int = 64) -> TitanModel:
     """torchtitan's ``llama3`` ``debugmodel`` flavour (fused QKV, complex RoPE with llama scaling,
@@ -367,7 +376,40 @@ def deepseek_v3_debug(layers: int = 2, dim: int = 64, n_heads: int = 4, vocab: i
                       dict(layers=layers, dim=dim, n_heads=n_heads, num_experts=num_experts, top_k=top_k))
 
 
-MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug, "deepseek-v3-debug": deepseek_v3_debug}
+def qwen3_debug(layers: int = 2, dim: int = 64, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 16,
+                vocab: int = 128, hidden: int = 128, max_seq_len: int = 64) -> TitanModel:
+    """torchtitan's ``qwen3`` ``debugmodel`` flavour (fused QKV, grouped-query attention with per-head q/k
+    RMSNorm, cos/sin RoPE, SwiGLU FFN, lm_head tied to the embedding) at ``layers`` layers and small
+    dimensions (its own builder ``_build_qwen3_layers`` and sharding ``set_qwen3_sharding_config``)."""
+
+    def config(tp: int = 1, sp: bool = False, vocab_parallel: bool = True, ep: int = 1):
+        if ep > 1:
+            raise TraceError("qwen3 debugmodel has no experts: ep must be 1", "input")
+        import torchtitan.models.qwen3 as Q
+        from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        cfg = Q.Qwen3Model.Config(
+            vocab_size=vocab, dim=dim, norm=Q._qwen3_norm(dim), enable_weight_tying=True,
+            tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,
+                                            param_init=Q._EMBEDDING_SKIP_INIT),
+            lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=Q._LINEAR_INIT),
+            layers=Q._build_qwen3_layers(
+                fuse_qkv=True, n_layers=layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                head_dim=head_dim, hidden_dim=hidden, attn_backend="flex",
+                rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=1000000.0)))
+        _sdpa_attention(cfg)
+        set_qwen3_sharding_config(cfg, enable_sp=sp, enable_ep=False)
+        if not vocab_parallel:
+            _replicated_embedding(cfg, sp)
+        return cfg
+
+    return TitanModel("qwen3_debug", config, vocab,
+                      dict(layers=layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, hidden=hidden))
+
+
+MODELS: dict[str, Callable[..., TitanModel]] = {"llama3-debug": llama3_debug, "deepseek-v3-debug": deepseek_v3_debug,
+                                                "qwen3-debug": qwen3_debug}
 
 
 # ====================================================================== tracing
@@ -471,6 +513,7 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
         pd.build_mesh()
         m = _build(model.config(tp, sp, vocab_parallel, ep))
         m.parallelize(pd)
+        _retie(m)
         if ac is not None:
             ac.build(dump_folder="").apply(m)
         if not vocab_parallel:
@@ -679,7 +722,7 @@ def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
     b, s = job.training.local_batch_size * rep * shard, job.training.seq_len
 
     def make():
-        return _build(model.config(1, False, True)).to_empty(device="cpu")
+        return _retie(_build(model.config(1, False, True)).to_empty(device="cpu"))
 
     def parallelize(m, _dm):
         pd = ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=rep * shard * tp,
@@ -689,7 +732,15 @@ def _trace_simple_fsdp_job(job, model: TitanModel, desc: str, **kw) -> dict:
         if tp > 1:
             m = _build(model.config(tp, job.parallelism.enable_sequence_parallel, True)).to_empty(device="cpu")
             m.parallelize(pd)
-        return apply_simple_fsdp(m, parallel_dims=pd, training=job.training)
+            _retie(m)
+        m = apply_simple_fsdp(m, parallel_dims=pd, training=job.training)
+        if getattr(m, "enable_weight_tying", False):  # data_parallel registers a new parameter per module: tie again
+            emb, head = m.tok_embeddings._parameters["weight"], m.lm_head._parameters["weight"]
+            if emb.shape != head.shape or emb.placements != head.placements:
+                raise TraceError(f"{job.path}: tied tok_embeddings / lm_head weights sharded differently under "
+                                 f"SimpleFSDP ({emb.placements} vs {head.placements})", "unsupported")
+            m.tok_embeddings._parameters["weight"] = head
+        return m
 
     def loss_fn(pred, tokens, labels):
         return cross_entropy_loss(pred, labels, global_vocab_size=model.vocab) / (b * s)
