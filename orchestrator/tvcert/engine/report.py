@@ -11,11 +11,39 @@ def result_json(res: Result) -> dict[str, Any]:
     return {
         "plan": res.plan.name,
         "verdict": res.verdict,
-        "outputs": [{"name": m.name, "proved": m.ok, "problem": m.problem} for m in res.matches],
+        "outputs": [{"name": m.name, "proved": m.ok, "problem": m.problem,
+                     "placement": {a: str(p) for a, p in res.plan.outputs[m.name].placement.items()}
+                     if m.name in res.plan.outputs else None} for m in res.matches],
         "reasons": res.reasons if res.verdict != VERIFIED else [],
         "counterexample": res.counterexample,
         "stats": res.stats,
     }
+
+
+_MEANS = {"sum": "the sum", "avg": "the mean", "max": "the maximum"}
+
+
+def output_claim(b) -> str:
+    """What a VERIFIED output's binding claims, in words (a Partial(sum) gradient is not a plain value): e.g.
+    ``Partial(sum) over tp: the sum over tp ranks equals the logical value``."""
+    by: dict[str, list[str]] = {}
+    for a, pl in b.placement.items():
+        if pl.kind != "R":
+            by.setdefault(str(pl), []).append(a)
+    if not by:
+        claim = "Replicate: every rank holds the logical value"
+    else:
+        heads, phrases = [], []
+        for text, axes in by.items():
+            pl, over = b.placement[axes[0]], " x ".join(axes)
+            heads.append(f"{text} over {over}")
+            phrases.append(f"{_MEANS[pl.reduce]} over {over} ranks" if pl.kind == "P" else
+                           f"the reordering of the {over} ranks' zig-zag chunks of dim {pl.dim}" if pl.kind == "Z" else
+                           f"the concatenation along dim {pl.dim} of the {over} ranks' blocks")
+        claim = f"{', '.join(heads)}: {', and of that '.join(phrases)} equals the logical value"
+    if b.layout:
+        claim += f" (after layout {', '.join(op for op, _ in b.layout)})"
+    return claim
 
 
 def render_text(res: Result) -> str:
@@ -30,8 +58,10 @@ def render_text(res: Result) -> str:
             lines.append(f"  re-proved at dims {sized['dims']} (engine/sizes.py)")
         elif sized:
             lines.append("  proved at the declared dims only: no second instantiation of the dims loads")
+        width = max((len(m.name) for m in res.matches), default=0)
         for m in res.matches:
-            lines.append(f"  ok  {m.name}")
+            b = res.plan.outputs.get(m.name)
+            lines.append(f"  ok  {m.name:{width}s}  {output_claim(b) if b is not None else ''}".rstrip())
         return "\n".join(lines)
     if res.verdict == REFUTED:
         cx = res.counterexample or {}

@@ -600,7 +600,10 @@ def proved_section(res, cert_digest: str | None, cert_path: str | None) -> str:
     coq = ("yes: every rule used is a theorem of the Coq kernel (proofs/manifest.json pins its statement; "
            "`tvcert proofs` rebuilds and rechecks Rules/)" if not missing else
            f"NO: {', '.join(missing)} have no theorem in proofs/manifest.json")
-    outs = "".join(f"<li><code>{E(m.name)}</code> ← <code>{E(m.local)}</code> in program <code>{E(m.program)}</code></li>"
+    from ..engine.report import output_claim
+
+    outs = "".join(f"<li><code>{E(m.name)}</code> ← <code>{E(m.local)}</code> in program <code>{E(m.program)}</code>"
+                   + (f": {E(output_claim(res.plan.outputs[m.name]))}" if m.name in res.plan.outputs else "") + "</li>"
                    for m in res.matches)
     digest = (f"<code id='digest'>{E(cert_digest)}</code>" if cert_digest else
               "<span id='digest' class='note'>no certificate could be built</span>")
