@@ -19,6 +19,8 @@ from .interp import RunResult, assemble, values_equal
 from .plan import Binding, Placement, Plan, fmt_placement
 
 MAX_COMBOS = 400
+# The scan's limits are CPU seconds of this process (time.process_time), not wall time: where the blame lands
+# must not depend on how loaded the machine is.
 SCAN_ON_SECONDS = 20.0  # how long the scan goes on past the first unexplained op
 SOFT_SCAN_SECONDS = 90.0  # ... past a first one the prover proved (naming no logical tensor), until one it did not
 
@@ -163,7 +165,7 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
     # (FSDP's division left on, after the loss's backward).  A value nothing proves ends that (``hard``).
     first, deadline, hard = None, None, not soft
     for pname, i in res.parallel.executed:  # execution order: pipeline stages interleave at recv
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.process_time() > deadline:
             break
         g = plan.programs[pname]
         n = g.nodes[i]
@@ -204,12 +206,12 @@ def _scan(plan, res, judge, by_shape, known, sent, zigzag, loop_only, factors, s
                 if first is None:
                     first = Divergence(pname, n.path, n.op, o, n.src, {x: kn[x] for x in n.inputs},
                                        _sample(res, g, pname, o), _module(n))
-                    deadline = time.monotonic() + (SCAN_ON_SECONDS if hard else SOFT_SCAN_SECONDS)
+                    deadline = time.process_time() + (SCAN_ON_SECONDS if hard else SOFT_SCAN_SECONDS)
                 if verdict is False and not hard:  # proved, no logical tensor: read on (see above)
                     kn[o] = "a proved value that names no logical tensor"
                     continue
                 if not hard:
-                    deadline = min(deadline, time.monotonic() + SCAN_ON_SECONDS)
+                    deadline = min(deadline, time.process_time() + SCAN_ON_SECONDS)
                 hard = True
                 kn.pop(o, None)
                 continue
