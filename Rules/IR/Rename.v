@@ -450,6 +450,34 @@ move: (node_is_rename Ma1 H1) (node_is_rename Ma2 H3) => /= -> ->.
 by rewrite H2; case: (node_is _ _ _ _ _).
 Qed.
 
+(** The ids [veq b a] reads. *)
+Definition veq_touched (b a : nat) : seq nat :=
+  [:: a; arg0 P a; arg0 P (arg0 P a); arg0 P (arg0 P (arg0 P a)); b; arg0 P b].
+
+Lemma veq_ni b a : match g_op (lnode P a) with
+  | GL (Reshape _) => rr_back P ls b a | GL (Permute _) => pp_back P ls b a
+  | GO (Sum _) => sum_flat P ls b a | _ => false end -> ni <= a.
+Proof.
+case: (g_op (lnode P a)) => [[]|[]] //= x.
+- by move=> /andP [/andP [/andP [/node_is_args [_ Hn] _] _] _].
+- by case/rr_back_args.
+by move=> /andP [/andP [/andP [/node_is_args [_ Hn] _] _] _].
+Qed.
+
+(** A logical renaming that is a graph morphism at the ids [veq] reads keeps an equality of
+    logical values. *)
+Lemma veq_rename b a : (forall l, l \in veq_touched b a -> lmorph_at l) ->
+  veq P ls b a -> veq P ls (g b) (g a).
+Proof.
+move=> M; have Ma : lmorph_at a by apply: M; rewrite !inE eqxx.
+rewrite /veq => /orP [/eqP -> | H]; first by rewrite eqxx.
+apply/orP; right; move: H (veq_ni H) => H Hni; rewrite (g_op_rename Ma Hni); move: H.
+case: (g_op (lnode P a)) => [[]|[]] // * /=;
+  [apply: sum_flat_rename | apply: rr_back_rename | apply: pp_back_rename] => // l Hl;
+  apply: M; rewrite /veq_touched; move: Hl; rewrite !inE;
+  do ![case/orP=> [/eqP->|]]; try move/eqP->; by rewrite ?eqxx ?orbT.
+Qed.
+
 End Logical.
 
 End JRename.
