@@ -478,6 +478,47 @@ case: (g_op (lnode P a)) => [[]|[]] // * /=;
   do ![case/orP=> [/eqP->|]]; try move/eqP->; by rewrite ?eqxx ?orbT.
 Qed.
 
+(** The ids [comm_ok k o l xs] reads. *)
+Definition step_arg (x : nat) : nat := if lsh ls x == [::] then x else arg0 P x.
+
+Fixpoint comm_touched (k l : nat) (xs : seq nat) : seq nat :=
+  l :: xs ++ match k with
+             | 0 => [::]
+             | k'.+1 => arg0 P l :: map (arg0 P) xs ++ comm_touched k' (arg0 P l) (map step_arg xs)
+             end.
+
+Lemma comm_ok_rename k o l xs : (forall y, y \in comm_touched k l xs -> lmorph_at y) ->
+  comm_ok P ls k o l xs -> comm_ok P ls k o (g l) (map g xs).
+Proof.
+elim: k l xs => [|k IH] l xs M.
+  have Ml : lmorph_at l by apply: M; rewrite mem_head.
+  by move=> /= /orP [H|//]; rewrite (node_is_rename Ml H).
+have Ml : lmorph_at l by apply: M; rewrite mem_head.
+have Mxs x : x \in xs -> lmorph_at x by move=> Hx; apply: M; rewrite /= inE mem_cat Hx orbT.
+have Ml' : lmorph_at (arg0 P l) by apply: M; rewrite /= inE mem_cat inE eqxx !orbT.
+have Mxs' x : x \in xs -> lmorph_at (arg0 P x).
+  by move=> Hx; apply: M; rewrite /= inE mem_cat inE mem_cat (map_f (arg0 P) Hx) !orbT.
+move=> /= /orP [H|]; first by rewrite (node_is_rename Ml H).
+case E: (g_op (lnode P l)) => [//|lo] /andP [/andP [/andP [/andP [Hl Hre] Hne] Hall] Hc].
+have [El Hni] := node_is_args Hl.
+have [Hsh' _ _] := Ml'.
+have Hstep : map step_arg (map g xs) = map g (map step_arg xs).
+  rewrite -!map_comp; apply/eq_in_map => x Hx /=; rewrite /step_arg.
+  have [Hshx _ _] := Mxs x Hx; rewrite Hshx; case: ifP => // Hx0.
+  move: (allP Hall x Hx); rewrite Hx0 /= => /andP [Hx1 _].
+  by have [Ex Hnix] := node_is_args Hx1; rewrite (arg0_rename (Mxs x Hx) Hnix Ex).
+move: (node_is_rename Ml Hl) => /= Hl'.
+rewrite (g_op_rename Ml Hni) E (arg0_rename Ml Hni El) Hsh' Hre Hne Hl' /=.
+apply/orP; right; apply/andP; split.
+  rewrite all_map; apply/allP => x Hx /=; have [Hshx _ _] := Mxs x Hx; rewrite Hshx.
+  move: (allP Hall x Hx); case: (lsh ls x == [::]) => //= /andP [Hx1 Hx2].
+  have [Ex Hnix] := node_is_args Hx1; have [Hshx' _ _] := Mxs' x Hx.
+  rewrite (arg0_rename (Mxs x Hx) Hnix Ex) Hshx' Hx2.
+  by move: (node_is_rename (Mxs x Hx) Hx1) => /= ->.
+move: (IH (arg0 P l) (map step_arg xs)); rewrite -Hstep /step_arg; apply => //.
+by move=> y Hy; apply: M; rewrite /= inE mem_cat inE mem_cat /step_arg Hy !orbT.
+Qed.
+
 End Logical.
 
 End JRename.
