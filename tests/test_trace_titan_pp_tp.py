@@ -144,7 +144,12 @@ def test_shipped_job_configs_load():
     from tvcert.frontends.titan_config import check_supported, load_job
     from tvcert.frontends.trace import TraceError
 
-    jobs = {p.name: load_job(str(p), "llama3-debug") for p in sorted(JOB.parent.glob("*.toml"))}
+    from tvcert.frontends.titan_config import MODEL_NAMES
+
+    def model_of(p):  # the file's [model] name: llama3_debug_*.toml, qwen3_debug_*.toml, deepseek_v3_debug_*.toml
+        return MODEL_NAMES[p.name.split("_debug")[0]]
+
+    jobs = {p.name: load_job(str(p), model_of(p)) for p in sorted(JOB.parent.glob("*.toml"))}
     assert jobs["llama3_debug_ddp.toml"].degrees["dp_replicate"] == 2
     assert jobs["llama3_debug_hsdp_dtensor.toml"].parallelism.spmd_backend == "partial_dtensor"
     assert not jobs["llama3_debug_tp2_nosp.toml"].parallelism.enable_sequence_parallel
