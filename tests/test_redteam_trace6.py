@@ -145,13 +145,69 @@ def test_reentrant_checkpoint_control_verifies():
     assert _verdict(FIRST.tvcert_trace(""))[0] == "VERIFIED"
 
 
-# ---------------------------------------------------------------- an int range inferred through a where arm (a doubt)
+# ---------------------------------------------------------------- an int range inferred through a where arm
 OOV = _module("oov_embedding")
 
 
-def test_out_of_vocabulary_ids_forgotten_is_not_verified():
-    """The range of ``ids`` (no declared range) is inferred as [0, V) though the logical model is defined for every
-    id >= 0; the rank program that forgets the UNK mapping differs on gloo (above) only there.  Not VERIFIED (no
-    rule decides ``ids < V``); the correct rank program VERIFIES."""
-    assert _verdict(OOV.tvcert_trace("forgot_unk"))[0] != "VERIFIED"
-    assert _verdict(OOV.tvcert_trace(""))[0] == "VERIFIED"
+def _oov_declared(bug: str) -> dict:
+    spec = OOV.tvcert_trace(bug)
+    spec["inputs"] = {**spec["inputs"], "ids": {**spec["inputs"]["ids"], "range": OOV.GLOO_INT_HIGH}}
+    return spec
+
+
+def test_out_of_vocabulary_ids_bound_no_inferred_range():
+    """``ids`` (no declared range) reaches the table only through ``where(ids < V, ids, 0)``: every id >= 0 is defined,
+    so no range is inferred from it (it was [0, V), exactly excluding the ids where the rank program that forgets
+    the UNK mapping differs on gloo, above).  Not VERIFIED: the trace asks for the range, naming the where."""
+    for bug in ("", "forgot_unk"):
+        with pytest.raises(TraceError, match="only through a where") as e:
+            trace_plan(**OOV.tvcert_trace(bug))
+        assert e.value.kind == "input"
+
+
+def test_out_of_vocabulary_ids_forgotten_is_refuted_over_a_declared_range():
+    """Declared [0, 2V) (gloo_run.py's draw): the forgotten UNK mapping is REFUTED, the red team's control VERIFIES."""
+    assert _verdict(_oov_declared("forgot_unk"))[0] == "REFUTED"
+    assert _verdict(_oov_declared(""))[0] == "VERIFIED"
+
+
+def test_ignore_index_where_still_bounds_the_labels():
+    """Cross-entropy's ``where(labels != -100, labels, 0)`` redirects one constant the range then holds: [-100, C)."""
+    import torch.nn.functional as F
+
+    def ce(ctx=None, *, x, labels):
+        return F.cross_entropy(x.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+
+    plan = trace_plan(lambda x, labels: ce(x=x, labels=labels), lambda ctx, x, labels: ce(x=x, labels=labels),
+                      inputs={"x": {"shape": [2, 3, 5]}, "labels": {"shape": [2, 3], "dtype": "int"}}, mesh={"dp": 1})
+    assert [i.get("range") for i in plan["logical"]["inputs"]] == [None, [-100, 5]]
+
+
+# ---------------------------------------------------------------- setup collectives by any name (H52)
+BOUND = _module("setup_bound")
+BOUND_BUGS = ["funcol", "import_bound", "pg_method"]
+
+
+def test_setup_collectives_by_any_name_change_torch_s_loss_on_a_gloo_group():
+    sys.path.insert(0, str(DATA))
+    try:
+        from gloo_run import run_gloo
+    finally:
+        sys.path.remove(str(DATA))
+    got = run_gloo([(DATA / "setup_bound.py", b) for b in ["", *BOUND_BUGS]])
+    par, ref = got["setup_bound.py:"]
+    assert abs(par - ref) < 1e-9 * abs(ref), (par, ref)
+    for bug in BOUND_BUGS:
+        par, ref = got[f"setup_bound.py:{bug}"]
+        assert abs(par - ref) > 0.1 * abs(ref), (bug, par, ref)
+
+
+@pytest.mark.parametrize("bug", BOUND_BUGS)
+def test_setup_collective_bound_at_import_or_through_the_group_is_unknown(bug):
+    """Were VERIFIED while the refusal patched torch.distributed's module attributes; now refused at the dispatcher."""
+    verdict, why = _verdict(BOUND.tvcert_trace(bug))
+    assert verdict == "UNKNOWN" and "parallel_setup runs torch.distributed." in why and "broadcast" in why, (verdict, why)
+
+
+def test_setup_bound_control_verifies():
+    assert _verdict(BOUND.tvcert_trace(""))[0] == "VERIFIED"

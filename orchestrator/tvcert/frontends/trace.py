@@ -170,41 +170,66 @@ def fake_world(rank: int, world: int):
             dist.destroy_process_group()
 
 
-_VALUE_COLLECTIVES = ("broadcast", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                      "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "scatter", "gather",
-                      "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
-                      "send", "recv", "isend", "irecv")
+_SETUP_HARMLESS_OPS = frozenset({"barrier", "monitored_barrier", "wait_tensor", "_wrap_tensor_autograd"})
+
+
+# framework code whose setup collectives only move module parameters / buffers (or check their shapes), values the
+# frontends replace by the declared inputs (functional_call): DTensor's distribute_tensor (parallelize_module), DDP's
+# constructor (shape check, rank 0's parameters and buffers broadcast)
+_SETUP_PARAM_SYNCS = (("tensor/_api.py", "distribute_tensor"), ("utils.py", "_verify_param_shape_across_processes"),
+                      ("utils.py", "_sync_module_states"))
+
+
+def _setup_collective_site(frame):
+    """(torch.distributed API the user's code called, "file:line" of that call, under DTensor's distribute_tensor?)
+    for the collective op the dispatch mode sees: the outermost torch.distributed frame below the first frame that
+    is neither torch's nor this module's (``broadcast_object_list``, not the ``broadcast`` it runs)."""
+    import torch
+
+    tdir = os.path.dirname(torch.__file__) + os.sep
+    ddir = os.path.join(tdir, "distributed") + os.sep
+    exempt = {(os.path.join(ddir, *f.split("/")), name) for f, name in _SETUP_PARAM_SYNCS}
+    api, where, in_distribute = None, None, False
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        in_distribute |= (fn, frame.f_code.co_name) in exempt
+        if where is None:
+            if fn.startswith(ddir) and not fn.endswith("c10d_logger.py"):
+                api = frame.f_code.co_name
+            elif not fn.startswith(tdir) and fn != __file__:
+                where = f"{os.path.basename(fn)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return api, where or "?", in_distribute
 
 
 @contextlib.contextmanager
 def _setup_collectives_refused(rank: int):
     """A collective that ``parallel_setup`` runs (outside the trace) is UNKNOWN: on the fake process group it moves no
     data, so the rank would keep its own value where a real rank receives another's (a per-rank vocab start
-    ``dist.broadcast`` from rank 0 came out VERIFIED; red team s10).  Barriers and group creation are not values."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
+    ``dist.broadcast`` from rank 0 came out VERIFIED; red team s10).  Refused at the dispatcher (a torch dispatch
+    mode sees every ``c10d`` / ``_c10d_functional`` op, whatever name or object the call went through:
+    ``from torch.distributed import broadcast``, ``pg.broadcast``, funcol, object collectives).  Barriers, waits
+    and group creation are not values.  Exempt: the scatter / broadcast of DTensor's ``distribute_tensor``
+    (``parallelize_module``, ``distribute_module``): the frontends replace every parameter and buffer it
+    distributes by the declared input's shard (``functional_call``), so its values are never read; so DDP's own
+    parameter / buffer broadcast (:data:`_SETUP_PARAM_SYNCS`).  Not covered: a plain ``trace_plan`` setup that
+    distributes a per-rank non-parameter value that way, and DDP's broadcast of a per-rank int buffer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    saved = []
+    class Refuse(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ns, op = func.namespace, func._opname
+            if ns in ("c10d", "_c10d_functional", "c10d_functional") and op not in _SETUP_HARMLESS_OPS:
+                api, where, exempt = _setup_collective_site(sys._getframe(1))
+                if not exempt:
+                    name = api or f"{ns}.{op}"
+                    raise TraceError(f"parallel_setup runs torch.distributed.{name} at {where} ({ns}.{op}) on rank "
+                                     f"{rank}, outside the trace: the fake process group moves no data, so the values a "
+                                     f"real rank receives are unknown", "unsupported", f"torch.distributed.{name}", where)
+            return func(*args, **(kwargs or {}))
 
-    def refuse(name):
-        def call(*a, **k):
-            f = sys._getframe(1)
-            where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
-            raise TraceError(f"parallel_setup runs torch.distributed.{name} at {where} on rank {rank}, outside the "
-                             f"trace: the fake process group moves no data, so the values a real rank receives are "
-                             f"unknown", "unsupported", f"torch.distributed.{name}", where)
-        return call
-
-    for mod in (dist, c10d):
-        for name in _VALUE_COLLECTIVES:
-            if hasattr(mod, name):
-                saved.append((mod, name, getattr(mod, name)))
-                setattr(mod, name, refuse(name))
-    try:
+    with Refuse():
         yield
-    finally:
-        for mod, name, orig in reversed(saved):
-            setattr(mod, name, orig)
 
 
 def _clear_dtensor_caches() -> None:
@@ -596,7 +621,11 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
     Its lo is 0, or the smallest negative value a comparison of it with a constant needs to be undecided
     (``labels != -100``: -100; cross-entropy's ignore mask is such a comparison): real labels are padded with
     the ignore index, and a proof over [0, hi) would not cover them (a per-rank token count folded to a
-    constant).  Then its range is [lo, hi]."""
+    constant).  Then its range is [lo, hi].
+    A bound holds only for the values that reach the index: through a ``where`` arm only when its condition
+    redirects exactly one constant c of the input (``where(x != c, x, 0)``, the ignore index) that the range then
+    holds; a ``where(ids < V, ids, 0)`` leaves every id defined, so it bounds nothing (red team s10: the OOV ids
+    a rank program forgot to map were outside the inferred [0, V))."""
     shapes = {s.name: s.shape for s in specs}
     consts = {(n.get("name") or (n.get("outputs") or [None])[0]): (n.get("attrs") or {}).get("value")
               for n in nodes if n["op"] == "const" and not (n.get("attrs") or {}).get("shape")}
@@ -604,6 +633,9 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
         if s.dtype != "int" or s.range is not None:
             continue
         names, same, bounds, lows = {s.name}, {s.name}, [], []  # same: its values only (no where arm)
+        kept: dict[str, int] = {}  # its values except one constant c, redirected by a where: -> c
+        masks: dict[str, tuple[str, Any, str]] = {}  # compare of (kept) values v with a constant c: -> (op, c, v)
+        masked_use = False
         for n in nodes:
             ins = n.get("inputs", [])
             if not any(i in names for i in ins):
@@ -615,21 +647,41 @@ def _default_int_ranges(specs: Sequence[InputSpec], nodes: Sequence[Mapping[str,
                 lo = _low_needed(n["op"], consts.get(ins[1 - k]), k == 1)
                 if lo is not None:
                     lows.append(lo)
+            if n["op"] in _COMPARES and len(ins) == 2 and ((ins[0] in same or ins[0] in kept) !=
+                                                            (ins[1] in same or ins[1] in kept)):
+                k = 0 if ins[0] in same or ins[0] in kept else 1
+                masks[out] = (n["op"], consts.get(ins[1 - k]), ins[k])
             if n["op"] in _SHAPE_OPS and ins and ins[0] in names:
                 names.add(out)
                 if ins[0] in same:
                     same.add(out)
+                if ins[0] in kept:
+                    kept[out] = kept[ins[0]]
             elif n["op"] == "where" and len(ins) == 3 and (ins[1] in names or ins[2] in names):
                 names.add(out)
-            elif n["op"] == "one_hot" and isinstance(a.get("num_classes"), int):
-                bounds.append(a["num_classes"])
-            elif n["op"] == "embedding" and len(ins) > 1 and ins[1] in names and ins[0] in shapes:
-                bounds.append(shapes[ins[0]][0])
+                op, c, v = masks.get(ins[0], (None, None, None))
+                arm = 1 if op == "ne" else 2 if op == "eq" else None
+                if (arm is not None and ins[arm] == v and (v in same or kept.get(v) == c) and isinstance(c, int)
+                        and not isinstance(c, bool) and ins[3 - arm] not in names):
+                    kept[out] = c  # (the mask compares the very tensor of the arm, element for element)
+            bounded = n["op"] in ("one_hot", "embedding", "embedding_backward")
+            index = ins[0] if n["op"] == "one_hot" else ins[1] if len(ins) > 1 else None
+            if bounded and index not in same and index not in kept:
+                masked_use = masked_use or index in names
+                continue
+            if n["op"] == "one_hot" and isinstance(a.get("num_classes"), int):
+                bounds.append((a["num_classes"], kept.get(index)))
+            elif n["op"] == "embedding" and ins[0] in shapes:
+                bounds.append((shapes[ins[0]][0], kept.get(index)))
             elif n["op"] == "embedding_backward" and isinstance(a.get("num_weights"), int):
-                bounds.append(a["num_weights"])
+                bounds.append((a["num_weights"], kept.get(index)))
+        # a redirected constant c must lie in the range: below 0 it is lo (a compare with it), else below the bound
+        bounds = [b for b, c in bounds if c is None or c < 0 or c < b]
         if not bounds:
+            why = (" only through a where that redirects some of its values (every value is then defined: the "
+                   "tracer cannot size it)" if masked_use else " no embedding table or class dim the tracer could size it by")
             raise TraceError(f"input {s.name!r}: int inputs need a 'range' (values lie in [0, range)); this one "
-                             f"indexes no embedding table or class dim the tracer could size it by", "input")
+                             f"indexes{why}", "input")
         s.range = [min(lows), min(bounds)] if lows else min(bounds)
 
 
