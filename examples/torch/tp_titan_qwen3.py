@@ -1,11 +1,12 @@
-"""torchtitan Qwen3 debug under TP 2 + SP (examples/torchtitan/qwen3_debug_tp2.toml), correct and with a wrong
+"""torchtitan Qwen3 debug from its job tomls (examples/torchtitan/qwen3_debug_*.toml), correct and with a wrong
 sharding declaration, for `tvcert trace`:
 
-    tvcert trace examples/torch/tp_titan_qwen3.py --verify                                  # VERIFIED
+    tvcert trace examples/torch/tp_titan_qwen3.py --verify                                  # TP 2 + SP: VERIFIED
     tvcert trace examples/torch/tp_titan_qwen3.py --set bug=w2_output_replicate --verify    # REFUTED
+    tvcert trace examples/torch/tp_titan_qwen3.py --set job=fsdp2_tp2 --set bug=w2_output_replicate --verify
 
 The job is traced as ``tvcert trace --torchtitan qwen3-debug --config`` traces it (tvcert.frontends.torchtitan:
-torchtitan's ``set_qwen3_sharding_config`` and ``Module.parallelize`` on the ``spmd_types`` backend).
+torchtitan's ``set_qwen3_sharding_config`` and ``Module.parallelize``; with data parallelism through SimpleFSDP).
 
 * ``w2_output_replicate``: layer 0's rowwise FFN ``w2`` declares its output Replicate on tp instead of torchtitan's
   Partial (``out_src_shardings``), so the redistribution to the sequence-parallel activation is a local slice of
@@ -23,25 +24,25 @@ def _w2_output_replicate(cfg):
     import spmd_types as spmd
     from torchtitan.distributed.parallel_dims import MeshAxisName
 
-    sc = cfg.layers[0].feed_forward.w2.sharding_config
-    out = sc.out_src_shardings
+    w2 = cfg.layers[0].feed_forward.w2
+    out = w2.sharding_config.out_src_shardings
     types_ = dict(out.axis_types)
     types_[MeshAxisName.TP] = spmd.R  # BUG w2_output_replicate: torchtitan declares P (a pending sum)
-    cfg.layers[0].feed_forward.w2.sharding_config = dataclasses.replace(
-        sc, out_src_shardings=dataclasses.replace(out, axis_types=types_))
+    w2.sharding_config = dataclasses.replace(w2.sharding_config,
+                                             out_src_shardings=dataclasses.replace(out, axis_types=types_))
     return cfg
 
 
 BUGS = {"w2_output_replicate": _w2_output_replicate}
 
 
-def tvcert_trace(bug: str = "", layers: int = 1):
+def tvcert_trace(bug: str = "", layers: int = 1, job: str = "tp2"):
     from tvcert.frontends.titan_config import load_job
-    from tvcert.frontends.torchtitan import qwen3_debug, trace_titan
+    from tvcert.frontends.torchtitan import qwen3_debug, trace_titan_job
 
     if bug and bug not in BUGS:
         raise ValueError(f"bug must be one of {sorted(BUGS)}")
-    job = load_job(str(JOBS / "qwen3_debug_tp2.toml"), "qwen3-debug")
+    spec = load_job(str(JOBS / f"qwen3_debug_{job}.toml"), "qwen3-debug")
     model = qwen3_debug(layers=layers)
     if bug:
         base = model.config
@@ -51,7 +52,4 @@ def tvcert_trace(bug: str = "", layers: int = 1):
             return BUGS[bug](cfg) if tp > 1 else cfg  # the logical model (tp = 1) is torchtitan's
 
         model.config = config
-    p = job.parallelism
-    return trace_titan(model, tp=p.tensor_parallel_degree, sp=p.enable_sequence_parallel,
-                       batch=job.training.local_batch_size, seq=job.training.seq_len,
-                       name=f"tp_titan_qwen3{'_' + bug if bug else ''}")
+    return trace_titan_job(spec, model=model, name=f"tp_titan_qwen3_{job}{'_' + bug if bug else ''}")

@@ -58,6 +58,10 @@ Verdicts (tests/test_trace_torchtitan.py)
   ``_grouped_mm`` with data-dependent offsets, torchtitan's ``deterministic_scatter_add``) and the EP
   all-to-all split sizes are data-dependent (``.tolist()`` of token counts: not traceable on fake
   tensors).
+* Qwen3 debug (``qwen3-debug``; examples/torchtitan/qwen3_debug_*.toml): TP 2 + SP, FSDP 2 and FSDP 2 x TP 2 VERIFIED.
+  Its lm_head is tied to the embedding; ``Module.parallelize`` and SimpleFSDP's ``data_parallel`` register a new
+  parameter per module, which unties them, and torchtitan's ``Decoder.init_states`` ties them again after
+  parallelization: so does :func:`_retie` (and the SimpleFSDP route, on the DTensor parameters).
 * **Gradients.** Read back with the parameter's TP placement.  Norm weights under sequence
   parallelism are TP-Replicate whose gradient is a pending sum ("pending BWD AR handled by FSDP",
   torchtitan ``decoder_sharding.norm_config``); FSDP does that all-reduce in hooks, outside autograd,
@@ -608,7 +612,8 @@ def trace_titan(model: TitanModel, *, tp: int = 4, sp: bool = True, mesh_context
 
 
 # ====================================================================== a job config
-def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_parallel: bool = True, **kw) -> dict:
+def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_parallel: bool = True,
+                    model: TitanModel | None = None, **kw) -> dict:
     """Trace what a torchtitan job config (:class:`.titan_config.TitanJob`) asks for.
 
     * dp_replicate = dp_shard = 1: :func:`trace_titan` -- torchtitan's TP (+ SP, EP) on the ``spmd_types`` backend,
@@ -619,12 +624,14 @@ def trace_titan_job(job, *, layers: int = 2, mesh_context: bool = True, vocab_pa
       with the job's ``ParallelDims`` (fully_shard / hybrid_shard / replicate, the job's mixed precision) -- see
       :func:`_trace_simple_fsdp_job`.  With ``spmd_backend = "partial_dtensor"`` (torchtitan's DTensor backend),
       torchtitan's own ``parallelize_llama`` -- TP, then FSDP2 ``fully_shard`` -- is traced with FSDP2's hooks
-      (:mod:`.titan_fsdp2`)."""
+      (:mod:`.titan_fsdp2`).
+
+    ``model``: instead of ``MODELS[job.model](layers=layers)`` (examples/torch/tp_titan_qwen3.py: a mutated plan)."""
     from .titan_config import check_supported
 
     check_supported(job)
     d = job.degrees
-    model = MODELS[job.model](layers=layers)
+    model = model or MODELS[job.model](layers=layers)
     note = "; ".join(job.notes)
     desc = (f"torchtitan {model.name} {model.dims} from {os.path.basename(job.path)}: "
             + ", ".join(f"{k}={v}" for k, v in d.items() if v > 1) + (f" ({note})" if note else ""))
